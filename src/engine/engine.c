@@ -1,0 +1,2428 @@
+/* engine.c - the engine's state machine: services, accounting, commands, timers, queue */
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* ---- defaults ------------------------------------------------------------------------- */
+
+static const osub_class_t default_classes[] = {
+    {"online", 0, false, -1},
+    {"batch", 1, true, -1},
+    {"experiment", 2, true, -1},
+};
+
+const osub_class_t *osub_default_classes(size_t *n_out)
+{
+    *n_out = sizeof(default_classes) / sizeof(default_classes[0]);
+    return default_classes;
+}
+
+void osub_pool_config_default(osub_pool_config_t *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->ratio_milli = 1300;
+    cfg->compute_ratio_milli = 2000;
+    cfg->margin_mib = 0;
+    cfg->high_watermark_pct = 95;
+    cfg->low_watermark_pct = 90;
+    cfg->hysteresis_ms = 60000;
+    cfg->ack_timeout_ms = 10000;
+    cfg->grace_ms = 30000;
+    cfg->min_runtime_ms = 600000;
+    cfg->history_window_ms = 3600000;
+    cfg->restart_cost_ms = 60000;
+    cfg->queue_aging_ms = 300000;
+}
+
+void osub_spec_init(osub_spec_t *spec, const char *id, const char *class_name)
+{
+    memset(spec, 0, sizeof(*spec));
+    if (id != NULL)
+        snprintf(spec->id, sizeof(spec->id), "%s", id);
+    snprintf(spec->class_name, sizeof(spec->class_name), "%s",
+             class_name != NULL ? class_name : "batch");
+    spec->preemptible = OSUB_TRI_DEFAULT;
+    spec->queue = OSUB_TRI_DEFAULT;
+    spec->on_evict = OSUB_ON_EVICT_DEFAULT;
+    spec->restart_cost_ms = -1;
+    spec->grace_ms = -1;
+}
+
+bool osub_id_valid(const char *id)
+{
+    if (id == NULL || id[0] < 'a' || id[0] > 'z')
+        return false;
+    size_t n = 0;
+    for (const char *p = id; *p; p++, n++) {
+        char c = *p;
+        if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-'))
+            return false;
+    }
+    return n >= 1 && n <= OSUB_ID_MAX;
+}
+
+static const char *const state_names[] = {"queued",   "pending", "loading", "running", "degraded",
+                                          "draining", "overdue", "failed",  "released"};
+
+const char *osub_state_name(osub_state_t s)
+{
+    return (unsigned)s < sizeof(state_names) / sizeof(state_names[0]) ? state_names[s] : "?";
+}
+
+const char *osub_event_name(osub_event_kind_t k)
+{
+    switch (k) {
+#define OSUB__EV_NAME(name, str)                                                                  \
+    case OSUB_EV_##name:                                                                          \
+        return str;
+        OSUB_EVENT_MAP(OSUB__EV_NAME)
+#undef OSUB__EV_NAME
+    default:
+        return "?";
+    }
+}
+
+const char *osub_reason_name(osub_reason_t r)
+{
+    switch (r) {
+#define OSUB__RS_NAME(name, str)                                                                  \
+    case OSUB_R_##name:                                                                           \
+        return str;
+        OSUB_REASON_MAP(OSUB__RS_NAME)
+#undef OSUB__RS_NAME
+    default:
+        return "?";
+    }
+}
+
+const char *osub_check_name(osub_check_t c)
+{
+    static const char *const n[] = {"none", "logical", "backed", "held", "compute", "exclusive",
+                                    "gpus"};
+    return (unsigned)c < sizeof(n) / sizeof(n[0]) ? n[c] : "?";
+}
+
+/* ---- small helpers -------------------------------------------------------------------- */
+
+static int64_t max64(int64_t a, int64_t b)
+{
+    return a > b ? a : b;
+}
+
+static int64_t min64(int64_t a, int64_t b)
+{
+    return a < b ? a : b;
+}
+
+static const osub_class_t *find_class(const osub_engine_t *e, const char *name)
+{
+    for (size_t i = 0; i < e->n_classes; i++)
+        if (strcmp(e->classes[i].name, name) == 0)
+            return &e->classes[i];
+    return NULL;
+}
+
+static const char *class_of(const osub_engine_t *e, const struct svc *s)
+{
+    (void)e;
+    return s->spec.class_name;
+}
+
+static void fmt_gpus(const struct svc *s, char *buf, size_t len)
+{
+    size_t off = 0;
+    buf[0] = '\0';
+    off += (size_t)snprintf(buf, len, s->n_slots == 1 ? "GPU " : "GPUs ");
+    for (int32_t i = 0; i < s->n_slots && off + 12 < len; i++) {
+        if (i >= 8) {
+            snprintf(buf + off, len - off, ",...");
+            return;
+        }
+        off += (size_t)snprintf(buf + off, len - off, i ? ",%d" : "%d", s->slots[i].gpu);
+    }
+}
+
+static int64_t grant_total(const struct svc *s)
+{
+    int64_t t = 0;
+    for (int32_t i = 0; i < s->n_slots; i++)
+        t += s->slots[i].grant;
+    return t;
+}
+
+static int64_t used_total(const struct svc *s)
+{
+    int64_t t = 0;
+    for (int32_t i = 0; i < s->n_slots; i++)
+        t += s->slots[i].used;
+    return t;
+}
+
+static int64_t held_total(const struct svc *s)
+{
+    int64_t t = 0;
+    for (int32_t i = 0; i < s->n_slots; i++)
+        t += s->slots[i].held;
+    return t;
+}
+
+/* ---- events --------------------------------------------------------------------------- */
+
+OSUB_PRINTF(4, 5)
+static osub_event_t *emit(osub_engine_t *e, osub_event_kind_t kind, osub_reason_t reason,
+                          const char *fmt, ...)
+{
+    static osub_event_t sink;
+    if (e->mute)
+        return &sink;
+    if (e->n_events == e->cap_events) {
+        size_t cap = e->cap_events ? e->cap_events * 2 : 16;
+        osub_event_t *n = realloc(e->events, cap * sizeof(*n));
+        if (n == NULL)
+            return &sink; /* the decision stands; only its record is lost */
+        e->events = n;
+        e->cap_events = cap;
+    }
+    osub_event_t *ev = &e->events[e->n_events++];
+    ev->time_ms = e->now;
+    ev->kind = kind;
+    ev->reason = reason;
+    ev->service[0] = ev->cause[0] = '\0';
+    ev->cause_level = ev->level = ev->gpu = -1;
+    ev->vram_mib = ev->deadline_ms = 0;
+    ev->batch_size = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ev->msg, sizeof(ev->msg), fmt, ap);
+    va_end(ap);
+    return ev;
+}
+
+static void ev_svc(osub_event_t *ev, const struct svc *s)
+{
+    snprintf(ev->service, sizeof(ev->service), "%s", s->spec.id);
+    ev->level = s->level;
+    ev->gpu = s->n_slots > 0 ? s->slots[0].gpu : -1;
+}
+
+/* ---- hash table of live services ---------------------------------------------------- */
+
+static uint64_t fnv1a(const char *s)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (; *s; s++) {
+        h ^= (unsigned char)*s;
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+static struct svc *lookup(const osub_engine_t *e, const char *id)
+{
+    if (e->tab_cap == 0 || id == NULL)
+        return NULL;
+    size_t m = e->tab_cap - 1;
+    for (size_t i = fnv1a(id) & m;; i = (i + 1) & m) {
+        struct svc *s = e->tab[i];
+        if (s == NULL)
+            return NULL;
+        if (strcmp(s->spec.id, id) == 0)
+            return s;
+    }
+}
+
+static void tab_insert_raw(struct svc **tab, size_t cap, struct svc *s)
+{
+    size_t m = cap - 1;
+    size_t i = fnv1a(s->spec.id) & m;
+    while (tab[i] != NULL)
+        i = (i + 1) & m;
+    tab[i] = s;
+}
+
+static int tab_reserve(osub_engine_t *e)
+{
+    if ((e->n_live + 1) * 2 <= e->tab_cap)
+        return 0;
+    size_t cap = e->tab_cap ? e->tab_cap * 2 : 64;
+    struct svc **t = calloc(cap, sizeof(*t));
+    if (t == NULL)
+        return OSUB_ENOMEM;
+    for (size_t i = 0; i < e->tab_cap; i++)
+        if (e->tab[i] != NULL)
+            tab_insert_raw(t, cap, e->tab[i]);
+    free(e->tab);
+    e->tab = t;
+    e->tab_cap = cap;
+    return 0;
+}
+
+static void tab_remove(osub_engine_t *e, struct svc *s)
+{
+    size_t m = e->tab_cap - 1;
+    size_t i = fnv1a(s->spec.id) & m;
+    while (e->tab[i] != s)
+        i = (i + 1) & m;
+    e->tab[i] = NULL;
+    /* backward-shift deletion keeps probe chains intact */
+    size_t j = i;
+    for (;;) {
+        j = (j + 1) & m;
+        struct svc *x = e->tab[j];
+        if (x == NULL)
+            break;
+        size_t home = fnv1a(x->spec.id) & m;
+        bool move = (i <= j) ? (home <= i || home > j) : (home <= i && home > j);
+        if (move) {
+            e->tab[i] = x;
+            e->tab[j] = NULL;
+            i = j;
+        }
+    }
+}
+
+/* ---- timers: an indexed min-heap, at most one timer of each kind per service -------- */
+
+static bool timer_less(const struct timer_ent *a, const struct timer_ent *b)
+{
+    if (a->at != b->at)
+        return a->at < b->at;
+    if (a->s->seq != b->s->seq)
+        return a->s->seq < b->s->seq;
+    return a->kind < b->kind;
+}
+
+static void heap_set(osub_engine_t *e, size_t i, struct timer_ent t)
+{
+    e->heap[i] = t;
+    t.s->heap_pos[t.kind] = (int32_t)i;
+}
+
+static void heap_up(osub_engine_t *e, size_t i)
+{
+    struct timer_ent t = e->heap[i];
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!timer_less(&t, &e->heap[p]))
+            break;
+        heap_set(e, i, e->heap[p]);
+        i = p;
+    }
+    heap_set(e, i, t);
+}
+
+static void heap_down(osub_engine_t *e, size_t i)
+{
+    struct timer_ent t = e->heap[i];
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= e->n_heap)
+            break;
+        if (c + 1 < e->n_heap && timer_less(&e->heap[c + 1], &e->heap[c]))
+            c++;
+        if (!timer_less(&e->heap[c], &t))
+            break;
+        heap_set(e, i, e->heap[c]);
+        i = c;
+    }
+    heap_set(e, i, t);
+}
+
+static void timer_cancel(osub_engine_t *e, struct svc *s, int kind)
+{
+    int32_t pos = s->heap_pos[kind];
+    if (pos < 0)
+        return;
+    s->heap_pos[kind] = -1;
+    s->timer_at[kind] = 0;
+    size_t i = (size_t)pos;
+    e->n_heap--;
+    if (i == e->n_heap)
+        return;
+    struct timer_ent last = e->heap[e->n_heap];
+    heap_set(e, i, last);
+    heap_up(e, i);
+    heap_down(e, (size_t)last.s->heap_pos[last.kind]);
+}
+
+/* Timers are set only after everything that can fail: a full heap grows first (reserve). */
+static int timer_reserve(osub_engine_t *e, size_t more)
+{
+    if (e->n_heap + more <= e->cap_heap)
+        return 0;
+    size_t cap = e->cap_heap ? e->cap_heap * 2 : 64;
+    while (cap < e->n_heap + more)
+        cap *= 2;
+    struct timer_ent *n = realloc(e->heap, cap * sizeof(*n));
+    if (n == NULL)
+        return OSUB_ENOMEM;
+    e->heap = n;
+    e->cap_heap = cap;
+    return 0;
+}
+
+static void timer_set(osub_engine_t *e, struct svc *s, int kind, int64_t at)
+{
+    timer_cancel(e, s, kind);
+    if (timer_reserve(e, 1) != 0)
+        return; /* cannot happen after a successful reserve; the tick still sweeps */
+    struct timer_ent t = {.at = at, .s = s, .kind = kind};
+    s->timer_at[kind] = at;
+    e->heap[e->n_heap] = t;
+    s->heap_pos[kind] = (int32_t)e->n_heap;
+    e->n_heap++;
+    heap_up(e, e->n_heap - 1);
+}
+
+/* ---- accounting ----------------------------------------------------------------------- */
+
+static int64_t slot_held(const struct svc *s, const struct slot *sl)
+{
+    if (s->state == OSUB_STATE_PENDING || s->backed)
+        return sl->grant;
+    if (s->loading)
+        return max64(sl->used, sl->held_grant);
+    if (s->used_capped)
+        return min64(sl->used, sl->held_grant);
+    return sl->used;
+}
+
+static void gpu_add_held(osub_engine_t *e, struct gpu *g, int64_t delta)
+{
+    if (delta == 0)
+        return;
+    (void)osub__gpu_peak(e, g); /* rolls the history forward to now first */
+    g->held += delta;
+    int64_t *cur = &g->hist[g->hist_minute % e->hist_n];
+    if (g->held > *cur)
+        *cur = g->held;
+    if (g->held > g->hist_peak)
+        g->hist_peak = g->held;
+}
+
+/* Recomputes the held of every slot of s and carries the change into its GPUs. */
+static void svc_sync(osub_engine_t *e, struct svc *s)
+{
+    for (int32_t i = 0; i < s->n_slots; i++) {
+        struct slot *sl = &s->slots[i];
+        int64_t h = slot_held(s, sl);
+        if (h != sl->held) {
+            gpu_add_held(e, &e->gpus[sl->gpu], h - sl->held);
+            sl->held = h;
+        }
+    }
+}
+
+static void slot_set_grant(osub_engine_t *e, struct svc *s, struct slot *sl, int64_t g)
+{
+    struct gpu *gp = &e->gpus[sl->gpu];
+    gp->granted += g - sl->grant;
+    if (s->backed)
+        gp->backed += g - sl->grant;
+    sl->grant = g;
+}
+
+static void slot_set_used(osub_engine_t *e, struct slot *sl, int64_t u)
+{
+    e->gpus[sl->gpu].used += u - sl->used;
+    sl->used = u;
+}
+
+static int gpu_list_reserve(struct gpu *g)
+{
+    if (g->nsvc < g->capsvc)
+        return 0;
+    int32_t cap = g->capsvc ? g->capsvc * 2 : 8;
+    struct svc **n = realloc(g->svcs, (size_t)cap * sizeof(*n));
+    if (n == NULL)
+        return OSUB_ENOMEM;
+    g->svcs = n;
+    g->capsvc = cap;
+    return 0;
+}
+
+/* Victim order on a GPU: level desc, submit time desc, seq desc. */
+static bool svc_before(const struct svc *a, const struct svc *b)
+{
+    if (a->level != b->level)
+        return a->level > b->level;
+    if (a->submit_ms != b->submit_ms)
+        return a->submit_ms > b->submit_ms;
+    return a->seq > b->seq;
+}
+
+static void gpu_list_add(struct gpu *g, struct svc *s)
+{
+    int32_t pos = g->nsvc;
+    while (pos > 0 && svc_before(s, g->svcs[pos - 1])) {
+        g->svcs[pos] = g->svcs[pos - 1];
+        pos--;
+    }
+    g->svcs[pos] = s;
+    g->nsvc++;
+}
+
+static void gpu_list_remove(struct gpu *g, struct svc *s)
+{
+    for (int32_t i = 0; i < g->nsvc; i++) {
+        if (g->svcs[i] == s) {
+            memmove(&g->svcs[i], &g->svcs[i + 1], (size_t)(g->nsvc - i - 1) * sizeof(s));
+            g->nsvc--;
+            return;
+        }
+    }
+}
+
+static int place_reserve(osub_engine_t *e, const int32_t *gpus, int32_t k)
+{
+    for (int32_t j = 0; j < k; j++)
+        if (gpu_list_reserve(&e->gpus[gpus[j]]) != 0)
+            return OSUB_ENOMEM;
+    return 0;
+}
+
+/* Places s on gpus with the given grants (caller reserved the lists). */
+static void svc_place(osub_engine_t *e, struct svc *s, const int32_t *gpus, const int64_t *shares,
+                      int32_t k)
+{
+    s->n_slots = k;
+    for (int32_t j = 0; j < k; j++) {
+        struct slot *sl = &s->slots[j];
+        struct gpu *g = &e->gpus[gpus[j]];
+        sl->gpu = gpus[j];
+        sl->grant = 0;
+        sl->held = 0;
+        sl->used = 0;
+        slot_set_grant(e, s, sl, shares[j]);
+        sl->held_grant = shares[j];
+        g->compute_all += s->spec.compute_pct;
+        if (s->backed)
+            g->compute_backed += s->spec.compute_pct;
+        if (s->spec.exclusive)
+            g->excl = s;
+        gpu_list_add(g, s);
+    }
+    s->used_capped = false;
+}
+
+static void svc_unplace(osub_engine_t *e, struct svc *s)
+{
+    for (int32_t j = 0; j < s->n_slots; j++) {
+        struct slot *sl = &s->slots[j];
+        struct gpu *g = &e->gpus[sl->gpu];
+        slot_set_grant(e, s, sl, 0);
+        slot_set_used(e, sl, 0);
+        gpu_add_held(e, g, -sl->held);
+        sl->held = 0;
+        g->compute_all -= s->spec.compute_pct;
+        if (s->backed)
+            g->compute_backed -= s->spec.compute_pct;
+        if (g->excl == s)
+            g->excl = NULL;
+        gpu_list_remove(g, s);
+    }
+    s->n_slots = 0;
+    s->loading = false;
+    s->ack_pending = false;
+    s->used_capped = false;
+    timer_cancel(e, s, T_LOAD);
+    timer_cancel(e, s, T_DEADLINE);
+    s->deadline_ms = 0;
+    e->dirty = true;
+}
+
+/* ---- lists: queue and pending --------------------------------------------------------- */
+
+static bool queue_before(const struct svc *a, const struct svc *b)
+{
+    if (a->level != b->level)
+        return a->level < b->level;
+    if (a->submit_ms != b->submit_ms)
+        return a->submit_ms < b->submit_ms;
+    return a->seq < b->seq;
+}
+
+static int vec_reserve(struct svc ***v, size_t *cap, size_t n)
+{
+    if (n < *cap)
+        return 0;
+    size_t c = *cap ? *cap * 2 : 16;
+    struct svc **x = realloc(*v, c * sizeof(*x));
+    if (x == NULL)
+        return OSUB_ENOMEM;
+    *v = x;
+    *cap = c;
+    return 0;
+}
+
+static size_t queue_push(osub_engine_t *e, struct svc *s)
+{
+    size_t pos = e->n_queue;
+    while (pos > 0 && queue_before(s, e->queue[pos - 1])) {
+        e->queue[pos] = e->queue[pos - 1];
+        pos--;
+    }
+    e->queue[pos] = s;
+    e->n_queue++;
+    return pos;
+}
+
+static void vec_remove(struct svc **v, size_t *n, struct svc *s)
+{
+    for (size_t i = 0; i < *n; i++) {
+        if (v[i] == s) {
+            memmove(&v[i], &v[i + 1], (*n - i - 1) * sizeof(s));
+            (*n)--;
+            return;
+        }
+    }
+}
+
+static size_t queue_pos(const osub_engine_t *e, const struct svc *s)
+{
+    for (size_t i = 0; i < e->n_queue; i++)
+        if (e->queue[i] == s)
+            return i + 1;
+    return 0;
+}
+
+/* ---- service lifetime ----------------------------------------------------------------- */
+
+static void svc_free(struct svc *s)
+{
+    if (s == NULL)
+        return;
+    free(s->slots);
+    free(s->slot_info);
+    free(s->waits);
+    free(s);
+}
+
+static void svc_unlink(osub_engine_t *e, struct svc *s)
+{
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        e->head = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    else
+        e->tail = s->prev;
+    tab_remove(e, s);
+    e->n_live--;
+}
+
+/* Removes s for good: from its GPUs, lists and timers. Frees it. */
+static void svc_destroy(osub_engine_t *e, struct svc *s)
+{
+    svc_unplace(e, s);
+    if (s->state == OSUB_STATE_QUEUED)
+        vec_remove(e->queue, &e->n_queue, s);
+    if (s->state == OSUB_STATE_PENDING)
+        vec_remove(e->pending, &e->n_pending, s);
+    svc_unlink(e, s);
+    svc_free(s);
+}
+
+static void set_state(osub_engine_t *e, struct svc *s, osub_state_t st)
+{
+    if (s->state == st)
+        return;
+    if (s->state == OSUB_STATE_PENDING)
+        vec_remove(e->pending, &e->n_pending, s);
+    s->state = st;
+    s->since_ms = e->now;
+}
+
+/* Moves a service that lost its placement to the queue (requeue) -- list space reserved. */
+static void svc_to_queue(osub_engine_t *e, struct svc *s)
+{
+    svc_unplace(e, s);
+    set_state(e, s, OSUB_STATE_QUEUED);
+    s->room_since_ms = -1;
+    s->batch = s->full_batch;
+    s->n_waits = 0;
+    queue_push(e, s);
+}
+
+static void svc_start(osub_engine_t *e, struct svc *s, osub_reason_t reason)
+{
+    bool resume = s->evicted_before;
+    set_state(e, s, OSUB_STATE_LOADING);
+    s->loading = true;
+    s->start_ms = e->now;
+    s->n_waits = 0;
+    if (resume) {
+        s->resumed = true;
+        s->resume_ms = e->now;
+        e->resumes++;
+    }
+    svc_sync(e, s);
+    timer_set(e, s, T_LOAD, e->now + s->restart_cost_ms);
+    char gb[96];
+    fmt_gpus(s, gb, sizeof(gb));
+    osub_event_t *ev;
+    if (resume)
+        ev = emit(e, OSUB_EV_RESUME, reason,
+                  "resumed %s (%s) on %s with %lld MiB%s%s; protected from eviction for %lld ms",
+                  s->spec.id, class_of(e, s), gb, (long long)grant_total(s),
+                  s->checkpoint[0] ? " from checkpoint " : "", s->checkpoint,
+                  (long long)e->cfg.min_runtime_ms);
+    else
+        ev = emit(e, OSUB_EV_START, reason, "started %s (%s) on %s with %lld MiB; loading for up to %lld ms",
+                  s->spec.id, class_of(e, s), gb, (long long)grant_total(s),
+                  (long long)s->restart_cost_ms);
+    ev_svc(ev, s);
+    ev->vram_mib = grant_total(s);
+    ev->batch_size = s->batch;
+}
+
+static void svc_degrade(osub_engine_t *e, struct svc *s, const char *cause, int32_t cause_level,
+                        osub_reason_t reason)
+{
+    int64_t from = grant_total(s);
+    int32_t from_batch = s->batch;
+    for (int32_t i = 0; i < s->n_slots; i++)
+        slot_set_grant(e, s, &s->slots[i], osub__floor_share(s, i));
+    s->batch = s->floor_batch;
+    set_state(e, s, OSUB_STATE_DEGRADED);
+    s->ack_pending = true;
+    s->room_since_ms = -1;
+    s->n_degrades++;
+    e->degrades++;
+    s->deadline_ms = e->now + e->cfg.ack_timeout_ms;
+    snprintf(s->preemptor, sizeof(s->preemptor), "%s", cause ? cause : "");
+    s->preemptor_level = cause_level;
+    timer_set(e, s, T_DEADLINE, s->deadline_ms);
+    svc_sync(e, s);
+    char gb[96], why[200], bb[48] = "";
+    fmt_gpus(s, gb, sizeof(gb));
+    if (cause && cause[0])
+        snprintf(why, sizeof(why), "to make room for %s (level %d)", cause, cause_level);
+    else
+        snprintf(why, sizeof(why), "because %s is above its high watermark", gb);
+    if (from_batch > 0)
+        snprintf(bb, sizeof(bb), ", batch %d -> %d", from_batch, s->batch);
+    osub_event_t *ev = emit(e, OSUB_EV_DEGRADE, reason,
+                            "degraded %s (%s) on %s from %lld to %lld MiB%s, %s; "
+                            "acknowledge within %lld ms",
+                            s->spec.id, class_of(e, s), gb, (long long)from,
+                            (long long)grant_total(s), bb, why, (long long)e->cfg.ack_timeout_ms);
+    ev_svc(ev, s);
+    snprintf(ev->cause, sizeof(ev->cause), "%s", cause ? cause : "");
+    ev->cause_level = cause_level;
+    ev->vram_mib = grant_total(s);
+    ev->batch_size = s->batch;
+    ev->deadline_ms = s->deadline_ms;
+}
+
+static void svc_evict(osub_engine_t *e, struct svc *s, const char *cause, int32_t cause_level,
+                      osub_reason_t reason)
+{
+    int64_t from = grant_total(s);
+    s->ack_pending = false;
+    for (int32_t i = 0; i < s->n_slots; i++)
+        slot_set_grant(e, s, &s->slots[i], 0);
+    set_state(e, s, OSUB_STATE_DRAINING);
+    s->room_since_ms = -1;
+    s->n_evictions++;
+    e->evictions++;
+    s->deadline_ms = e->now + s->grace_ms;
+    snprintf(s->preemptor, sizeof(s->preemptor), "%s", cause ? cause : "");
+    s->preemptor_level = cause_level;
+    timer_set(e, s, T_DEADLINE, s->deadline_ms);
+    svc_sync(e, s);
+    char gb[96], why[200];
+    fmt_gpus(s, gb, sizeof(gb));
+    if (reason == OSUB_R_ACK_TIMEOUT)
+        snprintf(why, sizeof(why), "because it did not acknowledge its degrade in time");
+    else if (cause && cause[0])
+        snprintf(why, sizeof(why), "to make room for %s (level %d)", cause, cause_level);
+    else if (reason == OSUB_R_USER)
+        snprintf(why, sizeof(why), "because its GPU is being drained");
+    else
+        snprintf(why, sizeof(why), "because %s is above its high watermark", gb);
+    osub_event_t *ev = emit(e, OSUB_EV_EVICT, reason,
+                            "evicting %s (%s, %lld MiB held) from %s %s; grace period %lld ms, "
+                            "then %s",
+                            s->spec.id, class_of(e, s), (long long)held_total(s), gb, why,
+                            (long long)s->grace_ms,
+                            s->requeue_on_evict ? "back to the queue" : "released");
+    (void)from;
+    ev_svc(ev, s);
+    snprintf(ev->cause, sizeof(ev->cause), "%s", cause ? cause : "");
+    ev->cause_level = cause_level;
+    ev->deadline_ms = s->deadline_ms;
+}
+
+/* The memory of an evicted (or exited) service is free: requeue or release it. */
+static void svc_gone(osub_engine_t *e, struct svc *s, osub_reason_t reason, bool by_eviction)
+{
+    char gb[96];
+    fmt_gpus(s, gb, sizeof(gb));
+    if (by_eviction && s->requeue_on_evict) {
+        s->evicted_before = true;
+        svc_to_queue(e, s);
+        osub_event_t *ev = emit(e, OSUB_EV_REQUEUE, reason,
+                                "%s (%s) left %s and is back in the queue at position %zu%s%s",
+                                s->spec.id, class_of(e, s), gb, queue_pos(e, s),
+                                s->checkpoint[0] ? " with checkpoint " : "", s->checkpoint);
+        ev_svc(ev, s);
+        return;
+    }
+    osub_event_t *ev = emit(e, OSUB_EV_RELEASE, reason, "released %s (%s) from %s",
+                            s->spec.id, class_of(e, s), s->n_slots ? gb : "the queue");
+    ev_svc(ev, s);
+    svc_destroy(e, s);
+}
+
+/* ---- engine lifetime ------------------------------------------------------------------ */
+
+static int validate_config(const osub_pool_config_t *c)
+{
+    if (c->ratio_milli < 1000 || c->ratio_milli > 100000)
+        return OSUB_ERATIO_RANGE;
+    if (c->compute_ratio_milli < 1000 || c->compute_ratio_milli > 100000)
+        return OSUB_EBAD_CONFIG;
+    if (c->margin_mib < 0 || c->high_watermark_pct <= 0 || c->high_watermark_pct > 100 ||
+        c->low_watermark_pct <= 0 || c->low_watermark_pct > c->high_watermark_pct)
+        return OSUB_EBAD_CONFIG;
+    if (c->hysteresis_ms < 0 || c->ack_timeout_ms < 0 || c->grace_ms < 0 ||
+        c->min_runtime_ms < 0 || c->history_window_ms < 60000 ||
+        c->history_window_ms > 7 * 86400000LL || c->restart_cost_ms < 0 ||
+        c->queue_aging_ms < 0)
+        return OSUB_EBAD_CONFIG;
+    return 0;
+}
+
+int osub_engine_new(const osub_pool_config_t *cfg, const int64_t *vram_mib,
+                    const char *const *names, size_t n_gpus, const osub_class_t *classes,
+                    size_t n_classes, osub_engine_t **out)
+{
+    if (cfg == NULL || vram_mib == NULL || out == NULL || n_gpus == 0 || n_gpus > 4096)
+        return OSUB_EBAD_CONFIG;
+    int rc = validate_config(cfg);
+    if (rc != 0)
+        return rc;
+    if (classes == NULL || n_classes == 0)
+        classes = osub_default_classes(&n_classes);
+    if (n_classes > OSUB_MAX_CLASSES)
+        return OSUB_EBAD_CLASS;
+    for (size_t i = 0; i < n_classes; i++) {
+        const osub_class_t *c = &classes[i];
+        if (c->name[0] == '\0' || c->level < 0 || c->level > OSUB_MAX_LEVEL || c->grace_ms < -1)
+            return OSUB_EBAD_CLASS;
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(classes[j].name, c->name) == 0)
+                return OSUB_EBAD_CLASS;
+        if (c->level == 0 && c->preemptible)
+            return OSUB_EBAD_CLASS; /* level 0 is never preempted (DESIGN.md) */
+    }
+    for (size_t i = 0; i < n_gpus; i++)
+        if (vram_mib[i] <= cfg->margin_mib || vram_mib[i] > (INT64_C(1) << 24))
+            return OSUB_EBAD_CONFIG;
+
+    osub_engine_t *e = calloc(1, sizeof(*e));
+    if (e == NULL)
+        return OSUB_ENOMEM;
+    e->cfg = *cfg;
+    memcpy(e->classes, classes, n_classes * sizeof(*classes));
+    e->n_classes = n_classes;
+    e->n_gpus = (int32_t)n_gpus;
+    e->hist_n = (int32_t)(cfg->history_window_ms / 60000);
+    e->next_seq = 1;
+    e->gpus = calloc(n_gpus, sizeof(*e->gpus));
+    if (e->gpus == NULL)
+        goto err_free;
+    for (size_t i = 0; i < n_gpus; i++) {
+        struct gpu *g = &e->gpus[i];
+        if (names != NULL && names[i] != NULL)
+            snprintf(g->name, sizeof(g->name), "%s", names[i]);
+        else
+            snprintf(g->name, sizeof(g->name), "gpu%zu", i);
+        g->vram = vram_mib[i];
+        g->usable = vram_mib[i] - cfg->margin_mib;
+        g->logical = vram_mib[i] * cfg->ratio_milli / 1000;
+        g->hist = calloc((size_t)e->hist_n, sizeof(*g->hist));
+        if (g->hist == NULL)
+            goto err_free;
+    }
+    *out = e;
+    return 0;
+err_free:
+    osub_engine_free(e);
+    return OSUB_ENOMEM;
+}
+
+void osub_engine_free(osub_engine_t *e)
+{
+    if (e == NULL)
+        return;
+    struct svc *s = e->head;
+    while (s) {
+        struct svc *n = s->next;
+        svc_free(s);
+        s = n;
+    }
+    if (e->gpus)
+        for (int32_t i = 0; i < e->n_gpus; i++) {
+            free(e->gpus[i].svcs);
+            free(e->gpus[i].hist);
+        }
+    free(e->gpus);
+    free(e->tab);
+    free(e->queue);
+    free(e->pending);
+    free(e->heap);
+    free(e->events);
+    free(e);
+}
+
+/* ---- spec resolution ------------------------------------------------------------------ */
+
+static int64_t largest_usable(const osub_engine_t *e)
+{
+    int64_t m = 0;
+    for (int32_t i = 0; i < e->n_gpus; i++)
+        if (!e->gpus[i].lost && e->gpus[i].usable > m)
+            m = e->gpus[i].usable;
+    return m;
+}
+
+static bool spec_equal(const osub_spec_t *a, const osub_spec_t *b)
+{
+    return memcmp(a, b, sizeof(*a)) == 0;
+}
+
+/* Normalises a spec: resolves defaults so that equal intents compare equal. */
+static int resolve_spec(const osub_engine_t *e, const osub_spec_t *in, osub_spec_t *o,
+                        const osub_class_t **cls_out)
+{
+    osub_spec_t s;
+    memset(&s, 0, sizeof(s));
+    /* copy field by field so that padding and bytes after the strings are zero */
+    if (memchr(in->id, '\0', sizeof(in->id)) == NULL || !osub_id_valid(in->id))
+        return OSUB_EBAD_ID;
+    snprintf(s.id, sizeof(s.id), "%s", in->id);
+    if (memchr(in->class_name, '\0', sizeof(in->class_name)) == NULL)
+        return OSUB_EUNKNOWN_CLASS;
+    const osub_class_t *c = find_class(e, in->class_name);
+    if (c == NULL)
+        return OSUB_EUNKNOWN_CLASS;
+    snprintf(s.class_name, sizeof(s.class_name), "%s", in->class_name);
+    if (in->vram_mib <= 0 || in->vram_mib > (INT64_C(1) << 40))
+        return OSUB_EBAD_VRAM;
+    s.vram_mib = in->vram_mib;
+    if (in->compute_pct < 0 || in->compute_pct > 100)
+        return OSUB_EBAD_COMPUTE;
+    s.compute_pct = in->compute_pct;
+    if (in->min_vram_mib < 0 || in->min_vram_mib > in->vram_mib)
+        return OSUB_EBAD_MIN_VRAM;
+    s.min_vram_mib = in->min_vram_mib ? in->min_vram_mib : in->vram_mib;
+    if (in->batch_size < 0 || in->min_batch_size < 0 ||
+        (in->min_batch_size > 0 && in->batch_size > 0 && in->min_batch_size > in->batch_size) ||
+        (in->min_batch_size > 0 && in->batch_size == 0))
+        return OSUB_EBAD_BATCH;
+    s.batch_size = in->batch_size;
+    s.min_batch_size = in->min_batch_size ? in->min_batch_size : in->batch_size;
+    s.exclusive = in->exclusive;
+    if (in->preemptible != OSUB_TRI_DEFAULT && in->preemptible != OSUB_TRI_NO &&
+        in->preemptible != OSUB_TRI_YES)
+        return OSUB_EINVAL;
+    if (in->preemptible == OSUB_TRI_YES && in->exclusive)
+        return OSUB_EEXCLUSIVE_PREEMPTIBLE;
+    if (in->preemptible == OSUB_TRI_YES && !c->preemptible)
+        return OSUB_EBACKED_PREEMPTIBLE;
+    bool pre = in->preemptible == OSUB_TRI_DEFAULT ? c->preemptible && !in->exclusive
+                                                   : in->preemptible == OSUB_TRI_YES;
+    s.preemptible = pre ? OSUB_TRI_YES : OSUB_TRI_NO;
+    s.resumable = in->resumable;
+    if ((unsigned)in->on_evict > OSUB_ON_EVICT_RELEASE)
+        return OSUB_EINVAL;
+    if (in->on_evict == OSUB_ON_EVICT_REQUEUE && !in->resumable)
+        return OSUB_EBAD_ON_EVICT;
+    s.on_evict = in->on_evict == OSUB_ON_EVICT_DEFAULT
+                     ? (in->resumable ? OSUB_ON_EVICT_REQUEUE : OSUB_ON_EVICT_RELEASE)
+                     : in->on_evict;
+    if (in->restart_cost_ms < -1 || in->restart_cost_ms > 86400000LL)
+        return OSUB_EBAD_TIME;
+    s.restart_cost_ms = in->restart_cost_ms < 0 ? e->cfg.restart_cost_ms : in->restart_cost_ms;
+    if (in->grace_ms < -1 || in->grace_ms > 86400000LL)
+        return OSUB_EBAD_TIME;
+    s.grace_ms = in->grace_ms >= 0 ? in->grace_ms : (c->grace_ms >= 0 ? c->grace_ms : e->cfg.grace_ms);
+    if (in->queue != OSUB_TRI_DEFAULT && in->queue != OSUB_TRI_NO && in->queue != OSUB_TRI_YES)
+        return OSUB_EINVAL;
+    s.queue = in->queue == OSUB_TRI_DEFAULT ? (pre ? OSUB_TRI_YES : OSUB_TRI_NO) : in->queue;
+
+    /* GPU count */
+    int64_t lu = largest_usable(e);
+    if (lu <= 0)
+        return OSUB_ETOO_BIG;
+    if (in->gpus < 0 || in->gpus > 64)
+        return in->gpus > 64 ? OSUB_ETOO_MANY_GPUS : OSUB_EBAD_GPU_COUNT;
+    int64_t k = in->gpus ? in->gpus : (s.vram_mib + lu - 1) / lu;
+    if (k > 64)
+        return OSUB_ETOO_BIG;
+    s.gpus = (int32_t)k;
+    if (s.min_vram_mib < s.gpus)
+        return OSUB_EBAD_MIN_VRAM;
+    *o = s;
+    *cls_out = c;
+    return 0;
+}
+
+/* Rejects at once what could not fit even on an empty pool (DESIGN.md admission step 1). */
+static int empty_pool_fit(const osub_engine_t *e, const osub_spec_t *s)
+{
+    int32_t k = s->gpus;
+    int64_t share = osub__share(s->vram_mib, k, 0);
+    int64_t sizes[64], usable[64];
+    int32_t counts[64], ns = 0;
+    for (int32_t i = 0; i < e->n_gpus; i++) {
+        const struct gpu *g = &e->gpus[i];
+        if (g->lost)
+            continue;
+        int32_t j = 0;
+        while (j < ns && sizes[j] != g->vram)
+            j++;
+        if (j == ns) {
+            if (ns == 64)
+                continue;
+            sizes[ns] = g->vram;
+            usable[ns] = g->usable;
+            counts[ns++] = 0;
+        }
+        counts[j]++;
+    }
+    bool any_size_with_k = false;
+    for (int32_t j = 0; j < ns; j++) {
+        if (counts[j] < k)
+            continue;
+        any_size_with_k = true;
+        if (share <= usable[j])
+            return 0;
+    }
+    return any_size_with_k ? OSUB_ETOO_BIG : OSUB_ETOO_MANY_GPUS;
+}
+
+static void fill_req(const osub_engine_t *e, const struct svc *s, struct req *r)
+{
+    (void)e;
+    memset(r, 0, sizeof(*r));
+    r->level = s->level;
+    r->backed = s->backed;
+    r->exclusive = s->spec.exclusive;
+    r->total = s->full_total;
+    r->k = s->k;
+    r->compute = s->spec.compute_pct;
+    r->self = s;
+}
+
+/* ---- admission ------------------------------------------------------------------------ */
+
+static void fill_victims(const osub_engine_t *e, const struct plan *p, osub_submit_result_t *res)
+{
+    res->n_victims = 0;
+    for (int32_t i = 0; i < p->n_victims && i < OSUB_PLAN_MAX_VICTIMS; i++) {
+        osub_victim_t *v = &res->victims[res->n_victims++];
+        snprintf(v->service, sizeof(v->service), "%s", p->victims[i]->spec.id);
+        v->evict = p->acts[i] == ACT_EVICT;
+        v->deadline_ms = v->evict ? e->now + p->victims[i]->grace_ms
+                                  : e->now + e->cfg.ack_timeout_ms;
+    }
+}
+
+static bool pending_can_start(const osub_engine_t *e, const struct svc *s)
+{
+    for (int32_t i = 0; i < s->n_slots; i++) {
+        const struct gpu *g = &e->gpus[s->slots[i].gpu];
+        if (s->spec.exclusive) {
+            if (g->nsvc != 1)
+                return false;
+        } else if (g->held > g->usable) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Carries out an admission plan for s (placement reserved by the caller). */
+static void admit_apply(osub_engine_t *e, struct svc *s, const struct plan *p, osub_reason_t why)
+{
+    svc_place(e, s, p->gpus, p->shares, p->k);
+    e->admissions++;
+    char gb[96];
+    fmt_gpus(s, gb, sizeof(gb));
+    if (p->n_victims == 0) {
+        osub_event_t *ev = emit(e, OSUB_EV_ADMIT, why,
+                                "admitted %s (%s, %lld MiB) on %s without victims", s->spec.id,
+                                class_of(e, s), (long long)s->full_total, gb);
+        ev_svc(ev, s);
+        ev->vram_mib = s->full_total;
+        set_state(e, s, OSUB_STATE_PENDING);
+        svc_sync(e, s);
+        svc_start(e, s, why);
+        return;
+    }
+    osub_event_t *ev = emit(e, OSUB_EV_ADMIT, OSUB_R_PREEMPTION,
+                            "admitted %s (%s, %lld MiB) on %s with %d victim(s)", s->spec.id,
+                            class_of(e, s), (long long)s->full_total, gb, p->n_victims);
+    ev_svc(ev, s);
+    ev->vram_mib = s->full_total;
+    set_state(e, s, OSUB_STATE_PENDING);
+    e->pending[e->n_pending++] = s;
+    svc_sync(e, s);
+    s->n_waits = 0;
+    for (int32_t i = 0; i < p->n_victims; i++) {
+        struct svc *v = p->victims[i];
+        if (p->acts[i] == ACT_EVICT)
+            svc_evict(e, v, s->spec.id, s->level, OSUB_R_PREEMPTION);
+        else
+            svc_degrade(e, v, s->spec.id, s->level, OSUB_R_PREEMPTION);
+        osub_victim_t *w = &s->waits[s->n_waits++];
+        snprintf(w->service, sizeof(w->service), "%s", v->spec.id);
+        w->evict = p->acts[i] == ACT_EVICT;
+        w->deadline_ms = v->deadline_ms;
+    }
+    char vb[200];
+    size_t off = 0;
+    vb[0] = '\0';
+    for (int32_t i = 0; i < s->n_waits && off + 70 < sizeof(vb); i++)
+        off += (size_t)snprintf(vb + off, sizeof(vb) - off, "%s%s %s", i ? ", " : "",
+                                s->waits[i].evict ? "eviction of" : "degrade of",
+                                s->waits[i].service);
+    ev = emit(e, OSUB_EV_PEND, OSUB_R_WAIT_VICTIMS, "%s is pending on %s until the %s frees memory",
+              s->spec.id, gb, vb);
+    ev_svc(ev, s);
+    if (pending_can_start(e, s))
+        svc_start(e, s, OSUB_R_ROOM_FREED);
+}
+
+/* Reserves every allocation an admission of s may need, so that applying cannot fail. */
+static int admit_reserve(osub_engine_t *e, const struct plan *p)
+{
+    if (place_reserve(e, p->gpus, p->k) != 0 || timer_reserve(e, 2 + 2 * (size_t)p->n_victims) != 0 ||
+        vec_reserve(&e->pending, &e->cap_pending, e->n_pending + 1) != 0)
+        return OSUB_ENOMEM;
+    return 0;
+}
+
+static int32_t head_level(const osub_engine_t *e)
+{
+    return e->n_queue ? e->queue[0]->level : INT32_MAX;
+}
+
+/* The GPUs the queue head is waiting for: where it would go if held did not count. */
+static int head_reservation(osub_engine_t *e, int32_t *gpus, int32_t *n)
+{
+    *n = 0;
+    if (e->n_queue == 0)
+        return 0;
+    struct svc *h = e->queue[0];
+    struct req r;
+    fill_req(e, h, &r);
+    /* a plan on an imaginary pool where everyone preemptible of lower priority left */
+    struct plan p;
+    osub__plan_admission(e, &r, &p);
+    if (p.ok) {
+        *n = p.k;
+        memcpy(gpus, p.gpus, sizeof(int32_t) * (size_t)p.k);
+    } else if (p.check_gpu >= 0) {
+        *n = 1;
+        gpus[0] = p.check_gpu;
+    }
+    return 0;
+}
+
+/* May a later request (level lvl, planned p) go ahead of the queue head? */
+static bool backfill_ok(osub_engine_t *e, const struct plan *p, int32_t lvl)
+{
+    if (e->n_queue == 0 || lvl < head_level(e))
+        return true;
+    struct svc *h = e->queue[0];
+    if (e->now - h->since_ms >= e->cfg.queue_aging_ms)
+        return false;
+    if (p->n_victims > 0)
+        return false;
+    int32_t rg[64], nr;
+    head_reservation(e, rg, &nr);
+    for (int32_t i = 0; i < p->k; i++)
+        for (int32_t j = 0; j < nr; j++)
+            if (p->gpus[i] == rg[j])
+                return false;
+    return true;
+}
+
+static void process(osub_engine_t *e);
+
+int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms, unsigned flags,
+                       osub_submit_result_t *res);
+
+/* ---- command prologue ----------------------------------------------------------------- */
+
+static void run_timers(osub_engine_t *e);
+
+static int begin(osub_engine_t *e, int64_t now_ms)
+{
+    if (now_ms < 0 || now_ms > (INT64_C(1) << 53))
+        return OSUB_EBAD_TIME;
+    if (now_ms < e->now)
+        return OSUB_ETIME_BACKWARDS;
+    e->n_events = 0;
+    e->now = now_ms;
+    run_timers(e);
+    return 0;
+}
+
+static void finish(osub_engine_t *e)
+{
+    process(e);
+}
+
+/* ---- submit ----------------------------------------------------------------------------- */
+
+int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms, unsigned flags,
+                       osub_submit_result_t *res)
+{
+    osub_submit_result_t dummy;
+    if (res == NULL)
+        res = &dummy;
+    memset(res, 0, sizeof(*res));
+    res->check_gpu = -1;
+    if (e == NULL || spec == NULL)
+        return OSUB_EINVAL;
+    osub_spec_t s;
+    const osub_class_t *cls;
+    int rc = resolve_spec(e, spec, &s, &cls);
+    if (rc != 0)
+        return rc;
+    if (now_ms < 0 || now_ms > (INT64_C(1) << 53))
+        return OSUB_EBAD_TIME;
+    if (now_ms < e->now)
+        return OSUB_ETIME_BACKWARDS;
+    bool dry = (flags & OSUB_SUBMIT_DRY_RUN) != 0;
+    if (!dry) {
+        rc = begin(e, now_ms);
+        if (rc != 0)
+            return rc;
+    }
+    struct svc *old = lookup(e, s.id);
+    if (old != NULL) {
+        if (!spec_equal(&old->spec, &s))
+            return OSUB_ESPEC_CONFLICT;
+        res->outcome = OSUB_SUBMIT_EXISTS;
+        return 0;
+    }
+    rc = empty_pool_fit(e, &s);
+    if (rc != 0) {
+        if (!dry) {
+            e->rejections++;
+            osub_event_t *ev = emit(e, OSUB_EV_REJECT, OSUB_R_EMPTY_POOL,
+                                    "rejected %s (%s, %lld MiB on %d GPU(s)): %s", s.id,
+                                    s.class_name, (long long)s.vram_mib, s.gpus,
+                                    osub_strerror(rc));
+            snprintf(ev->service, sizeof(ev->service), "%s", s.id);
+        }
+        res->outcome = OSUB_SUBMIT_REJECTED;
+        res->rc = rc;
+        return rc;
+    }
+
+    /* build the service */
+    struct svc *sv = calloc(1, sizeof(*sv));
+    if (sv == NULL)
+        return OSUB_ENOMEM;
+    sv->spec = s;
+    sv->k = s.gpus;
+    sv->slots = calloc((size_t)sv->k, sizeof(*sv->slots));
+    sv->waits = calloc(OSUB_PLAN_MAX_VICTIMS, sizeof(*sv->waits));
+    if (sv->slots == NULL || sv->waits == NULL) {
+        svc_free(sv);
+        return OSUB_ENOMEM;
+    }
+    sv->seq = e->next_seq;
+    sv->level = cls->level;
+    sv->preemptible = s.preemptible == OSUB_TRI_YES;
+    sv->backed = !sv->preemptible;
+    sv->degradable = sv->preemptible && s.min_vram_mib < s.vram_mib;
+    sv->requeue_on_evict = s.on_evict == OSUB_ON_EVICT_REQUEUE;
+    sv->queue_ok = s.queue == OSUB_TRI_YES;
+    sv->full_total = s.vram_mib;
+    sv->floor_total = s.min_vram_mib;
+    sv->full_batch = s.batch_size;
+    sv->floor_batch = s.min_batch_size;
+    sv->batch = s.batch_size;
+    sv->grace_ms = s.grace_ms;
+    sv->restart_cost_ms = s.restart_cost_ms;
+    sv->submit_ms = dry ? now_ms : e->now;
+    sv->since_ms = sv->submit_ms;
+    sv->room_since_ms = -1;
+    sv->heap_pos[0] = sv->heap_pos[1] = -1;
+    sv->state = OSUB_STATE_QUEUED;
+
+    struct req r;
+    fill_req(e, sv, &r);
+    struct plan p;
+    bool blocked = e->overcommitted;
+    if (!blocked)
+        osub__plan_admission(e, &r, &p);
+    else
+        memset(&p, 0, sizeof(p));
+    if (p.ok && !backfill_ok(e, &p, sv->level))
+        p.ok = false;
+    res->check = p.ok ? OSUB_CHECK_NONE : p.check;
+    res->check_gpu = p.ok ? -1 : p.check_gpu;
+    res->shortfall_mib = p.ok ? 0 : p.shortfall;
+
+    if (dry) {
+        if (p.ok) {
+            res->outcome = p.n_victims ? OSUB_SUBMIT_PENDING : OSUB_SUBMIT_STARTED;
+            res->n_gpus = p.k;
+            memcpy(res->gpus, p.gpus, sizeof(int32_t) * (size_t)p.k);
+            fill_victims(e, &p, res);
+        } else if (sv->queue_ok) {
+            res->outcome = OSUB_SUBMIT_QUEUED;
+            res->queue_position = 1;
+            for (size_t i = 0; i < e->n_queue; i++)
+                if (queue_before(e->queue[i], sv))
+                    res->queue_position++;
+        } else {
+            res->outcome = OSUB_SUBMIT_REJECTED;
+            res->rc = blocked ? OSUB_EOVERCOMMITTED : OSUB_ENO_ROOM;
+        }
+        svc_free(sv);
+        return res->outcome == OSUB_SUBMIT_REJECTED ? res->rc : 0;
+    }
+
+    if (!p.ok && !sv->queue_ok) {
+        e->rejections++;
+        rc = blocked ? OSUB_EOVERCOMMITTED : OSUB_ENO_ROOM;
+        osub_event_t *ev = emit(e, OSUB_EV_REJECT, blocked ? OSUB_R_OVERCOMMITTED : OSUB_R_NO_ROOM,
+                                "rejected %s (%s, %lld MiB): %s%s%s check fails on GPU %d, "
+                                "short by %lld MiB, even with victims",
+                                s.id, s.class_name, (long long)s.vram_mib,
+                                blocked ? "pool over-committed; " : "", osub_check_name(p.check),
+                                "", p.check_gpu, (long long)p.shortfall);
+        snprintf(ev->service, sizeof(ev->service), "%s", s.id);
+        ev->level = sv->level;
+        ev->gpu = p.check_gpu;
+        svc_free(sv);
+        res->outcome = OSUB_SUBMIT_REJECTED;
+        res->rc = rc;
+        return rc;
+    }
+    /* reserve everything that can fail, then commit */
+    if (tab_reserve(e) != 0 || vec_reserve(&e->queue, &e->cap_queue, e->n_queue + 1) != 0 ||
+        (p.ok && admit_reserve(e, &p) != 0)) {
+        svc_free(sv);
+        return OSUB_ENOMEM;
+    }
+    e->next_seq++;
+    tab_insert_raw(e->tab, e->tab_cap, sv);
+    e->n_live++;
+    sv->prev = e->tail;
+    if (e->tail)
+        e->tail->next = sv;
+    else
+        e->head = sv;
+    e->tail = sv;
+
+    if (p.ok) {
+        admit_apply(e, sv, &p, OSUB_R_FITS);
+        res->outcome = sv->state == OSUB_STATE_PENDING ? OSUB_SUBMIT_PENDING : OSUB_SUBMIT_STARTED;
+        res->n_gpus = p.k;
+        memcpy(res->gpus, p.gpus, sizeof(int32_t) * (size_t)p.k);
+        fill_victims(e, &p, res);
+    } else {
+        queue_push(e, sv);
+        res->outcome = OSUB_SUBMIT_QUEUED;
+        res->queue_position = (int32_t)queue_pos(e, sv);
+        osub_event_t *ev = emit(e, OSUB_EV_QUEUE, blocked ? OSUB_R_OVERCOMMITTED : OSUB_R_NO_ROOM,
+                                "queued %s (%s, %lld MiB) at position %d: %s%s check fails on "
+                                "GPU %d, short by %lld MiB",
+                                s.id, s.class_name, (long long)s.vram_mib, res->queue_position,
+                                blocked ? "pool over-committed; " : "", osub_check_name(p.check),
+                                p.check_gpu, (long long)p.shortfall);
+        ev_svc(ev, sv);
+    }
+    finish(e);
+    return 0;
+}
+
+/* ---- timers, pending, queue, pressure, restore ---------------------------------------- */
+
+static void on_deadline(osub_engine_t *e, struct svc *s)
+{
+    s->heap_pos[T_DEADLINE] = -1;
+    s->timer_at[T_DEADLINE] = 0;
+    if (s->state == OSUB_STATE_DEGRADED && s->ack_pending) {
+        osub_event_t *ev = emit(e, OSUB_EV_ESCALATE, OSUB_R_ACK_TIMEOUT,
+                                "%s did not acknowledge its degrade within %lld ms: evicting it",
+                                s->spec.id, (long long)e->cfg.ack_timeout_ms);
+        ev_svc(ev, s);
+        char cause[OSUB_ID_MAX + 1];
+        snprintf(cause, sizeof(cause), "%s", s->preemptor);
+        svc_evict(e, s, cause, s->preemptor_level, OSUB_R_ACK_TIMEOUT);
+        return;
+    }
+    if (s->state == OSUB_STATE_DRAINING) {
+        set_state(e, s, OSUB_STATE_OVERDUE);
+        s->deadline_ms = e->now + s->grace_ms;
+        timer_set(e, s, T_DEADLINE, s->deadline_ms);
+        osub_event_t *ev = emit(e, OSUB_EV_OVERDUE, OSUB_R_GRACE_OVER,
+                                "%s is overdue: its grace period ended and its %lld MiB are not "
+                                "seen free yet",
+                                s->spec.id, (long long)held_total(s));
+        ev_svc(ev, s);
+        return;
+    }
+    if (s->state == OSUB_STATE_OVERDUE) {
+        s->deadline_ms = 0;
+        /* pending services waiting on it go back to the queue */
+        for (size_t i = 0; i < e->n_pending;) {
+            struct svc *p = e->pending[i];
+            bool waits = false;
+            for (int32_t w = 0; w < p->n_waits; w++)
+                waits = waits || strcmp(p->waits[w].service, s->spec.id) == 0;
+            if (!waits) {
+                i++;
+                continue;
+            }
+            if (vec_reserve(&e->queue, &e->cap_queue, e->n_queue + 1) != 0) {
+                i++;
+                continue;
+            }
+            svc_to_queue(e, p);
+            osub_event_t *ev = emit(e, OSUB_EV_REQUEUE, OSUB_R_VICTIM_OVERDUE,
+                                    "%s gave up waiting for %s, overdue for a second grace "
+                                    "period, and is back in the queue at position %zu",
+                                    p->spec.id, s->spec.id, queue_pos(e, p));
+            ev_svc(ev, p);
+        }
+    }
+}
+
+static void on_load(osub_engine_t *e, struct svc *s)
+{
+    s->heap_pos[T_LOAD] = -1;
+    s->timer_at[T_LOAD] = 0;
+    if (!s->loading)
+        return;
+    s->loading = false;
+    if (s->state == OSUB_STATE_LOADING)
+        set_state(e, s, OSUB_STATE_RUNNING);
+    svc_sync(e, s);
+    e->dirty = true;
+    osub_event_t *ev = emit(e, OSUB_EV_READY, OSUB_R_LOADED,
+                            "%s is taken as loaded after %lld ms; held now follows its usage",
+                            s->spec.id, (long long)s->restart_cost_ms);
+    ev_svc(ev, s);
+}
+
+static void run_timers(osub_engine_t *e)
+{
+    while (e->n_heap > 0 && e->heap[0].at <= e->now) {
+        struct timer_ent t = e->heap[0];
+        e->n_heap--;
+        if (e->n_heap > 0) {
+            heap_set(e, 0, e->heap[e->n_heap]);
+            heap_down(e, 0);
+        }
+        int64_t saved = e->now;
+        e->now = t.at; /* events carry the time they were due */
+        if (t.kind == T_LOAD)
+            on_load(e, t.s);
+        else
+            on_deadline(e, t.s);
+        e->now = saved;
+    }
+}
+
+static void check_overcommit(osub_engine_t *e)
+{
+    if (!e->overcommitted)
+        return;
+    for (int32_t i = 0; i < e->n_gpus; i++)
+        if (!e->gpus[i].lost && e->gpus[i].granted > e->gpus[i].logical)
+            return;
+    e->overcommitted = false;
+    emit(e, OSUB_EV_OVERCOMMIT, OSUB_R_ROOM_FREED,
+         "the grants fit the logical capacity again: admissions resume");
+}
+
+static void process_pending(osub_engine_t *e)
+{
+    for (size_t i = 0; i < e->n_pending;) {
+        struct svc *s = e->pending[i];
+        if (pending_can_start(e, s)) {
+            svc_start(e, s, OSUB_R_ROOM_FREED); /* removes it from the pending list */
+            continue;
+        }
+        i++;
+    }
+}
+
+static void process_queue(osub_engine_t *e)
+{
+    if (e->overcommitted)
+        return;
+    size_t scanned = 0;
+    for (size_t i = 0; i < e->n_queue && scanned < 256; scanned++) {
+        struct svc *s = e->queue[i];
+        struct req r;
+        fill_req(e, s, &r);
+        struct plan p;
+        osub__plan_admission(e, &r, &p);
+        if (p.ok && i > 0) {
+            /* backfill: not ahead of the head unless it delays nothing */
+            struct svc **q = e->queue;
+            (void)q;
+            if (!backfill_ok(e, &p, s->level))
+                p.ok = false;
+        }
+        if (!p.ok || admit_reserve(e, &p) != 0) {
+            if (i == 0 && e->now - s->since_ms >= e->cfg.queue_aging_ms)
+                return; /* aged head: nobody passes it */
+            i++;
+            continue;
+        }
+        vec_remove(e->queue, &e->n_queue, s);
+        admit_apply(e, s, &p, OSUB_R_ROOM_FREED);
+        /* the queue shifted: look again from the same position */
+    }
+}
+
+static void check_pressure(osub_engine_t *e, int32_t gi)
+{
+    struct gpu *g = &e->gpus[gi];
+    if (g->lost || g->held * 100 <= g->usable * e->cfg.high_watermark_pct)
+        return;
+    struct plan p;
+    osub__plan_pressure(e, gi, &p);
+    if (timer_reserve(e, 2 * (size_t)p.n_victims) != 0)
+        return;
+    for (int32_t i = 0; i < p.n_victims; i++) {
+        if (p.acts[i] == ACT_EVICT)
+            svc_evict(e, p.victims[i], "", -1, OSUB_R_PRESSURE);
+        else
+            svc_degrade(e, p.victims[i], "", -1, OSUB_R_PRESSURE);
+    }
+}
+
+static void process(osub_engine_t *e)
+{
+    for (int round = 0; round < 4 && e->dirty; round++) {
+        e->dirty = false;
+        check_overcommit(e);
+        process_pending(e);
+        process_queue(e);
+    }
+}
+
+static bool restore_room(const osub_engine_t *e, const struct svc *s)
+{
+    for (int32_t i = 0; i < s->n_slots; i++) {
+        const struct slot *sl = &s->slots[i];
+        const struct gpu *g = &e->gpus[sl->gpu];
+        int64_t full = osub__share(s->full_total, s->k, i);
+        if (g->granted - sl->grant + full > g->logical)
+            return false;
+        if ((g->held - sl->held + max64(sl->used, full)) * 100 >
+            g->usable * e->cfg.low_watermark_pct)
+            return false;
+    }
+    return true;
+}
+
+static void svc_restore(osub_engine_t *e, struct svc *s)
+{
+    for (int32_t i = 0; i < s->n_slots; i++) {
+        slot_set_grant(e, s, &s->slots[i], osub__share(s->full_total, s->k, i));
+        s->slots[i].held_grant = s->slots[i].grant;
+    }
+    int32_t from_batch = s->batch;
+    s->batch = s->full_batch;
+    set_state(e, s, s->loading ? OSUB_STATE_LOADING : OSUB_STATE_RUNNING);
+    s->used_capped = false;
+    s->room_since_ms = -1;
+    e->restores++;
+    svc_sync(e, s);
+    char gb[96];
+    fmt_gpus(s, gb, sizeof(gb));
+    osub_event_t *ev = emit(e, OSUB_EV_RESTORE, OSUB_R_ROOM_STABLE,
+                            "restored %s (%s) to %lld MiB on %s, batch %d -> %d: room lasted %lld ms",
+                            s->spec.id, class_of(e, s), (long long)s->full_total, gb, from_batch,
+                            s->batch, (long long)e->cfg.hysteresis_ms);
+    ev_svc(ev, s);
+    ev->vram_mib = s->full_total;
+    ev->batch_size = s->batch;
+}
+
+static void process_restores(osub_engine_t *e)
+{
+    int32_t maxl = 0;
+    for (size_t c = 0; c < e->n_classes; c++)
+        if (e->classes[c].level > maxl)
+            maxl = e->classes[c].level;
+    for (int32_t lvl = 0; lvl <= maxl; lvl++) {
+        for (struct svc *s = e->head; s; s = s->next) {
+            if (s->level != lvl || s->state != OSUB_STATE_DEGRADED || s->ack_pending)
+                continue;
+            if (!restore_room(e, s)) {
+                s->room_since_ms = -1;
+                continue;
+            }
+            if (s->room_since_ms < 0)
+                s->room_since_ms = e->now;
+            if (e->now - s->room_since_ms >= e->cfg.hysteresis_ms)
+                svc_restore(e, s);
+        }
+    }
+}
+
+int osub_engine_tick(osub_engine_t *e, int64_t now_ms)
+{
+    if (e == NULL)
+        return OSUB_EINVAL;
+    int rc = begin(e, now_ms);
+    if (rc != 0)
+        return rc;
+    for (int32_t i = 0; i < e->n_gpus; i++)
+        check_pressure(e, i);
+    process_restores(e);
+    e->dirty = true;
+    finish(e);
+    return 0;
+}
+
+/* ---- other commands ------------------------------------------------------------------- */
+
+static int get_svc(osub_engine_t *e, const char *id, struct svc **out)
+{
+    if (e == NULL || id == NULL)
+        return OSUB_EINVAL;
+    if (!osub_id_valid(id))
+        return OSUB_EBAD_ID;
+    *out = lookup(e, id);
+    return *out ? 0 : OSUB_EUNKNOWN_SERVICE;
+}
+
+int osub_engine_release(osub_engine_t *e, const char *id, int64_t now_ms)
+{
+    struct svc *s;
+    int rc = get_svc(e, id, &s);
+    if (rc == 0)
+        rc = begin(e, now_ms);
+    if (rc != 0)
+        return rc;
+    s = lookup(e, id); /* a timer may have released it */
+    if (s == NULL)
+        return OSUB_EUNKNOWN_SERVICE;
+    char gb[96];
+    fmt_gpus(s, gb, sizeof(gb));
+    osub_event_t *ev = emit(e, OSUB_EV_RELEASE, OSUB_R_USER, "released %s (%s, %lld MiB held) from %s",
+                            s->spec.id, class_of(e, s), (long long)held_total(s),
+                            s->n_slots ? gb : "the queue");
+    ev_svc(ev, s);
+    svc_destroy(e, s);
+    finish(e);
+    return 0;
+}
+
+static int usage_apply(osub_engine_t *e, struct svc *s, const int64_t *per, int32_t compute)
+{
+    int64_t before = held_total(s);
+    for (int32_t i = 0; i < s->n_slots; i++)
+        slot_set_used(e, &s->slots[i], per[i]);
+    if (compute >= 0)
+        s->compute_used = compute;
+    s->used_capped = false;
+    if (s->ack_pending) {
+        bool under = true;
+        for (int32_t i = 0; i < s->n_slots; i++)
+            under = under && s->slots[i].used <= s->slots[i].grant;
+        if (under) {
+            s->ack_pending = false;
+            for (int32_t i = 0; i < s->n_slots; i++)
+                s->slots[i].held_grant = s->slots[i].grant;
+            timer_cancel(e, s, T_DEADLINE);
+            s->deadline_ms = 0;
+            osub_event_t *ev = emit(e, OSUB_EV_ACK, OSUB_R_USAGE_UNDER_GRANT,
+                                    "%s reports %lld MiB, at or under its degraded grant of %lld "
+                                    "MiB: taken as its acknowledgement",
+                                    s->spec.id, (long long)used_total(s),
+                                    (long long)grant_total(s));
+            ev_svc(ev, s);
+        }
+    }
+    svc_sync(e, s);
+    if (held_total(s) < before)
+        e->dirty = true;
+    for (int32_t i = 0; i < s->n_slots; i++)
+        check_pressure(e, s->slots[i].gpu);
+    finish(e);
+    return 0;
+}
+
+int osub_engine_usage(osub_engine_t *e, const char *id, int64_t used_mib, int32_t compute_pct,
+                      int64_t now_ms)
+{
+    struct svc *s;
+    int rc = get_svc(e, id, &s);
+    if (rc != 0)
+        return rc;
+    if (used_mib < 0)
+        return OSUB_ENEGATIVE_USAGE;
+    if (used_mib > (INT64_C(1) << 40) || compute_pct > 100 * 64)
+        return OSUB_EINVAL;
+    if (s->n_slots == 0)
+        return OSUB_EBAD_STATE;
+    rc = begin(e, now_ms);
+    if (rc != 0)
+        return rc;
+    if ((s = lookup(e, id)) == NULL || s->n_slots == 0)
+        return OSUB_EBAD_STATE;
+    int64_t per[64], basis = 0;
+    bool by_grant = grant_total(s) > 0;
+    for (int32_t i = 0; i < s->n_slots; i++)
+        basis += by_grant ? s->slots[i].grant : s->slots[i].held_grant;
+    int64_t assigned = 0;
+    for (int32_t i = 0; i < s->n_slots; i++) {
+        int64_t w = by_grant ? s->slots[i].grant : s->slots[i].held_grant;
+        per[i] = basis > 0 ? (int64_t)((osub_i128)used_mib * w / basis) : used_mib / s->n_slots;
+        assigned += per[i];
+    }
+    per[0] += used_mib - assigned;
+    return usage_apply(e, s, per, compute_pct);
+}
+
+int osub_engine_usage_per_gpu(osub_engine_t *e, const char *id, const int64_t *used_mib, size_t n,
+                              int64_t now_ms)
+{
+    struct svc *s;
+    int rc = get_svc(e, id, &s);
+    if (rc != 0)
+        return rc;
+    if (used_mib == NULL)
+        return OSUB_EINVAL;
+    for (size_t i = 0; i < n; i++) {
+        if (used_mib[i] < 0)
+            return OSUB_ENEGATIVE_USAGE;
+        if (used_mib[i] > (INT64_C(1) << 40))
+            return OSUB_EINVAL;
+    }
+    if (s->n_slots == 0)
+        return OSUB_EBAD_STATE;
+    if (n != (size_t)s->n_slots)
+        return OSUB_EINVAL;
+    rc = begin(e, now_ms);
+    if (rc != 0)
+        return rc;
+    if ((s = lookup(e, id)) == NULL || s->n_slots == 0)
+        return OSUB_EBAD_STATE;
+    return usage_apply(e, s, used_mib, -1);
+}
+
+int osub_engine_system_usage(osub_engine_t *e, int32_t gpu, int64_t used_mib, int64_t now_ms)
+{
+    if (e == NULL)
+        return OSUB_EINVAL;
+    if (gpu < 0 || gpu >= e->n_gpus)
+        return OSUB_EBAD_GPU;
+    if (used_mib < 0)
+        return OSUB_ENEGATIVE_USAGE;
+    if (used_mib > e->gpus[gpu].vram)
+        return OSUB_EINVAL;
+    if (e->gpus[gpu].lost)
+        return OSUB_EGPU_LOST;
+    int rc = begin(e, now_ms);
+    if (rc != 0)
+        return rc;
+    struct gpu *g = &e->gpus[gpu];
+    int64_t d = used_mib - g->system;
+    g->system = used_mib;
+    gpu_add_held(e, g, d);
+    if (d < 0)
+        e->dirty = true;
+    check_pressure(e, gpu);
+    finish(e);
+    return 0;
+}
+
+int osub_engine_ready(osub_engine_t *e, const char *id, int64_t now_ms)
+{
+    struct svc *s;
+    int rc = get_svc(e, id, &s);
+    if (rc != 0)
+        return rc;
+    if (s->n_slots == 0 || s->state == OSUB_STATE_PENDING)
+        return OSUB_EBAD_STATE;
+    rc = begin(e, now_ms);
+    if (rc != 0)
+        return rc;
+    if ((s = lookup(e, id)) == NULL)
+        return OSUB_EUNKNOWN_SERVICE;
+    if (s->loading) {
+        s->loading = false;
+        timer_cancel(e, s, T_LOAD);
+        if (s->state == OSUB_STATE_LOADING)
+            set_state(e, s, OSUB_STATE_RUNNING);
+        svc_sync(e, s);
+        e->dirty = true;
+        osub_event_t *ev = emit(e, OSUB_EV_READY, OSUB_R_USER,
+                                "%s reported ready; held now follows its usage (%lld MiB)",
+                                s->spec.id, (long long)held_total(s));
+        ev_svc(ev, s);
+    }
+    finish(e);
+    return 0;
+}
+
+int osub_engine_ack(osub_engine_t *e, const char *id, const char *checkpoint, int64_t now_ms)
+{
+    struct svc *s;
+    int rc = get_svc(e, id, &s);
+    if (rc != 0)
+        return rc;
+    bool draining = s->state == OSUB_STATE_DRAINING || s->state == OSUB_STATE_OVERDUE;
+    if (!s->ack_pending && !draining)
+        return OSUB_ENO_DIRECTIVE;
+    rc = begin(e, now_ms);
+    if (rc != 0)
+        return rc;
+    if ((s = lookup(e, id)) == NULL)
+        return OSUB_EUNKNOWN_SERVICE;
+    if (checkpoint != NULL)
+        snprintf(s->checkpoint, sizeof(s->checkpoint), "%s", checkpoint);
+    if (s->ack_pending) {
+        s->ack_pending = false;
+        for (int32_t i = 0; i < s->n_slots; i++)
+            s->slots[i].held_grant = s->slots[i].grant;
+        s->used_capped = true;
+        timer_cancel(e, s, T_DEADLINE);
+        s->deadline_ms = 0;
+        svc_sync(e, s);
+        e->dirty = true;
+        osub_event_t *ev = emit(e, OSUB_EV_ACK, OSUB_R_ACKNOWLEDGED,
+                                "%s acknowledged its degrade to %lld MiB; it now holds %lld MiB",
+                                s->spec.id, (long long)grant_total(s), (long long)held_total(s));
+        ev_svc(ev, s);
+    } else {
+        osub_event_t *ev = emit(e, OSUB_EV_ACK, OSUB_R_ACKNOWLEDGED,
+                                "%s acknowledged its eviction%s%s", s->spec.id,
+                                s->checkpoint[0] ? "; checkpoint " : "", s->checkpoint);
+        ev_svc(ev, s);
+    }
+    finish(e);
+    return 0;
+}
+
+int osub_engine_exited(osub_engine_t *e, const char *id, const char *checkpoint, int64_t now_ms)
+{
+    struct svc *s;
+    int rc = get_svc(e, id, &s);
+    if (rc != 0)
+        return rc;
+    if (vec_reserve(&e->queue, &e->cap_queue, e->n_queue + 1) != 0)
+        return OSUB_ENOMEM;
+    rc = begin(e, now_ms);
+    if (rc != 0)
+        return rc;
+    if ((s = lookup(e, id)) == NULL)
+        return OSUB_EUNKNOWN_SERVICE;
+    if (checkpoint != NULL)
+        snprintf(s->checkpoint, sizeof(s->checkpoint), "%s", checkpoint);
+    bool evicted = s->state == OSUB_STATE_DRAINING || s->state == OSUB_STATE_OVERDUE;
+    if (!evicted) {
+        osub_event_t *ev = emit(e, OSUB_EV_EXITED, OSUB_R_USER, "%s (%s) exited while %s",
+                                s->spec.id, class_of(e, s), osub_state_name(s->state));
+        ev_svc(ev, s);
+    }
+    svc_gone(e, s, OSUB_R_EVICTED, evicted);
+    finish(e);
+    return 0;
+}
+
+int osub_engine_fail(osub_engine_t *e, const char *id, const char *why, int64_t now_ms)
+{
+    struct svc *s;
+    int rc = get_svc(e, id, &s);
+    if (rc == 0)
+        rc = begin(e, now_ms);
+    if (rc != 0)
+        return rc;
+    if ((s = lookup(e, id)) == NULL)
+        return OSUB_EUNKNOWN_SERVICE;
+    osub_event_t *ev = emit(e, OSUB_EV_FAIL, OSUB_R_USER, "%s (%s) failed: %s", s->spec.id,
+                            class_of(e, s), why ? why : "no reason given");
+    ev_svc(ev, s);
+    svc_destroy(e, s);
+    finish(e);
+    return 0;
+}
+
+int osub_engine_resize(osub_engine_t *e, const char *id, int64_t vram_mib, int64_t min_vram_mib,
+                       int32_t batch_size, int64_t now_ms)
+{
+    struct svc *s;
+    int rc = get_svc(e, id, &s);
+    if (rc != 0)
+        return rc;
+    if (vram_mib < 0 || min_vram_mib < 0 || vram_mib > (INT64_C(1) << 40))
+        return OSUB_EBAD_VRAM;
+    if (batch_size < 0)
+        return OSUB_EBAD_BATCH;
+    int64_t nv = vram_mib ? vram_mib : s->full_total;
+    int64_t nm = min_vram_mib ? min_vram_mib : (s->floor_total == s->full_total && vram_mib ? nv : s->floor_total);
+    if (nm > nv)
+        return vram_mib ? OSUB_ENO_SHRINK_BELOW_MIN : OSUB_EBAD_MIN_VRAM;
+    if (nm < s->k)
+        return OSUB_EBAD_MIN_VRAM;
+    if (s->spec.exclusive && vram_mib)
+        return OSUB_EBAD_STATE;
+    int32_t nb = batch_size ? batch_size : s->full_batch;
+    if (s->floor_batch > nb)
+        return OSUB_EBAD_BATCH;
+    if (now_ms < e->now)
+        return OSUB_ETIME_BACKWARDS;
+    /* growing: checks on its GPUs, no victims */
+    bool degraded = s->state == OSUB_STATE_DEGRADED;
+    if (s->n_slots > 0 && s->state != OSUB_STATE_DRAINING && s->state != OSUB_STATE_OVERDUE) {
+        for (int32_t i = 0; i < s->n_slots; i++) {
+            const struct slot *sl = &s->slots[i];
+            const struct gpu *g = &e->gpus[sl->gpu];
+            int64_t ng = degraded ? osub__share(nm, s->k, i) : osub__share(nv, s->k, i);
+            int64_t d = ng - sl->grant;
+            if (d <= 0)
+                continue;
+            if (g->granted + d > g->logical || (s->backed && g->backed + d > g->usable) ||
+                ((s->backed || s->loading || s->state == OSUB_STATE_PENDING) &&
+                 g->held + d > g->usable))
+                return OSUB_ENO_ROOM;
+        }
+    }
+    rc = begin(e, now_ms);
+    if (rc != 0)
+        return rc;
+    if ((s = lookup(e, id)) == NULL)
+        return OSUB_EUNKNOWN_SERVICE;
+    int64_t from = s->full_total;
+    s->full_total = s->spec.vram_mib = nv;
+    s->floor_total = s->spec.min_vram_mib = nm;
+    s->degradable = s->preemptible && nm < nv;
+    s->full_batch = s->spec.batch_size = nb;
+    if (s->n_slots > 0 && s->state != OSUB_STATE_DRAINING && s->state != OSUB_STATE_OVERDUE) {
+        for (int32_t i = 0; i < s->n_slots; i++) {
+            int64_t ng = degraded ? osub__share(nm, s->k, i) : osub__share(nv, s->k, i);
+            if (ng < s->slots[i].grant)
+                e->dirty = true;
+            slot_set_grant(e, s, &s->slots[i], ng);
+            if (!s->ack_pending)
+                s->slots[i].held_grant = ng;
+        }
+        if (!degraded)
+            s->batch = nb;
+        svc_sync(e, s);
+    } else if (s->state == OSUB_STATE_QUEUED) {
+        s->batch = nb;
+        e->dirty = true;
+    }
+    osub_event_t *ev = emit(e, OSUB_EV_RESIZE, OSUB_R_USER,
+                            "resized %s from %lld to %lld MiB (floor %lld MiB, batch %d)",
+                            s->spec.id, (long long)from, (long long)nv, (long long)nm, nb);
+    ev_svc(ev, s);
+    ev->vram_mib = grant_total(s);
+    finish(e);
+    return 0;
+}
+
+int osub_engine_set_ratio(osub_engine_t *e, int32_t ratio_milli, int64_t now_ms)
+{
+    if (e == NULL)
+        return OSUB_EINVAL;
+    if (ratio_milli < 1000 || ratio_milli > 100000)
+        return OSUB_ERATIO_RANGE;
+    int rc = begin(e, now_ms);
+    if (rc != 0)
+        return rc;
+    int32_t old = e->cfg.ratio_milli;
+    e->cfg.ratio_milli = ratio_milli;
+    bool over = false;
+    for (int32_t i = 0; i < e->n_gpus; i++) {
+        struct gpu *g = &e->gpus[i];
+        g->logical = g->vram * ratio_milli / 1000;
+        if (!g->lost && g->granted > g->logical)
+            over = true;
+    }
+    emit(e, OSUB_EV_RATIO, OSUB_R_USER, "oversell ratio changed from %d.%03d to %d.%03d",
+         old / 1000, old % 1000, ratio_milli / 1000, ratio_milli % 1000);
+    if (over && !e->overcommitted)
+        emit(e, OSUB_EV_OVERCOMMIT, OSUB_R_OVERCOMMITTED,
+             "the pool is over-committed: grants exceed the new logical capacity; nothing is "
+             "evicted, and nothing is admitted until the grants fit again");
+    e->overcommitted = over;
+    e->dirty = true;
+    finish(e);
+    return 0;
+}
+
+int osub_engine_cordon(osub_engine_t *e, int32_t gpu, bool cordon, int64_t now_ms)
+{
+    if (e == NULL)
+        return OSUB_EINVAL;
+    if (gpu < 0 || gpu >= e->n_gpus)
+        return OSUB_EBAD_GPU;
+    if (e->gpus[gpu].lost)
+        return OSUB_EGPU_LOST;
+    int rc = begin(e, now_ms);
+    if (rc != 0)
+        return rc;
+    if (e->gpus[gpu].cordoned != cordon) {
+        e->gpus[gpu].cordoned = cordon;
+        osub_event_t *ev = emit(e, cordon ? OSUB_EV_CORDON : OSUB_EV_UNCORDON, OSUB_R_USER,
+                                cordon ? "GPU %d cordoned: no new placements"
+                                       : "GPU %d uncordoned: it takes placements again",
+                                gpu);
+        ev->gpu = gpu;
+        e->dirty = !cordon;
+    }
+    finish(e);
+    return 0;
+}
+
+int osub_engine_drain_gpu(osub_engine_t *e, int32_t gpu, int64_t now_ms)
+{
+    if (e == NULL)
+        return OSUB_EINVAL;
+    if (gpu < 0 || gpu >= e->n_gpus)
+        return OSUB_EBAD_GPU;
+    if (e->gpus[gpu].lost)
+        return OSUB_EGPU_LOST;
+    if (timer_reserve(e, (size_t)e->gpus[gpu].nsvc) != 0)
+        return OSUB_ENOMEM;
+    int rc = begin(e, now_ms);
+    if (rc != 0)
+        return rc;
+    struct gpu *g = &e->gpus[gpu];
+    if (!g->cordoned) {
+        g->cordoned = true;
+        osub_event_t *ev = emit(e, OSUB_EV_CORDON, OSUB_R_USER,
+                                "GPU %d cordoned for draining", gpu);
+        ev->gpu = gpu;
+    }
+    for (int32_t i = g->nsvc - 1; i >= 0; i--) {
+        struct svc *s = g->svcs[i];
+        if (osub__svc_victim_eligible(s))
+            svc_evict(e, s, "", -1, OSUB_R_USER);
+    }
+    finish(e);
+    return 0;
+}
+
+int osub_engine_gpu_lost(osub_engine_t *e, int32_t gpu, int64_t now_ms)
+{
+    if (e == NULL)
+        return OSUB_EINVAL;
+    if (gpu < 0 || gpu >= e->n_gpus)
+        return OSUB_EBAD_GPU;
+    if (e->gpus[gpu].lost)
+        return OSUB_EGPU_LOST;
+    if (vec_reserve(&e->queue, &e->cap_queue, e->n_queue + (size_t)e->gpus[gpu].nsvc) != 0)
+        return OSUB_ENOMEM;
+    int rc = begin(e, now_ms);
+    if (rc != 0)
+        return rc;
+    struct gpu *g = &e->gpus[gpu];
+    g->lost = true;
+    osub_event_t *ev = emit(e, OSUB_EV_GPU_LOST, OSUB_R_GPU_LOST,
+                            "GPU %d (%s) is lost with %d service(s) on it", gpu, g->name, g->nsvc);
+    ev->gpu = gpu;
+    while (g->nsvc > 0) {
+        struct svc *s = g->svcs[g->nsvc - 1];
+        if (s->state == OSUB_STATE_PENDING || s->requeue_on_evict) {
+            if (s->state != OSUB_STATE_PENDING)
+                s->evicted_before = true;
+            svc_to_queue(e, s);
+            ev = emit(e, OSUB_EV_REQUEUE, OSUB_R_GPU_LOST,
+                      "%s (%s) lost GPU %d and is back in the queue at position %zu", s->spec.id,
+                      class_of(e, s), gpu, queue_pos(e, s));
+            ev_svc(ev, s);
+        } else {
+            ev = emit(e, OSUB_EV_RELEASE, OSUB_R_GPU_LOST, "%s (%s) released: GPU %d is lost",
+                      s->spec.id, class_of(e, s), gpu);
+            ev_svc(ev, s);
+            ev->gpu = gpu;
+            svc_destroy(e, s);
+        }
+    }
+    gpu_add_held(e, g, -g->system);
+    g->system = 0;
+    e->dirty = true;
+    finish(e);
+    return 0;
+}
+
+/* ---- queries ---------------------------------------------------------------------------- */
+
+const osub_event_t *osub_engine_events(const osub_engine_t *e, size_t *n_out)
+{
+    *n_out = e->n_events;
+    return e->events;
+}
+
+int64_t osub_engine_next_deadline(const osub_engine_t *e)
+{
+    return e->n_heap ? e->heap[0].at : INT64_MAX;
+}
+
+void osub_engine_config(const osub_engine_t *e, osub_pool_config_t *cfg)
+{
+    *cfg = e->cfg;
+}
+
+const osub_class_t *osub_engine_classes(const osub_engine_t *e, size_t *n_out)
+{
+    *n_out = e->n_classes;
+    return e->classes;
+}
+
+size_t osub_engine_gpu_count(const osub_engine_t *e)
+{
+    return (size_t)e->n_gpus;
+}
+
+int osub_engine_gpu_info(const osub_engine_t *e, int32_t gpu, osub_gpu_info_t *out)
+{
+    if (gpu < 0 || gpu >= e->n_gpus)
+        return OSUB_EBAD_GPU;
+    const struct gpu *g = &e->gpus[gpu];
+    memset(out, 0, sizeof(*out));
+    out->index = gpu;
+    snprintf(out->name, sizeof(out->name), "%s", g->name);
+    out->vram_mib = g->vram;
+    out->usable_mib = g->usable;
+    out->logical_mib = g->logical;
+    out->granted_mib = g->granted;
+    out->backed_mib = g->backed;
+    out->held_mib = g->held;
+    out->used_mib = g->used + g->system;
+    out->system_mib = g->system;
+    out->compute_claimed_pct = g->compute_all;
+    out->compute_backed_pct = g->compute_backed;
+    out->n_services = g->nsvc;
+    out->cordoned = g->cordoned;
+    out->lost = g->lost;
+    out->exclusive = g->excl != NULL;
+    return 0;
+}
+
+void osub_engine_pool_info(const osub_engine_t *e, osub_pool_info_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->ratio_milli = e->cfg.ratio_milli;
+    for (int32_t i = 0; i < e->n_gpus; i++) {
+        const struct gpu *g = &e->gpus[i];
+        if (g->lost) {
+            out->n_lost++;
+            continue;
+        }
+        out->n_gpus++;
+        out->vram_mib += g->vram;
+        out->usable_mib += g->usable;
+        out->logical_mib += g->logical;
+        out->granted_mib += g->granted;
+        out->held_mib += g->held;
+        out->used_mib += g->used + g->system;
+        out->system_mib += g->system;
+    }
+    out->n_services = (int32_t)e->n_live;
+    out->n_queued = (int32_t)e->n_queue;
+    out->n_pending = (int32_t)e->n_pending;
+    out->overcommitted = e->overcommitted;
+    out->admissions = e->admissions;
+    out->rejections = e->rejections;
+    out->degrades = e->degrades;
+    out->evictions = e->evictions;
+    out->restores = e->restores;
+    out->resumes = e->resumes;
+}
+
+size_t osub_engine_service_count(const osub_engine_t *e)
+{
+    return e->n_live;
+}
+
+const char *osub_engine_service_id(const osub_engine_t *e, size_t i)
+{
+    const struct svc *s = e->head;
+    while (s && i > 0) {
+        s = s->next;
+        i--;
+    }
+    return s ? s->spec.id : NULL;
+}
+
+int osub_engine_service_info(osub_engine_t *e, const char *id, osub_service_info_t *out)
+{
+    struct svc *s;
+    int rc = get_svc(e, id, &s);
+    if (rc != 0)
+        return rc;
+    memset(out, 0, sizeof(*out));
+    if (s->slot_info == NULL) {
+        s->slot_info = calloc((size_t)s->k, sizeof(*s->slot_info));
+        if (s->slot_info == NULL)
+            return OSUB_ENOMEM;
+    }
+    out->spec = &s->spec;
+    out->state = s->state;
+    out->level = s->level;
+    out->backed = s->backed;
+    out->preemptible = s->preemptible;
+    out->degradable = s->degradable;
+    out->loading = s->loading;
+    out->ack_pending = s->ack_pending;
+    out->resumed = s->resumed;
+    out->grant_mib = grant_total(s);
+    out->held_mib = held_total(s);
+    out->used_mib = used_total(s);
+    out->batch_size = s->batch;
+    out->submitted_ms = s->submit_ms;
+    out->since_ms = s->since_ms;
+    out->deadline_ms = s->deadline_ms;
+    out->n_slots = s->n_slots;
+    for (int32_t i = 0; i < s->n_slots; i++) {
+        s->slot_info[i].gpu = s->slots[i].gpu;
+        s->slot_info[i].grant_mib = s->slots[i].grant;
+        s->slot_info[i].held_mib = s->slots[i].held;
+        s->slot_info[i].used_mib = s->slots[i].used;
+    }
+    out->slots = s->slot_info;
+    out->queue_position = s->state == OSUB_STATE_QUEUED ? (int32_t)queue_pos(e, s) : 0;
+    out->n_waits = s->state == OSUB_STATE_PENDING ? s->n_waits : 0;
+    out->waits = s->waits;
+    out->evictions = s->n_evictions;
+    out->degrades = s->n_degrades;
+    snprintf(out->checkpoint, sizeof(out->checkpoint), "%s", s->checkpoint);
+    return 0;
+}
+
+size_t osub_engine_queue_length(const osub_engine_t *e)
+{
+    return e->n_queue;
+}
+
+const char *osub_engine_queue_at(const osub_engine_t *e, size_t pos)
+{
+    return pos < e->n_queue ? e->queue[pos]->spec.id : NULL;
+}
+
+/* ---- dump and invariant check (for tests and debugging) ------------------------------ */
+
+struct sbuf {
+    char *p;
+    size_t n, cap;
+    bool oom;
+};
+
+OSUB_PRINTF(2, 3)
+static void sb_printf(struct sbuf *b, const char *fmt, ...)
+{
+    if (b->oom)
+        return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int w = vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
+        va_end(ap);
+        if (w < 0) {
+            b->oom = true;
+            return;
+        }
+        if ((size_t)w < b->cap - b->n) {
+            b->n += (size_t)w;
+            return;
+        }
+        size_t cap = (b->cap + (size_t)w + 1) * 2;
+        char *np = realloc(b->p, cap);
+        if (np == NULL) {
+            b->oom = true;
+            return;
+        }
+        b->p = np;
+        b->cap = cap;
+    }
+}
+
+char *osub_engine_dump(const osub_engine_t *e)
+{
+    struct sbuf b = {.p = malloc(4096), .cap = 4096};
+    if (b.p == NULL)
+        return NULL;
+    b.p[0] = '\0';
+    const osub_pool_config_t *c = &e->cfg;
+    sb_printf(&b, "now %lld ratio %d compute_ratio %d margin %lld wm %d/%d over %d seq %llu\n",
+              (long long)e->now, c->ratio_milli, c->compute_ratio_milli, (long long)c->margin_mib,
+              c->high_watermark_pct, c->low_watermark_pct, e->overcommitted,
+              (unsigned long long)e->next_seq);
+    sb_printf(&b, "counters adm %llu rej %llu deg %llu evi %llu res %llu rsm %llu\n",
+              (unsigned long long)e->admissions, (unsigned long long)e->rejections,
+              (unsigned long long)e->degrades, (unsigned long long)e->evictions,
+              (unsigned long long)e->restores, (unsigned long long)e->resumes);
+    for (int32_t i = 0; i < e->n_gpus; i++) {
+        const struct gpu *g = &e->gpus[i];
+        sb_printf(&b,
+                  "gpu %d %s vram %lld usable %lld logical %lld granted %lld backed %lld held %lld "
+                  "used %lld system %lld compute %d/%d cordoned %d lost %d excl %s svcs",
+                  i, g->name, (long long)g->vram, (long long)g->usable, (long long)g->logical,
+                  (long long)g->granted, (long long)g->backed, (long long)g->held,
+                  (long long)g->used, (long long)g->system, g->compute_all, g->compute_backed,
+                  g->cordoned, g->lost, g->excl ? g->excl->spec.id : "-");
+        for (int32_t j = 0; j < g->nsvc; j++)
+            sb_printf(&b, " %s", g->svcs[j]->spec.id);
+        sb_printf(&b, "\n");
+    }
+    for (const struct svc *s = e->head; s; s = s->next) {
+        const osub_spec_t *p = &s->spec;
+        sb_printf(&b,
+                  "svc %s class %s vram %lld min %lld gpus %d compute %d batch %d/%d excl %d "
+                  "pre %d res %d onev %d rc %lld q %d grace %lld | seq %llu state %s load %d "
+                  "ack %d cap %d resumed %d evb %d batch %d submit %lld since %lld start %lld "
+                  "resume %lld deadline %lld room %lld cp '%s' by '%s'/%d ev %u dg %u "
+                  "timers %lld/%lld slots",
+                  p->id, p->class_name, (long long)p->vram_mib, (long long)p->min_vram_mib,
+                  p->gpus, p->compute_pct, p->batch_size, p->min_batch_size, p->exclusive,
+                  (int)p->preemptible, p->resumable, (int)p->on_evict, (long long)p->restart_cost_ms,
+                  (int)p->queue, (long long)p->grace_ms, (unsigned long long)s->seq,
+                  osub_state_name(s->state), s->loading, s->ack_pending, s->used_capped,
+                  s->resumed, s->evicted_before, s->batch, (long long)s->submit_ms,
+                  (long long)s->since_ms, (long long)s->start_ms, (long long)s->resume_ms,
+                  (long long)s->deadline_ms, (long long)s->room_since_ms, s->checkpoint,
+                  s->preemptor, s->preemptor_level, s->n_evictions, s->n_degrades,
+                  (long long)s->timer_at[0], (long long)s->timer_at[1]);
+        for (int32_t i = 0; i < s->n_slots; i++)
+            sb_printf(&b, " [%d g%lld hg%lld u%lld h%lld]", s->slots[i].gpu,
+                      (long long)s->slots[i].grant, (long long)s->slots[i].held_grant,
+                      (long long)s->slots[i].used, (long long)s->slots[i].held);
+        if (s->state == OSUB_STATE_PENDING)
+            for (int32_t i = 0; i < s->n_waits; i++)
+                sb_printf(&b, " wait(%s,%d,%lld)", s->waits[i].service, s->waits[i].evict,
+                          (long long)s->waits[i].deadline_ms);
+        sb_printf(&b, "\n");
+    }
+    sb_printf(&b, "queue");
+    for (size_t i = 0; i < e->n_queue; i++)
+        sb_printf(&b, " %s", e->queue[i]->spec.id);
+    sb_printf(&b, "\npending");
+    for (size_t i = 0; i < e->n_pending; i++)
+        sb_printf(&b, " %s", e->pending[i]->spec.id);
+    sb_printf(&b, "\n");
+    if (b.oom) {
+        free(b.p);
+        return NULL;
+    }
+    return b.p;
+}
+
+OSUB_PRINTF(3, 4)
+static int fail_why(char *why, size_t len, const char *fmt, ...)
+{
+    if (why != NULL && len > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, len, fmt, ap);
+        va_end(ap);
+    }
+    return OSUB_EINVAL;
+}
+
+int osub_engine_check(const osub_engine_t *e, char *why, size_t why_len)
+{
+    int32_t n = e->n_gpus;
+    int64_t *sum = calloc((size_t)n * 4, sizeof(int64_t));
+    int32_t *cnt = calloc((size_t)n, sizeof(int32_t));
+    int rc = 0;
+    if (sum == NULL || cnt == NULL) {
+        free(sum);
+        free(cnt);
+        return OSUB_ENOMEM;
+    }
+    size_t live = 0, queued = 0, pending = 0;
+    for (const struct svc *s = e->head; s && rc == 0; s = s->next) {
+        live++;
+        if (lookup(e, s->spec.id) != s)
+            rc = fail_why(why, why_len, "%s is not found by its id", s->spec.id);
+        if (s->state == OSUB_STATE_QUEUED) {
+            queued++;
+            if (s->n_slots != 0)
+                rc = fail_why(why, why_len, "queued %s holds a placement", s->spec.id);
+        }
+        if (s->state == OSUB_STATE_PENDING)
+            pending++;
+        bool running = s->state == OSUB_STATE_LOADING || s->state == OSUB_STATE_RUNNING ||
+                       s->state == OSUB_STATE_DEGRADED;
+        if (running && s->n_slots != s->k)
+            rc = fail_why(why, why_len, "%s runs on %d GPUs, not %d", s->spec.id, s->n_slots,
+                          s->k);
+        if (running && !s->spec.exclusive && grant_total(s) < s->floor_total)
+            rc = fail_why(why, why_len, "invariant 5: %s grant %lld below its floor %lld",
+                          s->spec.id, (long long)grant_total(s), (long long)s->floor_total);
+        if (s->backed && running && grant_total(s) < s->full_total && !s->spec.exclusive)
+            rc = fail_why(why, why_len, "invariant 1: backed %s holds less than its request",
+                          s->spec.id);
+        for (int32_t i = 0; i < s->n_slots && rc == 0; i++) {
+            const struct slot *sl = &s->slots[i];
+            if (sl->held != slot_held(s, sl))
+                rc = fail_why(why, why_len, "%s slot %d cached held %lld != %lld", s->spec.id, i,
+                              (long long)sl->held, (long long)slot_held(s, sl));
+            if (sl->grant < 0 || sl->used < 0)
+                rc = fail_why(why, why_len, "%s slot %d negative", s->spec.id, i);
+            sum[sl->gpu * 4 + 0] += sl->grant;
+            if (s->backed)
+                sum[sl->gpu * 4 + 1] += sl->grant;
+            sum[sl->gpu * 4 + 2] += sl->held;
+            sum[sl->gpu * 4 + 3] += sl->used;
+            cnt[sl->gpu]++;
+        }
+    }
+    if (rc == 0 && live != e->n_live)
+        rc = fail_why(why, why_len, "live count %zu != %zu", live, e->n_live);
+    if (rc == 0 && queued != e->n_queue)
+        rc = fail_why(why, why_len, "queue length %zu != %zu queued", e->n_queue, queued);
+    if (rc == 0 && pending != e->n_pending)
+        rc = fail_why(why, why_len, "pending length %zu != %zu", e->n_pending, pending);
+    for (size_t i = 1; i < e->n_queue && rc == 0; i++)
+        if (queue_before(e->queue[i], e->queue[i - 1]))
+            rc = fail_why(why, why_len, "queue out of order at %zu", i);
+    for (int32_t i = 0; i < n && rc == 0; i++) {
+        const struct gpu *g = &e->gpus[i];
+        if (g->granted != sum[i * 4] || g->backed != sum[i * 4 + 1] ||
+            g->held != sum[i * 4 + 2] + g->system || g->used != sum[i * 4 + 3] ||
+            g->nsvc != cnt[i])
+            rc = fail_why(why, why_len,
+                          "invariant 4: GPU %d totals granted %lld/%lld backed %lld/%lld held "
+                          "%lld/%lld used %lld/%lld svcs %d/%d",
+                          i, (long long)g->granted, (long long)sum[i * 4], (long long)g->backed,
+                          (long long)sum[i * 4 + 1], (long long)g->held,
+                          (long long)(sum[i * 4 + 2] + g->system), (long long)g->used,
+                          (long long)sum[i * 4 + 3], g->nsvc, cnt[i]);
+        else if (!e->overcommitted && g->granted > g->logical)
+            rc = fail_why(why, why_len, "invariant 3: GPU %d grants %lld > logical %lld", i,
+                          (long long)g->granted, (long long)g->logical);
+        else if (g->backed > g->usable)
+            rc = fail_why(why, why_len, "invariant 3: GPU %d backed %lld > usable %lld", i,
+                          (long long)g->backed, (long long)g->usable);
+        else if (g->lost && g->nsvc > 0)
+            rc = fail_why(why, why_len, "lost GPU %d still has services", i);
+        for (int32_t j = 1; j < g->nsvc && rc == 0; j++)
+            if (svc_before(g->svcs[j], g->svcs[j - 1]))
+                rc = fail_why(why, why_len, "GPU %d service list out of order", i);
+    }
+    free(sum);
+    free(cnt);
+    return rc;
+}

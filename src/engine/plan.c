@@ -1,0 +1,574 @@
+/* plan.c - admission and pressure planning: candidate GPUs, victim plans, placement score */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+int64_t osub__share(int64_t total, int32_t k, int32_t i)
+{
+    int64_t base = total / k;
+    return i == 0 ? base + total % k : base;
+}
+
+int64_t osub__floor_share(const struct svc *s, int32_t i)
+{
+    if (s->spec.exclusive)
+        return s->slots[i].grant;
+    return osub__share(s->floor_total, s->k, i);
+}
+
+bool osub__svc_victim_eligible(const struct svc *s)
+{
+    return s->preemptible && s->n_slots > 0 &&
+           (s->state == OSUB_STATE_LOADING || s->state == OSUB_STATE_RUNNING ||
+            s->state == OSUB_STATE_DEGRADED);
+}
+
+/* The held a slot will have once its service complies with `act`. */
+int64_t osub__slot_held_after(const osub_engine_t *e, const struct svc *s, const struct slot *sl,
+                              int act)
+{
+    (void)e;
+    if (act == ACT_EVICT)
+        return 0;
+    if (act == ACT_DEGRADE) {
+        int64_t fl = osub__floor_share(s, (int32_t)(sl - s->slots));
+        if (s->loading)
+            return sl->used > fl ? sl->used : fl;
+        return sl->used < fl ? sl->used : fl;
+    }
+    return sl->held;
+}
+
+static int64_t slot_grant_after(const struct svc *s, const struct slot *sl, int act)
+{
+    if (act == ACT_EVICT)
+        return 0;
+    if (act == ACT_DEGRADE)
+        return osub__floor_share(s, (int32_t)(sl - s->slots));
+    return sl->grant;
+}
+
+/* ---- placement history ------------------------------------------------------------------ */
+
+static void hist_advance(osub_engine_t *e, struct gpu *g)
+{
+    int64_t m = e->now / 60000;
+    if (m <= g->hist_minute)
+        return;
+    int64_t steps = m - g->hist_minute;
+    if (steps > e->hist_n)
+        steps = e->hist_n;
+    for (int64_t i = 1; i <= steps; i++) {
+        int64_t mm = m - steps + i;
+        g->hist[mm % e->hist_n] = g->held;
+    }
+    g->hist_minute = m;
+    int64_t peak = 0;
+    for (int32_t i = 0; i < e->hist_n; i++)
+        if (g->hist[i] > peak)
+            peak = g->hist[i];
+    g->hist_peak = peak;
+}
+
+int64_t osub__gpu_peak(osub_engine_t *e, struct gpu *g)
+{
+    hist_advance(e, g);
+    return g->hist_peak > g->held ? g->hist_peak : g->held;
+}
+
+static int64_t placement_score(osub_engine_t *e, struct gpu *g, int64_t share)
+{
+    int64_t projected = osub__gpu_peak(e, g) + share;
+    if (projected <= g->usable)
+        return g->usable - projected; /* tightest fit first */
+    return (INT64_C(1) << 50) + (projected - g->usable); /* least overshoot first */
+}
+
+/* ---- workspace ------------------------------------------------------------------------- */
+
+struct ws_gpu {
+    int32_t gpu;
+    int64_t share;
+    int64_t dg, dh;
+    int32_t dc, nev;
+    bool pass;
+};
+
+struct ws {
+    const struct req *r;
+    struct ws_gpu g[64];
+    int32_t n;
+    int32_t n_fail;
+    int64_t held_target; /* pressure mode when >= 0 */
+    int64_t relief;      /* pressure mode: relief already promised */
+};
+
+static int32_t ws_find(const struct ws *w, int32_t gpu)
+{
+    for (int32_t j = 0; j < w->n; j++)
+        if (w->g[j].gpu == gpu)
+            return j;
+    return -1;
+}
+
+/* Evaluates one GPU's checks; returns the first failing check (NONE when all pass) and the
+ * shortfall in MiB (or percent for compute, services for exclusive). */
+static osub_check_t ws_eval(const osub_engine_t *e, const struct ws *w, const struct ws_gpu *x,
+                            int64_t *shortfall)
+{
+    const struct gpu *g = &e->gpus[x->gpu];
+    const struct req *r = w->r;
+    int64_t sf;
+    if (w->held_target >= 0) {
+        sf = g->held - w->relief - x->dh - w->held_target;
+        *shortfall = sf > 0 ? sf : 0;
+        return sf > 0 ? OSUB_CHECK_HELD : OSUB_CHECK_NONE;
+    }
+    if (r->exclusive) {
+        sf = g->nsvc - x->nev;
+        *shortfall = sf;
+        return sf > 0 ? OSUB_CHECK_EXCLUSIVE : OSUB_CHECK_NONE;
+    }
+    sf = g->granted - x->dg + x->share - g->logical;
+    if (sf > 0) {
+        *shortfall = sf;
+        return OSUB_CHECK_LOGICAL;
+    }
+    if (r->backed) {
+        sf = g->backed + x->share - g->usable;
+        if (sf > 0) {
+            *shortfall = sf;
+            return OSUB_CHECK_BACKED;
+        }
+    }
+    sf = g->held - x->dh + x->share - g->usable;
+    if (sf > 0) {
+        *shortfall = sf;
+        return OSUB_CHECK_HELD;
+    }
+    if (r->compute > 0) {
+        int64_t lim = (int64_t)100 * e->cfg.compute_ratio_milli / 1000;
+        sf = g->compute_all - x->dc + r->compute - lim;
+        if (sf > 0) {
+            *shortfall = sf;
+            return OSUB_CHECK_COMPUTE;
+        }
+        if (r->backed) {
+            sf = g->compute_backed + r->compute - 100;
+            if (sf > 0) {
+                *shortfall = sf;
+                return OSUB_CHECK_COMPUTE;
+            }
+        }
+    }
+    *shortfall = 0;
+    return OSUB_CHECK_NONE;
+}
+
+static void ws_update(const osub_engine_t *e, struct ws *w, int32_t j)
+{
+    int64_t sf;
+    bool pass = ws_eval(e, w, &w->g[j], &sf) == OSUB_CHECK_NONE;
+    if (pass != w->g[j].pass)
+        w->n_fail += pass ? -1 : 1;
+    w->g[j].pass = pass;
+}
+
+static void ws_init(const osub_engine_t *e, struct ws *w, const struct req *r, const int32_t *gpus,
+                    const int64_t *shares, int32_t n)
+{
+    w->r = r;
+    w->n = n;
+    w->n_fail = 0;
+    w->held_target = -1;
+    w->relief = 0;
+    for (int32_t j = 0; j < n; j++) {
+        struct ws_gpu *x = &w->g[j];
+        memset(x, 0, sizeof(*x));
+        x->gpu = gpus[j];
+        x->share = shares[j];
+        x->pass = true;
+        ws_update(e, w, j);
+    }
+}
+
+/* Changes victim v's action from a0 to a1, updating the GPUs of the set it sits on. */
+static void ws_apply(const osub_engine_t *e, struct ws *w, const struct svc *v, int a0, int a1)
+{
+    for (int32_t i = 0; i < v->n_slots; i++) {
+        const struct slot *sl = &v->slots[i];
+        int32_t j = ws_find(w, sl->gpu);
+        if (j < 0)
+            continue;
+        struct ws_gpu *x = &w->g[j];
+        x->dg += slot_grant_after(v, sl, a0) - slot_grant_after(v, sl, a1);
+        x->dh += osub__slot_held_after(e, v, sl, a0) - osub__slot_held_after(e, v, sl, a1);
+        if (a0 == ACT_EVICT) {
+            x->dc -= v->spec.compute_pct;
+            x->nev--;
+        }
+        if (a1 == ACT_EVICT) {
+            x->dc += v->spec.compute_pct;
+            x->nev++;
+        }
+        ws_update(e, w, j);
+    }
+}
+
+/* Victim order: lowest priority first (level desc), then most recently submitted first. */
+static int victim_cmp(const void *a, const void *b)
+{
+    const struct svc *x = *(const struct svc *const *)a, *y = *(const struct svc *const *)b;
+    if (x->level != y->level)
+        return x->level > y->level ? -1 : 1;
+    if (x->submit_ms != y->submit_ms)
+        return x->submit_ms > y->submit_ms ? -1 : 1;
+    if (x->seq != y->seq)
+        return x->seq > y->seq ? -1 : 1;
+    return 0;
+}
+
+static bool evictable(const osub_engine_t *e, const struct svc *v, bool pressure)
+{
+    if (pressure)
+        return true;
+    return !(v->resumed && e->now - v->resume_ms < e->cfg.min_runtime_ms);
+}
+
+static bool degradable_now(const struct svc *v)
+{
+    return v->degradable && v->state != OSUB_STATE_DEGRADED;
+}
+
+/* Plans victims on the workspace's GPUs. Returns true when the checks pass afterwards. */
+static bool plan_victims(osub_engine_t *e, struct ws *w, struct plan *p)
+{
+    const struct req *r = w->r;
+    p->n_victims = 0;
+    p->top_level = INT32_MAX;
+    p->n_evict = p->n_degrade = 0;
+    p->restart_sum = 0;
+    if (w->n_fail == 0)
+        return true;
+
+    /* gather eligible victims on the set's GPUs, deduplicated */
+    uint64_t stamp = ++e->plan_stamp;
+    struct svc **V = p->victims;
+    int32_t nv = 0;
+    for (int32_t j = 0; j < w->n; j++) {
+        const struct gpu *g = &e->gpus[w->g[j].gpu];
+        for (int32_t i = 0; i < g->nsvc && nv < OSUB_PLAN_MAX_VICTIMS; i++) {
+            struct svc *v = g->svcs[i];
+            if (v->plan_stamp == stamp || v == r->self || !osub__svc_victim_eligible(v))
+                continue;
+            if (v->level <= r->level)
+                continue;
+            v->plan_stamp = stamp;
+            V[nv++] = v;
+        }
+    }
+    if (w->n > 1 && nv > 1)
+        qsort(V, (size_t)nv, sizeof(V[0]), victim_cmp);
+    uint8_t *A = p->acts;
+    memset(A, 0, (size_t)nv);
+
+    bool ok = false;
+    int32_t i = 0;
+    while (i < nv && !ok) {
+        int32_t lvl = V[i]->level, end = i;
+        while (end < nv && V[end]->level == lvl)
+            end++;
+        for (int32_t t = i; t < end && !ok; t++) {
+            if (degradable_now(V[t])) {
+                ws_apply(e, w, V[t], A[t], ACT_DEGRADE);
+                A[t] = ACT_DEGRADE;
+                ok = w->n_fail == 0;
+            }
+        }
+        for (int32_t t = i; t < end && !ok; t++) {
+            if (evictable(e, V[t], r->pressure)) {
+                ws_apply(e, w, V[t], A[t], ACT_EVICT);
+                A[t] = ACT_EVICT;
+                ok = w->n_fail == 0;
+            }
+        }
+        i = end;
+    }
+    if (!ok && !r->pressure) {
+        p->n_victims = 0;
+        return false;
+    }
+    /* give back what is not needed, highest priority and oldest first */
+    for (int32_t t = nv - 1; t >= 0; t--) {
+        if (A[t] == ACT_NONE)
+            continue;
+        int a = A[t];
+        ws_apply(e, w, V[t], a, ACT_NONE);
+        if (w->n_fail == 0) {
+            A[t] = ACT_NONE;
+            continue;
+        }
+        if (a == ACT_EVICT && degradable_now(V[t])) {
+            ws_apply(e, w, V[t], ACT_NONE, ACT_DEGRADE);
+            if (w->n_fail == 0) {
+                A[t] = ACT_DEGRADE;
+                continue;
+            }
+            ws_apply(e, w, V[t], ACT_DEGRADE, a);
+        } else {
+            ws_apply(e, w, V[t], ACT_NONE, a);
+        }
+    }
+    /* compact */
+    int32_t n = 0;
+    for (int32_t t = 0; t < nv; t++) {
+        if (A[t] == ACT_NONE)
+            continue;
+        V[n] = V[t];
+        A[n] = A[t];
+        n++;
+        if (V[t]->level < p->top_level)
+            p->top_level = V[t]->level;
+        if (A[t] == ACT_EVICT) {
+            p->n_evict++;
+            p->restart_sum += V[t]->restart_cost_ms;
+        } else {
+            p->n_degrade++;
+        }
+    }
+    p->n_victims = n;
+    return ok || n > 0;
+}
+
+/* Key order of DESIGN.md step 5. Returns <0 when a is better. */
+static int key_cmp(const struct plan *a, const struct plan *b)
+{
+    bool av = a->n_victims > 0, bv = b->n_victims > 0;
+    if (av != bv)
+        return av ? 1 : -1;
+    if (a->top_level != b->top_level)
+        return a->top_level > b->top_level ? -1 : 1;
+    if (a->n_evict != b->n_evict)
+        return a->n_evict < b->n_evict ? -1 : 1;
+    if (a->n_degrade != b->n_degrade)
+        return a->n_degrade < b->n_degrade ? -1 : 1;
+    if (a->restart_sum != b->restart_sum)
+        return a->restart_sum < b->restart_sum ? -1 : 1;
+    if (a->score != b->score)
+        return a->score < b->score ? -1 : 1;
+    if (a->gpus[0] != b->gpus[0])
+        return a->gpus[0] < b->gpus[0] ? -1 : 1;
+    return 0;
+}
+
+struct cand {
+    int32_t gpu;
+    bool victims;
+    int32_t top_level, n_evict, n_degrade;
+    int64_t restart_sum, score;
+};
+
+static int cand_cmp(const struct cand *a, const struct cand *b)
+{
+    if (a->victims != b->victims)
+        return a->victims ? 1 : -1;
+    if (a->top_level != b->top_level)
+        return a->top_level > b->top_level ? -1 : 1;
+    if (a->n_evict != b->n_evict)
+        return a->n_evict < b->n_evict ? -1 : 1;
+    if (a->n_degrade != b->n_degrade)
+        return a->n_degrade < b->n_degrade ? -1 : 1;
+    if (a->restart_sum != b->restart_sum)
+        return a->restart_sum < b->restart_sum ? -1 : 1;
+    if (a->score != b->score)
+        return a->score < b->score ? -1 : 1;
+    return a->gpu < b->gpu ? -1 : (a->gpu > b->gpu);
+}
+
+/* Keeps the k best candidates in best[0..*nb), sorted. */
+static void keep_best(struct cand *best, int32_t *nb, int32_t k, const struct cand *c)
+{
+    int32_t n = *nb;
+    if (n == k && cand_cmp(c, &best[n - 1]) >= 0)
+        return;
+    int32_t pos = n < k ? n : k - 1;
+    while (pos > 0 && cand_cmp(c, &best[pos - 1]) < 0) {
+        best[pos] = best[pos - 1];
+        pos--;
+    }
+    best[pos] = *c;
+    if (n < k)
+        (*nb)++;
+}
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static bool gpu_takes(const struct gpu *g, const struct req *r, int64_t size)
+{
+    if (g->lost || g->cordoned || g->vram != size)
+        return false;
+    if (g->excl != NULL && (r->self == NULL || g->excl != r->self))
+        return false;
+    return true;
+}
+
+static void note_failure(struct plan *out, osub_check_t c, int32_t gpu, int64_t sf)
+{
+    if (c == OSUB_CHECK_NONE)
+        return;
+    if (out->check == OSUB_CHECK_NONE || sf < out->shortfall ||
+        (sf == out->shortfall && gpu < out->check_gpu)) {
+        out->check = c;
+        out->check_gpu = gpu;
+        out->shortfall = sf;
+    }
+}
+
+/* Plans the best placement for one GPU size. Returns true and fills *p when one exists. */
+static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struct plan *p,
+                      struct plan *fail)
+{
+    int32_t k = r->k;
+    struct cand best[64];
+    int32_t nb = 0;
+    struct ws w;
+    struct plan tmp;
+    int32_t navail = 0;
+    int64_t usable = 0;
+    for (int32_t gi = 0; gi < e->n_gpus; gi++) {
+        struct gpu *g = &e->gpus[gi];
+        if (!gpu_takes(g, r, size))
+            continue;
+        navail++;
+        usable = g->usable;
+        int64_t share = r->exclusive ? g->usable : osub__share(r->total, k, 0);
+        int32_t one = gi;
+        ws_init(e, &w, r, &one, &share, 1);
+        struct cand c = {.gpu = gi, .victims = false, .top_level = INT32_MAX};
+        if (w.n_fail > 0) {
+            int64_t sf;
+            osub_check_t ck = ws_eval(e, &w, &w.g[0], &sf);
+            note_failure(fail, ck, gi, sf);
+            /* the k best already need no victims: a victim plan cannot beat them */
+            if (nb == k && !best[k - 1].victims)
+                continue;
+            if (!plan_victims(e, &w, &tmp))
+                continue;
+            c.victims = true;
+            c.top_level = tmp.top_level;
+            c.n_evict = tmp.n_evict;
+            c.n_degrade = tmp.n_degrade;
+            c.restart_sum = tmp.restart_sum;
+        }
+        c.score = placement_score(e, g, share);
+        keep_best(best, &nb, k, &c);
+    }
+    if (navail < k) {
+        note_failure(fail, OSUB_CHECK_GPUS, -1, k - navail);
+        return false;
+    }
+    if (nb < k)
+        return false;
+    int32_t gpus[64];
+    int64_t shares[64];
+    for (int32_t j = 0; j < k; j++)
+        gpus[j] = best[j].gpu;
+    qsort(gpus, (size_t)k, sizeof(gpus[0]), cmp_i32);
+    int64_t worst = 0;
+    for (int32_t j = 0; j < k; j++) {
+        shares[j] = r->exclusive ? usable : osub__share(r->total, k, j);
+        for (int32_t b = 0; b < k; b++)
+            if (best[b].gpu == gpus[j] && best[b].score > worst)
+                worst = best[b].score;
+    }
+    ws_init(e, &w, r, gpus, shares, k);
+    if (!plan_victims(e, &w, p))
+        return false;
+    p->ok = true;
+    p->k = k;
+    memcpy(p->gpus, gpus, sizeof(gpus[0]) * (size_t)k);
+    memcpy(p->shares, shares, sizeof(shares[0]) * (size_t)k);
+    p->score = worst;
+    return true;
+}
+
+int osub__plan_admission(osub_engine_t *e, const struct req *r, struct plan *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->check = OSUB_CHECK_NONE;
+    out->check_gpu = -1;
+    bool found = false;
+    struct plan cur;
+    int64_t done_sizes[64];
+    int32_t nds = 0;
+    for (int32_t gi = 0; gi < e->n_gpus; gi++) {
+        int64_t size = e->gpus[gi].vram;
+        if (e->gpus[gi].lost)
+            continue;
+        if (r->size_mib > 0 && size != r->size_mib)
+            continue;
+        bool seen = false;
+        for (int32_t d = 0; d < nds; d++)
+            seen = seen || done_sizes[d] == size;
+        if (seen || nds == 64)
+            continue;
+        done_sizes[nds++] = size;
+        if (!plan_size(e, r, size, &cur, out))
+            continue;
+        if (!found || key_cmp(&cur, out) < 0) {
+            osub_check_t c = out->check;
+            int32_t cg = out->check_gpu;
+            int64_t sf = out->shortfall;
+            *out = cur;
+            out->check = c;
+            out->check_gpu = cg;
+            out->shortfall = sf;
+            found = true;
+        }
+    }
+    out->ok = found;
+    return 0;
+}
+
+int osub__plan_pressure(osub_engine_t *e, int32_t gpu, struct plan *out)
+{
+    memset(out, 0, sizeof(*out));
+    struct gpu *g = &e->gpus[gpu];
+    struct req r = {.level = -1, .pressure = true, .k = 1};
+    struct ws w;
+    int64_t zero = 0;
+    ws_init(e, &w, &r, &gpu, &zero, 1);
+    /* relief already promised: unacknowledged degrades and evictions in progress */
+    int64_t relief = 0;
+    for (int32_t i = 0; i < g->nsvc; i++) {
+        const struct svc *s = g->svcs[i];
+        for (int32_t t = 0; t < s->n_slots; t++) {
+            const struct slot *sl = &s->slots[t];
+            if (sl->gpu != gpu)
+                continue;
+            if (s->state == OSUB_STATE_DRAINING || s->state == OSUB_STATE_OVERDUE)
+                relief += sl->held;
+            else if (s->ack_pending) {
+                int64_t after = sl->used < sl->grant ? sl->used : sl->grant;
+                if (s->loading)
+                    after = sl->used > sl->grant ? sl->used : sl->grant;
+                relief += sl->held - after;
+            }
+        }
+    }
+    w.held_target = g->usable * e->cfg.low_watermark_pct / 100;
+    w.relief = relief;
+    w.n_fail = 0;
+    w.g[0].pass = true;
+    ws_update(e, &w, 0);
+    out->k = 1;
+    out->gpus[0] = gpu;
+    out->ok = plan_victims(e, &w, out);
+    return 0;
+}
