@@ -964,9 +964,14 @@ static int resolve_spec(const osub_engine_t *e, const osub_spec_t *in, osub_spec
         return OSUB_ETOO_BIG;
     if (in->gpus < 0 || in->gpus > 64)
         return in->gpus > 64 ? OSUB_ETOO_MANY_GPUS : OSUB_EBAD_GPU_COUNT;
+    int32_t n_live = 0;
+    for (int32_t i = 0; i < e->n_gpus; i++)
+        n_live += !e->gpus[i].lost;
+    if (in->gpus > n_live)
+        return OSUB_ETOO_MANY_GPUS;
     int64_t k = in->gpus ? in->gpus : (s.vram_mib + lu - 1) / lu;
-    if (k > 64)
-        return OSUB_ETOO_BIG;
+    if (k > 64 || k > n_live)
+        return OSUB_ETOO_BIG; /* larger than the whole pool */
     s.gpus = (int32_t)k;
     if (s.min_vram_mib < s.gpus)
         return OSUB_EBAD_MIN_VRAM;
@@ -1220,7 +1225,7 @@ int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms
     rc = empty_pool_fit(e, &s);
     if (rc != 0) {
         if (!dry) {
-            e->rejections++;
+            /* a refused command, not a decision: nothing in the state changes */
             osub_event_t *ev = emit(e, OSUB_EV_REJECT, OSUB_R_EMPTY_POOL,
                                     "rejected %s (%s, %lld MiB on %d GPU(s)): %s", s.id,
                                     s.class_name, (long long)s.vram_mib, s.gpus,
