@@ -1029,6 +1029,31 @@ static void fill_req(const osub_engine_t *e, const struct svc *s, struct req *r)
 
 /* ---- admission ------------------------------------------------------------------------ */
 
+/* A sentence for a failed admission plan: which check, where, and by how much. */
+static void describe_failure(const struct plan *p, char *buf, size_t len)
+{
+    switch (p->check) {
+    case OSUB_CHECK_GPUS:
+        snprintf(buf, len, "%lld GPU(s) short of a set of one size that may take it",
+                 (long long)p->shortfall);
+        break;
+    case OSUB_CHECK_COMPUTE:
+        snprintf(buf, len, "compute claims on GPU %d over by %lld%%", p->check_gpu,
+                 (long long)p->shortfall);
+        break;
+    case OSUB_CHECK_EXCLUSIVE:
+        snprintf(buf, len, "GPU %d still has %lld service(s) an exclusive service cannot share",
+                 p->check_gpu, (long long)p->shortfall);
+        break;
+    case OSUB_CHECK_NONE:
+        snprintf(buf, len, "it may not go ahead of the queue's head");
+        break;
+    default:
+        snprintf(buf, len, "the %s check fails on GPU %d, short by %lld MiB",
+                 osub_check_name(p->check), p->check_gpu, (long long)p->shortfall);
+    }
+}
+
 static void fill_victims(const osub_engine_t *e, const struct plan *p, osub_submit_result_t *res)
 {
     res->n_victims = 0;
@@ -1306,12 +1331,12 @@ int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms
     if (!p.ok && !sv->queue_ok) {
         e->rejections++;
         rc = blocked ? OSUB_EOVERCOMMITTED : OSUB_ENO_ROOM;
+        char fb[160];
+        describe_failure(&p, fb, sizeof(fb));
         osub_event_t *ev = emit(e, OSUB_EV_REJECT, blocked ? OSUB_R_OVERCOMMITTED : OSUB_R_NO_ROOM,
-                                "rejected %s (%s, %lld MiB): %s%s%s check fails on GPU %d, "
-                                "short by %lld MiB, even with victims",
-                                s.id, s.class_name, (long long)s.vram_mib,
-                                blocked ? "pool over-committed; " : "", osub_check_name(p.check),
-                                "", p.check_gpu, (long long)p.shortfall);
+                                "rejected %s (%s, %lld MiB): %s, even with victims", s.id,
+                                s.class_name, (long long)s.vram_mib,
+                                blocked ? "the pool is over-committed after a ratio change" : fb);
         snprintf(ev->service, sizeof(ev->service), "%s", s.id);
         ev->level = sv->level;
         ev->gpu = p.check_gpu;
@@ -1346,12 +1371,12 @@ int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms
         queue_push(e, sv);
         res->outcome = OSUB_SUBMIT_QUEUED;
         res->queue_position = (int32_t)queue_pos(e, sv);
+        char fb[160];
+        describe_failure(&p, fb, sizeof(fb));
         osub_event_t *ev = emit(e, OSUB_EV_QUEUE, blocked ? OSUB_R_OVERCOMMITTED : OSUB_R_NO_ROOM,
-                                "queued %s (%s, %lld MiB) at position %d: %s%s check fails on "
-                                "GPU %d, short by %lld MiB",
-                                s.id, s.class_name, (long long)s.vram_mib, res->queue_position,
-                                blocked ? "pool over-committed; " : "", osub_check_name(p.check),
-                                p.check_gpu, (long long)p.shortfall);
+                                "queued %s (%s, %lld MiB) at position %d: %s", s.id, s.class_name,
+                                (long long)s.vram_mib, res->queue_position,
+                                blocked ? "the pool is over-committed after a ratio change" : fb);
         ev_svc(ev, sv);
     }
     finish(e);
@@ -1684,12 +1709,17 @@ int osub_engine_usage(osub_engine_t *e, const char *id, int64_t used_mib, int32_
         return OSUB_ENEGATIVE_USAGE;
     if (used_mib > (INT64_C(1) << 40) || compute_pct > 100 * 64)
         return OSUB_EINVAL;
-    if (s->n_slots == 0)
+    if (s->n_slots == 0 || s->state == OSUB_STATE_PENDING)
         return OSUB_EBAD_STATE;
+    int64_t cap = 0;
+    for (int32_t i = 0; i < s->n_slots; i++)
+        cap += e->gpus[s->slots[i].gpu].vram;
+    if (used_mib > cap)
+        return OSUB_EINVAL;
     rc = begin(e, now_ms);
     if (rc != 0)
         return rc;
-    if ((s = lookup(e, id)) == NULL || s->n_slots == 0)
+    if ((s = lookup(e, id)) == NULL || s->n_slots == 0 || s->state == OSUB_STATE_PENDING)
         return OSUB_EBAD_STATE;
     int64_t per[64], basis = 0;
     bool by_grant = grant_total(s) > 0;
@@ -1720,14 +1750,18 @@ int osub_engine_usage_per_gpu(osub_engine_t *e, const char *id, const int64_t *u
         if (used_mib[i] > (INT64_C(1) << 40))
             return OSUB_EINVAL;
     }
-    if (s->n_slots == 0)
+    if (s->n_slots == 0 || s->state == OSUB_STATE_PENDING)
         return OSUB_EBAD_STATE;
     if (n != (size_t)s->n_slots)
         return OSUB_EINVAL;
+    for (size_t i = 0; i < n; i++)
+        if (used_mib[i] > e->gpus[s->slots[i].gpu].vram)
+            return OSUB_EINVAL;
     rc = begin(e, now_ms);
     if (rc != 0)
         return rc;
-    if ((s = lookup(e, id)) == NULL || s->n_slots == 0)
+    if ((s = lookup(e, id)) == NULL || s->n_slots == 0 || s->state == OSUB_STATE_PENDING ||
+        n != (size_t)s->n_slots)
         return OSUB_EBAD_STATE;
     return usage_apply(e, s, used_mib, -1);
 }

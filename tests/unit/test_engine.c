@@ -1,1 +1,515 @@
-int main(void){return 0;}
+/* test_engine.c - the engine's rules one by one: pressure, restore, queue, backfill, ratio,
+ * lost GPUs, exclusive, multi-GPU victims, minimum runtime, overdue, placement, loading */
+#include "helpers.h"
+
+/* Starts a service and makes it ready with the given usage. */
+static void running(osub_engine_t *e, osub_spec_t s, int64_t used, int64_t t)
+{
+    assert_int_equal(sub(e, s, t), OSUB_SUBMIT_STARTED);
+    assert_int_equal(osub_engine_ready(e, s.id, t), 0);
+    assert_int_equal(osub_engine_usage(e, s.id, used, -1, t), 0);
+}
+
+static void test_priority_outranks_degrade_first(void **state)
+{
+    (void)state;
+    /* one GPU: a degradable batch and a non-degradable experiment; an online arrival.
+     * Evicting the experiment beats degrading the batch (level 2 touched only). */
+    osub_engine_t *e = mk_engine(1, 81920, 2000);
+    running(e, spec("bat", "batch", 40960, 1, 20480), 36000, 0);
+    running(e, spec("exp", "experiment", 36000, 1, 0), 36000, 0);
+    osub_submit_result_t r;
+    osub_spec_t on = spec("web", "online", 20480, 1, 0);
+    assert_int_equal(osub_engine_submit(e, &on, 10, 0, &r), 0);
+    assert_int_equal(r.outcome, OSUB_SUBMIT_PENDING);
+    assert_int_equal(r.n_victims, 1);
+    assert_string_equal(r.victims[0].service, "exp");
+    assert_true(r.victims[0].evict);
+    assert_int_equal(info(e, "bat").state, OSUB_STATE_RUNNING);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+static void test_give_back_turns_eviction_into_degrade(void **state)
+{
+    (void)state;
+    /* an experiment and a batch job. Level 2 first: degrading the experiment is not enough,
+     * so it is evicted; still not enough, so the batch job is degraded. Then the give-back,
+     * highest priority first: the batch degrade is needed, and the experiment's eviction
+     * becomes a degrade, which now suffices. */
+    osub_engine_t *e = mk_engine(1, 81920, 2000);
+    running(e, spec("exp", "experiment", 30720, 1, 10240), 30000, 0);
+    running(e, spec("bat", "batch", 40960, 1, 20480), 40000, 1);
+    osub_submit_result_t r;
+    osub_spec_t on = spec("web", "online", 50000, 1, 0);
+    assert_int_equal(osub_engine_submit(e, &on, 10, 0, &r), 0);
+    assert_int_equal(r.outcome, OSUB_SUBMIT_PENDING);
+    assert_int_equal(r.n_victims, 2);
+    for (int i = 0; i < 2; i++)
+        assert_false(r.victims[i].evict);
+    assert_int_equal(info(e, "exp").state, OSUB_STATE_DEGRADED);
+    assert_int_equal(info(e, "bat").state, OSUB_STATE_DEGRADED);
+    assert_int_equal(osub_engine_ack(e, "exp", NULL, 20), 0);
+    assert_int_equal(info(e, "web").state, OSUB_STATE_PENDING);
+    assert_int_equal(osub_engine_ack(e, "bat", NULL, 30), 0);
+    assert_int_equal(info(e, "web").state, OSUB_STATE_LOADING);
+    assert_int_equal(ginfo(e, 0).held_mib, 10240 + 20480 + 50000);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+static void test_pressure_degrades_then_evicts_lowest_first(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(1, 81920, 2000);
+    running(e, spec("web", "online", 20480, 1, 0), 20480, 0);
+    running(e, spec("bat", "batch", 30720, 1, 10240), 20000, 0);
+    running(e, spec("exp", "experiment", 30720, 1, 10240), 20000, 0);
+    assert_int_equal(count_ev(e, OSUB_EV_DEGRADE, NULL), 0);
+    /* the experiment grows: held 20480 + 20000 + 38000 = 78480 > 95% of 81920 */
+    assert_int_equal(osub_engine_usage(e, "exp", 38000, -1, 1000), 0);
+    const osub_event_t *ev = find_ev(e, OSUB_EV_DEGRADE, "exp");
+    assert_non_null(ev);
+    assert_int_equal(ev->reason, OSUB_R_PRESSURE);
+    assert_int_equal(count_ev(e, OSUB_EV_DEGRADE, "bat"), 0);
+    assert_int_equal(info(e, "exp").grant_mib, 10240);
+    /* it acknowledges (usage under its grant): pressure is gone */
+    assert_int_equal(osub_engine_usage(e, "exp", 10000, -1, 2000), 0);
+    assert_int_equal(count_ev(e, OSUB_EV_ACK, "exp"), 1);
+    assert_false(info(e, "exp").ack_pending);
+    /* the batch job now grows past the watermark: the degraded experiment is evicted
+     * before the batch job is touched */
+    assert_int_equal(osub_engine_usage(e, "bat", 50000, -1, 3000), 0);
+    assert_int_equal(count_ev(e, OSUB_EV_EVICT, "exp"), 1);
+    assert_int_equal(count_ev(e, OSUB_EV_DEGRADE, "bat"), 0);
+    assert_int_equal(info(e, "web").state, OSUB_STATE_RUNNING);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+static void test_restore_after_window_without_flapping(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(1, 81920, 2000);
+    osub_spec_t s = spec("exp", "experiment", 40960, 1, 20480);
+    s.batch_size = 32;
+    s.min_batch_size = 8;
+    running(e, spec("web", "online", 20480, 1, 0), 20480, 0);
+    running(e, spec("bat", "batch", 40960, 1, 0), 10000, 0);
+    running(e, s, 30000, 0);
+    /* a usage spike past the high watermark degrades the experiment; it acknowledges */
+    assert_int_equal(osub_engine_usage(e, "exp", 50000, -1, 1000), 0);
+    assert_int_equal(info(e, "exp").state, OSUB_STATE_DEGRADED);
+    assert_int_equal(info(e, "exp").batch_size, 8);
+    assert_int_equal(osub_engine_ack(e, "exp", NULL, 1500), 0);
+    assert_int_equal(osub_engine_usage(e, "exp", 15000, -1, 2000), 0);
+    /* the batch job's usage oscillates: room for the full 40960 comes and goes (room needs
+     * 20480 + bat + 40960 <= 90% of 81920, so bat <= 12288): no restore */
+    int restores = 0;
+    int64_t t = 2000;
+    for (int i = 0; i < 60; i++) {
+        t += 5000;
+        int64_t used = (i % 4 == 3) ? 30000 : 10000;
+        assert_int_equal(osub_engine_usage(e, "bat", used, -1, t), 0);
+        assert_int_equal(osub_engine_tick(e, t), 0);
+        restores += count_ev(e, OSUB_EV_RESTORE, "exp");
+    }
+    assert_int_equal(restores, 0);
+    /* steady room for the hysteresis window: restored exactly once */
+    for (int i = 0; i < 30; i++) {
+        t += 5000;
+        assert_int_equal(osub_engine_usage(e, "bat", 10000, -1, t), 0);
+        assert_int_equal(osub_engine_tick(e, t), 0);
+        restores += count_ev(e, OSUB_EV_RESTORE, "exp");
+    }
+    assert_int_equal(restores, 1);
+    osub_service_info_t si = info(e, "exp");
+    assert_int_equal(si.state, OSUB_STATE_RUNNING);
+    assert_int_equal(si.grant_mib, 40960);
+    assert_int_equal(si.batch_size, 32);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+static void test_queue_order_and_backfill(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(2, 81920, 1000);
+    running(e, spec("a", "batch", 81920, 1, 0), 70000, 0);
+    running(e, spec("b", "batch", 61440, 1, 0), 60000, 0);
+    /* queued: an experiment first, then a batch job (higher priority goes first) */
+    assert_int_equal(sub(e, spec("exp-big", "experiment", 81920, 1, 0), 10), OSUB_SUBMIT_QUEUED);
+    assert_int_equal(sub(e, spec("bat-big", "batch", 81920, 1, 0), 20), OSUB_SUBMIT_QUEUED);
+    assert_string_equal(osub_engine_queue_at(e, 0), "bat-big");
+    assert_string_equal(osub_engine_queue_at(e, 1), "exp-big");
+    assert_int_equal(info(e, "exp-big").queue_position, 2);
+    /* a small experiment fits GPU 1 now (20480 free): it may backfill only if it does not
+     * sit on the GPU the head waits for */
+    osub_submit_result_t r;
+    osub_spec_t small = spec("small", "experiment", 16384, 1, 0);
+    assert_int_equal(osub_engine_submit(e, &small, 30, 0, &r), 0);
+    assert_int_equal(r.outcome, OSUB_SUBMIT_QUEUED);
+    /* releasing a frees GPU 0: the batch head goes first, then small backfills on GPU 1 */
+    assert_int_equal(osub_engine_release(e, "a", 40), 0);
+    assert_int_equal(info(e, "bat-big").state, OSUB_STATE_LOADING);
+    assert_int_equal(info(e, "bat-big").slots[0].gpu, 0);
+    assert_int_equal(info(e, "exp-big").state, OSUB_STATE_QUEUED);
+    assert_int_equal(info(e, "small").state, OSUB_STATE_QUEUED);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+static void test_backfill_away_from_head_and_aging(void **state)
+{
+    (void)state;
+    osub_pool_config_t cfg;
+    osub_pool_config_default(&cfg);
+    cfg.ratio_milli = 1000;
+    cfg.queue_aging_ms = 60000;
+    int64_t v[2] = {81920, 81920};
+    osub_engine_t *e = mk_engine_cfg(2, v, &cfg);
+    running(e, spec("a", "batch", 61440, 1, 0), 61440, 0);
+    running(e, spec("b", "batch", 40960, 1, 0), 40960, 0);
+    /* the head wants 40960 on one GPU: GPU 0 has 20480 left, GPU 1 has 40960 - it waits
+     * for neither? GPU 1 fits: so make the head bigger than both */
+    assert_int_equal(sub(e, spec("head", "batch", 61440, 1, 0), 10), OSUB_SUBMIT_QUEUED);
+    /* a small one that fits GPU 0 (not the head's GPU 1, where the head is shortest) */
+    osub_submit_result_t r;
+    osub_spec_t s1 = spec("small", "batch", 16384, 1, 0);
+    assert_int_equal(osub_engine_submit(e, &s1, 20, 0, &r), 0);
+    assert_int_equal(r.outcome, OSUB_SUBMIT_STARTED);
+    assert_int_equal(r.gpus[0], 0);
+    /* after the aging bound nothing passes the head */
+    osub_spec_t s2 = spec("tiny", "batch", 1024, 1, 0);
+    assert_int_equal(osub_engine_submit(e, &s2, 70000, 0, &r), 0);
+    assert_int_equal(r.outcome, OSUB_SUBMIT_QUEUED);
+    /* a higher priority arrival is not a backfill */
+    osub_spec_t s3 = spec("web", "online", 1024, 1, 0);
+    assert_int_equal(osub_engine_submit(e, &s3, 70001, 0, &r), 0);
+    assert_int_equal(r.outcome, OSUB_SUBMIT_STARTED);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+static void test_lowering_ratio_never_evicts(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(1, 81920, 2000);
+    running(e, spec("a", "batch", 61440, 1, 0), 30000, 0);
+    running(e, spec("b", "batch", 40960, 1, 0), 30000, 0);
+    assert_int_equal(osub_engine_set_ratio(e, 1000, 10), 0);
+    assert_int_equal(count_ev(e, OSUB_EV_OVERCOMMIT, NULL), 1);
+    assert_int_equal(count_ev(e, OSUB_EV_EVICT, NULL) + count_ev(e, OSUB_EV_DEGRADE, NULL), 0);
+    osub_pool_info_t p;
+    osub_engine_pool_info(e, &p);
+    assert_true(p.overcommitted);
+    /* nothing is admitted, even something tiny */
+    osub_submit_result_t r;
+    osub_spec_t t = spec("tiny", "batch", 10, 1, 0);
+    assert_int_equal(osub_engine_submit(e, &t, 20, 0, &r), 0);
+    assert_int_equal(r.outcome, OSUB_SUBMIT_QUEUED);
+    osub_spec_t w = spec("web", "online", 10, 1, 0);
+    assert_int_equal(osub_engine_submit(e, &w, 20, 0, &r), OSUB_EOVERCOMMITTED);
+    /* grants fit again after a release: admissions resume and the queue is served */
+    assert_int_equal(osub_engine_release(e, "b", 30), 0);
+    osub_engine_pool_info(e, &p);
+    assert_false(p.overcommitted);
+    assert_int_equal(info(e, "tiny").state, OSUB_STATE_LOADING);
+    /* raising the ratio admits from the queue */
+    assert_int_equal(sub(e, spec("c", "batch", 40960, 1, 0), 40), OSUB_SUBMIT_QUEUED);
+    assert_int_equal(osub_engine_set_ratio(e, 2500, 50), 0);
+    assert_int_equal(info(e, "c").state, OSUB_STATE_LOADING);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+static void test_gpu_lost_takes_its_services(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(3, 81920, 1500);
+    running(e, spec("web", "online", 81920, 1, 0), 81920, 0);
+    osub_spec_t j = spec("job", "batch", 40960, 1, 0);
+    j.resumable = true;
+    running(e, j, 30000, 0);
+    int32_t g = info(e, "web").slots[0].gpu;
+    int32_t gj = info(e, "job").slots[0].gpu;
+    assert_int_not_equal(g, gj);
+    assert_int_equal(osub_engine_gpu_lost(e, g, 100), 0);
+    assert_int_equal(count_ev(e, OSUB_EV_GPU_LOST, NULL), 1);
+    /* the backed service goes too; a fresh GPU takes it? no: online is not queued */
+    osub_service_info_t si;
+    assert_int_equal(osub_engine_service_info(e, "web", &si), OSUB_EUNKNOWN_SERVICE);
+    assert_true(ginfo(e, g).lost);
+    assert_int_equal(ginfo(e, g).held_mib, 0);
+    assert_int_equal(osub_engine_gpu_lost(e, gj, 200), 0);
+    /* the resumable job is requeued and resumes at once on the remaining GPU */
+    si = info(e, "job");
+    assert_int_equal(si.state, OSUB_STATE_LOADING);
+    assert_true(si.resumed);
+    assert_int_equal(count_ev(e, OSUB_EV_RESUME, "job"), 1);
+    osub_pool_info_t p;
+    osub_engine_pool_info(e, &p);
+    assert_int_equal(p.n_gpus, 1);
+    assert_int_equal(p.n_lost, 2);
+    assert_int_equal(osub_engine_cordon(e, g, true, 300), OSUB_EGPU_LOST);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+static void test_exclusive_takes_whole_gpus(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(2, 81920, 2000);
+    running(e, spec("exp", "experiment", 10240, 1, 0), 10000, 0);
+    osub_spec_t x = spec("safe", "online", 20480, 1, 0);
+    x.exclusive = true;
+    assert_int_equal(sub(e, x, 10), OSUB_SUBMIT_STARTED);
+    osub_service_info_t si = info(e, "safe");
+    assert_int_equal(si.slots[0].gpu, 1); /* GPU 0 is not empty */
+    assert_int_equal(si.grant_mib, 81920);
+    assert_true(ginfo(e, 1).exclusive);
+    /* nobody shares it, and it is never oversold */
+    osub_submit_result_t r;
+    osub_spec_t y = spec("other", "online", 1024, 1, 0);
+    assert_int_equal(osub_engine_submit(e, &y, 20, 0, &r), 0);
+    assert_int_equal(r.gpus[0], 0);
+    /* a second exclusive service evicts the experiment to get a GPU to itself */
+    osub_spec_t z = spec("safe2", "online", 1024, 1, 0);
+    z.exclusive = true;
+    assert_int_equal(osub_engine_submit(e, &z, 30, 0, &r), OSUB_ENO_ROOM);
+    assert_int_equal(osub_engine_release(e, "other", 40), 0);
+    assert_int_equal(osub_engine_submit(e, &z, 50, 0, &r), 0);
+    assert_int_equal(r.outcome, OSUB_SUBMIT_PENDING);
+    assert_string_equal(r.victims[0].service, "exp");
+    assert_true(r.victims[0].evict);
+    assert_int_equal(osub_engine_exited(e, "exp", NULL, 60), 0);
+    assert_int_equal(info(e, "safe2").state, OSUB_STATE_LOADING);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+static void test_multi_gpu_victim_degraded_everywhere(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(2, 81920, 2000);
+    osub_spec_t m = spec("multi", "experiment", 122880, 2, 40960);
+    running(e, m, 2 * 60000, 0);
+    osub_submit_result_t r;
+    osub_spec_t w = spec("web", "online", 40960, 1, 0);
+    assert_int_equal(osub_engine_submit(e, &w, 10, 0, &r), 0);
+    assert_int_equal(r.outcome, OSUB_SUBMIT_PENDING);
+    osub_service_info_t si = info(e, "multi");
+    assert_int_equal(si.state, OSUB_STATE_DEGRADED);
+    assert_int_equal(si.slots[0].grant_mib, 20480);
+    assert_int_equal(si.slots[1].grant_mib, 20480);
+    /* per-GPU usage at or under the new grant is the acknowledgement */
+    int64_t u[2] = {20000, 20480};
+    assert_int_equal(osub_engine_usage_per_gpu(e, "multi", u, 2, 20), 0);
+    assert_int_equal(count_ev(e, OSUB_EV_ACK, "multi"), 1);
+    assert_int_equal(info(e, "web").state, OSUB_STATE_LOADING);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+static void test_resumed_work_protected_then_pressure_overrides(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(1, 81920, 2000);
+    osub_spec_t j = spec("job", "experiment", 61440, 1, 0);
+    j.resumable = true;
+    running(e, j, 60000, 0);
+    /* evicted once for an online service, requeued, resumed after it leaves */
+    assert_int_equal(sub(e, spec("web", "online", 40960, 1, 0), 10), OSUB_SUBMIT_PENDING);
+    assert_int_equal(osub_engine_exited(e, "job", "step-100", 20), 0);
+    assert_int_equal(info(e, "job").state, OSUB_STATE_QUEUED);
+    assert_int_equal(osub_engine_release(e, "web", 30), 0);
+    osub_service_info_t si = info(e, "job");
+    assert_int_equal(si.state, OSUB_STATE_LOADING);
+    assert_true(si.resumed);
+    assert_string_equal(si.checkpoint, "step-100");
+    assert_int_equal(osub_engine_ready(e, "job", 40), 0);
+    assert_int_equal(osub_engine_usage(e, "job", 60000, -1, 40), 0);
+    /* within its minimum runtime a second online arrival cannot evict it */
+    osub_submit_result_t r;
+    osub_spec_t w2 = spec("web2", "online", 40960, 1, 0);
+    assert_int_equal(osub_engine_submit(e, &w2, 1000, 0, &r), OSUB_ENO_ROOM);
+    assert_int_equal(info(e, "job").state, OSUB_STATE_RUNNING);
+    /* but pressure overrides the protection */
+    assert_int_equal(osub_engine_usage(e, "job", 80000, -1, 2000), 0);
+    assert_int_equal(count_ev(e, OSUB_EV_EVICT, "job"), 1);
+    /* after the minimum runtime, preemption may evict it again */
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+static void test_overdue_then_pending_requeued(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(1, 81920, 2000);
+    running(e, spec("exp", "experiment", 61440, 1, 0), 60000, 0);
+    assert_int_equal(sub(e, spec("bat", "batch", 40960, 1, 0), 1000), OSUB_SUBMIT_PENDING);
+    assert_int_equal(info(e, "exp").state, OSUB_STATE_DRAINING);
+    assert_int_equal(info(e, "exp").deadline_ms, 31000);
+    assert_int_equal(osub_engine_tick(e, 31000), 0);
+    assert_int_equal(count_ev(e, OSUB_EV_OVERDUE, "exp"), 1);
+    assert_int_equal(info(e, "exp").state, OSUB_STATE_OVERDUE);
+    assert_int_equal(info(e, "bat").state, OSUB_STATE_PENDING);
+    assert_int_equal(osub_engine_tick(e, 61000), 0);
+    const osub_event_t *ev = find_ev(e, OSUB_EV_REQUEUE, "bat");
+    assert_non_null(ev);
+    assert_int_equal(ev->reason, OSUB_R_VICTIM_OVERDUE);
+    assert_int_equal(info(e, "bat").state, OSUB_STATE_QUEUED);
+    /* the memory finally comes free: the queued batch job starts */
+    assert_int_equal(osub_engine_exited(e, "exp", NULL, 70000), 0);
+    assert_int_equal(info(e, "bat").state, OSUB_STATE_LOADING);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+static void test_placement_respects_past_peaks(void **state)
+{
+    (void)state;
+    /* two GPUs with the same held now; GPU 0 peaked at 70000 ten minutes ago. A newcomer
+     * goes to GPU 1, whose projected memory leaves room. */
+    osub_engine_t *e = mk_engine(2, 81920, 2000);
+    running(e, spec("a", "batch", 61440, 1, 0), 10000, 0);
+    running(e, spec("b", "batch", 40960, 1, 0), 10000, 0);
+    assert_int_equal(info(e, "a").slots[0].gpu, 0);
+    assert_int_equal(info(e, "b").slots[0].gpu, 1);
+    assert_int_equal(osub_engine_usage(e, "a", 70000, -1, 60000), 0);
+    assert_int_equal(osub_engine_usage(e, "a", 10000, -1, 120000), 0);
+    osub_submit_result_t r;
+    osub_spec_t c = spec("c", "batch", 20480, 1, 0);
+    assert_int_equal(osub_engine_submit(e, &c, 600000, 0, &r), 0);
+    assert_int_equal(r.outcome, OSUB_SUBMIT_STARTED);
+    assert_int_equal(r.gpus[0], 1);
+    /* past the one-hour window the peak is forgotten and the tie goes to GPU 0 */
+    assert_int_equal(osub_engine_release(e, "c", 600001), 0);
+    assert_int_equal(osub_engine_submit(e, &c, 60000 * 125, 0, &r), 0);
+    assert_int_equal(r.gpus[0], 0);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+static void test_loading_holds_its_grant(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(1, 81920, 2000);
+    osub_spec_t a = spec("a", "batch", 61440, 1, 0);
+    a.restart_cost_ms = 30000;
+    assert_int_equal(sub(e, a, 0), OSUB_SUBMIT_STARTED);
+    assert_int_equal(osub_engine_usage(e, "a", 1000, -1, 10), 0);
+    assert_int_equal(info(e, "a").held_mib, 61440); /* max(used, grant) while loading */
+    /* a newcomer cannot move into the half-loaded model's space */
+    osub_spec_t b = spec("b", "batch", 40960, 1, 0);
+    b.queue = OSUB_TRI_NO;
+    osub_submit_result_t r;
+    assert_int_equal(osub_engine_submit(e, &b, 20, 0, &r), OSUB_ENO_ROOM);
+    assert_int_equal(r.check, OSUB_CHECK_HELD);
+    assert_int_equal(r.shortfall_mib, 20480);
+    /* the loading period ends: held follows usage */
+    assert_int_equal(osub_engine_tick(e, 30000), 0);
+    assert_int_equal(info(e, "a").state, OSUB_STATE_RUNNING);
+    assert_int_equal(info(e, "a").held_mib, 1000);
+    assert_int_equal(osub_engine_submit(e, &b, 30001, 0, &r), 0);
+    assert_int_equal(r.outcome, OSUB_SUBMIT_STARTED);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+static void test_pending_grant_counts_for_others(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(1, 81920, 2000);
+    running(e, spec("exp", "experiment", 61440, 1, 0), 60000, 0);
+    assert_int_equal(sub(e, spec("web", "online", 40960, 1, 0), 10), OSUB_SUBMIT_PENDING);
+    /* the room freed for web is not taken by a later arrival */
+    osub_spec_t b = spec("b", "batch", 30000, 1, 0);
+    b.queue = OSUB_TRI_NO;
+    osub_submit_result_t r;
+    assert_int_equal(osub_engine_submit(e, &b, 20, 0, &r), OSUB_ENO_ROOM);
+    assert_int_equal(osub_engine_exited(e, "exp", NULL, 30), 0);
+    assert_int_equal(info(e, "web").state, OSUB_STATE_LOADING);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+static void test_cordon_and_drain(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(2, 81920, 1500);
+    running(e, spec("a", "batch", 40960, 1, 0), 30000, 0);
+    running(e, spec("w", "online", 20480, 1, 0), 20480, 0);
+    assert_int_equal(info(e, "a").slots[0].gpu, info(e, "w").slots[0].gpu);
+    int32_t g = info(e, "a").slots[0].gpu;
+    assert_int_equal(osub_engine_cordon(e, g, true, 10), 0);
+    osub_submit_result_t r;
+    osub_spec_t b = spec("b", "batch", 1024, 1, 0);
+    assert_int_equal(osub_engine_submit(e, &b, 20, 0, &r), 0);
+    assert_int_not_equal(r.gpus[0], g);
+    assert_int_equal(osub_engine_drain_gpu(e, g, 30), 0);
+    assert_int_equal(info(e, "a").state, OSUB_STATE_DRAINING); /* preemptible: evicted */
+    assert_int_equal(info(e, "w").state, OSUB_STATE_RUNNING);  /* backed: stays */
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+static void test_compute_claims(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(1, 81920, 2000);
+    osub_spec_t a = spec("a", "online", 10240, 1, 0);
+    a.compute_pct = 80;
+    assert_int_equal(sub(e, a, 0), OSUB_SUBMIT_STARTED);
+    osub_spec_t b = spec("b", "online", 10240, 1, 0);
+    b.compute_pct = 30; /* backed claims would be 110 > 100 */
+    osub_submit_result_t r;
+    assert_int_equal(osub_engine_submit(e, &b, 1, 0, &r), OSUB_ENO_ROOM);
+    assert_int_equal(r.check, OSUB_CHECK_COMPUTE);
+    osub_spec_t c = spec("c", "batch", 10240, 1, 0);
+    c.compute_pct = 100; /* all claims 180 <= 200 */
+    assert_int_equal(osub_engine_submit(e, &c, 2, 0, &r), 0);
+    assert_int_equal(r.outcome, OSUB_SUBMIT_STARTED);
+    assert_int_equal(ginfo(e, 0).compute_claimed_pct, 180);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+static void test_resize(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(1, 81920, 1000);
+    running(e, spec("a", "batch", 40960, 1, 0), 10000, 0);
+    assert_int_equal(osub_engine_resize(e, "a", 61440, 0, 0, 10), 0);
+    assert_int_equal(info(e, "a").grant_mib, 61440);
+    assert_int_equal(osub_engine_resize(e, "a", 90000, 0, 0, 20), OSUB_ENO_ROOM);
+    assert_int_equal(osub_engine_resize(e, "a", 20480, 0, 0, 30), 0);
+    assert_int_equal(ginfo(e, 0).granted_mib, 20480);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_priority_outranks_degrade_first),
+        cmocka_unit_test(test_give_back_turns_eviction_into_degrade),
+        cmocka_unit_test(test_pressure_degrades_then_evicts_lowest_first),
+        cmocka_unit_test(test_restore_after_window_without_flapping),
+        cmocka_unit_test(test_queue_order_and_backfill),
+        cmocka_unit_test(test_backfill_away_from_head_and_aging),
+        cmocka_unit_test(test_lowering_ratio_never_evicts),
+        cmocka_unit_test(test_gpu_lost_takes_its_services),
+        cmocka_unit_test(test_exclusive_takes_whole_gpus),
+        cmocka_unit_test(test_multi_gpu_victim_degraded_everywhere),
+        cmocka_unit_test(test_resumed_work_protected_then_pressure_overrides),
+        cmocka_unit_test(test_overdue_then_pending_requeued),
+        cmocka_unit_test(test_placement_respects_past_peaks),
+        cmocka_unit_test(test_loading_holds_its_grant),
+        cmocka_unit_test(test_pending_grant_counts_for_others),
+        cmocka_unit_test(test_cordon_and_drain),
+        cmocka_unit_test(test_compute_claims),
+        cmocka_unit_test(test_resize),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,62 @@
+# Makefile - the entry points a newcomer uses: make run, make test, make bench.
+# Everything is built with CMake under build/ (normal) and build-asan/ (sanitizers).
+
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+CMAKE_FLAGS ?=
+
+.PHONY: all deps build run test test-unit test-asan bench bench-engine format format-check clean help
+
+all: build
+
+help:
+	@echo "make run        build everything and run the main job (DESIGN.md's worked scenario)"
+	@echo "make test       install what the suite needs, then run the whole suite (normal + sanitizer builds)"
+	@echo "make bench      run the benchmarks (bench/): engine throughput, latency, instructions, memory"
+	@echo "make format     clang-format every C file in place"
+	@echo "make clean      remove the build folders"
+
+deps:
+	@scripts/install-deps.sh build
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOSUB_WERROR=$${OSUB_WERROR:-ON} $(CMAKE_FLAGS)
+
+build: deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+run: build
+	./$(BUILD)/oversub-scenario
+
+test: 
+	@scripts/install-deps.sh test
+	$(MAKE) --no-print-directory test-unit test-asan
+
+test-unit: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+$(ASAN_BUILD)/CMakeCache.txt:
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DOSUB_SANITIZE=ON -DOSUB_WERROR=ON -DOSUB_BENCH=OFF $(CMAKE_FLAGS)
+
+test-asan: deps $(ASAN_BUILD)/CMakeCache.txt
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+		ctest --output-on-failure -j $(JOBS)
+
+bench: bench-engine
+
+bench-engine:
+	@scripts/install-deps.sh bench
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS) --target bench_engine
+	./bench/run-engine.sh $(BUILD)
+
+format:
+	git ls-files '*.c' '*.h' | xargs clang-format -i
+
+format-check:
+	git ls-files '*.c' '*.h' | xargs clang-format --dry-run --Werror
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)
