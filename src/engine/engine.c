@@ -409,6 +409,7 @@ static void svc_sync(osub_engine_t *e, struct svc *s)
 {
     for (int32_t i = 0; i < s->n_slots; i++) {
         struct slot *sl = &s->slots[i];
+        e->gpus[sl->gpu].agg_dirty = true;
         int64_t h = slot_held(s, sl);
         if (h != sl->held) {
             gpu_add_held(e, &e->gpus[sl->gpu], h - sl->held);
@@ -420,6 +421,7 @@ static void svc_sync(osub_engine_t *e, struct svc *s)
 static void slot_set_grant(osub_engine_t *e, struct svc *s, struct slot *sl, int64_t g)
 {
     struct gpu *gp = &e->gpus[sl->gpu];
+    gp->agg_dirty = true;
     gp->granted += g - sl->grant;
     if (s->backed)
         gp->backed += g - sl->grant;
@@ -441,6 +443,10 @@ static int gpu_list_reserve(struct gpu *g)
     if (n == NULL)
         return OSUB_ENOMEM;
     g->svcs = n;
+    struct vinfo *v = realloc(g->vic, (size_t)cap * sizeof(*v));
+    if (v == NULL)
+        return OSUB_ENOMEM; /* svcs grew; capsvc stays: the next call tries again */
+    g->vic = v;
     g->capsvc = cap;
     return 0;
 }
@@ -457,6 +463,7 @@ static bool svc_before(const struct svc *a, const struct svc *b)
 
 static void gpu_list_add(struct gpu *g, struct svc *s)
 {
+    g->agg_dirty = true;
     int32_t pos = g->nsvc;
     while (pos > 0 && svc_before(s, g->svcs[pos - 1])) {
         g->svcs[pos] = g->svcs[pos - 1];
@@ -468,6 +475,7 @@ static void gpu_list_add(struct gpu *g, struct svc *s)
 
 static void gpu_list_remove(struct gpu *g, struct svc *s)
 {
+    g->agg_dirty = true;
     for (int32_t i = 0; i < g->nsvc; i++) {
         if (g->svcs[i] == s) {
             memmove(&g->svcs[i], &g->svcs[i + 1], (size_t)(g->nsvc - i - 1) * sizeof(s));
@@ -636,6 +644,8 @@ static void set_state(osub_engine_t *e, struct svc *s, osub_state_t st)
         vec_remove(e->pending, &e->n_pending, s);
     s->state = st;
     s->since_ms = e->now;
+    for (int32_t i = 0; i < s->n_slots; i++)
+        e->gpus[s->slots[i].gpu].agg_dirty = true;
 }
 
 /* Moves a service that lost its placement to the queue (requeue) -- list space reserved. */
@@ -832,11 +842,16 @@ int osub_engine_new(const osub_pool_config_t *cfg, const int64_t *vram_mib,
     e->cfg = *cfg;
     memcpy(e->classes, classes, n_classes * sizeof(*classes));
     e->n_classes = n_classes;
+    for (size_t i = 0; i < n_classes; i++)
+        if (classes[i].level > e->max_level)
+            e->max_level = classes[i].level;
     e->n_gpus = (int32_t)n_gpus;
     e->hist_n = (int32_t)(cfg->history_window_ms / 60000);
     e->next_seq = 1;
     e->gpus = calloc(n_gpus, sizeof(*e->gpus));
-    if (e->gpus == NULL)
+    e->cand_buf = calloc(n_gpus, sizeof(*e->cand_buf));
+    e->miss_buf = calloc(n_gpus, sizeof(*e->miss_buf));
+    if (e->gpus == NULL || e->cand_buf == NULL || e->miss_buf == NULL)
         goto err_free;
     for (size_t i = 0; i < n_gpus; i++) {
         struct gpu *g = &e->gpus[i];
@@ -847,6 +862,7 @@ int osub_engine_new(const osub_pool_config_t *cfg, const int64_t *vram_mib,
         g->vram = vram_mib[i];
         g->usable = vram_mib[i] - cfg->margin_mib;
         g->logical = vram_mib[i] * cfg->ratio_milli / 1000;
+        g->agg_dirty = true;
         g->hist = calloc((size_t)e->hist_n, sizeof(*g->hist));
         if (g->hist == NULL)
             goto err_free;
@@ -871,9 +887,12 @@ void osub_engine_free(osub_engine_t *e)
     if (e->gpus)
         for (int32_t i = 0; i < e->n_gpus; i++) {
             free(e->gpus[i].svcs);
+            free(e->gpus[i].vic);
             free(e->gpus[i].hist);
         }
     free(e->gpus);
+    free(e->cand_buf);
+    free(e->miss_buf);
     free(e->tab);
     free(e->queue);
     free(e->pending);
@@ -1133,11 +1152,17 @@ static void admit_apply(osub_engine_t *e, struct svc *s, const struct plan *p, o
 }
 
 /* Reserves every allocation an admission of s may need, so that applying cannot fail. */
-static int admit_reserve(osub_engine_t *e, const struct plan *p)
+static int admit_reserve(osub_engine_t *e, struct svc *s, const struct plan *p)
 {
     if (place_reserve(e, p->gpus, p->k) != 0 || timer_reserve(e, 2 + 2 * (size_t)p->n_victims) != 0 ||
         vec_reserve(&e->pending, &e->cap_pending, e->n_pending + 1) != 0)
         return OSUB_ENOMEM;
+    if (p->n_victims > 0) {
+        osub_victim_t *w = realloc(s->waits, (size_t)p->n_victims * sizeof(*w));
+        if (w == NULL)
+            return OSUB_ENOMEM;
+        s->waits = w;
+    }
     return 0;
 }
 
@@ -1269,8 +1294,7 @@ int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms
     sv->spec = s;
     sv->k = s.gpus;
     sv->slots = calloc((size_t)sv->k, sizeof(*sv->slots));
-    sv->waits = calloc(OSUB_PLAN_MAX_VICTIMS, sizeof(*sv->waits));
-    if (sv->slots == NULL || sv->waits == NULL) {
+    if (sv->slots == NULL) {
         svc_free(sv);
         return OSUB_ENOMEM;
     }
@@ -1347,7 +1371,7 @@ int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms
     }
     /* reserve everything that can fail, then commit */
     if (tab_reserve(e) != 0 || vec_reserve(&e->queue, &e->cap_queue, e->n_queue + 1) != 0 ||
-        (p.ok && admit_reserve(e, &p) != 0)) {
+        (p.ok && admit_reserve(e, sv, &p) != 0)) {
         svc_free(sv);
         return OSUB_ENOMEM;
     }
@@ -1496,12 +1520,17 @@ static void process_pending(osub_engine_t *e)
     }
 }
 
+/* How many queued services one pass plans for (the head included): a bounded backfill
+ * window, so that a long queue costs a bounded time per command. Those further back are
+ * looked at as the ones ahead of them leave. */
+#define OSUB__QUEUE_WINDOW 8
+
 static void process_queue(osub_engine_t *e)
 {
     if (e->overcommitted)
         return;
     size_t scanned = 0;
-    for (size_t i = 0; i < e->n_queue && scanned < 256; scanned++) {
+    for (size_t i = 0; i < e->n_queue && scanned < OSUB__QUEUE_WINDOW; scanned++) {
         struct svc *s = e->queue[i];
         struct req r;
         fill_req(e, s, &r);
@@ -1514,7 +1543,7 @@ static void process_queue(osub_engine_t *e)
             if (!backfill_ok(e, &p, s->level))
                 p.ok = false;
         }
-        if (!p.ok || admit_reserve(e, &p) != 0) {
+        if (!p.ok || admit_reserve(e, s, &p) != 0) {
             if (i == 0 && e->now - s->since_ms >= e->cfg.queue_aging_ms)
                 return; /* aged head: nobody passes it */
             i++;
@@ -1545,6 +1574,8 @@ static void check_pressure(osub_engine_t *e, int32_t gi)
 
 static void process(osub_engine_t *e)
 {
+    if (e->n_pending > 0)
+        process_pending(e);
     for (int round = 0; round < 4 && e->dirty; round++) {
         e->dirty = false;
         check_overcommit(e);
@@ -1665,7 +1696,6 @@ int osub_engine_release(osub_engine_t *e, const char *id, int64_t now_ms)
 
 static int usage_apply(osub_engine_t *e, struct svc *s, const int64_t *per, int32_t compute)
 {
-    int64_t before = held_total(s);
     for (int32_t i = 0; i < s->n_slots; i++)
         slot_set_used(e, &s->slots[i], per[i]);
     if (compute >= 0)
@@ -1690,8 +1720,8 @@ static int usage_apply(osub_engine_t *e, struct svc *s, const int64_t *per, int3
         }
     }
     svc_sync(e, s);
-    if (held_total(s) < before)
-        e->dirty = true;
+    /* usage going down does not scan the queue (the tick does): usage moves all the time,
+     * and a pending service is looked at after every command anyway */
     for (int32_t i = 0; i < s->n_slots; i++)
         check_pressure(e, s->slots[i].gpu);
     finish(e);

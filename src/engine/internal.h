@@ -60,6 +60,18 @@ struct svc {
     osub_slot_info_t *slot_info; /* scratch for service_info */
 };
 
+/* A victim candidate on one GPU, as gpu_agg() last saw it (eligible services only, in
+ * victim order: level desc, submit desc). */
+struct vinfo {
+    const struct svc *s;
+    int32_t level;
+    bool degradable;
+    int32_t comp;
+    int64_t rg_d, rh_d; /* grant and held a degrade frees */
+    int64_t rg_e, rh_e; /* grant and held an eviction frees */
+    int64_t restart_ms;
+};
+
 struct gpu {
     char name[OSUB_GPU_NAME_MAX + 1];
     int64_t vram, usable, logical;
@@ -68,7 +80,17 @@ struct gpu {
     bool cordoned, lost;
     struct svc *excl; /* exclusive owner */
     struct svc **svcs; /* services placed here, sorted by (level desc, submit desc, seq desc) */
+    struct vinfo *vic; /* capsvc entries; the first nvic valid after gpu_agg() */
+    int32_t nvic;
     int32_t nsvc, capsvc;
+    /* what victims could give back, per level (an upper bound: minimum-runtime protection
+     * is ignored), recomputed lazily when agg_dirty; used to prune victim planning */
+    bool agg_dirty;
+    int64_t ev_held[OSUB_MAX_LEVEL + 1], ev_grant[OSUB_MAX_LEVEL + 1];
+    int64_t dg_held[OSUB_MAX_LEVEL + 1], dg_grant[OSUB_MAX_LEVEL + 1];
+    int64_t dg_max_held[OSUB_MAX_LEVEL + 1], dg_max_grant[OSUB_MAX_LEVEL + 1];
+    int64_t ex_max_held[OSUB_MAX_LEVEL + 1], ex_max_grant[OSUB_MAX_LEVEL + 1];
+    int32_t ev_comp[OSUB_MAX_LEVEL + 1], ev_cnt[OSUB_MAX_LEVEL + 1];
     /* placement history: per-minute maxima of held in a ring of hist_n slots */
     int64_t *hist;
     int64_t hist_minute; /* minute of the newest slot */
@@ -111,10 +133,20 @@ struct osub_engine {
     bool dirty; /* something freed: look at pending and queue */
 
     uint64_t plan_stamp;
+    struct cand *cand_buf; /* n_gpus scratch entries for planning */
+    int32_t *miss_buf;     /* n_gpus scratch entries for planning */
+    int32_t max_level;     /* the largest level of the classes */
     uint64_t admissions, rejections, degrades, evictions, restores, resumes;
 };
 
 /* plan.c: admission planning */
+struct cand {
+    int32_t gpu;
+    bool victims;
+    int32_t top_level, n_evict, n_degrade;
+    int64_t restart_sum, score;
+};
+
 struct req {
     int32_t level;
     bool backed, exclusive;

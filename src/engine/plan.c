@@ -363,13 +363,6 @@ static int key_cmp(const struct plan *a, const struct plan *b)
     return 0;
 }
 
-struct cand {
-    int32_t gpu;
-    bool victims;
-    int32_t top_level, n_evict, n_degrade;
-    int64_t restart_sum, score;
-};
-
 static int cand_cmp(const struct cand *a, const struct cand *b)
 {
     if (a->victims != b->victims)
@@ -430,7 +423,264 @@ static void note_failure(struct plan *out, osub_check_t c, int32_t gpu, int64_t 
     }
 }
 
-/* Plans the best placement for one GPU size. Returns true and fills *p when one exists. */
+/* Recomputes a GPU's victim aggregates if anything on it changed since the last look. */
+static void gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
+{
+    if (!g->agg_dirty)
+        return;
+    memset(g->ev_held, 0, sizeof(g->ev_held));
+    memset(g->ev_grant, 0, sizeof(g->ev_grant));
+    memset(g->dg_held, 0, sizeof(g->dg_held));
+    memset(g->dg_grant, 0, sizeof(g->dg_grant));
+    memset(g->dg_max_held, 0, sizeof(g->dg_max_held));
+    memset(g->dg_max_grant, 0, sizeof(g->dg_max_grant));
+    memset(g->ex_max_held, 0, sizeof(g->ex_max_held));
+    memset(g->ex_max_grant, 0, sizeof(g->ex_max_grant));
+    memset(g->ev_comp, 0, sizeof(g->ev_comp));
+    memset(g->ev_cnt, 0, sizeof(g->ev_cnt));
+    g->nvic = 0;
+    for (int32_t i = 0; i < g->nsvc; i++) {
+        const struct svc *v = g->svcs[i];
+        if (!osub__svc_victim_eligible(v))
+            continue;
+        for (int32_t t = 0; t < v->n_slots; t++) {
+            const struct slot *sl = &v->slots[t];
+            if (sl->gpu != gi)
+                continue;
+            int32_t L = v->level;
+            struct vinfo *vi = &g->vic[g->nvic++];
+            vi->s = v;
+            vi->level = L;
+            vi->degradable = degradable_now(v);
+            vi->comp = v->spec.compute_pct;
+            vi->rg_e = sl->grant;
+            vi->rh_e = sl->held;
+            vi->rg_d = vi->degradable ? sl->grant - slot_grant_after(v, sl, ACT_DEGRADE) : 0;
+            vi->rh_d =
+                vi->degradable ? sl->held - osub__slot_held_after(e, v, sl, ACT_DEGRADE) : 0;
+            vi->restart_ms = v->restart_cost_ms;
+            g->ev_held[L] += sl->held;
+            g->ev_grant[L] += sl->grant;
+            g->ev_comp[L] += v->spec.compute_pct;
+            g->ev_cnt[L]++;
+            /* what an eviction frees beyond a degrade of the same victim */
+            int64_t xh = sl->held, xg = sl->grant;
+            if (degradable_now(v)) {
+                xh = osub__slot_held_after(e, v, sl, ACT_DEGRADE);
+                xg = slot_grant_after(v, sl, ACT_DEGRADE);
+            }
+            if (xh > g->ex_max_held[L])
+                g->ex_max_held[L] = xh;
+            if (xg > g->ex_max_grant[L])
+                g->ex_max_grant[L] = xg;
+            if (degradable_now(v)) {
+                int64_t rh = sl->held - osub__slot_held_after(e, v, sl, ACT_DEGRADE);
+                int64_t rg = sl->grant - slot_grant_after(v, sl, ACT_DEGRADE);
+                g->dg_held[L] += rh;
+                g->dg_grant[L] += rg;
+                if (rh > g->dg_max_held[L])
+                    g->dg_max_held[L] = rh;
+                if (rg > g->dg_max_grant[L])
+                    g->dg_max_grant[L] = rg;
+            }
+        }
+    }
+    g->agg_dirty = false;
+}
+
+/* An optimistic key for a GPU that needs victims, from its aggregates: no real plan can beat
+ * it. Returns false when no plan on this GPU can work at all. */
+static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const struct req *r,
+                       int64_t share, struct cand *c)
+{
+    gpu_agg(e, g, gi);
+    int64_t dl = g->granted + share - g->logical;
+    int64_t dh = g->held + share - g->usable;
+    int64_t dc = 0;
+    if (r->backed && g->backed + share > g->usable)
+        return false;
+    if (r->compute > 0) {
+        int64_t lim = (int64_t)100 * e->cfg.compute_ratio_milli / 1000;
+        dc = g->compute_all + r->compute - lim;
+        if (r->backed && g->compute_backed + r->compute > 100)
+            return false;
+    }
+    int64_t eh = 0, eg = 0, dgh = 0, dgg = 0, mh = 0, mg = 0, xh = 0, xg = 0;
+    int64_t ec = 0, cnt = 0;
+    for (int32_t L = e->max_level; L > r->level; L--) {
+        eh += g->ev_held[L];
+        eg += g->ev_grant[L];
+        ec += g->ev_comp[L];
+        cnt += g->ev_cnt[L];
+        dgh += g->dg_held[L];
+        dgg += g->dg_grant[L];
+        if (g->dg_max_held[L] > mh)
+            mh = g->dg_max_held[L];
+        if (g->dg_max_grant[L] > mg)
+            mg = g->dg_max_grant[L];
+        if (g->ex_max_held[L] > xh)
+            xh = g->ex_max_held[L];
+        if (g->ex_max_grant[L] > xg)
+            xg = g->ex_max_grant[L];
+        if (g->ev_cnt[L] == 0)
+            continue;
+        bool ok = r->exclusive ? cnt >= g->nsvc : (eg >= dl && eh >= dh && ec >= dc);
+        if (!ok)
+            continue;
+        c->victims = true;
+        c->top_level = L;
+        /* lower bounds: no eviction only if degrading everything would do; one degrade only
+         * if some single victim frees enough of both */
+        bool deg_ok = !r->exclusive && dgg >= dl && dgh >= dh && dc <= 0;
+        int32_t nev = 0;
+        if (!deg_ok) {
+            /* each eviction frees at most the largest extra beyond its degrade */
+            nev = 1;
+            if (!r->exclusive) {
+                int64_t rh = dh - dgh, rgr = dl - dgg;
+                if (rh > 0 && xh > 0 && (rh + xh - 1) / xh > nev)
+                    nev = (int32_t)((rh + xh - 1) / xh);
+                if (rgr > 0 && xg > 0 && (rgr + xg - 1) / xg > nev)
+                    nev = (int32_t)((rgr + xg - 1) / xg);
+            } else {
+                nev = (int32_t)g->nsvc;
+            }
+        }
+        c->n_evict = nev;
+        c->n_degrade = deg_ok ? ((mh >= dh && mg >= dl) ? 1 : 2) : 0;
+        c->restart_sum = 0;
+        return true;
+    }
+    return false;
+}
+
+static void heap_sift(struct cand *h, int32_t n, int32_t i)
+{
+    for (;;) {
+        int32_t l = 2 * i + 1, m = i;
+        if (l < n && cand_cmp(&h[l], &h[m]) < 0)
+            m = l;
+        if (l + 1 < n && cand_cmp(&h[l + 1], &h[m]) < 0)
+            m = l + 1;
+        if (m == i)
+            return;
+        struct cand t = h[i];
+        h[i] = h[m];
+        h[m] = t;
+        i = m;
+    }
+}
+
+/* The exact victim plan of DESIGN.md step 4 on one GPU, on the GPU's cached victim list:
+ * the same walk and give-back as plan_victims(), in scalar arithmetic. Fills the key of c;
+ * returns false when no plan works. (plan_victims() stays the reference: the chosen set is
+ * always planned again by it.) */
+static bool plan_single(const osub_engine_t *e, const struct gpu *g, const struct req *r,
+                        int64_t share, struct cand *c)
+{
+    int64_t climit = (int64_t)100 * e->cfg.compute_ratio_milli / 1000;
+    int64_t dl0 = g->granted + share - g->logical, dh0 = g->held + share - g->usable;
+    int64_t dc0 = r->compute > 0 ? g->compute_all + r->compute - climit : 0;
+    if (r->backed && (g->backed + share > g->usable ||
+                      (r->compute > 0 && g->compute_backed + r->compute > 100)))
+        return false;
+    int32_t n = 0;
+    while (n < g->nvic && n < OSUB_PLAN_MAX_VICTIMS && g->vic[n].level > r->level)
+        n++;
+    uint8_t A[OSUB_PLAN_MAX_VICTIMS];
+    memset(A, 0, (size_t)n);
+    int64_t rg = 0, rh = 0, rc = 0, nev = 0;
+    const struct vinfo *V = g->vic;
+#define OSUB__PASS()                                                                              \
+    (r->exclusive ? (g->nsvc - nev == 0) : (rg >= dl0 && rh >= dh0 && rc >= dc0))
+    bool ok = OSUB__PASS();
+    if (ok)
+        return false; /* not a victim case: the caller handles fits */
+    for (int32_t i = 0; i < n && !ok;) {
+        int32_t lvl = V[i].level, end = i;
+        while (end < n && V[end].level == lvl)
+            end++;
+        for (int32_t t = i; t < end && !ok; t++) {
+            if (V[t].degradable) {
+                rg += V[t].rg_d;
+                rh += V[t].rh_d;
+                A[t] = ACT_DEGRADE;
+                ok = OSUB__PASS();
+            }
+        }
+        for (int32_t t = i; t < end && !ok; t++) {
+            if (evictable(e, V[t].s, r->pressure)) {
+                if (A[t] == ACT_DEGRADE) {
+                    rg -= V[t].rg_d;
+                    rh -= V[t].rh_d;
+                }
+                rg += V[t].rg_e;
+                rh += V[t].rh_e;
+                rc += V[t].comp;
+                nev++;
+                A[t] = ACT_EVICT;
+                ok = OSUB__PASS();
+            }
+        }
+        i = end;
+    }
+    if (!ok)
+        return false;
+    for (int32_t t = n - 1; t >= 0; t--) {
+        if (A[t] == ACT_NONE)
+            continue;
+        /* take it back entirely */
+        int64_t g0 = A[t] == ACT_EVICT ? V[t].rg_e : V[t].rg_d;
+        int64_t h0 = A[t] == ACT_EVICT ? V[t].rh_e : V[t].rh_d;
+        int64_t c0 = A[t] == ACT_EVICT ? V[t].comp : 0;
+        int64_t n0 = A[t] == ACT_EVICT ? 1 : 0;
+        rg -= g0;
+        rh -= h0;
+        rc -= c0;
+        nev -= n0;
+        if (OSUB__PASS()) {
+            A[t] = ACT_NONE;
+            continue;
+        }
+        if (A[t] == ACT_EVICT && V[t].degradable) {
+            rg += V[t].rg_d;
+            rh += V[t].rh_d;
+            if (OSUB__PASS()) {
+                A[t] = ACT_DEGRADE;
+                continue;
+            }
+            rg -= V[t].rg_d;
+            rh -= V[t].rh_d;
+        }
+        rg += g0;
+        rh += h0;
+        rc += c0;
+        nev += n0;
+    }
+#undef OSUB__PASS
+    c->victims = true;
+    c->top_level = INT32_MAX;
+    c->n_evict = c->n_degrade = 0;
+    c->restart_sum = 0;
+    for (int32_t t = 0; t < n; t++) {
+        if (A[t] == ACT_NONE)
+            continue;
+        if (V[t].level < c->top_level)
+            c->top_level = V[t].level;
+        if (A[t] == ACT_EVICT) {
+            c->n_evict++;
+            c->restart_sum += V[t].restart_ms;
+        } else {
+            c->n_degrade++;
+        }
+    }
+    return true;
+}
+
+/* Plans the best placement for one GPU size. Returns true and fills *p when one exists.
+ * GPUs that fit without victims are ranked exactly; GPUs that need victims are ranked by
+ * an optimistic key first and planned for real best-first, until no remaining optimistic
+ * key can beat the k best real ones. */
 static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struct plan *p,
                       struct plan *fail)
 {
@@ -438,43 +688,87 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
     struct cand best[64];
     int32_t nb = 0;
     struct ws w;
-    struct plan tmp;
     int32_t navail = 0;
     int64_t usable = 0;
+    best[k - 1].victims = false;
+    int64_t share0 = osub__share(r->total, k, 0);
+    struct cand *opt = e->cand_buf;
+    int32_t nopt = 0, nmiss = 0;
+    int32_t *miss = e->miss_buf;
+    int64_t minute = e->now / 60000;
+    int64_t climit = (int64_t)100 * e->cfg.compute_ratio_milli / 1000;
     for (int32_t gi = 0; gi < e->n_gpus; gi++) {
         struct gpu *g = &e->gpus[gi];
         if (!gpu_takes(g, r, size))
             continue;
         navail++;
         usable = g->usable;
-        int64_t share = r->exclusive ? g->usable : osub__share(r->total, k, 0);
-        int32_t one = gi;
-        ws_init(e, &w, r, &one, &share, 1);
-        struct cand c = {.gpu = gi, .victims = false, .top_level = INT32_MAX};
-        if (w.n_fail > 0) {
-            int64_t sf;
-            osub_check_t ck = ws_eval(e, &w, &w.g[0], &sf);
-            note_failure(fail, ck, gi, sf);
-            /* the k best already need no victims: a victim plan cannot beat them */
-            if (nb == k && !best[k - 1].victims)
-                continue;
-            if (!plan_victims(e, &w, &tmp))
-                continue;
-            c.victims = true;
-            c.top_level = tmp.top_level;
-            c.n_evict = tmp.n_evict;
-            c.n_degrade = tmp.n_degrade;
-            c.restart_sum = tmp.restart_sum;
+        int64_t share = r->exclusive ? g->usable : share0;
+        /* fast path: the checks without victims */
+        bool fits;
+        if (r->exclusive)
+            fits = g->nsvc == 0;
+        else
+            fits = g->granted + share <= g->logical && g->held + share <= g->usable &&
+                   (!r->backed || g->backed + share <= g->usable) &&
+                   (r->compute == 0 || (g->compute_all + r->compute <= climit &&
+                                        (!r->backed || g->compute_backed + r->compute <= 100)));
+        if (!fits) {
+            miss[nmiss++] = gi;
+            continue;
         }
-        c.score = placement_score(e, g, share);
+        struct cand c = {.gpu = gi, .victims = false, .top_level = INT32_MAX};
+        int64_t peak = g->hist_minute == minute ? (g->hist_peak > g->held ? g->hist_peak : g->held)
+                                                : osub__gpu_peak(e, g);
+        int64_t projected = peak + share;
+        c.score = projected <= g->usable ? g->usable - projected
+                                         : (INT64_C(1) << 50) + (projected - g->usable);
         keep_best(best, &nb, k, &c);
     }
     if (navail < k) {
         note_failure(fail, OSUB_CHECK_GPUS, -1, k - navail);
         return false;
     }
-    if (nb < k)
+    if (nb < k || best[k - 1].victims) {
+        for (int32_t i = 0; i < nmiss; i++) {
+            struct gpu *g = &e->gpus[miss[i]];
+            int64_t share = r->exclusive ? g->usable : share0;
+            struct cand c = {.gpu = miss[i]};
+            if (optimistic(e, g, miss[i], r, share, &c)) {
+                c.score = placement_score(e, g, share);
+                opt[nopt++] = c;
+            }
+        }
+    }
+    if (!(nb == k && !best[k - 1].victims) && nopt > 0) {
+        for (int32_t i = nopt / 2 - 1; i >= 0; i--)
+            heap_sift(opt, nopt, i);
+        while (nopt > 0) {
+            struct cand c = opt[0];
+            if (nb == k && cand_cmp(&best[k - 1], &c) <= 0)
+                break; /* nothing left can beat the k best */
+            opt[0] = opt[--nopt];
+            heap_sift(opt, nopt, 0);
+            struct gpu *g = &e->gpus[c.gpu];
+            int64_t share = r->exclusive ? g->usable : share0;
+            if (!plan_single(e, g, r, share, &c))
+                continue;
+            keep_best(best, &nb, k, &c);
+        }
+    }
+    if (nb < k) {
+        /* say why, on the GPU that came closest */
+        for (int32_t i = 0; i < nmiss; i++) {
+            struct gpu *g = &e->gpus[miss[i]];
+            int64_t share = r->exclusive ? g->usable : share0;
+            int32_t one = miss[i];
+            ws_init(e, &w, r, &one, &share, 1);
+            int64_t sf;
+            osub_check_t ck = ws_eval(e, &w, &w.g[0], &sf);
+            note_failure(fail, ck, one, sf);
+        }
         return false;
+    }
     int32_t gpus[64];
     int64_t shares[64];
     for (int32_t j = 0; j < k; j++)
