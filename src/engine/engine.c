@@ -396,6 +396,9 @@ static void gpu_add_held(osub_engine_t *e, struct gpu *g, int64_t delta)
     if (delta == 0)
         return;
     (void)osub__gpu_peak(e, g); /* rolls the history forward to now first */
+    osub__gpu_touch(e, g);
+    if (delta < 0 && g->n_pending > 0)
+        e->pending_check = true; /* a pending service here may start now */
     g->held += delta;
     int64_t *cur = &g->hist[g->hist_minute % e->hist_n];
     if (g->held > *cur)
@@ -409,7 +412,7 @@ static void svc_sync(osub_engine_t *e, struct svc *s)
 {
     for (int32_t i = 0; i < s->n_slots; i++) {
         struct slot *sl = &s->slots[i];
-        e->gpus[sl->gpu].agg_dirty = true;
+        osub__gpu_touch(e, &e->gpus[sl->gpu]);
         int64_t h = slot_held(s, sl);
         if (h != sl->held) {
             gpu_add_held(e, &e->gpus[sl->gpu], h - sl->held);
@@ -421,7 +424,7 @@ static void svc_sync(osub_engine_t *e, struct svc *s)
 static void slot_set_grant(osub_engine_t *e, struct svc *s, struct slot *sl, int64_t g)
 {
     struct gpu *gp = &e->gpus[sl->gpu];
-    gp->agg_dirty = true;
+    osub__gpu_touch(e, gp);
     gp->granted += g - sl->grant;
     if (s->backed)
         gp->backed += g - sl->grant;
@@ -461,9 +464,9 @@ static bool svc_before(const struct svc *a, const struct svc *b)
     return a->seq > b->seq;
 }
 
-static void gpu_list_add(struct gpu *g, struct svc *s)
+static void gpu_list_add(osub_engine_t *e, struct gpu *g, struct svc *s)
 {
-    g->agg_dirty = true;
+    osub__gpu_touch(e, g);
     int32_t pos = g->nsvc;
     while (pos > 0 && svc_before(s, g->svcs[pos - 1])) {
         g->svcs[pos] = g->svcs[pos - 1];
@@ -473,9 +476,9 @@ static void gpu_list_add(struct gpu *g, struct svc *s)
     g->nsvc++;
 }
 
-static void gpu_list_remove(struct gpu *g, struct svc *s)
+static void gpu_list_remove(osub_engine_t *e, struct gpu *g, struct svc *s)
 {
-    g->agg_dirty = true;
+    osub__gpu_touch(e, g);
     for (int32_t i = 0; i < g->nsvc; i++) {
         if (g->svcs[i] == s) {
             memmove(&g->svcs[i], &g->svcs[i + 1], (size_t)(g->nsvc - i - 1) * sizeof(s));
@@ -512,13 +515,16 @@ static void svc_place(osub_engine_t *e, struct svc *s, const int32_t *gpus, cons
             g->compute_backed += s->spec.compute_pct;
         if (s->spec.exclusive)
             g->excl = s;
-        gpu_list_add(g, s);
+        gpu_list_add(e, g, s);
     }
     s->used_capped = false;
 }
 
 static void svc_unplace(osub_engine_t *e, struct svc *s)
 {
+    if (s->state == OSUB_STATE_PENDING)
+        for (int32_t j = 0; j < s->n_slots; j++)
+            e->gpus[s->slots[j].gpu].n_pending--;
     for (int32_t j = 0; j < s->n_slots; j++) {
         struct slot *sl = &s->slots[j];
         struct gpu *g = &e->gpus[sl->gpu];
@@ -531,7 +537,7 @@ static void svc_unplace(osub_engine_t *e, struct svc *s)
             g->compute_backed -= s->spec.compute_pct;
         if (g->excl == s)
             g->excl = NULL;
-        gpu_list_remove(g, s);
+        gpu_list_remove(e, g, s);
     }
     s->n_slots = 0;
     s->loading = false;
@@ -569,14 +575,19 @@ static int vec_reserve(struct svc ***v, size_t *cap, size_t n)
 
 static size_t queue_push(osub_engine_t *e, struct svc *s)
 {
-    size_t pos = e->n_queue;
-    while (pos > 0 && queue_before(s, e->queue[pos - 1])) {
-        e->queue[pos] = e->queue[pos - 1];
-        pos--;
+    /* binary search for the first entry that s goes before */
+    size_t lo = 0, hi = e->n_queue;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (queue_before(s, e->queue[mid]))
+            hi = mid;
+        else
+            lo = mid + 1;
     }
-    e->queue[pos] = s;
+    memmove(&e->queue[lo + 1], &e->queue[lo], (e->n_queue - lo) * sizeof(s));
+    e->queue[lo] = s;
     e->n_queue++;
-    return pos;
+    return lo;
 }
 
 static void vec_remove(struct svc **v, size_t *n, struct svc *s)
@@ -640,12 +651,20 @@ static void set_state(osub_engine_t *e, struct svc *s, osub_state_t st)
 {
     if (s->state == st)
         return;
-    if (s->state == OSUB_STATE_PENDING)
+    if (s->state == OSUB_STATE_PENDING) {
         vec_remove(e->pending, &e->n_pending, s);
+        for (int32_t i = 0; i < s->n_slots; i++)
+            e->gpus[s->slots[i].gpu].n_pending--;
+    }
+    if (st == OSUB_STATE_PENDING) {
+        for (int32_t i = 0; i < s->n_slots; i++)
+            e->gpus[s->slots[i].gpu].n_pending++;
+        e->pending_check = true;
+    }
     s->state = st;
     s->since_ms = e->now;
     for (int32_t i = 0; i < s->n_slots; i++)
-        e->gpus[s->slots[i].gpu].agg_dirty = true;
+        osub__gpu_touch(e, &e->gpus[s->slots[i].gpu]);
 }
 
 /* Moves a service that lost its placement to the queue (requeue) -- list space reserved. */
@@ -792,6 +811,8 @@ static void svc_gone(osub_engine_t *e, struct svc *s, osub_reason_t reason, bool
 
 /* ---- engine lifetime ------------------------------------------------------------------ */
 
+static void refresh_sizes(osub_engine_t *e);
+
 static int validate_config(const osub_pool_config_t *c)
 {
     if (c->ratio_milli < 1000 || c->ratio_milli > 100000)
@@ -850,8 +871,11 @@ int osub_engine_new(const osub_pool_config_t *cfg, const int64_t *vram_mib,
     e->next_seq = 1;
     e->gpus = calloc(n_gpus, sizeof(*e->gpus));
     e->cand_buf = calloc(n_gpus, sizeof(*e->cand_buf));
+    e->aggs = calloc(n_gpus, sizeof(*e->aggs));
     e->miss_buf = calloc(n_gpus, sizeof(*e->miss_buf));
-    if (e->gpus == NULL || e->cand_buf == NULL || e->miss_buf == NULL)
+    e->gpu_stamp = calloc(n_gpus, sizeof(*e->gpu_stamp));
+    if (e->gpus == NULL || e->cand_buf == NULL || e->miss_buf == NULL || e->aggs == NULL ||
+        e->gpu_stamp == NULL)
         goto err_free;
     for (size_t i = 0; i < n_gpus; i++) {
         struct gpu *g = &e->gpus[i];
@@ -859,14 +883,21 @@ int osub_engine_new(const osub_pool_config_t *cfg, const int64_t *vram_mib,
             snprintf(g->name, sizeof(g->name), "%s", names[i]);
         else
             snprintf(g->name, sizeof(g->name), "gpu%zu", i);
+        g->a = &e->aggs[i];
         g->vram = vram_mib[i];
         g->usable = vram_mib[i] - cfg->margin_mib;
         g->logical = vram_mib[i] * cfg->ratio_milli / 1000;
-        g->agg_dirty = true;
         g->hist = calloc((size_t)e->hist_n, sizeof(*g->hist));
         if (g->hist == NULL)
             goto err_free;
     }
+    e->tdirty = calloc(n_gpus, sizeof(*e->tdirty));
+    e->trees_valid_until = INT64_MAX;
+    if (e->tdirty == NULL || osub__trees_init(e) != 0)
+        goto err_free;
+    for (int32_t i = 0; i < e->n_gpus; i++)
+        osub__gpu_touch(e, &e->gpus[i]);
+    refresh_sizes(e);
     *out = e;
     return 0;
 err_free:
@@ -892,7 +923,11 @@ void osub_engine_free(osub_engine_t *e)
         }
     free(e->gpus);
     free(e->cand_buf);
+    free(e->aggs);
+    free(e->tdirty);
+    osub__trees_free(e);
     free(e->miss_buf);
+    free(e->gpu_stamp);
     free(e->tab);
     free(e->queue);
     free(e->pending);
@@ -903,13 +938,32 @@ void osub_engine_free(osub_engine_t *e)
 
 /* ---- spec resolution ------------------------------------------------------------------ */
 
-static int64_t largest_usable(const osub_engine_t *e)
+/* Refreshes the pool's size groups; called at creation and when a GPU is lost. */
+static void refresh_sizes(osub_engine_t *e)
 {
-    int64_t m = 0;
-    for (int32_t i = 0; i < e->n_gpus; i++)
-        if (!e->gpus[i].lost && e->gpus[i].usable > m)
-            m = e->gpus[i].usable;
-    return m;
+    e->n_sizes = 0;
+    e->n_live_gpus = 0;
+    e->largest_usable = 0;
+    for (int32_t i = 0; i < e->n_gpus; i++) {
+        const struct gpu *g = &e->gpus[i];
+        if (g->lost)
+            continue;
+        e->n_live_gpus++;
+        if (g->usable > e->largest_usable)
+            e->largest_usable = g->usable;
+        int32_t j = 0;
+        while (j < e->n_sizes && e->size_vram[j] != g->vram)
+            j++;
+        if (j == e->n_sizes) {
+            if (j == 64)
+                continue; /* more than 64 sizes: the rest are not placed on */
+            e->size_vram[j] = g->vram;
+            e->size_usable[j] = g->usable;
+            e->size_count[j] = 0;
+            e->n_sizes++;
+        }
+        e->size_count[j]++;
+    }
 }
 
 static bool spec_equal(const osub_spec_t *a, const osub_spec_t *b)
@@ -978,14 +1032,12 @@ static int resolve_spec(const osub_engine_t *e, const osub_spec_t *in, osub_spec
     s.queue = in->queue == OSUB_TRI_DEFAULT ? (pre ? OSUB_TRI_YES : OSUB_TRI_NO) : in->queue;
 
     /* GPU count */
-    int64_t lu = largest_usable(e);
+    int64_t lu = e->largest_usable;
     if (lu <= 0)
         return OSUB_ETOO_BIG;
     if (in->gpus < 0 || in->gpus > 64)
         return in->gpus > 64 ? OSUB_ETOO_MANY_GPUS : OSUB_EBAD_GPU_COUNT;
-    int32_t n_live = 0;
-    for (int32_t i = 0; i < e->n_gpus; i++)
-        n_live += !e->gpus[i].lost;
+    int32_t n_live = e->n_live_gpus;
     if (in->gpus > n_live)
         return OSUB_ETOO_MANY_GPUS;
     int64_t k = in->gpus ? in->gpus : (s.vram_mib + lu - 1) / lu;
@@ -1004,30 +1056,12 @@ static int empty_pool_fit(const osub_engine_t *e, const osub_spec_t *s)
 {
     int32_t k = s->gpus;
     int64_t share = osub__share(s->vram_mib, k, 0);
-    int64_t sizes[64], usable[64];
-    int32_t counts[64], ns = 0;
-    for (int32_t i = 0; i < e->n_gpus; i++) {
-        const struct gpu *g = &e->gpus[i];
-        if (g->lost)
-            continue;
-        int32_t j = 0;
-        while (j < ns && sizes[j] != g->vram)
-            j++;
-        if (j == ns) {
-            if (ns == 64)
-                continue;
-            sizes[ns] = g->vram;
-            usable[ns] = g->usable;
-            counts[ns++] = 0;
-        }
-        counts[j]++;
-    }
     bool any_size_with_k = false;
-    for (int32_t j = 0; j < ns; j++) {
-        if (counts[j] < k)
+    for (int32_t j = 0; j < e->n_sizes; j++) {
+        if (e->size_count[j] < k)
             continue;
         any_size_with_k = true;
-        if (share <= usable[j])
+        if (share <= e->size_usable[j])
             return 0;
     }
     return any_size_with_k ? OSUB_ETOO_BIG : OSUB_ETOO_MANY_GPUS;
@@ -1171,13 +1205,19 @@ static int32_t head_level(const osub_engine_t *e)
     return e->n_queue ? e->queue[0]->level : INT32_MAX;
 }
 
-/* The GPUs the queue head is waiting for: where it would go if held did not count. */
+/* The GPUs the queue head is waiting for: its best plan's set, or the GPU where it came
+ * closest. Computed at most once per command and head (a heuristic, not a promise). */
 static int head_reservation(osub_engine_t *e, int32_t *gpus, int32_t *n)
 {
     *n = 0;
     if (e->n_queue == 0)
         return 0;
     struct svc *h = e->queue[0];
+    if (e->resv_cmd == e->cmd_no && e->resv_head == h) {
+        *n = e->resv_n;
+        memcpy(gpus, e->resv_gpus, sizeof(int32_t) * (size_t)e->resv_n);
+        return 0;
+    }
     struct req r;
     fill_req(e, h, &r);
     /* a plan on an imaginary pool where everyone preemptible of lower priority left */
@@ -1190,6 +1230,10 @@ static int head_reservation(osub_engine_t *e, int32_t *gpus, int32_t *n)
         *n = 1;
         gpus[0] = p.check_gpu;
     }
+    e->resv_cmd = e->cmd_no;
+    e->resv_head = h;
+    e->resv_n = *n;
+    memcpy(e->resv_gpus, gpus, sizeof(int32_t) * (size_t)*n);
     return 0;
 }
 
@@ -1229,6 +1273,7 @@ static int begin(osub_engine_t *e, int64_t now_ms)
         return OSUB_ETIME_BACKWARDS;
     e->n_events = 0;
     e->now = now_ms;
+    e->cmd_no++;
     run_timers(e);
     return 0;
 }
@@ -1520,22 +1565,35 @@ static void process_pending(osub_engine_t *e)
     }
 }
 
-/* How many queued services one pass plans for (the head included): a bounded backfill
- * window, so that a long queue costs a bounded time per command. Those further back are
- * looked at as the ones ahead of them leave. */
-#define OSUB__QUEUE_WINDOW 8
+/* How many queued services one pass makes full plans for (the head included): a bounded
+ * backfill window, so that a long queue costs a bounded time per command. Services that
+ * cannot fit anywhere even with every lower level evicted are skipped in O(1) each (room
+ * trees) and do not count. Those further back are looked at as the ones ahead leave. */
+#define OSUB__QUEUE_WINDOW 2
+/* A tick's pass looks further: it runs once per tick, not once per command. A pass after
+ * a command looks at most 32 entries deep (filtered), a tick's at most 4096. */
+#define OSUB__QUEUE_WINDOW_TICK 64
 
 static void process_queue(osub_engine_t *e)
 {
+    size_t window = e->in_tick ? OSUB__QUEUE_WINDOW_TICK : OSUB__QUEUE_WINDOW;
+    size_t reach = e->in_tick ? 4096 : 32;
     if (e->overcommitted)
         return;
-    size_t scanned = 0;
-    for (size_t i = 0; i < e->n_queue && scanned < OSUB__QUEUE_WINDOW; scanned++) {
+    size_t planned = 0, looked = 0;
+    for (size_t i = 0; i < e->n_queue && planned < window && looked < reach;
+         looked++) {
         struct svc *s = e->queue[i];
         struct req r;
         fill_req(e, s, &r);
+        r.quiet = true;
         struct plan p;
-        osub__plan_admission(e, &r, &p);
+        if (!osub__may_fit(e, &r, r.exclusive ? 1 : r.total / r.k)) {
+            p.ok = false; /* cannot fit even with every lower level evicted: no plan needed */
+        } else {
+            planned++;
+            osub__plan_admission(e, &r, &p);
+        }
         if (p.ok && i > 0) {
             /* backfill: not ahead of the head unless it delays nothing */
             struct svc **q = e->queue;
@@ -1574,8 +1632,9 @@ static void check_pressure(osub_engine_t *e, int32_t gi)
 
 static void process(osub_engine_t *e)
 {
-    if (e->n_pending > 0)
+    if (e->n_pending > 0 && e->pending_check)
         process_pending(e);
+    e->pending_check = false;
     for (int round = 0; round < 4 && e->dirty; round++) {
         e->dirty = false;
         check_overcommit(e);
@@ -1656,7 +1715,9 @@ int osub_engine_tick(osub_engine_t *e, int64_t now_ms)
         check_pressure(e, i);
     process_restores(e);
     e->dirty = true;
+    e->in_tick = true;
     finish(e);
+    e->in_tick = false;
     return 0;
 }
 
@@ -2024,6 +2085,7 @@ int osub_engine_set_ratio(osub_engine_t *e, int32_t ratio_milli, int64_t now_ms)
     for (int32_t i = 0; i < e->n_gpus; i++) {
         struct gpu *g = &e->gpus[i];
         g->logical = g->vram * ratio_milli / 1000;
+        osub__gpu_touch(e, g);
         if (!g->lost && g->granted > g->logical)
             over = true;
     }
@@ -2052,6 +2114,7 @@ int osub_engine_cordon(osub_engine_t *e, int32_t gpu, bool cordon, int64_t now_m
         return rc;
     if (e->gpus[gpu].cordoned != cordon) {
         e->gpus[gpu].cordoned = cordon;
+        osub__gpu_touch(e, &e->gpus[gpu]);
         osub_event_t *ev = emit(e, cordon ? OSUB_EV_CORDON : OSUB_EV_UNCORDON, OSUB_R_USER,
                                 cordon ? "GPU %d cordoned: no new placements"
                                        : "GPU %d uncordoned: it takes placements again",
@@ -2079,6 +2142,7 @@ int osub_engine_drain_gpu(osub_engine_t *e, int32_t gpu, int64_t now_ms)
     struct gpu *g = &e->gpus[gpu];
     if (!g->cordoned) {
         g->cordoned = true;
+        osub__gpu_touch(e, g);
         osub_event_t *ev = emit(e, OSUB_EV_CORDON, OSUB_R_USER,
                                 "GPU %d cordoned for draining", gpu);
         ev->gpu = gpu;
@@ -2107,6 +2171,8 @@ int osub_engine_gpu_lost(osub_engine_t *e, int32_t gpu, int64_t now_ms)
         return rc;
     struct gpu *g = &e->gpus[gpu];
     g->lost = true;
+    osub__gpu_touch(e, g);
+    refresh_sizes(e);
     osub_event_t *ev = emit(e, OSUB_EV_GPU_LOST, OSUB_R_GPU_LOST,
                             "GPU %d (%s) is lost with %d service(s) on it", gpu, g->name, g->nsvc);
     ev->gpu = gpu;
@@ -2414,10 +2480,12 @@ int osub_engine_check(const osub_engine_t *e, char *why, size_t why_len)
     int32_t n = e->n_gpus;
     int64_t *sum = calloc((size_t)n * 4, sizeof(int64_t));
     int32_t *cnt = calloc((size_t)n, sizeof(int32_t));
+    int32_t *pend = calloc((size_t)n, sizeof(int32_t));
     int rc = 0;
-    if (sum == NULL || cnt == NULL) {
+    if (sum == NULL || cnt == NULL || pend == NULL) {
         free(sum);
         free(cnt);
+        free(pend);
         return OSUB_ENOMEM;
     }
     size_t live = 0, queued = 0, pending = 0;
@@ -2456,6 +2524,8 @@ int osub_engine_check(const osub_engine_t *e, char *why, size_t why_len)
             sum[sl->gpu * 4 + 2] += sl->held;
             sum[sl->gpu * 4 + 3] += sl->used;
             cnt[sl->gpu]++;
+            if (s->state == OSUB_STATE_PENDING)
+                pend[sl->gpu]++;
         }
     }
     if (rc == 0 && live != e->n_live)
@@ -2487,11 +2557,23 @@ int osub_engine_check(const osub_engine_t *e, char *why, size_t why_len)
                           (long long)g->backed, (long long)g->usable);
         else if (g->lost && g->nsvc > 0)
             rc = fail_why(why, why_len, "lost GPU %d still has services", i);
+        else if (g->n_pending != pend[i])
+            rc = fail_why(why, why_len, "GPU %d counts %d pending, not %d", i, g->n_pending,
+                          pend[i]);
         for (int32_t j = 1; j < g->nsvc && rc == 0; j++)
             if (svc_before(g->svcs[j], g->svcs[j - 1]))
                 rc = fail_why(why, why_len, "GPU %d service list out of order", i);
     }
     free(sum);
     free(cnt);
+    free(pend);
     return rc;
+}
+
+uint64_t osub__verify_plans(osub_engine_t *e, bool on, const char **last)
+{
+    e->verify_plans = on;
+    if (last != NULL)
+        *last = e->verify_last;
+    return e->verify_mismatches;
 }

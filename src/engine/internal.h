@@ -54,6 +54,12 @@ struct svc {
     int32_t heap_pos[T__KINDS];
     int64_t timer_at[T__KINDS];
     uint64_t plan_stamp;
+    uint64_t cmd_no; /* commands begun */
+    /* the queue head's reservation, cached for one command */
+    uint64_t resv_cmd;
+    const struct svc *resv_head;
+    int32_t resv_n;
+    int32_t resv_gpus[64];
     int32_t plan_idx;
 
     struct svc *prev, *next; /* live list in submit order */
@@ -72,29 +78,45 @@ struct vinfo {
     int64_t restart_ms;
 };
 
-struct gpu {
-    char name[OSUB_GPU_NAME_MAX + 1];
-    int64_t vram, usable, logical;
-    int64_t granted, backed, held, used, system;
-    int32_t compute_all, compute_backed;
-    bool cordoned, lost;
-    struct svc *excl; /* exclusive owner */
-    struct svc **svcs; /* services placed here, sorted by (level desc, submit desc, seq desc) */
-    struct vinfo *vic; /* capsvc entries; the first nvic valid after gpu_agg() */
-    int32_t nvic;
-    int32_t nsvc, capsvc;
-    /* what victims could give back, per level (an upper bound: minimum-runtime protection
-     * is ignored), recomputed lazily when agg_dirty; used to prune victim planning */
-    bool agg_dirty;
+/* What victims on one GPU could give back, per level (recomputed lazily by gpu_agg()). */
+struct gpu_aggs {
     int64_t ev_held[OSUB_MAX_LEVEL + 1], ev_grant[OSUB_MAX_LEVEL + 1];
     int64_t dg_held[OSUB_MAX_LEVEL + 1], dg_grant[OSUB_MAX_LEVEL + 1];
     int64_t dg_max_held[OSUB_MAX_LEVEL + 1], dg_max_grant[OSUB_MAX_LEVEL + 1];
     int64_t ex_max_held[OSUB_MAX_LEVEL + 1], ex_max_grant[OSUB_MAX_LEVEL + 1];
     int32_t ev_comp[OSUB_MAX_LEVEL + 1], ev_cnt[OSUB_MAX_LEVEL + 1];
+};
+
+struct gpu {
+    /* hot: read for every GPU by every admission (the first two cache lines) */
+    int64_t vram, usable, logical;
+    int64_t granted, backed, held;
+    int64_t hist_peak;   /* max over the history ring */
+    int32_t compute_all, compute_backed;
+    int64_t hist_minute; /* minute of the newest history slot */
+    struct svc *excl;    /* exclusive owner */
+    int32_t nsvc;
+    bool cordoned, lost, agg_dirty, tree_dirty;
+    int64_t agg_valid_until; /* a victim's minimum-runtime protection ends then */
+    /* cold */
+    int32_t tree_size, tree_pos; /* its size group and leaf in the room trees */
+    int32_t n_pending;           /* pending services placed here */
+    int64_t used, system;
+    struct svc **svcs; /* services placed here, sorted by (level desc, submit desc, seq desc) */
+    struct vinfo *vic; /* capsvc entries; the first nvic valid after gpu_agg() */
+    int32_t nvic, capsvc;
+    /* what victims could give back (an upper bound used to prune victim planning) */
+    struct gpu_aggs *a;
     /* placement history: per-minute maxima of held in a ring of hist_n slots */
     int64_t *hist;
-    int64_t hist_minute; /* minute of the newest slot */
-    int64_t hist_peak;   /* max over the ring */
+    char name[OSUB_GPU_NAME_MAX + 1];
+};
+
+struct room_tree {
+    int64_t vram;
+    int32_t n, leaves;
+    int32_t *gpus; /* the group's GPU indices, ascending */
+    int64_t *t[OSUB_MAX_LEVEL + 1]; /* 2 * leaves entries each, root at 1 */
 };
 
 struct timer_ent {
@@ -108,6 +130,7 @@ struct osub_engine {
     osub_class_t classes[OSUB_MAX_CLASSES];
     size_t n_classes;
     struct gpu *gpus;
+    struct gpu_aggs *aggs; /* n_gpus, gpus[i].a points into it */
     int32_t n_gpus;
     int32_t hist_n;
     int64_t now;
@@ -131,11 +154,37 @@ struct osub_engine {
     size_t n_events, cap_events;
     bool mute; /* dry run: no events */
     bool dirty; /* something freed: look at pending and queue */
+    bool in_tick;
+    bool pending_check; /* held dropped where a pending service waits */
 
     uint64_t plan_stamp;
+    uint64_t cmd_no; /* commands begun */
+    /* the queue head's reservation, cached for one command */
+    uint64_t resv_cmd;
+    const struct svc *resv_head;
+    int32_t resv_n;
+    int32_t resv_gpus[64];
     struct cand *cand_buf; /* n_gpus scratch entries for planning */
     int32_t *miss_buf;     /* n_gpus scratch entries for planning */
+    uint64_t *gpu_stamp;   /* n_gpus: which plan last looked at a GPU */
     int32_t max_level;     /* the largest level of the classes */
+    /* GPU sizes of the pool (lost GPUs excluded), refreshed when a GPU is lost */
+    int32_t n_sizes, n_live_gpus;
+    int64_t size_vram[64], size_usable[64];
+    int32_t size_count[64];
+    int64_t largest_usable;
+    /* room trees: per size group (fixed at creation) and request level, the max over the
+     * group's GPUs of what a request of that level could at best get on one GPU (free room
+     * plus everything lower levels could give back); refreshed lazily from tdirty */
+    struct room_tree *trees;
+    int32_t n_trees;
+    int32_t *tdirty;
+    int32_t n_tdirty;
+    int64_t trees_valid_until;
+    /* tests: compare every admission plan with the unpruned reference planner */
+    bool verify_plans;
+    uint64_t verify_mismatches;
+    char verify_last[256];
     uint64_t admissions, rejections, degrades, evictions, restores, resumes;
 };
 
@@ -156,6 +205,7 @@ struct req {
     int64_t size_mib; /* 0: any */
     const struct svc *self;
     bool pressure; /* min runtime protection overridden */
+    bool quiet;    /* no failure details wanted (queue passes) */
 };
 
 enum act { ACT_NONE = 0, ACT_DEGRADE = 1, ACT_EVICT = 2 };
@@ -179,7 +229,17 @@ struct plan {
     int64_t shortfall;
 };
 
+/* Marks a GPU changed: its victim aggregates and room-tree leaves are recomputed lazily. */
+static inline void osub__gpu_touch(struct osub_engine *e, struct gpu *g);
+
+OSUB__HIDDEN int osub__trees_init(osub_engine_t *e);
+OSUB__HIDDEN void osub__trees_free(osub_engine_t *e);
+/* False when no GPU could give a request of this level `share` MiB even with every lower
+ * level evicted: then no admission plan can work and none need be made. */
+OSUB__HIDDEN bool osub__may_fit(osub_engine_t *e, const struct req *r, int64_t share);
 OSUB__HIDDEN int osub__plan_admission(osub_engine_t *e, const struct req *r, struct plan *out);
+/* Tests: turn on plan verification; returns the mismatches seen so far and the last one. */
+OSUB__HIDDEN uint64_t osub__verify_plans(osub_engine_t *e, bool on, const char **last);
 OSUB__HIDDEN int osub__plan_pressure(osub_engine_t *e, int32_t gpu, struct plan *out);
 OSUB__HIDDEN int64_t osub__gpu_peak(osub_engine_t *e, struct gpu *g);
 OSUB__HIDDEN int64_t osub__slot_held_after(const osub_engine_t *e, const struct svc *s,
@@ -187,5 +247,14 @@ OSUB__HIDDEN int64_t osub__slot_held_after(const osub_engine_t *e, const struct 
 OSUB__HIDDEN int64_t osub__floor_share(const struct svc *s, int32_t i);
 OSUB__HIDDEN int64_t osub__share(int64_t total, int32_t k, int32_t i);
 OSUB__HIDDEN bool osub__svc_victim_eligible(const struct svc *s);
+
+static inline void osub__gpu_touch(struct osub_engine *e, struct gpu *g)
+{
+    g->agg_dirty = true;
+    if (!g->tree_dirty) {
+        g->tree_dirty = true;
+        e->tdirty[e->n_tdirty++] = (int32_t)(g - e->gpus);
+    }
+}
 
 #endif

@@ -1,5 +1,6 @@
 /* plan.c - admission and pressure planning: candidate GPUs, victim plans, placement score */
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -426,18 +427,19 @@ static void note_failure(struct plan *out, osub_check_t c, int32_t gpu, int64_t 
 /* Recomputes a GPU's victim aggregates if anything on it changed since the last look. */
 static void gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
 {
-    if (!g->agg_dirty)
+    if (!g->agg_dirty && e->now < g->agg_valid_until)
         return;
-    memset(g->ev_held, 0, sizeof(g->ev_held));
-    memset(g->ev_grant, 0, sizeof(g->ev_grant));
-    memset(g->dg_held, 0, sizeof(g->dg_held));
-    memset(g->dg_grant, 0, sizeof(g->dg_grant));
-    memset(g->dg_max_held, 0, sizeof(g->dg_max_held));
-    memset(g->dg_max_grant, 0, sizeof(g->dg_max_grant));
-    memset(g->ex_max_held, 0, sizeof(g->ex_max_held));
-    memset(g->ex_max_grant, 0, sizeof(g->ex_max_grant));
-    memset(g->ev_comp, 0, sizeof(g->ev_comp));
-    memset(g->ev_cnt, 0, sizeof(g->ev_cnt));
+    g->agg_valid_until = INT64_MAX;
+    memset(g->a->ev_held, 0, sizeof(g->a->ev_held));
+    memset(g->a->ev_grant, 0, sizeof(g->a->ev_grant));
+    memset(g->a->dg_held, 0, sizeof(g->a->dg_held));
+    memset(g->a->dg_grant, 0, sizeof(g->a->dg_grant));
+    memset(g->a->dg_max_held, 0, sizeof(g->a->dg_max_held));
+    memset(g->a->dg_max_grant, 0, sizeof(g->a->dg_max_grant));
+    memset(g->a->ex_max_held, 0, sizeof(g->a->ex_max_held));
+    memset(g->a->ex_max_grant, 0, sizeof(g->a->ex_max_grant));
+    memset(g->a->ev_comp, 0, sizeof(g->a->ev_comp));
+    memset(g->a->ev_cnt, 0, sizeof(g->a->ev_cnt));
     g->nvic = 0;
     for (int32_t i = 0; i < g->nsvc; i++) {
         const struct svc *v = g->svcs[i];
@@ -448,6 +450,9 @@ static void gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
             if (sl->gpu != gi)
                 continue;
             int32_t L = v->level;
+            bool can_evict = evictable(e, v, false);
+            if (!can_evict && v->resume_ms + e->cfg.min_runtime_ms < g->agg_valid_until)
+                g->agg_valid_until = v->resume_ms + e->cfg.min_runtime_ms;
             struct vinfo *vi = &g->vic[g->nvic++];
             vi->s = v;
             vi->level = L;
@@ -459,29 +464,36 @@ static void gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
             vi->rh_d =
                 vi->degradable ? sl->held - osub__slot_held_after(e, v, sl, ACT_DEGRADE) : 0;
             vi->restart_ms = v->restart_cost_ms;
-            g->ev_held[L] += sl->held;
-            g->ev_grant[L] += sl->grant;
-            g->ev_comp[L] += v->spec.compute_pct;
-            g->ev_cnt[L]++;
-            /* what an eviction frees beyond a degrade of the same victim */
-            int64_t xh = sl->held, xg = sl->grant;
-            if (degradable_now(v)) {
-                xh = osub__slot_held_after(e, v, sl, ACT_DEGRADE);
-                xg = slot_grant_after(v, sl, ACT_DEGRADE);
+            /* ev_*: the most each victim can give: all of it if it may be evicted, else
+             * what a degrade frees (protected work may still be degraded) */
+            if (can_evict) {
+                g->a->ev_held[L] += sl->held;
+                g->a->ev_grant[L] += sl->grant;
+                g->a->ev_comp[L] += v->spec.compute_pct;
+                g->a->ev_cnt[L]++;
+                /* what an eviction frees beyond a degrade of the same victim */
+                int64_t xh = sl->held, xg = sl->grant;
+                if (degradable_now(v)) {
+                    xh = osub__slot_held_after(e, v, sl, ACT_DEGRADE);
+                    xg = slot_grant_after(v, sl, ACT_DEGRADE);
+                }
+                if (xh > g->a->ex_max_held[L])
+                    g->a->ex_max_held[L] = xh;
+                if (xg > g->a->ex_max_grant[L])
+                    g->a->ex_max_grant[L] = xg;
+            } else if (degradable_now(v)) {
+                g->a->ev_held[L] += sl->held - osub__slot_held_after(e, v, sl, ACT_DEGRADE);
+                g->a->ev_grant[L] += sl->grant - slot_grant_after(v, sl, ACT_DEGRADE);
             }
-            if (xh > g->ex_max_held[L])
-                g->ex_max_held[L] = xh;
-            if (xg > g->ex_max_grant[L])
-                g->ex_max_grant[L] = xg;
             if (degradable_now(v)) {
                 int64_t rh = sl->held - osub__slot_held_after(e, v, sl, ACT_DEGRADE);
                 int64_t rg = sl->grant - slot_grant_after(v, sl, ACT_DEGRADE);
-                g->dg_held[L] += rh;
-                g->dg_grant[L] += rg;
-                if (rh > g->dg_max_held[L])
-                    g->dg_max_held[L] = rh;
-                if (rg > g->dg_max_grant[L])
-                    g->dg_max_grant[L] = rg;
+                g->a->dg_held[L] += rh;
+                g->a->dg_grant[L] += rg;
+                if (rh > g->a->dg_max_held[L])
+                    g->a->dg_max_held[L] = rh;
+                if (rg > g->a->dg_max_grant[L])
+                    g->a->dg_max_grant[L] = rg;
             }
         }
     }
@@ -508,21 +520,21 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
     int64_t eh = 0, eg = 0, dgh = 0, dgg = 0, mh = 0, mg = 0, xh = 0, xg = 0;
     int64_t ec = 0, cnt = 0;
     for (int32_t L = e->max_level; L > r->level; L--) {
-        eh += g->ev_held[L];
-        eg += g->ev_grant[L];
-        ec += g->ev_comp[L];
-        cnt += g->ev_cnt[L];
-        dgh += g->dg_held[L];
-        dgg += g->dg_grant[L];
-        if (g->dg_max_held[L] > mh)
-            mh = g->dg_max_held[L];
-        if (g->dg_max_grant[L] > mg)
-            mg = g->dg_max_grant[L];
-        if (g->ex_max_held[L] > xh)
-            xh = g->ex_max_held[L];
-        if (g->ex_max_grant[L] > xg)
-            xg = g->ex_max_grant[L];
-        if (g->ev_cnt[L] == 0)
+        eh += g->a->ev_held[L];
+        eg += g->a->ev_grant[L];
+        ec += g->a->ev_comp[L];
+        cnt += g->a->ev_cnt[L];
+        dgh += g->a->dg_held[L];
+        dgg += g->a->dg_grant[L];
+        if (g->a->dg_max_held[L] > mh)
+            mh = g->a->dg_max_held[L];
+        if (g->a->dg_max_grant[L] > mg)
+            mg = g->a->dg_max_grant[L];
+        if (g->a->ex_max_held[L] > xh)
+            xh = g->a->ex_max_held[L];
+        if (g->a->ex_max_grant[L] > xg)
+            xg = g->a->ex_max_grant[L];
+        if (g->a->ev_held[L] == 0 && g->a->ev_grant[L] == 0 && g->a->ev_cnt[L] == 0)
             continue;
         bool ok = r->exclusive ? cnt >= g->nsvc : (eg >= dl && eh >= dh && ec >= dc);
         if (!ok)
@@ -677,10 +689,50 @@ static bool plan_single(const osub_engine_t *e, const struct gpu *g, const struc
     return true;
 }
 
+static void trees_refresh(osub_engine_t *e);
+static int plan_admission_fast(osub_engine_t *e, const struct req *r, struct plan *out);
+
+/* Appends to out the GPUs of group t whose room for level L is at least share (a walk down
+ * the room tree that skips every subtree whose best is short). */
+static void tree_collect(const struct room_tree *t, int32_t L, int64_t share, int32_t *out,
+                         int32_t *n)
+{
+    int32_t stack[64];
+    int32_t sp = 0;
+    if (t->t[L][1] < share)
+        return;
+    stack[sp++] = 1;
+    while (sp > 0) {
+        int32_t x = stack[--sp];
+        if (x >= t->leaves) {
+            int32_t pos = x - t->leaves;
+            if (pos < t->n)
+                out[(*n)++] = t->gpus[pos];
+            continue;
+        }
+        /* right first so that the left (lower index) comes out first */
+        if (t->t[L][2 * x + 1] >= share)
+            stack[sp++] = 2 * x + 1;
+        if (t->t[L][2 * x] >= share)
+            stack[sp++] = 2 * x;
+    }
+}
+
+/* The GPU of group t with the most room for level L (the one that came closest). */
+static int32_t tree_argmax(const struct room_tree *t, int32_t L)
+{
+    int32_t x = 1;
+    while (x < t->leaves)
+        x = t->t[L][2 * x] >= t->t[L][2 * x + 1] ? 2 * x : 2 * x + 1;
+    int32_t pos = x - t->leaves;
+    return pos < t->n ? t->gpus[pos] : -1;
+}
+
 /* Plans the best placement for one GPU size. Returns true and fills *p when one exists.
- * GPUs that fit without victims are ranked exactly; GPUs that need victims are ranked by
- * an optimistic key first and planned for real best-first, until no remaining optimistic
- * key can beat the k best real ones. */
+ * Candidates come from the room trees: first the GPUs where it fits without victims (ranked
+ * exactly), then, only if fewer than k of those, level by level from the lowest priority up,
+ * the GPUs where victims of that level and below could make room, ranked by an optimistic
+ * key and planned for real best-first until nothing left can beat the k best. */
 static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struct plan *p,
                       struct plan *fail)
 {
@@ -688,35 +740,61 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
     struct cand best[64];
     int32_t nb = 0;
     struct ws w;
+    best[k - 1].victims = false;
+    best[k - 1].top_level = INT32_MAX;
+    int64_t share0 = osub__share(r->total, k, 0);
+    int64_t share_min = r->total / k;
+    int64_t climit = (int64_t)100 * e->cfg.compute_ratio_milli / 1000;
+    struct room_tree *grp = NULL;
+    int32_t gj = -1;
+    for (int32_t j = 0; j < e->n_trees && grp == NULL; j++)
+        if (e->trees[j].vram == size) {
+            grp = &e->trees[j];
+            gj = j;
+        }
+    if (grp == NULL)
+        return false;
     int32_t navail = 0;
     int64_t usable = 0;
-    best[k - 1].victims = false;
-    int64_t share0 = osub__share(r->total, k, 0);
-    struct cand *opt = e->cand_buf;
-    int32_t nopt = 0, nmiss = 0;
-    int32_t *miss = e->miss_buf;
+    for (int32_t j = 0; j < e->n_sizes; j++)
+        if (e->size_vram[j] == size) {
+            navail = e->size_count[j];
+            usable = e->size_usable[j];
+        }
+    if (navail < k) {
+        note_failure(fail, OSUB_CHECK_GPUS, -1, k - navail);
+        return false;
+    }
+    trees_refresh(e);
+    int32_t *cand = e->miss_buf;
+    int32_t ncand = 0;
+    uint64_t stamp = ++e->plan_stamp;
     int64_t minute = e->now / 60000;
-    int64_t climit = (int64_t)100 * e->cfg.compute_ratio_milli / 1000;
-    for (int32_t gi = 0; gi < e->n_gpus; gi++) {
+
+    /* 1. without victims */
+    if (r->exclusive) {
+        for (int32_t x = 0; x < grp->n; x++) {
+            struct gpu *g = &e->gpus[grp->gpus[x]];
+            if (!g->lost && !g->cordoned && g->nsvc == 0)
+                cand[ncand++] = grp->gpus[x];
+        }
+    } else {
+        tree_collect(grp, e->max_level, share_min, cand, &ncand);
+    }
+    for (int32_t x = 0; x < ncand; x++) {
+        int32_t gi = cand[x];
         struct gpu *g = &e->gpus[gi];
         if (!gpu_takes(g, r, size))
             continue;
-        navail++;
-        usable = g->usable;
         int64_t share = r->exclusive ? g->usable : share0;
-        /* fast path: the checks without victims */
-        bool fits;
-        if (r->exclusive)
-            fits = g->nsvc == 0;
-        else
-            fits = g->granted + share <= g->logical && g->held + share <= g->usable &&
-                   (!r->backed || g->backed + share <= g->usable) &&
-                   (r->compute == 0 || (g->compute_all + r->compute <= climit &&
-                                        (!r->backed || g->compute_backed + r->compute <= 100)));
-        if (!fits) {
-            miss[nmiss++] = gi;
-            continue;
-        }
+        bool fits = r->exclusive ||
+                    (g->granted + share <= g->logical && g->held + share <= g->usable &&
+                     (!r->backed || g->backed + share <= g->usable) &&
+                     (r->compute == 0 || (g->compute_all + r->compute <= climit &&
+                                          (!r->backed || g->compute_backed + r->compute <= 100))));
+        if (!fits)
+            continue; /* compute, or the first GPU's odd MiB: victims may still help */
+        e->gpu_stamp[gi] = stamp;
         struct cand c = {.gpu = gi, .victims = false, .top_level = INT32_MAX};
         int64_t peak = g->hist_minute == minute ? (g->hist_peak > g->held ? g->hist_peak : g->held)
                                                 : osub__gpu_peak(e, g);
@@ -725,28 +803,42 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
                                          : (INT64_C(1) << 50) + (projected - g->usable);
         keep_best(best, &nb, k, &c);
     }
-    if (navail < k) {
-        note_failure(fail, OSUB_CHECK_GPUS, -1, k - navail);
-        return false;
-    }
-    if (nb < k || best[k - 1].victims) {
-        for (int32_t i = 0; i < nmiss; i++) {
-            struct gpu *g = &e->gpus[miss[i]];
-            int64_t share = r->exclusive ? g->usable : share0;
-            struct cand c = {.gpu = miss[i]};
-            if (optimistic(e, g, miss[i], r, share, &c)) {
-                c.score = placement_score(e, g, share);
-                opt[nopt++] = c;
-            }
+
+    /* 2. with victims, the lowest priority levels first */
+    struct cand *opt = e->cand_buf;
+    int32_t nopt = 0;
+    for (int32_t L = e->max_level; L > r->level && !(nb == k && !best[k - 1].victims); L--) {
+        /* a GPU whose victims of levels >= L are enough: its top level is at best L */
+        if (nb == k && best[k - 1].top_level > L)
+            break; /* what is left touches level L or higher: it cannot beat the k best */
+        ncand = 0;
+        if (r->exclusive) {
+            for (int32_t x = 0; x < grp->n; x++)
+                cand[ncand++] = grp->gpus[x];
+        } else {
+            tree_collect(grp, L - 1, share_min, cand, &ncand);
         }
-    }
-    if (!(nb == k && !best[k - 1].victims) && nopt > 0) {
+        for (int32_t x = 0; x < ncand; x++) {
+            int32_t gi = cand[x];
+            if (e->gpu_stamp[gi] == stamp)
+                continue;
+            struct gpu *g = &e->gpus[gi];
+            if (!gpu_takes(g, r, size))
+                continue;
+            int64_t share = r->exclusive ? g->usable : share0;
+            struct cand c = {.gpu = gi};
+            if (!optimistic(e, g, gi, r, share, &c))
+                continue;
+            e->gpu_stamp[gi] = stamp;
+            c.score = placement_score(e, g, share);
+            opt[nopt++] = c;
+        }
         for (int32_t i = nopt / 2 - 1; i >= 0; i--)
-            heap_sift(opt, nopt, i);
+            heap_sift(opt, nopt, i); /* Floyd: O(n) */
         while (nopt > 0) {
             struct cand c = opt[0];
             if (nb == k && cand_cmp(&best[k - 1], &c) <= 0)
-                break; /* nothing left can beat the k best */
+                break; /* nothing in the heap can beat the k best */
             opt[0] = opt[--nopt];
             heap_sift(opt, nopt, 0);
             struct gpu *g = &e->gpus[c.gpu];
@@ -756,16 +848,21 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
             keep_best(best, &nb, k, &c);
         }
     }
+    (void)gj;
     if (nb < k) {
         /* say why, on the GPU that came closest */
-        for (int32_t i = 0; i < nmiss; i++) {
-            struct gpu *g = &e->gpus[miss[i]];
-            int64_t share = r->exclusive ? g->usable : share0;
-            int32_t one = miss[i];
-            ws_init(e, &w, r, &one, &share, 1);
-            int64_t sf;
-            osub_check_t ck = ws_eval(e, &w, &w.g[0], &sf);
-            note_failure(fail, ck, one, sf);
+        if (!r->quiet) {
+            int32_t gi = tree_argmax(grp, e->max_level);
+            if (gi >= 0) {
+                struct gpu *g = &e->gpus[gi];
+                int64_t share = r->exclusive ? g->usable : share0;
+                ws_init(e, &w, r, &gi, &share, 1);
+                int64_t sf;
+                osub_check_t ck = ws_eval(e, &w, &w.g[0], &sf);
+                if (ck == OSUB_CHECK_NONE)
+                    ck = OSUB_CHECK_HELD; /* fits alone, yet not with the others' needs */
+                note_failure(fail, ck, gi, sf);
+            }
         }
         return false;
     }
@@ -792,27 +889,148 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
     return true;
 }
 
+/* The reference planner: every GPU of each size planned exactly, no pruning. Slow; the
+ * randomized test checks that the pruned search above picks exactly what this picks. */
+static bool plan_size_reference(osub_engine_t *e, const struct req *r, int64_t size,
+                                struct plan *p)
+{
+    int32_t k = r->k;
+    struct cand best[64];
+    int32_t nb = 0;
+    struct ws w;
+    struct plan tmp;
+    int64_t share0 = osub__share(r->total, k, 0), usable = 0;
+    for (int32_t gi = 0; gi < e->n_gpus; gi++) {
+        struct gpu *g = &e->gpus[gi];
+        if (!gpu_takes(g, r, size))
+            continue;
+        usable = g->usable;
+        int64_t share = r->exclusive ? g->usable : share0;
+        ws_init(e, &w, r, &gi, &share, 1);
+        struct cand c = {.gpu = gi, .victims = false, .top_level = INT32_MAX};
+        if (w.n_fail > 0) {
+            if (!plan_victims(e, &w, &tmp))
+                continue;
+            c.victims = true;
+            c.top_level = tmp.top_level;
+            c.n_evict = tmp.n_evict;
+            c.n_degrade = tmp.n_degrade;
+            c.restart_sum = tmp.restart_sum;
+        }
+        c.score = placement_score(e, g, share);
+        keep_best(best, &nb, k, &c);
+    }
+    if (nb < k)
+        return false;
+    int32_t gpus[64];
+    int64_t shares[64];
+    for (int32_t j = 0; j < k; j++)
+        gpus[j] = best[j].gpu;
+    qsort(gpus, (size_t)k, sizeof(gpus[0]), cmp_i32);
+    int64_t worst = 0;
+    for (int32_t j = 0; j < k; j++) {
+        shares[j] = r->exclusive ? usable : osub__share(r->total, k, j);
+        for (int32_t b = 0; b < k; b++)
+            if (best[b].gpu == gpus[j] && best[b].score > worst)
+                worst = best[b].score;
+    }
+    ws_init(e, &w, r, gpus, shares, k);
+    if (!plan_victims(e, &w, p))
+        return false;
+    p->ok = true;
+    p->k = k;
+    memcpy(p->gpus, gpus, sizeof(gpus[0]) * (size_t)k);
+    p->score = worst;
+    return true;
+}
+
+static void plan_reference(osub_engine_t *e, const struct req *r, struct plan *out)
+{
+    memset(out, 0, sizeof(*out));
+    struct plan cur;
+    for (int32_t j = 0; j < e->n_sizes; j++) {
+        if (r->size_mib > 0 && e->size_vram[j] != r->size_mib)
+            continue;
+        if (!plan_size_reference(e, r, e->size_vram[j], &cur))
+            continue;
+        if (!out->ok || key_cmp(&cur, out) < 0)
+            *out = cur;
+    }
+}
+
+static bool plans_equal(const struct plan *a, const struct plan *b)
+{
+    if (a->ok != b->ok)
+        return false;
+    if (!a->ok)
+        return true;
+    if (a->k != b->k || a->n_victims != b->n_victims)
+        return false;
+    for (int32_t i = 0; i < a->k; i++)
+        if (a->gpus[i] != b->gpus[i])
+            return false;
+    for (int32_t i = 0; i < a->n_victims; i++)
+        if (a->victims[i] != b->victims[i] || a->acts[i] != b->acts[i])
+            return false;
+    return true;
+}
+
 int osub__plan_admission(osub_engine_t *e, const struct req *r, struct plan *out)
+{
+    int rc = plan_admission_fast(e, r, out);
+    if (e->verify_plans) {
+        struct plan ref;
+        plan_reference(e, r, &ref);
+        if (!plans_equal(out, &ref)) {
+            e->verify_mismatches++;
+            /* is it stale state? touch everything and plan again */
+            for (int32_t i = 0; i < e->n_gpus; i++)
+                osub__gpu_touch(e, &e->gpus[i]);
+            struct plan again;
+            plan_admission_fast(e, r, &again);
+            fprintf(stderr, "verify: after a full refresh the pruned planner %s\n",
+                    plans_equal(&again, &ref) ? "agrees (stale aggregates)" : "still differs");
+            if (ref.ok) {
+                int32_t gi = ref.gpus[0];
+                struct gpu *g = &e->gpus[gi];
+                struct room_tree *t = &e->trees[g->tree_size];
+                struct cand c = {.gpu = gi};
+                int64_t share = r->exclusive ? g->usable : osub__share(r->total, r->k, 0);
+                bool o = optimistic(e, g, gi, r, share, &c);
+                struct cand c2 = {.gpu = gi};
+                bool ps = plan_single(e, g, r, share, &c2);
+                fprintf(stderr, "verify: gpu %d share %lld free_l %lld free_h %lld caps", gi,
+                        (long long)share, (long long)(g->logical - g->granted),
+                        (long long)(g->usable - g->held));
+                for (int32_t L = 0; L <= e->max_level; L++)
+                    fprintf(stderr, " %lld", (long long)t->t[L][t->leaves + g->tree_pos]);
+                fprintf(stderr, "; optimistic %d (T %d ev %d dg %d); single %d (T %d ev %d dg %d); "
+                        "ref T %d ev %d dg %d; excl %d compute %d backed %d k %d\n",
+                        o, c.top_level, c.n_evict, c.n_degrade, ps, c2.top_level, c2.n_evict,
+                        c2.n_degrade, ref.top_level, ref.n_evict, ref.n_degrade, r->exclusive,
+                        r->compute, r->backed, r->k);
+            }
+            snprintf(e->verify_last, sizeof(e->verify_last),
+                     "plan for level %d, %lld MiB on %d GPU(s): pruned ok=%d gpu %d victims %d; "
+                     "reference ok=%d gpu %d victims %d",
+                     r->level, (long long)r->total, r->k, out->ok, out->ok ? out->gpus[0] : -1,
+                     out->n_victims, ref.ok, ref.ok ? ref.gpus[0] : -1, ref.n_victims);
+        }
+    }
+    return rc;
+}
+
+static int plan_admission_fast(osub_engine_t *e, const struct req *r, struct plan *out)
 {
     memset(out, 0, sizeof(*out));
     out->check = OSUB_CHECK_NONE;
     out->check_gpu = -1;
     bool found = false;
     struct plan cur;
-    int64_t done_sizes[64];
-    int32_t nds = 0;
-    for (int32_t gi = 0; gi < e->n_gpus; gi++) {
-        int64_t size = e->gpus[gi].vram;
-        if (e->gpus[gi].lost)
-            continue;
+    for (int32_t j = 0; j < e->n_sizes; j++) {
+        int64_t size = e->size_vram[j];
         if (r->size_mib > 0 && size != r->size_mib)
             continue;
-        bool seen = false;
-        for (int32_t d = 0; d < nds; d++)
-            seen = seen || done_sizes[d] == size;
-        if (seen || nds == 64)
-            continue;
-        done_sizes[nds++] = size;
         if (!plan_size(e, r, size, &cur, out))
             continue;
         if (!found || key_cmp(&cur, out) < 0) {
@@ -865,4 +1083,123 @@ int osub__plan_pressure(osub_engine_t *e, int32_t gpu, struct plan *out)
     out->gpus[0] = gpu;
     out->ok = plan_victims(e, &w, out);
     return 0;
+}
+
+/* ---- room trees ---------------------------------------------------------------------- */
+
+int osub__trees_init(osub_engine_t *e)
+{
+    e->trees = calloc(64, sizeof(*e->trees));
+    if (e->trees == NULL)
+        return OSUB_ENOMEM;
+    for (int32_t i = 0; i < e->n_gpus; i++) {
+        struct gpu *g = &e->gpus[i];
+        int32_t j = 0;
+        while (j < e->n_trees && e->trees[j].vram != g->vram)
+            j++;
+        if (j == 64) {
+            g->tree_size = -1;
+            continue;
+        }
+        if (j == e->n_trees)
+            e->trees[e->n_trees++].vram = g->vram;
+        g->tree_size = j;
+        g->tree_pos = e->trees[j].n++;
+    }
+    for (int32_t j = 0; j < e->n_trees; j++) {
+        struct room_tree *t = &e->trees[j];
+        t->gpus = malloc((size_t)t->n * sizeof(int32_t));
+        if (t->gpus == NULL)
+            return OSUB_ENOMEM;
+        for (int32_t i = 0; i < e->n_gpus; i++)
+            if (e->gpus[i].tree_size == j)
+                t->gpus[e->gpus[i].tree_pos] = i;
+        t->leaves = 1;
+        while (t->leaves < t->n)
+            t->leaves *= 2;
+        for (int32_t L = 0; L <= e->max_level; L++) {
+            t->t[L] = malloc(2 * (size_t)t->leaves * sizeof(int64_t));
+            if (t->t[L] == NULL)
+                return OSUB_ENOMEM;
+            for (int32_t x = 0; x < 2 * t->leaves; x++)
+                t->t[L][x] = INT64_MIN / 4;
+        }
+    }
+    return 0;
+}
+
+void osub__trees_free(osub_engine_t *e)
+{
+    if (e->trees == NULL)
+        return;
+    for (int32_t j = 0; j < e->n_trees; j++) {
+        free(e->trees[j].gpus);
+        for (int32_t L = 0; L <= OSUB_MAX_LEVEL; L++)
+            free(e->trees[j].t[L]);
+    }
+    free(e->trees);
+    e->trees = NULL;
+}
+
+static void trees_refresh(osub_engine_t *e)
+{
+    if (e->now >= e->trees_valid_until) {
+        /* a protection ended somewhere: those GPUs can give more now */
+        e->trees_valid_until = INT64_MAX;
+        for (int32_t i = 0; i < e->n_gpus; i++) {
+            struct gpu *g = &e->gpus[i];
+            if (e->now >= g->agg_valid_until)
+                osub__gpu_touch(e, g);
+            else if (g->agg_valid_until < e->trees_valid_until)
+                e->trees_valid_until = g->agg_valid_until;
+        }
+    }
+    for (int32_t d = 0; d < e->n_tdirty; d++) {
+        int32_t gi = e->tdirty[d];
+        struct gpu *g = &e->gpus[gi];
+        g->tree_dirty = false;
+        if (g->tree_size < 0)
+            continue;
+        struct room_tree *t = &e->trees[g->tree_size];
+        bool out = g->lost || g->cordoned || g->excl != NULL;
+        if (!out) {
+            gpu_agg(e, g, gi);
+            if (g->agg_valid_until < e->trees_valid_until)
+                e->trees_valid_until = g->agg_valid_until;
+        }
+        int64_t rh = 0, rg = 0;
+        int64_t cap[OSUB_MAX_LEVEL + 1];
+        for (int32_t L = e->max_level; L >= 0; L--) {
+            int64_t fl = g->logical - g->granted + rg, fh = g->usable - g->held + rh;
+            cap[L] = out ? INT64_MIN / 4 : (fl < fh ? fl : fh);
+            rh += g->a->ev_held[L];
+            rg += g->a->ev_grant[L];
+        }
+        for (int32_t L = 0; L <= e->max_level; L++) {
+            int64_t *tr = t->t[L];
+            int32_t x = t->leaves + g->tree_pos;
+            tr[x] = cap[L];
+            for (x /= 2; x >= 1; x /= 2) {
+                int64_t m = tr[2 * x] > tr[2 * x + 1] ? tr[2 * x] : tr[2 * x + 1];
+                if (tr[x] == m && x != 1)
+                    break; /* nothing above changes */
+                tr[x] = m;
+            }
+        }
+    }
+    e->n_tdirty = 0;
+}
+
+bool osub__may_fit(osub_engine_t *e, const struct req *r, int64_t share)
+{
+    if (r->exclusive || r->level > e->max_level || r->level < 0)
+        return true;
+    trees_refresh(e);
+    for (int32_t j = 0; j < e->n_trees; j++) {
+        if (r->size_mib > 0 && e->trees[j].vram != r->size_mib)
+            continue;
+        if (e->trees[j].t[r->level][1] >= share)
+            return true;
+    }
+    return false;
 }

@@ -4,6 +4,7 @@
 #include <inttypes.h>
 
 #include "helpers.h"
+#include "internal.h"
 
 static uint64_t rng_state;
 
@@ -23,6 +24,8 @@ static int64_t rr(int64_t lo, int64_t hi)
 
 static uint64_t seed;
 static long cmd_no;
+
+static bool verify;
 
 static osub_engine_t *random_pool(void)
 {
@@ -45,6 +48,7 @@ static osub_engine_t *random_pool(void)
     osub_engine_t *e = NULL;
     if (osub_engine_new(&cfg, v, NULL, (size_t)n, NULL, 0, &e) != 0)
         fail_msg("seed %" PRIu64 ": engine_new failed", seed);
+    osub__verify_plans(e, verify, NULL);
     return e;
 }
 
@@ -225,6 +229,13 @@ static uint64_t run(uint64_t s, long n, bool check)
         if (rc && getenv("DBG")) fprintf(stderr, "%s %s\n", what, osub_errcode(rc));
         if (check)
             check_all(e, what);
+        if (verify) {
+            const char *last;
+            if (osub__verify_plans(e, true, &last) != 0)
+                fail_msg("seed %" PRIu64 " command %ld (%s): pruned planner differs from the "
+                         "reference: %s",
+                         seed, cmd_no, what, last);
+        }
         size_t ne;
         const osub_event_t *ev = osub_engine_events(e, &ne);
         h = mix(h, &rc, sizeof(rc));
@@ -273,6 +284,14 @@ static void test_invariants_under_random_commands(void **state)
     run(seed, n, true);
 }
 
+static void test_pruned_planner_matches_reference(void **state)
+{
+    (void)state;
+    verify = true;
+    run(seed ^ 0x1234, 200000, false);
+    verify = false;
+}
+
 static void test_determinism(void **state)
 {
     (void)state;
@@ -290,6 +309,7 @@ int main(void)
     printf("random: seed %" PRIu64 " (replay with OSUB_SEED=%" PRIu64 ")\n", seed, seed);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_invariants_under_random_commands),
+        cmocka_unit_test(test_pruned_planner_matches_reference),
         cmocka_unit_test(test_determinism),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
