@@ -26,6 +26,7 @@ static uint64_t seed;
 static long cmd_no;
 
 static bool verify;
+static int pool_max = 12; /* GPUs in a random pool: 1..pool_max */
 
 static osub_engine_t *random_pool(void)
 {
@@ -39,8 +40,8 @@ static osub_engine_t *random_pool(void)
     cfg.min_runtime_ms = rr(0, 600000);
     cfg.restart_cost_ms = rr(0, 90000);
     cfg.queue_aging_ms = rr(0, 600000);
-    int n = (int)rr(1, 12);
-    int64_t v[16];
+    int n = (int)rr(1, pool_max);
+    int64_t v[512];
     static const int64_t sizes[] = {81920, 40960, 24576, 143771};
     int kinds = (int)rr(1, 3);
     for (int i = 0; i < n; i++)
@@ -60,7 +61,7 @@ static void random_id(osub_engine_t *e, char *buf, size_t len)
         snprintf(buf, len, "%s", osub_engine_service_id(e, (size_t)rr(0, (int64_t)n - 1)));
         return;
     }
-    snprintf(buf, len, "s%d", (int)rr(0, 39));
+    snprintf(buf, len, "s%d", (int)rr(0, pool_max * 3));
 }
 
 static void check_all(osub_engine_t *e, const char *what)
@@ -144,6 +145,7 @@ static const char *const classes[] = {"online", "batch", "experiment"};
 static uint64_t run(uint64_t s, long n, bool check)
 {
     rng_state = s;
+    memset(ev_counts, 0, sizeof(ev_counts));
     osub_engine_t *e = random_pool();
     int64_t now = 0;
     uint64_t h = 1469598103934665603ULL;
@@ -160,7 +162,7 @@ static uint64_t run(uint64_t s, long n, bool check)
             what = "submit";
             osub_spec_t sp;
             if (rr(0, 3) != 0)
-                snprintf(id, sizeof(id), "s%d", (int)rr(0, 59));
+                snprintf(id, sizeof(id), "s%d", (int)rr(0, pool_max * 5));
             osub_spec_init(&sp, id, classes[rr(0, 2)]);
             sp.vram_mib = rr(0, 9) == 0 ? rr(-10, 400000) : rr(1, 90000);
             sp.gpus = (int32_t)(rr(0, 3) == 0 ? rr(0, 4) : 0);
@@ -292,6 +294,17 @@ static void test_pruned_planner_matches_reference(void **state)
     verify = false;
 }
 
+static void test_pruned_planner_matches_reference_large_pools(void **state)
+{
+    (void)state;
+    /* deep room trees: pools of up to 300 GPUs, ids spread wider */
+    verify = true;
+    pool_max = 300;
+    run(seed ^ 0x4321, 30000, true);
+    pool_max = 12;
+    verify = false;
+}
+
 static void test_determinism(void **state)
 {
     (void)state;
@@ -310,6 +323,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_invariants_under_random_commands),
         cmocka_unit_test(test_pruned_planner_matches_reference),
+        cmocka_unit_test(test_pruned_planner_matches_reference_large_pools),
         cmocka_unit_test(test_determinism),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
