@@ -380,8 +380,7 @@ int main(int argc, char **argv)
                        "victims = %.1f%% of submits, %llu refused), %llu degrades, %llu "
                        "evictions; %zu services live at the end\n",
                        n, (unsigned long long)st.follow_ups, (unsigned long long)st.submits,
-                       (unsigned long long)st.admitted,
-                       (unsigned long long)st.victims_submits,
+                       (unsigned long long)st.admitted, (unsigned long long)st.victims_submits,
                        100.0 * (double)st.victims_submits / (double)st.submits,
                        (unsigned long long)st.rejected, (unsigned long long)pi.degrades,
                        (unsigned long long)pi.evictions, osub_engine_service_count(e));

@@ -57,9 +57,9 @@ typedef struct {
 /* One priority class. level 0 is the highest priority. */
 typedef struct {
     char name[OSUB_CLASS_NAME_MAX + 1];
-    int32_t level;     /* 0..OSUB_MAX_LEVEL */
-    bool preemptible;  /* false: backed by physical VRAM, never preempted */
-    int64_t grace_ms;  /* -1: the pool's default */
+    int32_t level;    /* 0..OSUB_MAX_LEVEL */
+    bool preemptible; /* false: backed by physical VRAM, never preempted */
+    int64_t grace_ms; /* -1: the pool's default */
 } osub_class_t;
 
 typedef enum {
@@ -78,19 +78,19 @@ typedef enum {
 typedef struct {
     char id[OSUB_ID_MAX + 1];
     char class_name[OSUB_CLASS_NAME_MAX + 1];
-    int64_t vram_mib;         /* total request, > 0 */
-    int32_t gpus;             /* 0: ceil(vram_mib / largest usable) */
-    int32_t compute_pct;      /* per GPU, 0 = no claim */
-    int64_t min_vram_mib;     /* degraded floor (total); 0 = vram_mib (not degradable) */
-    int32_t batch_size;       /* 0 = unspecified */
-    int32_t min_batch_size;   /* 0 = batch_size */
-    bool exclusive;           /* whole GPUs, never shared or oversold */
-    osub_tri_t preemptible;   /* default: the class's */
+    int64_t vram_mib;       /* total request, > 0 */
+    int32_t gpus;           /* 0: ceil(vram_mib / largest usable) */
+    int32_t compute_pct;    /* per GPU, 0 = no claim */
+    int64_t min_vram_mib;   /* degraded floor (total); 0 = vram_mib (not degradable) */
+    int32_t batch_size;     /* 0 = unspecified */
+    int32_t min_batch_size; /* 0 = batch_size */
+    bool exclusive;         /* whole GPUs, never shared or oversold */
+    osub_tri_t preemptible; /* default: the class's */
     bool resumable;
     osub_on_evict_t on_evict;
-    int64_t restart_cost_ms;  /* -1: the pool's default */
-    osub_tri_t queue;         /* default: queue if preemptible, else reject */
-    int64_t grace_ms;         /* -1: the class's */
+    int64_t restart_cost_ms; /* -1: the pool's default */
+    osub_tri_t queue;        /* default: queue if preemptible, else reject */
+    int64_t grace_ms;        /* -1: the class's */
 } osub_spec_t;
 
 typedef enum {
@@ -106,65 +106,65 @@ typedef enum {
 } osub_state_t;
 
 /* Event kinds: decisions (admit ... resume) and the events around them. */
-#define OSUB_EVENT_MAP(XX)                                                                        \
-    XX(ADMIT, "admit")                                                                            \
-    XX(PEND, "pend")                                                                              \
-    XX(QUEUE, "queue")                                                                            \
-    XX(REJECT, "reject")                                                                          \
-    XX(DEGRADE, "degrade")                                                                        \
-    XX(EVICT, "evict")                                                                            \
-    XX(START, "start")                                                                            \
-    XX(RESTORE, "restore")                                                                        \
-    XX(RESUME, "resume")                                                                          \
-    XX(READY, "ready")                                                                            \
-    XX(ACK, "ack")                                                                                \
-    XX(ESCALATE, "escalate")                                                                      \
-    XX(OVERDUE, "overdue")                                                                        \
-    XX(EXITED, "exited")                                                                          \
-    XX(REQUEUE, "requeue")                                                                        \
-    XX(RELEASE, "release")                                                                        \
-    XX(RESIZE, "resize")                                                                          \
-    XX(RATIO, "ratio")                                                                            \
-    XX(OVERCOMMIT, "overcommit")                                                                  \
-    XX(CORDON, "cordon")                                                                          \
-    XX(UNCORDON, "uncordon")                                                                      \
-    XX(GPU_LOST, "gpu_lost")                                                                      \
+#define OSUB_EVENT_MAP(XX)                                                                         \
+    XX(ADMIT, "admit")                                                                             \
+    XX(PEND, "pend")                                                                               \
+    XX(QUEUE, "queue")                                                                             \
+    XX(REJECT, "reject")                                                                           \
+    XX(DEGRADE, "degrade")                                                                         \
+    XX(EVICT, "evict")                                                                             \
+    XX(START, "start")                                                                             \
+    XX(RESTORE, "restore")                                                                         \
+    XX(RESUME, "resume")                                                                           \
+    XX(READY, "ready")                                                                             \
+    XX(ACK, "ack")                                                                                 \
+    XX(ESCALATE, "escalate")                                                                       \
+    XX(OVERDUE, "overdue")                                                                         \
+    XX(EXITED, "exited")                                                                           \
+    XX(REQUEUE, "requeue")                                                                         \
+    XX(RELEASE, "release")                                                                         \
+    XX(RESIZE, "resize")                                                                           \
+    XX(RATIO, "ratio")                                                                             \
+    XX(OVERCOMMIT, "overcommit")                                                                   \
+    XX(CORDON, "cordon")                                                                           \
+    XX(UNCORDON, "uncordon")                                                                       \
+    XX(GPU_LOST, "gpu_lost")                                                                       \
     XX(FAIL, "fail")
 
 typedef enum {
 #define OSUB__EV_ENUM(name, str) OSUB_EV_##name,
     OSUB_EVENT_MAP(OSUB__EV_ENUM)
 #undef OSUB__EV_ENUM
-    OSUB_EV__COUNT
+        OSUB_EV__COUNT
 } osub_event_kind_t;
 
 /* Reason codes: why a decision was taken. */
-#define OSUB_REASON_MAP(XX)                                                                       \
-    XX(FITS, "fits")                     /* placed without victims */                             \
-    XX(PREEMPTION, "preemption")         /* victim of a higher-priority arrival */                \
-    XX(WAIT_VICTIMS, "wait_victims")     /* placed; waits for victims' memory */                  \
-    XX(NO_ROOM, "no_room")               /* nothing fits, even with victims */                    \
-    XX(EMPTY_POOL, "empty_pool")         /* could not fit even on an empty pool */                \
-    XX(OVERCOMMITTED, "overcommitted")   /* ratio lowered below the grants */                     \
-    XX(PRESSURE, "pressure")             /* held above the high watermark */                      \
-    XX(ACK_TIMEOUT, "ack_timeout")       /* a degrade was not acknowledged in time */             \
-    XX(GRACE_OVER, "grace_over")         /* an eviction's grace period ended */                   \
-    XX(VICTIM_OVERDUE, "victim_overdue") /* a pending service gave up waiting */                  \
-    XX(ROOM_FREED, "room_freed")         /* memory came free */                                   \
-    XX(ROOM_STABLE, "room_stable")       /* room lasted the hysteresis window */                  \
-    XX(USER, "user")                     /* asked for by a command */                             \
-    XX(ACKNOWLEDGED, "acknowledged")     /* the service acknowledged */                           \
-    XX(USAGE_UNDER_GRANT, "usage_under_grant") /* usage at or under the new grant: an ack */      \
-    XX(LOADED, "loaded")                 /* loading period over */                                \
-    XX(GPU_LOST, "gpu_lost")             /* a GPU disappeared */                                  \
-    XX(EVICTED, "evicted")               /* an eviction completed */                              \
-    XX(COMPUTE, "compute")               /* compute contention */
+#define OSUB_REASON_MAP(XX)                                                                        \
+    XX(FITS, "fits")                           /* placed without victims */                        \
+    XX(PREEMPTION, "preemption")               /* victim of a higher-priority arrival */           \
+    XX(WAIT_VICTIMS, "wait_victims")           /* placed; waits for victims' memory */             \
+    XX(NO_ROOM, "no_room")                     /* nothing fits, even with victims */               \
+    XX(EMPTY_POOL, "empty_pool")               /* could not fit even on an empty pool */           \
+    XX(OVERCOMMITTED, "overcommitted")         /* ratio lowered below the grants */                \
+    XX(PRESSURE, "pressure")                   /* held above the high watermark */                 \
+    XX(ACK_TIMEOUT, "ack_timeout")             /* a degrade was not acknowledged in time */        \
+    XX(GRACE_OVER, "grace_over")               /* an eviction's grace period ended */              \
+    XX(VICTIM_OVERDUE, "victim_overdue")       /* a pending service gave up waiting */             \
+    XX(ROOM_FREED, "room_freed")               /* memory came free */                              \
+    XX(ROOM_STABLE, "room_stable")             /* room lasted the hysteresis window */             \
+    XX(USER, "user")                           /* asked for by a command */                        \
+    XX(ACKNOWLEDGED, "acknowledged")           /* the service acknowledged */                      \
+    XX(USAGE_UNDER_GRANT, "usage_under_grant") /* usage at or under the new grant: an ack */       \
+    XX(LOADED, "loaded")                       /* loading period over */                           \
+    XX(GPU_LOST, "gpu_lost")                   /* a GPU disappeared */                             \
+    XX(EVICTED, "evicted")                     /* an eviction completed */                         \
+    XX(COMPUTE, "compute")                     /* compute contention */
 
 typedef enum {
 #define OSUB__RS_ENUM(name, str) OSUB_R_##name,
     OSUB_REASON_MAP(OSUB__RS_ENUM)
 #undef OSUB__RS_ENUM
-    OSUB_R__COUNT
+        OSUB_R__COUNT
 } osub_reason_t;
 
 /* One decision or event. `msg` is a sentence naming the services, GPUs and MiB involved. */
@@ -172,14 +172,14 @@ typedef struct {
     int64_t time_ms;
     osub_event_kind_t kind;
     osub_reason_t reason;
-    char service[OSUB_ID_MAX + 1];  /* "" for pool-level events */
-    char cause[OSUB_ID_MAX + 1];    /* the preemptor, for preemption decisions; else "" */
-    int32_t cause_level;            /* the preemptor's level, -1 if none */
-    int32_t level;                  /* the service's level, -1 if none */
-    int32_t gpu;                    /* first GPU involved, -1 if none */
-    int64_t vram_mib;               /* new grant (degrade, restore, start), else 0 */
-    int32_t batch_size;             /* new batch size (degrade, restore), else 0 */
-    int64_t deadline_ms;            /* ack deadline (degrade), grace end (evict), else 0 */
+    char service[OSUB_ID_MAX + 1]; /* "" for pool-level events */
+    char cause[OSUB_ID_MAX + 1];   /* the preemptor, for preemption decisions; else "" */
+    int32_t cause_level;           /* the preemptor's level, -1 if none */
+    int32_t level;                 /* the service's level, -1 if none */
+    int32_t gpu;                   /* first GPU involved, -1 if none */
+    int64_t vram_mib;              /* new grant (degrade, restore, start), else 0 */
+    int32_t batch_size;            /* new batch size (degrade, restore), else 0 */
+    int64_t deadline_ms;           /* ack deadline (degrade), grace end (evict), else 0 */
     char msg[OSUB_EVENT_MSG_MAX];
 } osub_event_t;
 
@@ -194,30 +194,30 @@ typedef enum {
 
 typedef enum {
     OSUB_CHECK_NONE = 0,
-    OSUB_CHECK_LOGICAL, /* all grants + share <= logical capacity */
-    OSUB_CHECK_BACKED,  /* backed grants + share <= usable */
-    OSUB_CHECK_HELD,    /* held + share <= usable */
-    OSUB_CHECK_COMPUTE, /* compute claims */
+    OSUB_CHECK_LOGICAL,   /* all grants + share <= logical capacity */
+    OSUB_CHECK_BACKED,    /* backed grants + share <= usable */
+    OSUB_CHECK_HELD,      /* held + share <= usable */
+    OSUB_CHECK_COMPUTE,   /* compute claims */
     OSUB_CHECK_EXCLUSIVE, /* GPU not empty for an exclusive service */
-    OSUB_CHECK_GPUS,    /* not enough GPUs of one size that may take it */
+    OSUB_CHECK_GPUS,      /* not enough GPUs of one size that may take it */
 } osub_check_t;
 
 #define OSUB_PLAN_MAX_VICTIMS 64
 
 typedef struct {
     char service[OSUB_ID_MAX + 1];
-    bool evict;         /* false: degrade */
+    bool evict; /* false: degrade */
     int64_t deadline_ms;
 } osub_victim_t;
 
 typedef struct {
     osub_submit_outcome_t outcome;
-    int rc;                 /* for REJECTED: the error code (OSUB_ENO_ROOM, OSUB_ETOO_BIG...) */
-    osub_check_t check;     /* the failing check for REJECTED/QUEUED */
-    int32_t check_gpu;      /* the GPU where it failed (best candidate), -1 if none */
-    int64_t shortfall_mib;  /* MiB missing on that GPU */
+    int rc;                /* for REJECTED: the error code (OSUB_ENO_ROOM, OSUB_ETOO_BIG...) */
+    osub_check_t check;    /* the failing check for REJECTED/QUEUED */
+    int32_t check_gpu;     /* the GPU where it failed (best candidate), -1 if none */
+    int64_t shortfall_mib; /* MiB missing on that GPU */
     int32_t n_gpus;
-    int32_t gpus[64];       /* placement (STARTED/PENDING/dry-run), first n_gpus */
+    int32_t gpus[64]; /* placement (STARTED/PENDING/dry-run), first n_gpus */
     int32_t n_victims;
     osub_victim_t victims[OSUB_PLAN_MAX_VICTIMS];
     int32_t queue_position; /* 1-based, QUEUED only */
@@ -282,9 +282,8 @@ OSUB_API const osub_class_t *osub_default_classes(size_t *n_out);
  * and freed with osub_engine_free().
  */
 OSUB_API int osub_engine_new(const osub_pool_config_t *cfg, const int64_t *vram_mib,
-                             const char *const *names, size_t n_gpus,
-                             const osub_class_t *classes, size_t n_classes,
-                             osub_engine_t **out);
+                             const char *const *names, size_t n_gpus, const osub_class_t *classes,
+                             size_t n_classes, osub_engine_t **out);
 OSUB_API void osub_engine_free(osub_engine_t *e);
 
 /*

@@ -133,7 +133,7 @@ int brief_allocate(brief_pool_t *p, const char *id, int priority, double request
         return -1;
     int nv = 0;
     double free_gb = p->total - p->actual;
-    char (*marked)[64] = NULL;
+    char(*marked)[64] = NULL;
     size_t n_marked = 0;
     if (request_gb > free_gb) {
         double shortage = request_gb - free_gb;

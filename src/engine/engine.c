@@ -76,8 +76,8 @@ const char *osub_state_name(osub_state_t s)
 const char *osub_event_name(osub_event_kind_t k)
 {
     switch (k) {
-#define OSUB__EV_NAME(name, str)                                                                  \
-    case OSUB_EV_##name:                                                                          \
+#define OSUB__EV_NAME(name, str)                                                                   \
+    case OSUB_EV_##name:                                                                           \
         return str;
         OSUB_EVENT_MAP(OSUB__EV_NAME)
 #undef OSUB__EV_NAME
@@ -89,8 +89,8 @@ const char *osub_event_name(osub_event_kind_t k)
 const char *osub_reason_name(osub_reason_t r)
 {
     switch (r) {
-#define OSUB__RS_NAME(name, str)                                                                  \
-    case OSUB_R_##name:                                                                           \
+#define OSUB__RS_NAME(name, str)                                                                   \
+    case OSUB_R_##name:                                                                            \
         return str;
         OSUB_REASON_MAP(OSUB__RS_NAME)
 #undef OSUB__RS_NAME
@@ -101,8 +101,8 @@ const char *osub_reason_name(osub_reason_t r)
 
 const char *osub_check_name(osub_check_t c)
 {
-    static const char *const n[] = {"none", "logical", "backed", "held", "compute", "exclusive",
-                                    "gpus"};
+    static const char *const n[] = {"none",    "logical",   "backed", "held",
+                                    "compute", "exclusive", "gpus"};
     return (unsigned)c < sizeof(n) / sizeof(n[0]) ? n[c] : "?";
 }
 
@@ -702,9 +702,9 @@ static void svc_start(osub_engine_t *e, struct svc *s, osub_reason_t reason)
                   s->checkpoint[0] ? " from checkpoint " : "", s->checkpoint,
                   (long long)e->cfg.min_runtime_ms);
     else
-        ev = emit(e, OSUB_EV_START, reason, "started %s (%s) on %s with %lld MiB; loading for up to %lld ms",
-                  s->spec.id, class_of(e, s), gb, (long long)grant_total(s),
-                  (long long)s->restart_cost_ms);
+        ev = emit(e, OSUB_EV_START, reason,
+                  "started %s (%s) on %s with %lld MiB; loading for up to %lld ms", s->spec.id,
+                  class_of(e, s), gb, (long long)grant_total(s), (long long)s->restart_cost_ms);
     ev_svc(ev, s);
     ev->vram_mib = grant_total(s);
     ev->batch_size = s->batch;
@@ -775,12 +775,12 @@ static void svc_evict(osub_engine_t *e, struct svc *s, const char *cause, int32_
         snprintf(why, sizeof(why), "because its GPU is being drained");
     else
         snprintf(why, sizeof(why), "because %s is above its high watermark", gb);
-    osub_event_t *ev = emit(e, OSUB_EV_EVICT, reason,
-                            "evicting %s (%s, %lld MiB held) from %s %s; grace period %lld ms, "
-                            "then %s",
-                            s->spec.id, class_of(e, s), (long long)held_total(s), gb, why,
-                            (long long)s->grace_ms,
-                            s->requeue_on_evict ? "back to the queue" : "released");
+    osub_event_t *ev =
+        emit(e, OSUB_EV_EVICT, reason,
+             "evicting %s (%s, %lld MiB held) from %s %s; grace period %lld ms, "
+             "then %s",
+             s->spec.id, class_of(e, s), (long long)held_total(s), gb, why, (long long)s->grace_ms,
+             s->requeue_on_evict ? "back to the queue" : "released");
     (void)from;
     ev_svc(ev, s);
     snprintf(ev->cause, sizeof(ev->cause), "%s", cause ? cause : "");
@@ -803,8 +803,8 @@ static void svc_gone(osub_engine_t *e, struct svc *s, osub_reason_t reason, bool
         ev_svc(ev, s);
         return;
     }
-    osub_event_t *ev = emit(e, OSUB_EV_RELEASE, reason, "released %s (%s) from %s",
-                            s->spec.id, class_of(e, s), s->n_slots ? gb : "the queue");
+    osub_event_t *ev = emit(e, OSUB_EV_RELEASE, reason, "released %s (%s) from %s", s->spec.id,
+                            class_of(e, s), s->n_slots ? gb : "the queue");
     ev_svc(ev, s);
     svc_destroy(e, s);
 }
@@ -822,10 +822,9 @@ static int validate_config(const osub_pool_config_t *c)
     if (c->margin_mib < 0 || c->high_watermark_pct <= 0 || c->high_watermark_pct > 100 ||
         c->low_watermark_pct <= 0 || c->low_watermark_pct > c->high_watermark_pct)
         return OSUB_EBAD_CONFIG;
-    if (c->hysteresis_ms < 0 || c->ack_timeout_ms < 0 || c->grace_ms < 0 ||
-        c->min_runtime_ms < 0 || c->history_window_ms < 60000 ||
-        c->history_window_ms > 7 * 86400000LL || c->restart_cost_ms < 0 ||
-        c->queue_aging_ms < 0)
+    if (c->hysteresis_ms < 0 || c->ack_timeout_ms < 0 || c->grace_ms < 0 || c->min_runtime_ms < 0 ||
+        c->history_window_ms < 60000 || c->history_window_ms > 7 * 86400000LL ||
+        c->restart_cost_ms < 0 || c->queue_aging_ms < 0)
         return OSUB_EBAD_CONFIG;
     return 0;
 }
@@ -1026,7 +1025,8 @@ static int resolve_spec(const osub_engine_t *e, const osub_spec_t *in, osub_spec
     s.restart_cost_ms = in->restart_cost_ms < 0 ? e->cfg.restart_cost_ms : in->restart_cost_ms;
     if (in->grace_ms < -1 || in->grace_ms > 86400000LL)
         return OSUB_EBAD_TIME;
-    s.grace_ms = in->grace_ms >= 0 ? in->grace_ms : (c->grace_ms >= 0 ? c->grace_ms : e->cfg.grace_ms);
+    s.grace_ms =
+        in->grace_ms >= 0 ? in->grace_ms : (c->grace_ms >= 0 ? c->grace_ms : e->cfg.grace_ms);
     if (in->queue != OSUB_TRI_DEFAULT && in->queue != OSUB_TRI_NO && in->queue != OSUB_TRI_YES)
         return OSUB_EINVAL;
     s.queue = in->queue == OSUB_TRI_DEFAULT ? (pre ? OSUB_TRI_YES : OSUB_TRI_NO) : in->queue;
@@ -1114,8 +1114,8 @@ static void fill_victims(const osub_engine_t *e, const struct plan *p, osub_subm
         osub_victim_t *v = &res->victims[res->n_victims++];
         snprintf(v->service, sizeof(v->service), "%s", p->victims[i]->spec.id);
         v->evict = p->acts[i] == ACT_EVICT;
-        v->deadline_ms = v->evict ? e->now + p->victims[i]->grace_ms
-                                  : e->now + e->cfg.ack_timeout_ms;
+        v->deadline_ms =
+            v->evict ? e->now + p->victims[i]->grace_ms : e->now + e->cfg.ack_timeout_ms;
     }
 }
 
@@ -1141,9 +1141,9 @@ static void admit_apply(osub_engine_t *e, struct svc *s, const struct plan *p, o
     char gb[96];
     fmt_gpus(s, gb, sizeof(gb));
     if (p->n_victims == 0) {
-        osub_event_t *ev = emit(e, OSUB_EV_ADMIT, why,
-                                "admitted %s (%s, %lld MiB) on %s without victims", s->spec.id,
-                                class_of(e, s), (long long)s->full_total, gb);
+        osub_event_t *ev =
+            emit(e, OSUB_EV_ADMIT, why, "admitted %s (%s, %lld MiB) on %s without victims",
+                 s->spec.id, class_of(e, s), (long long)s->full_total, gb);
         ev_svc(ev, s);
         ev->vram_mib = s->full_total;
         set_state(e, s, OSUB_STATE_PENDING);
@@ -1175,9 +1175,9 @@ static void admit_apply(osub_engine_t *e, struct svc *s, const struct plan *p, o
     size_t off = 0;
     vb[0] = '\0';
     for (int32_t i = 0; i < s->n_waits && off + 70 < sizeof(vb); i++)
-        off += (size_t)snprintf(vb + off, sizeof(vb) - off, "%s%s %s", i ? ", " : "",
-                                s->waits[i].evict ? "eviction of" : "degrade of",
-                                s->waits[i].service);
+        off +=
+            (size_t)snprintf(vb + off, sizeof(vb) - off, "%s%s %s", i ? ", " : "",
+                             s->waits[i].evict ? "eviction of" : "degrade of", s->waits[i].service);
     ev = emit(e, OSUB_EV_PEND, OSUB_R_WAIT_VICTIMS, "%s is pending on %s until the %s frees memory",
               s->spec.id, gb, vb);
     ev_svc(ev, s);
@@ -1188,7 +1188,8 @@ static void admit_apply(osub_engine_t *e, struct svc *s, const struct plan *p, o
 /* Reserves every allocation an admission of s may need, so that applying cannot fail. */
 static int admit_reserve(osub_engine_t *e, struct svc *s, const struct plan *p)
 {
-    if (place_reserve(e, p->gpus, p->k) != 0 || timer_reserve(e, 2 + 2 * (size_t)p->n_victims) != 0 ||
+    if (place_reserve(e, p->gpus, p->k) != 0 ||
+        timer_reserve(e, 2 + 2 * (size_t)p->n_victims) != 0 ||
         vec_reserve(&e->pending, &e->cap_pending, e->n_pending + 1) != 0)
         return OSUB_ENOMEM;
     if (p->n_victims > 0) {
@@ -1323,8 +1324,7 @@ int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms
             /* a refused command, not a decision: nothing in the state changes */
             osub_event_t *ev = emit(e, OSUB_EV_REJECT, OSUB_R_EMPTY_POOL,
                                     "rejected %s (%s, %lld MiB on %d GPU(s)): %s", s.id,
-                                    s.class_name, (long long)s.vram_mib, s.gpus,
-                                    osub_strerror(rc));
+                                    s.class_name, (long long)s.vram_mib, s.gpus, osub_strerror(rc));
             snprintf(ev->service, sizeof(ev->service), "%s", s.id);
         }
         res->outcome = OSUB_SUBMIT_REJECTED;
@@ -1581,8 +1581,7 @@ static void process_queue(osub_engine_t *e)
     if (e->overcommitted)
         return;
     size_t planned = 0, looked = 0;
-    for (size_t i = 0; i < e->n_queue && planned < window && looked < reach;
-         looked++) {
+    for (size_t i = 0; i < e->n_queue && planned < window && looked < reach; looked++) {
         struct svc *s = e->queue[i];
         struct req r;
         fill_req(e, s, &r);
@@ -1673,10 +1672,11 @@ static void svc_restore(osub_engine_t *e, struct svc *s)
     svc_sync(e, s);
     char gb[96];
     fmt_gpus(s, gb, sizeof(gb));
-    osub_event_t *ev = emit(e, OSUB_EV_RESTORE, OSUB_R_ROOM_STABLE,
-                            "restored %s (%s) to %lld MiB on %s, batch %d -> %d: room lasted %lld ms",
-                            s->spec.id, class_of(e, s), (long long)s->full_total, gb, from_batch,
-                            s->batch, (long long)e->cfg.hysteresis_ms);
+    osub_event_t *ev =
+        emit(e, OSUB_EV_RESTORE, OSUB_R_ROOM_STABLE,
+             "restored %s (%s) to %lld MiB on %s, batch %d -> %d: room lasted %lld ms", s->spec.id,
+             class_of(e, s), (long long)s->full_total, gb, from_batch, s->batch,
+             (long long)e->cfg.hysteresis_ms);
     ev_svc(ev, s);
     ev->vram_mib = s->full_total;
     ev->batch_size = s->batch;
@@ -1746,9 +1746,9 @@ int osub_engine_release(osub_engine_t *e, const char *id, int64_t now_ms)
         return OSUB_EUNKNOWN_SERVICE;
     char gb[96];
     fmt_gpus(s, gb, sizeof(gb));
-    osub_event_t *ev = emit(e, OSUB_EV_RELEASE, OSUB_R_USER, "released %s (%s, %lld MiB held) from %s",
-                            s->spec.id, class_of(e, s), (long long)held_total(s),
-                            s->n_slots ? gb : "the queue");
+    osub_event_t *ev =
+        emit(e, OSUB_EV_RELEASE, OSUB_R_USER, "released %s (%s, %lld MiB held) from %s", s->spec.id,
+             class_of(e, s), (long long)held_total(s), s->n_slots ? gb : "the queue");
     ev_svc(ev, s);
     svc_destroy(e, s);
     finish(e);
@@ -1772,11 +1772,11 @@ static int usage_apply(osub_engine_t *e, struct svc *s, const int64_t *per, int3
                 s->slots[i].held_grant = s->slots[i].grant;
             timer_cancel(e, s, T_DEADLINE);
             s->deadline_ms = 0;
-            osub_event_t *ev = emit(e, OSUB_EV_ACK, OSUB_R_USAGE_UNDER_GRANT,
-                                    "%s reports %lld MiB, at or under its degraded grant of %lld "
-                                    "MiB: taken as its acknowledgement",
-                                    s->spec.id, (long long)used_total(s),
-                                    (long long)grant_total(s));
+            osub_event_t *ev =
+                emit(e, OSUB_EV_ACK, OSUB_R_USAGE_UNDER_GRANT,
+                     "%s reports %lld MiB, at or under its degraded grant of %lld "
+                     "MiB: taken as its acknowledgement",
+                     s->spec.id, (long long)used_total(s), (long long)grant_total(s));
             ev_svc(ev, s);
         }
     }
@@ -1942,9 +1942,9 @@ int osub_engine_ack(osub_engine_t *e, const char *id, const char *checkpoint, in
                                 s->spec.id, (long long)grant_total(s), (long long)held_total(s));
         ev_svc(ev, s);
     } else {
-        osub_event_t *ev = emit(e, OSUB_EV_ACK, OSUB_R_ACKNOWLEDGED,
-                                "%s acknowledged its eviction%s%s", s->spec.id,
-                                s->checkpoint[0] ? "; checkpoint " : "", s->checkpoint);
+        osub_event_t *ev =
+            emit(e, OSUB_EV_ACK, OSUB_R_ACKNOWLEDGED, "%s acknowledged its eviction%s%s",
+                 s->spec.id, s->checkpoint[0] ? "; checkpoint " : "", s->checkpoint);
         ev_svc(ev, s);
     }
     finish(e);
@@ -2007,7 +2007,8 @@ int osub_engine_resize(osub_engine_t *e, const char *id, int64_t vram_mib, int64
     if (batch_size < 0)
         return OSUB_EBAD_BATCH;
     int64_t nv = vram_mib ? vram_mib : s->full_total;
-    int64_t nm = min_vram_mib ? min_vram_mib : (s->floor_total == s->full_total && vram_mib ? nv : s->floor_total);
+    int64_t nm = min_vram_mib ? min_vram_mib
+                              : (s->floor_total == s->full_total && vram_mib ? nv : s->floor_total);
     if (nm > nv)
         return vram_mib ? OSUB_ENO_SHRINK_BELOW_MIN : OSUB_EBAD_MIN_VRAM;
     if (nm < s->k)
@@ -2143,8 +2144,8 @@ int osub_engine_drain_gpu(osub_engine_t *e, int32_t gpu, int64_t now_ms)
     if (!g->cordoned) {
         g->cordoned = true;
         osub__gpu_touch(e, g);
-        osub_event_t *ev = emit(e, OSUB_EV_CORDON, OSUB_R_USER,
-                                "GPU %d cordoned for draining", gpu);
+        osub_event_t *ev =
+            emit(e, OSUB_EV_CORDON, OSUB_R_USER, "GPU %d cordoned for draining", gpu);
         ev->gpu = gpu;
     }
     for (int32_t i = g->nsvc - 1; i >= 0; i--) {
@@ -2429,12 +2430,12 @@ char *osub_engine_dump(const osub_engine_t *e)
                   "ack %d cap %d resumed %d evb %d batch %d submit %lld since %lld start %lld "
                   "resume %lld deadline %lld room %lld cp '%s' by '%s'/%d ev %u dg %u "
                   "timers %lld/%lld slots",
-                  p->id, p->class_name, (long long)p->vram_mib, (long long)p->min_vram_mib,
-                  p->gpus, p->compute_pct, p->batch_size, p->min_batch_size, p->exclusive,
-                  (int)p->preemptible, p->resumable, (int)p->on_evict, (long long)p->restart_cost_ms,
-                  (int)p->queue, (long long)p->grace_ms, (unsigned long long)s->seq,
-                  osub_state_name(s->state), s->loading, s->ack_pending, s->used_capped,
-                  s->resumed, s->evicted_before, s->batch, (long long)s->submit_ms,
+                  p->id, p->class_name, (long long)p->vram_mib, (long long)p->min_vram_mib, p->gpus,
+                  p->compute_pct, p->batch_size, p->min_batch_size, p->exclusive,
+                  (int)p->preemptible, p->resumable, (int)p->on_evict,
+                  (long long)p->restart_cost_ms, (int)p->queue, (long long)p->grace_ms,
+                  (unsigned long long)s->seq, osub_state_name(s->state), s->loading, s->ack_pending,
+                  s->used_capped, s->resumed, s->evicted_before, s->batch, (long long)s->submit_ms,
                   (long long)s->since_ms, (long long)s->start_ms, (long long)s->resume_ms,
                   (long long)s->deadline_ms, (long long)s->room_since_ms, s->checkpoint,
                   s->preemptor, s->preemptor_level, s->n_evictions, s->n_degrades,
@@ -2503,8 +2504,7 @@ int osub_engine_check(const osub_engine_t *e, char *why, size_t why_len)
         bool running = s->state == OSUB_STATE_LOADING || s->state == OSUB_STATE_RUNNING ||
                        s->state == OSUB_STATE_DEGRADED;
         if (running && s->n_slots != s->k)
-            rc = fail_why(why, why_len, "%s runs on %d GPUs, not %d", s->spec.id, s->n_slots,
-                          s->k);
+            rc = fail_why(why, why_len, "%s runs on %d GPUs, not %d", s->spec.id, s->n_slots, s->k);
         if (running && !s->spec.exclusive && grant_total(s) < s->floor_total)
             rc = fail_why(why, why_len, "invariant 5: %s grant %lld below its floor %lld",
                           s->spec.id, (long long)grant_total(s), (long long)s->floor_total);
@@ -2540,8 +2540,7 @@ int osub_engine_check(const osub_engine_t *e, char *why, size_t why_len)
     for (int32_t i = 0; i < n && rc == 0; i++) {
         const struct gpu *g = &e->gpus[i];
         if (g->granted != sum[i * 4] || g->backed != sum[i * 4 + 1] ||
-            g->held != sum[i * 4 + 2] + g->system || g->used != sum[i * 4 + 3] ||
-            g->nsvc != cnt[i])
+            g->held != sum[i * 4 + 2] + g->system || g->used != sum[i * 4 + 3] || g->nsvc != cnt[i])
             rc = fail_why(why, why_len,
                           "invariant 4: GPU %d totals granted %lld/%lld backed %lld/%lld held "
                           "%lld/%lld used %lld/%lld svcs %d/%d",

@@ -6,8 +6,8 @@ const char *osub_strerror(int rc)
     switch (rc) {
     case OSUB_OK:
         return "ok";
-#define OSUB__ERR_MSG(name, value, code, msg)                                                     \
-    case OSUB_E##name:                                                                            \
+#define OSUB__ERR_MSG(name, value, code, msg)                                                      \
+    case OSUB_E##name:                                                                             \
         return msg;
         OSUB_ERRNO_MAP(OSUB__ERR_MSG)
 #undef OSUB__ERR_MSG
@@ -21,8 +21,8 @@ const char *osub_errcode(int rc)
     switch (rc) {
     case OSUB_OK:
         return "ok";
-#define OSUB__ERR_CODE(name, value, code, msg)                                                    \
-    case OSUB_E##name:                                                                            \
+#define OSUB__ERR_CODE(name, value, code, msg)                                                     \
+    case OSUB_E##name:                                                                             \
         return code;
         OSUB_ERRNO_MAP(OSUB__ERR_CODE)
 #undef OSUB__ERR_CODE

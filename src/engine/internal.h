@@ -31,7 +31,7 @@ struct svc {
     int32_t full_batch, floor_batch;
     int64_t grace_ms, restart_cost_ms;
     int32_t k;
-    int64_t size_mib; /* the GPU size its set must have, 0 = any size with k GPUs */
+    int64_t size_mib;   /* the GPU size its set must have, 0 = any size with k GPUs */
     struct slot *slots; /* k, in GPU index order when placed */
     int32_t n_slots;    /* 0 unless placed (pending or later) */
 
@@ -40,7 +40,7 @@ struct svc {
     int32_t batch;
     int32_t compute_used;
     int64_t submit_ms, since_ms, start_ms, resume_ms;
-    int64_t deadline_ms; /* ack deadline or grace end, 0 if none */
+    int64_t deadline_ms;   /* ack deadline or grace end, 0 if none */
     int64_t room_since_ms; /* restore hysteresis; -1 when no room */
     bool overdue_requeued;
     uint32_t n_evictions, n_degrades;
@@ -62,7 +62,7 @@ struct svc {
     int32_t resv_gpus[64];
     int32_t plan_idx;
 
-    struct svc *prev, *next; /* live list in submit order */
+    struct svc *prev, *next;     /* live list in submit order */
     osub_slot_info_t *slot_info; /* scratch for service_info */
 };
 
@@ -91,7 +91,7 @@ struct gpu {
     /* hot: read for every GPU by every admission (the first two cache lines) */
     int64_t vram, usable, logical;
     int64_t granted, backed, held;
-    int64_t hist_peak;   /* max over the history ring */
+    int64_t hist_peak; /* max over the history ring */
     int32_t compute_all, compute_backed;
     int64_t hist_minute; /* minute of the newest history slot */
     struct svc *excl;    /* exclusive owner */
@@ -115,7 +115,7 @@ struct gpu {
 struct room_tree {
     int64_t vram;
     int32_t n, leaves;
-    int32_t *gpus; /* the group's GPU indices, ascending */
+    int32_t *gpus;                  /* the group's GPU indices, ascending */
     int64_t *t[OSUB_MAX_LEVEL + 1]; /* 2 * leaves entries each, root at 1 */
 };
 
@@ -152,7 +152,7 @@ struct osub_engine {
 
     osub_event_t *events;
     size_t n_events, cap_events;
-    bool mute; /* dry run: no events */
+    bool mute;  /* dry run: no events */
     bool dirty; /* something freed: look at pending and queue */
     bool in_tick;
     bool pending_check; /* held dropped where a pending service waits */

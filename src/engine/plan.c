@@ -83,7 +83,7 @@ static int64_t placement_score(osub_engine_t *e, struct gpu *g, int64_t share)
 {
     int64_t projected = osub__gpu_peak(e, g) + share;
     if (projected <= g->usable)
-        return g->usable - projected; /* tightest fit first */
+        return g->usable - projected;                    /* tightest fit first */
     return (INT64_C(1) << 50) + (projected - g->usable); /* least overshoot first */
 }
 
@@ -461,8 +461,7 @@ static void gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
             vi->rg_e = sl->grant;
             vi->rh_e = sl->held;
             vi->rg_d = vi->degradable ? sl->grant - slot_grant_after(v, sl, ACT_DEGRADE) : 0;
-            vi->rh_d =
-                vi->degradable ? sl->held - osub__slot_held_after(e, v, sl, ACT_DEGRADE) : 0;
+            vi->rh_d = vi->degradable ? sl->held - osub__slot_held_after(e, v, sl, ACT_DEGRADE) : 0;
             vi->restart_ms = v->restart_cost_ms;
             /* ev_*: the most each victim can give: all of it if it may be evicted, else
              * what a degrade frees (protected work may still be degraded) */
@@ -593,8 +592,8 @@ static bool plan_single(const osub_engine_t *e, const struct gpu *g, const struc
     int64_t climit = (int64_t)100 * e->cfg.compute_ratio_milli / 1000;
     int64_t dl0 = g->granted + share - g->logical, dh0 = g->held + share - g->usable;
     int64_t dc0 = r->compute > 0 ? g->compute_all + r->compute - climit : 0;
-    if (r->backed && (g->backed + share > g->usable ||
-                      (r->compute > 0 && g->compute_backed + r->compute > 100)))
+    if (r->backed &&
+        (g->backed + share > g->usable || (r->compute > 0 && g->compute_backed + r->compute > 100)))
         return false;
     int32_t n = 0;
     while (n < g->nvic && n < OSUB_PLAN_MAX_VICTIMS && g->vic[n].level > r->level)
@@ -603,8 +602,7 @@ static bool plan_single(const osub_engine_t *e, const struct gpu *g, const struc
     memset(A, 0, (size_t)n);
     int64_t rg = 0, rh = 0, rc = 0, nev = 0;
     const struct vinfo *V = g->vic;
-#define OSUB__PASS()                                                                              \
-    (r->exclusive ? (g->nsvc - nev == 0) : (rg >= dl0 && rh >= dh0 && rc >= dc0))
+#define OSUB__PASS() (r->exclusive ? (g->nsvc - nev == 0) : (rg >= dl0 && rh >= dh0 && rc >= dc0))
     bool ok = OSUB__PASS();
     if (ok)
         return false; /* not a victim case: the caller handles fits */
@@ -891,8 +889,7 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
 
 /* The reference planner: every GPU of each size planned exactly, no pruning. Slow; the
  * randomized test checks that the pruned search above picks exactly what this picks. */
-static bool plan_size_reference(osub_engine_t *e, const struct req *r, int64_t size,
-                                struct plan *p)
+static bool plan_size_reference(osub_engine_t *e, const struct req *r, int64_t size, struct plan *p)
 {
     int32_t k = r->k;
     struct cand best[64];
@@ -1004,7 +1001,8 @@ int osub__plan_admission(osub_engine_t *e, const struct req *r, struct plan *out
                         (long long)(g->usable - g->held));
                 for (int32_t L = 0; L <= e->max_level; L++)
                     fprintf(stderr, " %lld", (long long)t->t[L][t->leaves + g->tree_pos]);
-                fprintf(stderr, "; optimistic %d (T %d ev %d dg %d); single %d (T %d ev %d dg %d); "
+                fprintf(stderr,
+                        "; optimistic %d (T %d ev %d dg %d); single %d (T %d ev %d dg %d); "
                         "ref T %d ev %d dg %d; excl %d compute %d backed %d k %d\n",
                         o, c.top_level, c.n_evict, c.n_degrade, ps, c2.top_level, c2.n_evict,
                         c2.n_degrade, ref.top_level, ref.n_evict, ref.n_degrade, r->exclusive,

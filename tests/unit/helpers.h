@@ -28,7 +28,8 @@ static inline osub_engine_t *mk_engine(int n, int64_t vram, int32_t ratio_milli)
     return e;
 }
 
-static inline osub_engine_t *mk_engine_cfg(int n, const int64_t *vram, const osub_pool_config_t *cfg)
+static inline osub_engine_t *mk_engine_cfg(int n, const int64_t *vram,
+                                           const osub_pool_config_t *cfg)
 {
     osub_engine_t *e = NULL;
     assert_int_equal(osub_engine_new(cfg, vram, NULL, (size_t)n, NULL, 0, &e), 0);

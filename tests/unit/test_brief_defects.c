@@ -205,8 +205,8 @@ static void test_no_float_drift(void **state)
     osub_engine_t *e = mk_engine(8, 81920, 1300);
     int64_t t = 0;
     for (int i = 0; i < 1000000; i++) {
-        osub_spec_t s = spec("x", i % 3 ? "batch" : "experiment", 103 + (i % 7) * 1001, 1 + i % 3,
-                             0);
+        osub_spec_t s =
+            spec("x", i % 3 ? "batch" : "experiment", 103 + (i % 7) * 1001, 1 + i % 3, 0);
         assert_int_equal(sub(e, s, t), OSUB_SUBMIT_STARTED);
         assert_int_equal(osub_engine_usage(e, "x", 77 + i % 5, -1, t), 0);
         assert_int_equal(osub_engine_release(e, "x", t), 0);

@@ -33,13 +33,13 @@ static osub_engine_t *rich(void)
 
 typedef int (*cmd_fn)(osub_engine_t *e);
 
-#define SPEC_CASE(fname, body)                                                                    \
-    static int fname(osub_engine_t *e)                                                            \
-    {                                                                                             \
-        osub_spec_t s = spec("fresh", "batch", 1024, 1, 0);                                       \
-        body;                                                                                     \
-        osub_submit_result_t r;                                                                   \
-        return osub_engine_submit(e, &s, T, 0, &r);                                               \
+#define SPEC_CASE(fname, body)                                                                     \
+    static int fname(osub_engine_t *e)                                                             \
+    {                                                                                              \
+        osub_spec_t s = spec("fresh", "batch", 1024, 1, 0);                                        \
+        body;                                                                                      \
+        osub_submit_result_t r;                                                                    \
+        return osub_engine_submit(e, &s, T, 0, &r);                                                \
     }
 
 SPEC_CASE(c_bad_id_upper, snprintf(s.id, sizeof(s.id), "Bad"))
@@ -258,10 +258,10 @@ static void test_codes_are_distinct_per_kind(void **state)
 {
     (void)state;
     /* the list: each refusal has its own code */
-    int kinds[] = {OSUB_EBAD_ID,       OSUB_EBAD_VRAM,        OSUB_ETOO_BIG,
-                   OSUB_EBAD_MIN_VRAM, OSUB_EBACKED_PREEMPTIBLE, OSUB_EEXCLUSIVE_PREEMPTIBLE,
-                   OSUB_ERATIO_PRECISION, OSUB_EUNKNOWN_CLASS, OSUB_ESPEC_CONFLICT,
-                   OSUB_ETOO_MANY_GPUS, OSUB_EUNKNOWN_SERVICE, OSUB_ENEGATIVE_USAGE,
+    int kinds[] = {OSUB_EBAD_ID,          OSUB_EBAD_VRAM,           OSUB_ETOO_BIG,
+                   OSUB_EBAD_MIN_VRAM,    OSUB_EBACKED_PREEMPTIBLE, OSUB_EEXCLUSIVE_PREEMPTIBLE,
+                   OSUB_ERATIO_PRECISION, OSUB_EUNKNOWN_CLASS,      OSUB_ESPEC_CONFLICT,
+                   OSUB_ETOO_MANY_GPUS,   OSUB_EUNKNOWN_SERVICE,    OSUB_ENEGATIVE_USAGE,
                    OSUB_ENO_DIRECTIVE};
     size_t n = sizeof(kinds) / sizeof(kinds[0]);
     for (size_t i = 0; i < n; i++)

@@ -97,8 +97,8 @@ static void check_all(osub_engine_t *e, const char *what)
             /* 1: backed services are never degraded or evicted */
             osub_service_info_t si;
             if (osub_engine_service_info(e, x->service, &si) == 0 && si.backed)
-                fail_msg("seed %" PRIu64 " command %ld: backed %s was a victim (%s)", seed,
-                         cmd_no, x->service, x->msg);
+                fail_msg("seed %" PRIu64 " command %ld: backed %s was a victim (%s)", seed, cmd_no,
+                         x->service, x->msg);
         }
         if (x->kind == OSUB_EV_START || x->kind == OSUB_EV_RESUME) {
             /* 3: a service starts only when held + its grant <= usable */
@@ -114,7 +114,7 @@ static void check_all(osub_engine_t *e, const char *what)
                     osub_engine_service_info(e, osub_engine_service_id(e, j), &pi);
                     for (int32_t q = 0; q < pi.n_slots; q++)
                         pending_here = pending_here || (pi.state == OSUB_STATE_PENDING &&
-                                                         pi.slots[q].gpu == si.slots[g].gpu);
+                                                        pi.slots[q].gpu == si.slots[g].gpu);
                 }
                 /* a pending service's grant counts in held while its victims drain */
                 if (gi.held_mib > gi.usable_mib && gi.system_mib == 0 && !pending_here)
@@ -228,7 +228,8 @@ static uint64_t run(uint64_t s, long n, bool check)
             rc = osub_engine_tick(e, now);
         }
         counts[rc == 0 ? 0 : 1]++;
-        if (rc && getenv("DBG")) fprintf(stderr, "%s %s\n", what, osub_errcode(rc));
+        if (rc && getenv("DBG"))
+            fprintf(stderr, "%s %s\n", what, osub_errcode(rc));
         if (check)
             check_all(e, what);
         if (verify) {

@@ -9,12 +9,22 @@ static void test_ratio(void **state)
         int rc;
         int32_t milli;
     } cases[] = {
-        {"1.3", 0, 1300},       {"1.25", 0, 1250},     {"1", 0, 1000},
-        {"2.000", 0, 2000},     {"1.5x", 0, 1500},     {" 1.8 ", 0, 1800},
-        {"1.30000", 0, 1300},   {"100", 0, 100000},    {"1.2345", OSUB_ERATIO_PRECISION, 0},
-        {"0.9", OSUB_ERATIO_RANGE, 0}, {"100.001", OSUB_ERATIO_RANGE, 0},
-        {"", OSUB_EBAD_RATIO, 0}, {"abc", OSUB_EBAD_RATIO, 0}, {"1.3.4", OSUB_EBAD_RATIO, 0},
-        {"-1.3", OSUB_EBAD_RATIO, 0}, {"1e3", OSUB_EBAD_RATIO, 0},
+        {"1.3", 0, 1300},
+        {"1.25", 0, 1250},
+        {"1", 0, 1000},
+        {"2.000", 0, 2000},
+        {"1.5x", 0, 1500},
+        {" 1.8 ", 0, 1800},
+        {"1.30000", 0, 1300},
+        {"100", 0, 100000},
+        {"1.2345", OSUB_ERATIO_PRECISION, 0},
+        {"0.9", OSUB_ERATIO_RANGE, 0},
+        {"100.001", OSUB_ERATIO_RANGE, 0},
+        {"", OSUB_EBAD_RATIO, 0},
+        {"abc", OSUB_EBAD_RATIO, 0},
+        {"1.3.4", OSUB_EBAD_RATIO, 0},
+        {"-1.3", OSUB_EBAD_RATIO, 0},
+        {"1e3", OSUB_EBAD_RATIO, 0},
         {"99999999999999999999", OSUB_EBAD_RATIO, 0},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -42,12 +52,24 @@ static void test_size(void **state)
         int rc;
         int64_t mib;
     } cases[] = {
-        {"0.1GiB", 0, 103},      {"120GiB", 0, 122880},   {"160 GiB", 0, 163840},
-        {"81920", 0, 81920},     {"1MB", 0, 1},           {"1GB", 0, 954},
-        {"80GB", 0, 76294},      {"0.5GiB", 0, 512},      {"1.5", 0, 2},
-        {"512MiB", 0, 512},      {"1TiB", 0, 1048576},    {"2048KiB", 0, 2},
-        {"1gib", 0, 1024},       {"0", OSUB_EBAD_SIZE, 0}, {"-1GiB", OSUB_EBAD_SIZE, 0},
-        {"12XB", OSUB_EBAD_SIZE, 0}, {"", OSUB_EBAD_SIZE, 0}, {"GiB", OSUB_EBAD_SIZE, 0},
+        {"0.1GiB", 0, 103},
+        {"120GiB", 0, 122880},
+        {"160 GiB", 0, 163840},
+        {"81920", 0, 81920},
+        {"1MB", 0, 1},
+        {"1GB", 0, 954},
+        {"80GB", 0, 76294},
+        {"0.5GiB", 0, 512},
+        {"1.5", 0, 2},
+        {"512MiB", 0, 512},
+        {"1TiB", 0, 1048576},
+        {"2048KiB", 0, 2},
+        {"1gib", 0, 1024},
+        {"0", OSUB_EBAD_SIZE, 0},
+        {"-1GiB", OSUB_EBAD_SIZE, 0},
+        {"12XB", OSUB_EBAD_SIZE, 0},
+        {"", OSUB_EBAD_SIZE, 0},
+        {"GiB", OSUB_EBAD_SIZE, 0},
         {"99999999999999TiB", OSUB_EBAD_SIZE, 0},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -78,8 +100,8 @@ static void test_pool(void **state)
     assert_int_equal(v[4], 40960);
     assert_int_equal(osub_parse_pool("2xA100-80GB", v, 64, &n), 0);
     assert_int_equal(v[1], 81920);
-    const char *bad[] = {"", "8", "x81920", "8x", "0x81920", "8x81920,", "-1x100", "8xfoo",
-                         "99999x81920", "8x81920,,2x10"};
+    const char *bad[] = {"",         "8",      "x81920", "8x",          "0x81920",
+                         "8x81920,", "-1x100", "8xfoo",  "99999x81920", "8x81920,,2x10"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         if (osub_parse_pool(bad[i], v, 64, &n) != OSUB_EBAD_POOL)
             fail_msg("pool '%s' accepted", bad[i]);
