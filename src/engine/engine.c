@@ -535,11 +535,14 @@ static void svc_unplace(osub_engine_t *e, struct svc *s)
         g->compute_all -= s->spec.compute_pct;
         if (s->backed)
             g->compute_backed -= s->spec.compute_pct;
+        g->compute_measured -= s->compute_used;
         if (g->excl == s)
             g->excl = NULL;
         gpu_list_remove(e, g, s);
     }
     s->n_slots = 0;
+    s->compute_used = 0;
+    s->batch_degraded = false;
     s->loading = false;
     s->ack_pending = false;
     s->used_capped = false;
@@ -1258,6 +1261,7 @@ static bool backfill_ok(osub_engine_t *e, const struct plan *p, int32_t lvl)
 }
 
 static void process(osub_engine_t *e);
+static void check_compute(osub_engine_t *e, int32_t gi);
 
 int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms, unsigned flags,
                        osub_submit_result_t *res);
@@ -1629,6 +1633,70 @@ static void check_pressure(osub_engine_t *e, int32_t gi)
     }
 }
 
+/* Compute contention (DESIGN.md "Compute"): measured compute above 100% of a GPU cuts the
+ * batch of one preemptible service there, lowest priority and most recent first, one per
+ * report; memory is never touched and nothing is evicted for compute. */
+static void check_compute(osub_engine_t *e, int32_t gi)
+{
+    struct gpu *g = &e->gpus[gi];
+    if (g->compute_measured <= 100)
+        return;
+    for (int32_t i = 0; i < g->nsvc; i++) {
+        struct svc *v = g->svcs[i]; /* victim order already */
+        if (!osub__svc_victim_eligible(v) || v->batch_degraded || v->batch <= v->floor_batch)
+            continue;
+        int32_t from = v->batch;
+        v->batch = v->floor_batch;
+        v->batch_degraded = true;
+        v->batch_room_since_ms = -1;
+        v->n_degrades++;
+        e->degrades++;
+        osub_event_t *ev =
+            emit(e, OSUB_EV_DEGRADE, OSUB_R_COMPUTE,
+                 "cut the batch of %s (%s) from %d to %d: GPU %d's measured "
+                 "compute is %d%%; its memory is untouched",
+                 v->spec.id, class_of(e, v), from, v->batch, gi, g->compute_measured);
+        ev_svc(ev, v);
+        ev->batch_size = v->batch;
+        ev->vram_mib = grant_total(v);
+        return;
+    }
+}
+
+/* A batch cut for compute comes back when every GPU of the service has stayed at or under
+ * 80% measured compute for the hysteresis window. */
+static void process_compute_restores(osub_engine_t *e)
+{
+    for (struct svc *s = e->head; s; s = s->next) {
+        if (!s->batch_degraded)
+            continue;
+        bool calm = true;
+        for (int32_t i = 0; i < s->n_slots; i++)
+            calm = calm && e->gpus[s->slots[i].gpu].compute_measured <= 80;
+        if (!calm) {
+            s->batch_room_since_ms = -1;
+            continue;
+        }
+        if (s->batch_room_since_ms < 0)
+            s->batch_room_since_ms = e->now;
+        if (e->now - s->batch_room_since_ms < e->cfg.hysteresis_ms)
+            continue;
+        s->batch_degraded = false;
+        if (s->state == OSUB_STATE_DEGRADED)
+            continue; /* a memory restore brings the batch back with the memory */
+        int32_t from = s->batch;
+        s->batch = s->full_batch;
+        e->restores++;
+        osub_event_t *ev = emit(e, OSUB_EV_RESTORE, OSUB_R_COMPUTE,
+                                "restored the batch of %s from %d to %d: compute stayed at or "
+                                "under 80%% for %lld ms",
+                                s->spec.id, from, s->batch, (long long)e->cfg.hysteresis_ms);
+        ev_svc(ev, s);
+        ev->batch_size = s->batch;
+        ev->vram_mib = grant_total(s);
+    }
+}
+
 static void process(osub_engine_t *e)
 {
     if (e->n_pending > 0 && e->pending_check)
@@ -1665,6 +1733,7 @@ static void svc_restore(osub_engine_t *e, struct svc *s)
     }
     int32_t from_batch = s->batch;
     s->batch = s->full_batch;
+    s->batch_degraded = false;
     set_state(e, s, s->loading ? OSUB_STATE_LOADING : OSUB_STATE_RUNNING);
     s->used_capped = false;
     s->room_since_ms = -1;
@@ -1714,6 +1783,7 @@ int osub_engine_tick(osub_engine_t *e, int64_t now_ms)
     for (int32_t i = 0; i < e->n_gpus; i++)
         check_pressure(e, i);
     process_restores(e);
+    process_compute_restores(e);
     e->dirty = true;
     e->in_tick = true;
     finish(e);
@@ -1759,8 +1829,11 @@ static int usage_apply(osub_engine_t *e, struct svc *s, const int64_t *per, int3
 {
     for (int32_t i = 0; i < s->n_slots; i++)
         slot_set_used(e, &s->slots[i], per[i]);
-    if (compute >= 0)
+    if (compute >= 0) {
+        for (int32_t i = 0; i < s->n_slots; i++)
+            e->gpus[s->slots[i].gpu].compute_measured += compute - s->compute_used;
         s->compute_used = compute;
+    }
     s->used_capped = false;
     if (s->ack_pending) {
         bool under = true;
@@ -1783,8 +1856,11 @@ static int usage_apply(osub_engine_t *e, struct svc *s, const int64_t *per, int3
     svc_sync(e, s);
     /* usage going down does not scan the queue (the tick does): usage moves all the time,
      * and a pending service is looked at after every command anyway */
-    for (int32_t i = 0; i < s->n_slots; i++)
+    for (int32_t i = 0; i < s->n_slots; i++) {
         check_pressure(e, s->slots[i].gpu);
+        if (compute >= 0)
+            check_compute(e, s->slots[i].gpu);
+    }
     finish(e);
     return 0;
 }
@@ -2413,11 +2489,11 @@ char *osub_engine_dump(const osub_engine_t *e)
         const struct gpu *g = &e->gpus[i];
         sb_printf(&b,
                   "gpu %d %s vram %lld usable %lld logical %lld granted %lld backed %lld held %lld "
-                  "used %lld system %lld compute %d/%d cordoned %d lost %d excl %s svcs",
+                  "used %lld system %lld compute %d/%d/%d cordoned %d lost %d excl %s svcs",
                   i, g->name, (long long)g->vram, (long long)g->usable, (long long)g->logical,
                   (long long)g->granted, (long long)g->backed, (long long)g->held,
                   (long long)g->used, (long long)g->system, g->compute_all, g->compute_backed,
-                  g->cordoned, g->lost, g->excl ? g->excl->spec.id : "-");
+                  g->compute_measured, g->cordoned, g->lost, g->excl ? g->excl->spec.id : "-");
         for (int32_t j = 0; j < g->nsvc; j++)
             sb_printf(&b, " %s", g->svcs[j]->spec.id);
         sb_printf(&b, "\n");
@@ -2429,7 +2505,7 @@ char *osub_engine_dump(const osub_engine_t *e)
                   "pre %d res %d onev %d rc %lld q %d grace %lld | seq %llu state %s load %d "
                   "ack %d cap %d resumed %d evb %d batch %d submit %lld since %lld start %lld "
                   "resume %lld deadline %lld room %lld cp '%s' by '%s'/%d ev %u dg %u "
-                  "timers %lld/%lld slots",
+                  "timers %lld/%lld cu %d bd %d slots",
                   p->id, p->class_name, (long long)p->vram_mib, (long long)p->min_vram_mib, p->gpus,
                   p->compute_pct, p->batch_size, p->min_batch_size, p->exclusive,
                   (int)p->preemptible, p->resumable, (int)p->on_evict,
@@ -2439,7 +2515,8 @@ char *osub_engine_dump(const osub_engine_t *e)
                   (long long)s->since_ms, (long long)s->start_ms, (long long)s->resume_ms,
                   (long long)s->deadline_ms, (long long)s->room_since_ms, s->checkpoint,
                   s->preemptor, s->preemptor_level, s->n_evictions, s->n_degrades,
-                  (long long)s->timer_at[0], (long long)s->timer_at[1]);
+                  (long long)s->timer_at[0], (long long)s->timer_at[1], s->compute_used,
+                  s->batch_degraded);
         for (int32_t i = 0; i < s->n_slots; i++)
             sb_printf(&b, " [%d g%lld hg%lld u%lld h%lld]", s->slots[i].gpu,
                       (long long)s->slots[i].grant, (long long)s->slots[i].held_grant,
@@ -2482,11 +2559,13 @@ int osub_engine_check(const osub_engine_t *e, char *why, size_t why_len)
     int64_t *sum = calloc((size_t)n * 4, sizeof(int64_t));
     int32_t *cnt = calloc((size_t)n, sizeof(int32_t));
     int32_t *pend = calloc((size_t)n, sizeof(int32_t));
+    int32_t *comp = calloc((size_t)n, sizeof(int32_t));
     int rc = 0;
-    if (sum == NULL || cnt == NULL || pend == NULL) {
+    if (sum == NULL || cnt == NULL || pend == NULL || comp == NULL) {
         free(sum);
         free(cnt);
         free(pend);
+        free(comp);
         return OSUB_ENOMEM;
     }
     size_t live = 0, queued = 0, pending = 0;
@@ -2526,6 +2605,7 @@ int osub_engine_check(const osub_engine_t *e, char *why, size_t why_len)
             cnt[sl->gpu]++;
             if (s->state == OSUB_STATE_PENDING)
                 pend[sl->gpu]++;
+            comp[sl->gpu] += s->compute_used;
         }
     }
     if (rc == 0 && live != e->n_live)
@@ -2556,6 +2636,9 @@ int osub_engine_check(const osub_engine_t *e, char *why, size_t why_len)
                           (long long)g->backed, (long long)g->usable);
         else if (g->lost && g->nsvc > 0)
             rc = fail_why(why, why_len, "lost GPU %d still has services", i);
+        else if (g->compute_measured != comp[i])
+            rc = fail_why(why, why_len, "GPU %d measured compute %d, services say %d", i,
+                          g->compute_measured, comp[i]);
         else if (g->n_pending != pend[i])
             rc = fail_why(why, why_len, "GPU %d counts %d pending, not %d", i, g->n_pending,
                           pend[i]);
@@ -2566,6 +2649,7 @@ int osub_engine_check(const osub_engine_t *e, char *why, size_t why_len)
     free(sum);
     free(cnt);
     free(pend);
+    free(comp);
     return rc;
 }
 

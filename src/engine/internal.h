@@ -38,7 +38,9 @@ struct svc {
     osub_state_t state;
     bool loading, ack_pending, used_capped, resumed, evicted_before;
     int32_t batch;
-    int32_t compute_used;
+    int32_t compute_used;        /* last measured compute_pct per GPU (0 until reported) */
+    bool batch_degraded;         /* batch cut for compute contention (memory untouched) */
+    int64_t batch_room_since_ms; /* compute restore hysteresis; -1 when contended */
     int64_t submit_ms, since_ms, start_ms, resume_ms;
     int64_t deadline_ms;   /* ack deadline or grace end, 0 if none */
     int64_t room_since_ms; /* restore hysteresis; -1 when no room */
@@ -101,6 +103,7 @@ struct gpu {
     /* cold */
     int32_t tree_size, tree_pos; /* its size group and leaf in the room trees */
     int32_t n_pending;           /* pending services placed here */
+    int32_t compute_measured;    /* sum of the services' last measured compute_pct */
     int64_t used, system;
     struct svc **svcs; /* services placed here, sorted by (level desc, submit desc, seq desc) */
     struct vinfo *vic; /* capsvc entries; the first nvic valid after gpu_agg() */

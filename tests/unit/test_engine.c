@@ -475,6 +475,56 @@ static void test_compute_claims(void **state)
     osub_engine_free(e);
 }
 
+static void test_compute_contention_cuts_batch_only(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(1, 81920, 2000);
+    osub_spec_t web = spec("web", "online", 20480, 1, 0);
+    web.batch_size = 16;
+    web.min_batch_size = 4;
+    running(e, web, 20000, 0);
+    osub_spec_t bat = spec("bat", "batch", 20480, 1, 10240);
+    bat.batch_size = 32;
+    bat.min_batch_size = 8;
+    running(e, bat, 20000, 0);
+    osub_spec_t exp = spec("exp", "experiment", 20480, 1, 10240);
+    exp.batch_size = 32;
+    exp.min_batch_size = 4;
+    running(e, exp, 20000, 0);
+    assert_int_equal(osub_engine_usage(e, "web", 20000, 60, 1000), 0);
+    assert_int_equal(osub_engine_usage(e, "bat", 20000, 30, 1000), 0);
+    assert_int_equal(count_ev(e, OSUB_EV_DEGRADE, NULL), 0);
+    /* the experiment pushes the GPU to 130%: its batch is cut, its memory is not */
+    assert_int_equal(osub_engine_usage(e, "exp", 20000, 40, 2000), 0);
+    const osub_event_t *ev = find_ev(e, OSUB_EV_DEGRADE, "exp");
+    assert_non_null(ev);
+    assert_int_equal(ev->reason, OSUB_R_COMPUTE);
+    osub_service_info_t si = info(e, "exp");
+    assert_int_equal(si.batch_size, 4);
+    assert_int_equal(si.grant_mib, 20480);
+    assert_int_equal(si.state, OSUB_STATE_RUNNING);
+    /* still contended: the batch job is next, never the online service, nobody evicted */
+    assert_int_equal(osub_engine_usage(e, "bat", 20000, 35, 3000), 0);
+    assert_int_equal(count_ev(e, OSUB_EV_DEGRADE, "bat"), 1);
+    assert_int_equal(osub_engine_usage(e, "exp", 20000, 40, 4000), 0);
+    assert_int_equal(count_ev(e, OSUB_EV_DEGRADE, "web"), 0);
+    assert_int_equal(count_ev(e, OSUB_EV_EVICT, NULL), 0);
+    assert_int_equal(info(e, "web").batch_size, 16);
+    /* calm for the hysteresis window: batches come back */
+    assert_int_equal(osub_engine_usage(e, "exp", 20000, 5, 5000), 0);
+    assert_int_equal(osub_engine_usage(e, "bat", 20000, 5, 5000), 0);
+    int restores = 0;
+    for (int64_t t = 6000; t <= 80000; t += 5000) {
+        assert_int_equal(osub_engine_tick(e, t), 0);
+        restores += count_ev(e, OSUB_EV_RESTORE, NULL);
+    }
+    assert_int_equal(restores, 2);
+    assert_int_equal(info(e, "exp").batch_size, 32);
+    assert_int_equal(info(e, "bat").batch_size, 32);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
 static void test_resize(void **state)
 {
     (void)state;
@@ -509,6 +559,7 @@ int main(void)
         cmocka_unit_test(test_pending_grant_counts_for_others),
         cmocka_unit_test(test_cordon_and_drain),
         cmocka_unit_test(test_compute_claims),
+        cmocka_unit_test(test_compute_contention_cuts_batch_only),
         cmocka_unit_test(test_resize),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
