@@ -1072,8 +1072,11 @@ static int empty_pool_fit(const osub_engine_t *e, const osub_spec_t *s)
 
 static void fill_req(const osub_engine_t *e, const struct svc *s, struct req *r)
 {
-    (void)e;
     memset(r, 0, sizeof(*r));
+    /* a preemptible service is not placed where it would push held above the high watermark
+     * (unless it is alone there): pressure would take it straight back out */
+    if (s->preemptible)
+        r->held_limit_pct = e->cfg.high_watermark_pct;
     r->level = s->level;
     r->backed = s->backed;
     r->exclusive = s->spec.exclusive;
@@ -1590,6 +1593,7 @@ static void process_queue(osub_engine_t *e)
         struct req r;
         fill_req(e, s, &r);
         r.quiet = true;
+
         struct plan p;
         if (!osub__may_fit(e, &r, r.exclusive ? 1 : r.total / r.k)) {
             p.ok = false; /* cannot fit even with every lower level evicted: no plan needed */

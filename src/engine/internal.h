@@ -209,6 +209,7 @@ struct req {
     const struct svc *self;
     bool pressure; /* min runtime protection overridden */
     bool quiet;    /* no failure details wanted (queue passes) */
+    int32_t held_limit_pct; /* held + share must stay under this % of usable (0 = 100) */
 };
 
 enum act { ACT_NONE = 0, ACT_DEGRADE = 1, ACT_EVICT = 2 };

@@ -51,6 +51,17 @@ static int64_t slot_grant_after(const struct svc *s, const struct slot *sl, int 
     return sl->grant;
 }
 
+/* What held plus the newcomer may reach on a GPU: usable, or the high watermark for a
+ * service coming back from the queue (resuming it into pressure would evict it again). */
+static int64_t held_limit(const struct gpu *g, const struct req *r, int64_t share)
+{
+    if (r->held_limit_pct >= 100 || r->held_limit_pct <= 0)
+        return g->usable;
+    int64_t lim = g->usable * r->held_limit_pct / 100;
+    /* a service bigger than the watermark may still come back to an otherwise empty GPU */
+    return share > lim ? (share < g->usable ? share : g->usable) : lim;
+}
+
 /* ---- placement history ------------------------------------------------------------------ */
 
 static void hist_advance(osub_engine_t *e, struct gpu *g)
@@ -144,7 +155,7 @@ static osub_check_t ws_eval(const osub_engine_t *e, const struct ws *w, const st
             return OSUB_CHECK_BACKED;
         }
     }
-    sf = g->held - x->dh + x->share - g->usable;
+    sf = g->held - x->dh + x->share - held_limit(g, r, x->share);
     if (sf > 0) {
         *shortfall = sf;
         return OSUB_CHECK_HELD;
@@ -590,7 +601,7 @@ static bool plan_single(const osub_engine_t *e, const struct gpu *g, const struc
                         int64_t share, struct cand *c)
 {
     int64_t climit = (int64_t)100 * e->cfg.compute_ratio_milli / 1000;
-    int64_t dl0 = g->granted + share - g->logical, dh0 = g->held + share - g->usable;
+    int64_t dl0 = g->granted + share - g->logical, dh0 = g->held + share - held_limit(g, r, share);
     int64_t dc0 = r->compute > 0 ? g->compute_all + r->compute - climit : 0;
     if (r->backed &&
         (g->backed + share > g->usable || (r->compute > 0 && g->compute_backed + r->compute > 100)))
@@ -786,7 +797,7 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
             continue;
         int64_t share = r->exclusive ? g->usable : share0;
         bool fits = r->exclusive ||
-                    (g->granted + share <= g->logical && g->held + share <= g->usable &&
+                    (g->granted + share <= g->logical && g->held + share <= held_limit(g, r, share) &&
                      (!r->backed || g->backed + share <= g->usable) &&
                      (r->compute == 0 || (g->compute_all + r->compute <= climit &&
                                           (!r->backed || g->compute_backed + r->compute <= 100))));

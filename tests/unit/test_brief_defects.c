@@ -24,10 +24,10 @@ static void test_victims_lowest_priority_first(void **state)
 
     osub_engine_t *e = mk_engine(1, 81920, 1500);
     assert_int_equal(sub(e, spec("batch", "batch", 40960, 1, 0), 0), OSUB_SUBMIT_STARTED);
+    osub_engine_ready(e, "batch", 0);
+    osub_engine_usage(e, "batch", 36864, -1, 0);
     assert_int_equal(sub(e, spec("exp", "experiment", 40960, 1, 0), 1), OSUB_SUBMIT_STARTED);
-    osub_engine_ready(e, "batch", 2);
     osub_engine_ready(e, "exp", 2);
-    osub_engine_usage(e, "batch", 36864, -1, 3);
     osub_engine_usage(e, "exp", 36864, -1, 3);
     osub_submit_result_t r;
     osub_spec_t on = spec("online", "online", 40960, 1, 0);

@@ -1,0 +1,522 @@
+/* main.c - the oversub command-line client: simulate and advise (offline, over traces) */
+#define _POSIX_C_SOURCE 200809L
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "advise.h"
+#include "oversub/units.h"
+#include "report.h"
+#include "sim.h"
+#include "trace.h"
+
+#define OSUB_VERSION "0.1.0"
+
+enum { EXIT_OK = 0, EXIT_REFUSED = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3 };
+
+static void usage_main(FILE *f)
+{
+    fprintf(f,
+            "usage: oversub <command> [options]\n"
+            "\n"
+            "Commands that work offline, on a usage trace:\n"
+            "  simulate   replay usage through the engine and compare policies\n"
+            "  advise     recommend an oversell ratio, with the evidence\n"
+            "\n"
+            "  oversub <command> --help   shows a command's options\n"
+            "  oversub --version\n");
+}
+
+static void usage_simulate(FILE *f, const char *cmd)
+{
+    fprintf(f,
+            "usage: oversub %s (--genai DIR | --services FILE --usage FILE) [options]\n"
+            "\n"
+            "Input\n"
+            "  --genai DIR          a folder laid out like shared/traces (genai_pod_vram.csv,\n"
+            "                       and when present genai_pod_gpu_util.csv, genai_model_load_ms.csv)\n"
+            "  --services FILE      service specs, JSON or YAML (a list, or {\"services\": [...]})\n"
+            "  --usage FILE         CSV: timestamp_s,service,vram_mib[,compute_pct]\n"
+            "  --buffer X           --genai: request = peak x (1 + X) (0.3)\n"
+            "  --floor pNN          --genai: degraded floor = that percentile of usage (p50)\n"
+            "  --classes A:B:C      --genai: online:batch:experiment split by hash of the pod (20:40:40)\n"
+            "Pool and policies\n"
+            "  --gpus POOL          8x81920, 4x81920,4x40960, or min[:SIZE] (min:81920): the\n"
+            "                       smallest pool each policy needs within the budgets (min)\n"
+            "  --policy LIST        static,brief,oversub,hindsight (all)\n"
+            "  --ratio R|A:B:S      oversub's ratio, or a sweep from A to B by S (1.3)\n"
+            "Budgets (for --gpus min, and what 'feasible' means)\n"
+            "  --evict-budget N     batch+experiment evictions a week (5)\n"
+            "  --unmet-budget X     demand left unmet by degrades, fraction (0.01)\n"
+            "  --max-wait S         no service waits longer than S seconds to start (300)\n"
+            "Output\n"
+            "  --json               JSON on stdout instead of the table\n"
+            "  --plot FILE.svg      used utilisation and events over time, and the ratio sweep\n"
+            "  --quiet              no progress on stderr\n",
+            cmd);
+}
+
+struct cli {
+    const char *genai, *services, *usage, *plot;
+    const char *gpus;
+    bool policies[POL__COUNT];
+    int32_t r_from, r_to, r_step;
+    struct genai_opts g;
+    struct sim_budget b;
+    bool json, quiet;
+    /* advise */
+    const char *history;
+};
+
+static int parse_classes(const char *s, int32_t out[3])
+{
+    int a, b, c;
+    char tail;
+    if (sscanf(s, "%d:%d:%d%c", &a, &b, &c, &tail) != 3 || a < 0 || b < 0 || c < 0 ||
+        a + b + c != 100)
+        return -1;
+    out[0] = a;
+    out[1] = b;
+    out[2] = c;
+    return 0;
+}
+
+/* "0.3" as thousandths, via the exact ratio parser (1 + X). */
+static int parse_fraction_milli(const char *s, int32_t *out)
+{
+    char buf[64];
+    if (strlen(s) > 40 || s[0] == '-')
+        return -1;
+    /* reuse the exact decimal parser: parse 1+X as a ratio */
+    int32_t m;
+    snprintf(buf, sizeof(buf), "%s", s);
+    char *dot = strchr(buf, '.');
+    int64_t ip = 0;
+    int64_t fp = 0;
+    int nf = 0;
+    for (char *p = buf; *p && p != dot; p++) {
+        if (!isdigit((unsigned char)*p))
+            return -1;
+        ip = ip * 10 + (*p - '0');
+        if (ip > 1000)
+            return -1;
+    }
+    if (dot) {
+        for (char *p = dot + 1; *p; p++) {
+            if (!isdigit((unsigned char)*p))
+                return -1;
+            if (nf < 3) {
+                fp = fp * 10 + (*p - '0');
+                nf++;
+            } else if (*p != '0') {
+                return -1;
+            }
+        }
+    }
+    while (nf < 3) {
+        fp *= 10;
+        nf++;
+    }
+    m = (int32_t)(ip * 1000 + fp);
+    *out = m;
+    return 0;
+}
+
+static int parse_ratio_arg(const char *s, struct cli *c)
+{
+    char a[32], b[32], st[32];
+    if (strchr(s, ':') != NULL) {
+        if (sscanf(s, "%31[^:]:%31[^:]:%31s", a, b, st) != 3)
+            return -1;
+        if (osub_parse_ratio(a, &c->r_from) != 0 || osub_parse_ratio(b, &c->r_to) != 0)
+            return -1;
+        if (parse_fraction_milli(st, &c->r_step) != 0 || c->r_step <= 0 || c->r_to < c->r_from)
+            return -1;
+        if ((c->r_to - c->r_from) / c->r_step > 200)
+            return -1;
+        return 0;
+    }
+    if (osub_parse_ratio(s, &c->r_from) != 0)
+        return -1;
+    c->r_to = c->r_from;
+    c->r_step = 1000;
+    return 0;
+}
+
+static int parse_policies(const char *s, struct cli *c)
+{
+    memset(c->policies, 0, sizeof(c->policies));
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", s);
+    char *save = NULL;
+    int n = 0;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        int p;
+        for (p = 0; p < POL__COUNT; p++)
+            if (strcmp(tok, sim_policy_name((enum sim_policy)p)) == 0)
+                break;
+        if (p == POL__COUNT)
+            return -1;
+        c->policies[p] = true;
+        n++;
+    }
+    return n > 0 ? 0 : -1;
+}
+
+static int parse_common(int argc, char **argv, struct cli *c, bool advise)
+{
+    memset(c, 0, sizeof(*c));
+    genai_opts_default(&c->g);
+    c->gpus = "min";
+    for (int p = 0; p < POL__COUNT; p++)
+        c->policies[p] = true;
+    c->r_from = c->r_to = 1300;
+    c->r_step = 1000;
+    c->b.evict_budget_per_week = 5;
+    c->b.unmet_budget_milli = 10;
+    c->b.max_wait_s = 300;
+    if (advise) {
+        c->r_from = 1000;
+        c->r_to = 2000;
+        c->r_step = 100;
+    }
+    static const struct option opts[] = {
+        {"genai", required_argument, NULL, 'G'},   {"services", required_argument, NULL, 'S'},
+        {"usage", required_argument, NULL, 'U'},   {"gpus", required_argument, NULL, 'g'},
+        {"policy", required_argument, NULL, 'p'},  {"ratio", required_argument, NULL, 'r'},
+        {"buffer", required_argument, NULL, 'B'},  {"floor", required_argument, NULL, 'F'},
+        {"classes", required_argument, NULL, 'C'}, {"evict-budget", required_argument, NULL, 'e'},
+        {"unmet-budget", required_argument, NULL, 'u'},
+        {"max-wait", required_argument, NULL, 'w'}, {"json", no_argument, NULL, 'j'},
+        {"plot", required_argument, NULL, 'P'},    {"quiet", no_argument, NULL, 'q'},
+        {"history", required_argument, NULL, 'H'}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    optind = 1;
+    int ch;
+    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        char *end;
+        long v;
+        switch (ch) {
+        case 'G':
+            c->genai = optarg;
+            break;
+        case 'S':
+            c->services = optarg;
+            break;
+        case 'U':
+            c->usage = optarg;
+            break;
+        case 'g':
+            c->gpus = optarg;
+            break;
+        case 'p':
+            if (parse_policies(optarg, c) != 0) {
+                fprintf(stderr, "oversub: --policy: '%s' is not a list of static, brief, "
+                                "oversub, hindsight\n",
+                        optarg);
+                return -1;
+            }
+            break;
+        case 'r':
+            if (parse_ratio_arg(optarg, c) != 0) {
+                fprintf(stderr, "oversub: --ratio: '%s' is not a ratio (1.3, at most three "
+                                "decimals, 1.0 to 100) or a sweep FROM:TO:STEP (1.0:2.0:0.1)\n",
+                        optarg);
+                return -1;
+            }
+            break;
+        case 'B':
+            if (parse_fraction_milli(optarg, &c->g.buffer_milli) != 0) {
+                fprintf(stderr, "oversub: --buffer: '%s' is not a fraction such as 0.3\n",
+                        optarg);
+                return -1;
+            }
+            break;
+        case 'F':
+            v = optarg[0] == 'p' ? strtol(optarg + 1, &end, 10) : -1;
+            if (optarg[0] != 'p' || *end != '\0' || v < 1 || v > 100) {
+                fprintf(stderr, "oversub: --floor: '%s' is not a percentile such as p50\n",
+                        optarg);
+                return -1;
+            }
+            c->g.floor_pct = (int32_t)v;
+            break;
+        case 'C':
+            if (parse_classes(optarg, c->g.classes) != 0) {
+                fprintf(stderr, "oversub: --classes: '%s' is not A:B:C adding up to 100\n",
+                        optarg);
+                return -1;
+            }
+            break;
+        case 'e':
+            errno = 0;
+            v = strtol(optarg, &end, 10);
+            if (*end != '\0' || errno || v < 0 || v > 100000) {
+                fprintf(stderr, "oversub: --evict-budget: '%s' is not a count\n", optarg);
+                return -1;
+            }
+            c->b.evict_budget_per_week = (int32_t)v;
+            break;
+        case 'u':
+            if (parse_fraction_milli(optarg, &c->b.unmet_budget_milli) != 0 ||
+                c->b.unmet_budget_milli > 1000) {
+                fprintf(stderr, "oversub: --unmet-budget: '%s' is not a fraction such as "
+                                "0.01\n",
+                        optarg);
+                return -1;
+            }
+            break;
+        case 'w':
+            errno = 0;
+            v = strtol(optarg, &end, 10);
+            if (*end != '\0' || errno || v < 0 || v > 86400 * 30) {
+                fprintf(stderr, "oversub: --max-wait: '%s' is not a number of seconds\n",
+                        optarg);
+                return -1;
+            }
+            c->b.max_wait_s = v;
+            break;
+        case 'j':
+            c->json = true;
+            break;
+        case 'P':
+            c->plot = optarg;
+            break;
+        case 'q':
+            c->quiet = true;
+            break;
+        case 'H':
+            c->history = optarg;
+            break;
+        case 'h':
+            usage_simulate(stdout, advise ? "advise" : "simulate");
+            return 1;
+        default:
+            fprintf(stderr, "oversub: see 'oversub %s --help'\n", advise ? "advise" : "simulate");
+            return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "oversub: unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    if ((c->genai == NULL) == (c->services == NULL && c->usage == NULL)) {
+        fprintf(stderr, "oversub: give either --genai DIR or --services FILE --usage FILE\n");
+        return -1;
+    }
+    if (c->genai == NULL && (c->services == NULL || c->usage == NULL)) {
+        fprintf(stderr, "oversub: --services and --usage go together\n");
+        return -1;
+    }
+    return 0;
+}
+
+static int load_trace(const struct cli *c, struct trace *tr)
+{
+    char err[512];
+    int rc = c->genai ? trace_import_genai(c->genai, &c->g, tr, err, sizeof(err))
+                      : trace_import_files(c->services, c->usage, tr, err, sizeof(err));
+    if (rc != 0)
+        fprintf(stderr, "oversub: %s\n", err);
+    return rc;
+}
+
+/* The pool: explicit sizes, or min[:SIZE]. */
+static int parse_gpus(const char *s, int64_t **pool, size_t *n, int64_t *min_size)
+{
+    *min_size = 0;
+    if (strncmp(s, "min", 3) == 0) {
+        *min_size = 81920;
+        if (s[3] == ':') {
+            if (osub_parse_gpu_size(s + 4, min_size) != 0)
+                return -1;
+        } else if (s[3] != '\0') {
+            return -1;
+        }
+        return 0;
+    }
+    *pool = malloc(4096 * sizeof(int64_t));
+    if (*pool == NULL)
+        return -1;
+    if (osub_parse_pool(s, *pool, 4096, n) != 0) {
+        free(*pool);
+        *pool = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* Runs every asked-for policy and ratio; results owned by the caller. */
+int run_policies(const struct cli *c, const struct trace *tr, struct sim_result **out,
+                 size_t *n_out, bool timeline);
+int run_policies(const struct cli *c, const struct trace *tr, struct sim_result **out,
+                 size_t *n_out, bool timeline)
+{
+    int64_t *pool = NULL, min_size;
+    size_t n_pool = 0;
+    if (parse_gpus(c->gpus, &pool, &n_pool, &min_size) != 0) {
+        fprintf(stderr, "oversub: --gpus: '%s' is not a pool (8x81920, 4x81920,4x40960, "
+                        "8xA100-80GB) or min[:SIZE]\n",
+                c->gpus);
+        return -1;
+    }
+    size_t n_ratios = (size_t)((c->r_to - c->r_from) / c->r_step) + 1;
+    size_t cap = 3 + n_ratios;
+    struct sim_result *res = calloc(cap, sizeof(*res));
+    if (res == NULL) {
+        free(pool);
+        return -1;
+    }
+    size_t n = 0;
+    char err[256];
+    int32_t lb = min_size ? sim_lower_bound(tr, min_size) : 0;
+    int32_t hi = 0;
+    for (size_t i = 0; i < tr->n; i++)
+        hi += tr->svcs[i].spec.gpus > 0 ? tr->svcs[i].spec.gpus : 1;
+    for (int p = 0; p < POL__COUNT; p++) {
+        if (!c->policies[p])
+            continue;
+        size_t nr = p == POL_OVERSUB || p == POL_BRIEF ? n_ratios : 1;
+        if (p == POL_BRIEF)
+            nr = 1; /* the brief at the sweep's first ratio (its own 1.5 is no better) */
+        for (size_t k = 0; k < nr; k++) {
+            int32_t ratio = p == POL_STATIC ? 1000 : c->r_from + (int32_t)k * c->r_step;
+            if (!c->quiet)
+                fprintf(stderr, "simulate: %s at %d.%03d%s ...\n",
+                        sim_policy_name((enum sim_policy)p), ratio / 1000, ratio % 1000,
+                        min_size && p != POL_HINDSIGHT ? ", searching the smallest pool" : "");
+            struct sim_result *r = &res[n];
+            int rc = 0;
+            if (p == POL_HINDSIGHT) {
+                int64_t one = min_size ? min_size : pool[0];
+                struct sim_opts o = {.policy = POL_HINDSIGHT, .ratio_milli = 1000, .pool = &one,
+                                     .n_pool = 1, .timeline = timeline};
+                rc = sim_run(tr, &o, &c->b, r, err, sizeof(err));
+            } else if (min_size) {
+                int32_t g = sim_min_gpus(tr, (enum sim_policy)p, ratio, min_size, lb, hi, &c->b,
+                                         timeline, r, err, sizeof(err));
+                if (g < 0)
+                    rc = -1;
+                else if (g == 0) {
+                    memset(r, 0, sizeof(*r));
+                    r->policy = (enum sim_policy)p;
+                    r->ratio_milli = ratio;
+                    r->n_gpus = 0;
+                    r->feasible = false;
+                    r->why_infeasible = "no pool up to the services' GPU count meets the budgets";
+                }
+            } else {
+                struct sim_opts o = {.policy = (enum sim_policy)p, .ratio_milli = ratio,
+                                     .pool = pool, .n_pool = n_pool, .timeline = timeline};
+                rc = sim_run(tr, &o, &c->b, r, err, sizeof(err));
+            }
+            if (rc != 0) {
+                fprintf(stderr, "oversub: %s\n", err);
+                for (size_t j = 0; j < n; j++)
+                    sim_result_free(&res[j]);
+                free(res);
+                free(pool);
+                return -1;
+            }
+            n++;
+        }
+    }
+    free(pool);
+    *out = res;
+    *n_out = n;
+    return 0;
+}
+
+static json_t *trace_json(const struct trace *tr)
+{
+    return json_pack("{s:I, s:I, s:I, s:I, s:I}", "services", (json_int_t)tr->n, "samples",
+                     (json_int_t)trace_samples(tr), "start_s", (json_int_t)tr->t0, "end_s",
+                     (json_int_t)tr->t1, "step_s", (json_int_t)tr->step_s);
+}
+
+static int cmd_simulate(int argc, char **argv)
+{
+    struct cli c;
+    int rc = parse_common(argc, argv, &c, false);
+    if (rc != 0)
+        return rc > 0 ? EXIT_OK : EXIT_USAGE;
+    struct trace tr;
+    if (load_trace(&c, &tr) != 0)
+        return EXIT_USAGE;
+    if (!c.quiet)
+        fprintf(stderr, "simulate: %zu services, %zu samples, %.1f hours in %lld s steps\n",
+                tr.n, trace_samples(&tr), (double)(tr.t1 - tr.t0 + tr.step_s) / 3600.0,
+                (long long)tr.step_s);
+    struct sim_result *res;
+    size_t n;
+    if (run_policies(&c, &tr, &res, &n, c.plot != NULL) != 0) {
+        trace_free(&tr);
+        return EXIT_USAGE;
+    }
+    if (c.json) {
+        json_t *arr = json_array();
+        for (size_t i = 0; i < n; i++)
+            json_array_append_new(arr, report_json(&res[i]));
+        json_t *root = json_pack("{s:o, s:o}", "trace", trace_json(&tr), "results", arr);
+        json_dumpf(root, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
+        fputc('\n', stdout);
+        json_decref(root);
+    } else {
+        report_table(stdout, res, n);
+    }
+    int ex = EXIT_OK;
+    if (c.plot != NULL && report_svg(c.plot, &tr, res, n) != 0) {
+        fprintf(stderr, "oversub: --plot %s: %s\n", c.plot, strerror(errno));
+        ex = EXIT_USAGE;
+    }
+    for (size_t i = 0; i < n; i++)
+        sim_result_free(&res[i]);
+    free(res);
+    trace_free(&tr);
+    return ex;
+}
+
+static int cmd_advise(int argc, char **argv)
+{
+    struct cli c;
+    int rc = parse_common(argc, argv, &c, true);
+    if (rc != 0)
+        return rc > 0 ? EXIT_OK : EXIT_USAGE;
+    struct trace tr;
+    if (load_trace(&c, &tr) != 0)
+        return EXIT_USAGE;
+    rc = advise_run(&c.b, c.gpus, c.r_from, c.r_to, c.r_step, &tr, c.json, c.quiet);
+    trace_free(&tr);
+    return rc == 0 ? EXIT_OK : EXIT_USAGE;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage_main(stderr);
+        return EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+        usage_main(stdout);
+        return EXIT_OK;
+    }
+    if (strcmp(cmd, "--version") == 0) {
+        printf("oversub %s\n", OSUB_VERSION);
+        return EXIT_OK;
+    }
+    if (strcmp(cmd, "simulate") == 0)
+        return cmd_simulate(argc - 1, argv + 1);
+    if (strcmp(cmd, "advise") == 0)
+        return cmd_advise(argc - 1, argv + 1);
+    fprintf(stderr, "oversub: unknown command '%s'\n", cmd);
+    usage_main(stderr);
+    return EXIT_USAGE;
+}

@@ -1,0 +1,728 @@
+/* sim.c - the simulator: a virtual clock over a usage trace, driving the engine (static and
+ * oversub policies), the brief's algorithm, or a hindsight packing */
+#include "sim.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "brief_policy.h"
+#include "oversub/engine.h"
+
+static const char *const policy_names[] = {"static", "brief", "oversub", "hindsight"};
+
+const char *sim_policy_name(enum sim_policy p)
+{
+    return (unsigned)p < POL__COUNT ? policy_names[p] : "?";
+}
+
+void sim_result_free(struct sim_result *r)
+{
+    free(r->used_series);
+    free(r->held_series);
+    free(r->event_series);
+    r->used_series = r->held_series = NULL;
+    r->event_series = NULL;
+}
+
+static int level_of(const char *cls)
+{
+    return strcmp(cls, "online") == 0 ? 0 : strcmp(cls, "batch") == 0 ? 1 : 2;
+}
+
+/* ---- per-service run state --------------------------------------------------------- */
+
+enum rs { RS_FUTURE = 0, RS_WAITING, RS_PLACED, RS_GONE };
+
+struct run_svc {
+    enum rs st;
+    size_t cur;         /* sample cursor */
+    int64_t wait_since; /* s, when waiting to (re)start; -1 if not */
+    bool started_once;
+    bool refused_p0;
+};
+
+struct idmap {
+    const char **keys;
+    int32_t *vals;
+    size_t cap;
+};
+
+static int idmap_init(struct idmap *m, const struct trace *tr)
+{
+    m->cap = 64;
+    while (m->cap < tr->n * 2)
+        m->cap *= 2;
+    m->keys = calloc(m->cap, sizeof(*m->keys));
+    m->vals = calloc(m->cap, sizeof(*m->vals));
+    if (m->keys == NULL || m->vals == NULL)
+        return -1;
+    for (size_t i = 0; i < tr->n; i++) {
+        size_t h = fnv1a64(tr->svcs[i].spec.id) & (m->cap - 1);
+        while (m->keys[h] != NULL)
+            h = (h + 1) & (m->cap - 1);
+        m->keys[h] = tr->svcs[i].spec.id;
+        m->vals[h] = (int32_t)i;
+    }
+    return 0;
+}
+
+static int32_t idmap_get(const struct idmap *m, const char *id)
+{
+    size_t h = fnv1a64(id) & (m->cap - 1);
+    while (m->keys[h] != NULL) {
+        if (strcmp(m->keys[h], id) == 0)
+            return m->vals[h];
+        h = (h + 1) & (m->cap - 1);
+    }
+    return -1;
+}
+
+static void idmap_free(struct idmap *m)
+{
+    free(m->keys);
+    free(m->vals);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Shared bookkeeping of one run. */
+struct acc {
+    double used_sum, held_sum, logical_sum;
+    double *used; /* per step, for the p95 (and the plot) */
+    double *held;
+    uint32_t *events;
+    size_t steps;
+    int64_t demand, unmet;
+    double lost_min;
+    int64_t wait_max, wait_total, wait_n;
+};
+
+static void finish(const struct trace *tr, const struct sim_budget *b, struct acc *a,
+                   struct sim_result *r, bool keep)
+{
+    r->steps = (int64_t)a->steps;
+    double span_s = (double)(tr->t1 - tr->t0 + tr->step_s);
+    r->span_days = span_s / 86400.0;
+    if (a->steps > 0) {
+        r->mean_used_util = a->used_sum / (double)a->steps;
+        r->mean_held_util = a->held_sum / (double)a->steps;
+        r->mean_logical_util = a->logical_sum / (double)a->steps;
+        double *v = malloc(a->steps * sizeof(*v));
+        if (v != NULL) {
+            memcpy(v, a->used, a->steps * sizeof(*v));
+            qsort(v, a->steps, sizeof(*v), cmp_double);
+            size_t idx = (a->steps * 95 + 99) / 100;
+            r->p95_used_util = v[idx > 0 ? idx - 1 : 0];
+            free(v);
+        }
+    }
+    double weeks = span_s / (7.0 * 86400.0);
+    for (int l = 0; l < 3; l++) {
+        r->degrades_per_week[l] = weeks > 0 ? (double)r->degrades[l] / weeks : 0;
+        r->evictions_per_week[l] = weeks > 0 ? (double)r->evictions[l] / weeks : 0;
+    }
+    r->unmet_fraction = a->demand > 0 ? (double)a->unmet / (double)a->demand : 0;
+    r->lost_service_minutes = a->lost_min;
+    r->max_wait_s = a->wait_max;
+    r->mean_wait_s = a->wait_n ? (double)a->wait_total / (double)a->wait_n : 0;
+    r->feasible = true;
+    r->why_infeasible = NULL;
+    double ev_week = r->evictions_per_week[1] + r->evictions_per_week[2];
+    if (r->p0_disruptions > 0)
+        r->why_infeasible = "P0 disruptions";
+    else if (r->oom_events > 0)
+        r->why_infeasible = "OOM events";
+    else if (r->never_started > 0)
+        r->why_infeasible = "services never started";
+    else if (ev_week > (double)b->evict_budget_per_week + 1e-9)
+        r->why_infeasible = "evictions over budget";
+    else if (r->unmet_fraction * 1000.0 > (double)b->unmet_budget_milli + 1e-9)
+        r->why_infeasible = "unmet demand over budget";
+    else if (a->wait_max > b->max_wait_s)
+        r->why_infeasible = "a wait over the limit";
+    r->feasible = r->why_infeasible == NULL;
+    if (keep) {
+        r->used_series = a->used;
+        r->held_series = a->held;
+        r->event_series = a->events;
+        r->n_series = a->steps;
+        a->used = a->held = NULL;
+        a->events = NULL;
+    }
+    free(a->used);
+    free(a->held);
+    free(a->events);
+}
+
+static size_t n_steps(const struct trace *tr)
+{
+    return (size_t)((tr->t1 - tr->t0) / tr->step_s) + 1;
+}
+
+/* Latest sample at or before t (advances the cursor). Returns the demand, -1 if not active. */
+static int64_t demand_at(const struct trace_svc *s, struct run_svc *rs, int64_t t)
+{
+    if (t < s->samples[0].t_s || t > s->samples[s->n - 1].t_s)
+        return -1;
+    while (rs->cur + 1 < s->n && s->samples[rs->cur + 1].t_s <= t)
+        rs->cur++;
+    return s->samples[rs->cur].vram_mib;
+}
+
+/* ---- engine policies (static, oversub) ------------------------------------------------ */
+
+struct follow {
+    int32_t svc;
+    bool exit;
+};
+
+static void note_wait(struct acc *a, struct run_svc *rs, int64_t t)
+{
+    if (rs->wait_since < 0)
+        return;
+    int64_t w = t - rs->wait_since;
+    if (w > a->wait_max)
+        a->wait_max = w;
+    a->wait_total += w;
+    a->wait_n++;
+    rs->wait_since = -1;
+}
+
+/* Reads the last command's events: counts decisions, queues follow-ups (victims comply at
+ * once: a degraded service acknowledges, an evicted one checkpoints and exits). */
+static void read_events(osub_engine_t *e, const struct idmap *m, struct sim_result *r,
+                        struct follow *fq, size_t *nf, size_t cap)
+{
+    size_t n;
+    const osub_event_t *ev = osub_engine_events(e, &n);
+    for (size_t i = 0; i < n; i++) {
+        int lvl = ev[i].level >= 0 && ev[i].level < 3 ? ev[i].level : 2;
+        if (ev[i].kind == OSUB_EV_DEGRADE && ev[i].reason != OSUB_R_COMPUTE) {
+            r->degrades[lvl]++;
+            if (lvl == 0)
+                r->p0_disruptions++;
+            if (*nf < cap)
+                fq[(*nf)++] = (struct follow){idmap_get(m, ev[i].service), false};
+        } else if (ev[i].kind == OSUB_EV_EVICT) {
+            r->evictions[lvl]++;
+            if (lvl == 0)
+                r->p0_disruptions++;
+            if (*nf < cap)
+                fq[(*nf)++] = (struct follow){idmap_get(m, ev[i].service), true};
+        } else if ((ev[i].kind == OSUB_EV_RELEASE || ev[i].kind == OSUB_EV_REQUEUE) &&
+                   ev[i].reason == OSUB_R_GPU_LOST && lvl == 0) {
+            r->p0_disruptions++;
+        }
+    }
+}
+
+static void run_follow_ups(osub_engine_t *e, const struct trace *tr, const struct idmap *m,
+                           struct sim_result *r, struct follow *fq, size_t *nf, size_t cap,
+                           int64_t now_ms)
+{
+    for (size_t i = 0; i < *nf; i++) {
+        if (fq[i].svc < 0)
+            continue;
+        const char *id = tr->svcs[fq[i].svc].spec.id;
+        if (fq[i].exit)
+            osub_engine_exited(e, id, "checkpoint", now_ms);
+        else
+            osub_engine_ack(e, id, NULL, now_ms);
+        read_events(e, m, r, fq, nf, cap);
+    }
+    *nf = 0;
+}
+
+static int sim_engine(const struct trace *tr, const struct sim_opts *o,
+                      const struct sim_budget *b, struct sim_result *r, char *err, size_t errlen)
+{
+    osub_pool_config_t cfg;
+    osub_pool_config_default(&cfg);
+    cfg.ratio_milli = o->policy == POL_STATIC ? 1000 : o->ratio_milli;
+    osub_engine_t *e;
+    int rc = osub_engine_new(&cfg, o->pool, NULL, o->n_pool, NULL, 0, &e);
+    if (rc != 0) {
+        snprintf(err, errlen, "pool: %s", osub_strerror(rc));
+        return -1;
+    }
+    struct idmap m;
+    struct run_svc *rs = calloc(tr->n, sizeof(*rs));
+    size_t fcap = 4096;
+    struct follow *fq = malloc(fcap * sizeof(*fq));
+    size_t steps = n_steps(tr);
+    struct acc a = {0};
+    a.used = calloc(steps, sizeof(double));
+    a.held = calloc(steps, sizeof(double));
+    a.events = calloc(steps, sizeof(uint32_t));
+    if (rs == NULL || fq == NULL || a.used == NULL || a.held == NULL || a.events == NULL ||
+        idmap_init(&m, tr) != 0) {
+        snprintf(err, errlen, "out of memory");
+        free(rs);
+        free(fq);
+        free(a.used);
+        free(a.held);
+        free(a.events);
+        osub_engine_free(e);
+        return -1;
+    }
+    for (size_t i = 0; i < tr->n; i++)
+        rs[i].wait_since = -1;
+    int64_t vram_total = 0;
+    for (size_t g = 0; g < o->n_pool; g++)
+        vram_total += o->pool[g];
+    size_t nf = 0;
+    uint64_t ev_before = 0;
+    /* arrivals at the same instant go in priority order: online first */
+    size_t *order = malloc(tr->n * sizeof(*order));
+    if (order == NULL) {
+        snprintf(err, errlen, "out of memory");
+        idmap_free(&m);
+        free(rs);
+        free(fq);
+        free(a.used);
+        free(a.held);
+        free(a.events);
+        osub_engine_free(e);
+        return -1;
+    }
+    size_t no = 0;
+    for (int lvl = 0; lvl < 3; lvl++)
+        for (size_t i = 0; i < tr->n; i++)
+            if (level_of(tr->svcs[i].spec.class_name) == lvl)
+                order[no++] = i;
+    for (size_t k = 0; k < steps; k++) {
+        int64_t t = tr->t0 + (int64_t)k * tr->step_s;
+        int64_t now = (t - tr->t0) * 1000;
+        for (size_t oi = 0; oi < tr->n; oi++) {
+            size_t i = order[oi];
+            const struct trace_svc *s = &tr->svcs[i];
+            struct run_svc *x = &rs[i];
+            if (x->st == RS_GONE)
+                continue;
+            int64_t d = demand_at(s, x, t);
+            if (d < 0) {
+                if (x->st != RS_FUTURE) {
+                    /* past its last sample: release */
+                    osub_engine_release(e, s->spec.id, now);
+                    read_events(e, &m, r, fq, &nf, fcap);
+                    run_follow_ups(e, tr, &m, r, fq, &nf, fcap, now);
+                    if (x->st == RS_WAITING && x->wait_since >= 0)
+                        note_wait(&a, x, t);
+                    x->st = RS_GONE;
+                }
+                continue;
+            }
+            a.demand += d;
+            r->samples++;
+            if (x->st == RS_FUTURE || x->st == RS_WAITING) {
+                if (x->st == RS_FUTURE)
+                    x->wait_since = t;
+                osub_spec_t sp = s->spec;
+                if (o->policy == POL_STATIC)
+                    sp.preemptible = OSUB_TRI_NO; /* today's practice: every request kept */
+                sp.queue = OSUB_TRI_NO;          /* the simulator retries each step */
+                osub_submit_result_t sr;
+                osub_engine_submit(e, &sp, now, 0, &sr);
+                read_events(e, &m, r, fq, &nf, fcap);
+                run_follow_ups(e, tr, &m, r, fq, &nf, fcap, now);
+                /* a service already there when the trace begins was running before it */
+                if (sr.outcome == OSUB_SUBMIT_STARTED && k == 0)
+                    osub_engine_ready(e, sp.id, now);
+                if (sr.outcome == OSUB_SUBMIT_REJECTED) {
+                    if (x->st == RS_FUTURE && level_of(sp.class_name) == 0) {
+                        r->p0_disruptions++;
+                        x->refused_p0 = true;
+                    }
+                    x->st = RS_WAITING;
+                    a.lost_min += (double)tr->step_s / 60.0;
+                    continue;
+                }
+                x->st = RS_PLACED;
+            }
+            osub_service_info_t si;
+            if (osub_engine_service_info(e, s->spec.id, &si) != 0) {
+                x->st = RS_WAITING; /* released (evicted, not resumable): retried */
+                if (x->wait_since < 0)
+                    x->wait_since = t;
+                a.lost_min += (double)tr->step_s / 60.0;
+                continue;
+            }
+            if (si.state == OSUB_STATE_QUEUED || si.state == OSUB_STATE_PENDING) {
+                if (x->wait_since < 0)
+                    x->wait_since = t;
+                a.lost_min += (double)tr->step_s / 60.0;
+                continue;
+            }
+            if (x->wait_since >= 0)
+                note_wait(&a, x, t);
+            x->started_once = true;
+            if (si.loading && si.resumed)
+                a.lost_min += (double)tr->step_s / 60.0; /* restarting after an eviction */
+            int64_t report = d;
+            if (si.state == OSUB_STATE_DEGRADED && d > si.grant_mib) {
+                report = si.grant_mib; /* it complies: the rest is demand left unmet */
+                a.unmet += d - report;
+            }
+            int32_t pct = s->samples[x->cur].compute_pct;
+            osub_engine_usage(e, s->spec.id, report, pct, now);
+            read_events(e, &m, r, fq, &nf, fcap);
+            run_follow_ups(e, tr, &m, r, fq, &nf, fcap, now);
+        }
+        osub_engine_tick(e, now);
+        read_events(e, &m, r, fq, &nf, fcap);
+        run_follow_ups(e, tr, &m, r, fq, &nf, fcap, now);
+        /* what the GPUs really hold now */
+        for (size_t g = 0; g < o->n_pool; g++) {
+            osub_gpu_info_t gi;
+            osub_engine_gpu_info(e, (int32_t)g, &gi);
+            if (gi.used_mib > gi.vram_mib)
+                r->oom_events++;
+        }
+        osub_pool_info_t pi;
+        osub_engine_pool_info(e, &pi);
+        a.used[k] = (double)pi.used_mib / (double)vram_total;
+        a.held[k] = (double)pi.held_mib / (double)vram_total;
+        a.used_sum += a.used[k];
+        a.held_sum += a.held[k];
+        a.logical_sum += (double)pi.granted_mib / (double)pi.logical_mib;
+        uint64_t evs = r->degrades[0] + r->degrades[1] + r->degrades[2] + r->evictions[0] +
+                       r->evictions[1] + r->evictions[2];
+        a.events[k] = (uint32_t)(evs - ev_before);
+        ev_before = evs;
+        a.steps++;
+    }
+    for (size_t i = 0; i < tr->n; i++) {
+        if (!rs[i].started_once)
+            r->never_started++;
+        if (rs[i].wait_since >= 0)
+            note_wait(&a, &rs[i], tr->t1 + tr->step_s);
+    }
+    finish(tr, b, &a, r, o->timeline);
+    idmap_free(&m);
+    free(order);
+    free(rs);
+    free(fq);
+    osub_engine_free(e);
+    return 0;
+}
+
+/* ---- the brief's pool-level algorithm ------------------------------------------------- */
+
+static int sim_brief(const struct trace *tr, const struct sim_opts *o, const struct sim_budget *b,
+                     struct sim_result *r, char *err, size_t errlen)
+{
+    int64_t vram_total = 0;
+    for (size_t g = 0; g < o->n_pool; g++)
+        vram_total += o->pool[g];
+    double total_gb = (double)vram_total / 1024.0;
+    brief_pool_t *p = brief_new(total_gb, (double)o->ratio_milli / 1000.0);
+    struct run_svc *rs = calloc(tr->n, sizeof(*rs));
+    size_t steps = n_steps(tr);
+    struct acc a = {0};
+    a.used = calloc(steps, sizeof(double));
+    a.held = calloc(steps, sizeof(double));
+    a.events = calloc(steps, sizeof(uint32_t));
+    struct idmap m;
+    if (p == NULL || rs == NULL || a.used == NULL || a.held == NULL || a.events == NULL ||
+        idmap_init(&m, tr) != 0) {
+        snprintf(err, errlen, "out of memory");
+        brief_free(p);
+        free(rs);
+        free(a.used);
+        free(a.held);
+        free(a.events);
+        return -1;
+    }
+    for (size_t i = 0; i < tr->n; i++)
+        rs[i].wait_since = -1;
+    char victims[64][64];
+    for (size_t k = 0; k < steps; k++) {
+        int64_t t = tr->t0 + (int64_t)k * tr->step_s;
+        int64_t real = 0;
+        uint32_t evs = 0;
+        for (size_t i = 0; i < tr->n; i++) {
+            const struct trace_svc *s = &tr->svcs[i];
+            struct run_svc *x = &rs[i];
+            if (x->st == RS_GONE)
+                continue;
+            int64_t d = demand_at(s, x, t);
+            if (d < 0) {
+                if (x->st == RS_PLACED)
+                    brief_release(p, s->spec.id);
+                if (x->wait_since >= 0)
+                    note_wait(&a, x, t);
+                if (x->st != RS_FUTURE)
+                    x->st = RS_GONE;
+                continue;
+            }
+            a.demand += d;
+            r->samples++;
+            int lvl = level_of(s->spec.class_name);
+            bool pre = lvl > 0;
+            double gb = (double)s->spec.vram_mib / 1024.0;
+            if (x->st == RS_FUTURE || x->st == RS_WAITING) {
+                if (x->st == RS_FUTURE)
+                    x->wait_since = t;
+                if (!brief_can_allocate(p, lvl, gb, pre)) {
+                    if (x->st == RS_FUTURE && lvl == 0)
+                        r->p0_disruptions++;
+                    x->st = RS_WAITING;
+                    a.lost_min += (double)tr->step_s / 60.0;
+                    continue;
+                }
+                int nv = brief_allocate(p, s->spec.id, lvl, gb, pre, t, victims, 64);
+                for (int v = 0; v < nv && v < 64; v++) {
+                    int32_t vi = idmap_get(&m, victims[v]);
+                    if (vi < 0)
+                        continue;
+                    int vl = level_of(tr->svcs[vi].spec.class_name);
+                    r->evictions[vl]++;
+                    if (vl == 0)
+                        r->p0_disruptions++;
+                    evs++;
+                    rs[vi].st = RS_WAITING; /* it retries next step, from scratch */
+                    rs[vi].wait_since = t;
+                }
+                x->st = RS_PLACED;
+                x->started_once = true;
+                note_wait(&a, x, t);
+            }
+            brief_update_usage(p, s->spec.id, (double)d / 1024.0);
+            real += d;
+        }
+        /* an OOM: the pool's real demand above its VRAM */
+        if (real > vram_total)
+            r->oom_events++;
+        a.used[k] = (double)real / (double)vram_total;
+        double actual = brief_actual(p) / total_gb;
+        a.held[k] = actual;
+        a.used_sum += a.used[k];
+        a.held_sum += actual;
+        a.logical_sum += brief_allocated(p) / brief_logical(p);
+        a.events[k] = evs;
+        a.steps++;
+    }
+    for (size_t i = 0; i < tr->n; i++) {
+        if (!rs[i].started_once)
+            r->never_started++;
+        if (rs[i].wait_since >= 0)
+            note_wait(&a, &rs[i], tr->t1 + tr->step_s);
+    }
+    finish(tr, b, &a, r, o->timeline);
+    idmap_free(&m);
+    free(rs);
+    brief_free(p);
+    return 0;
+}
+
+/* ---- hindsight: first-fit decreasing of whole usage series ---------------------------- */
+
+struct hs_item {
+    size_t svc;
+    int64_t key;
+};
+
+static int cmp_hs(const void *a, const void *b)
+{
+    const struct hs_item *x = a, *y = b;
+    if (x->key != y->key)
+        return x->key > y->key ? -1 : 1;
+    return (x->svc > y->svc) - (x->svc < y->svc);
+}
+
+/* Demand series of one service over the grid (P0 at its full request), into out[steps]. */
+static void series_of(const struct trace *tr, size_t i, int64_t *out, size_t steps)
+{
+    const struct trace_svc *s = &tr->svcs[i];
+    struct run_svc x = {0};
+    bool p0 = level_of(s->spec.class_name) == 0;
+    for (size_t k = 0; k < steps; k++) {
+        int64_t d = demand_at(s, &x, tr->t0 + (int64_t)k * tr->step_s);
+        out[k] = d < 0 ? 0 : (p0 ? s->spec.vram_mib : d);
+    }
+}
+
+int32_t sim_lower_bound(const struct trace *tr, int64_t gpu_mib)
+{
+    size_t steps = n_steps(tr);
+    int64_t *sum = calloc(steps, sizeof(*sum));
+    struct run_svc *rs = calloc(tr->n, sizeof(*rs));
+    if (sum == NULL || rs == NULL) {
+        free(sum);
+        free(rs);
+        return 1;
+    }
+    for (size_t i = 0; i < tr->n; i++)
+        for (size_t k = 0; k < steps; k++) {
+            int64_t d = demand_at(&tr->svcs[i], &rs[i], tr->t0 + (int64_t)k * tr->step_s);
+            if (d > 0)
+                sum[k] += d;
+        }
+    int64_t peak = 0;
+    for (size_t k = 0; k < steps; k++)
+        if (sum[k] > peak)
+            peak = sum[k];
+    free(sum);
+    free(rs);
+    return (int32_t)((peak + gpu_mib - 1) / gpu_mib);
+}
+
+static int sim_hindsight(const struct trace *tr, const struct sim_opts *o,
+                         const struct sim_budget *b, struct sim_result *r, char *err,
+                         size_t errlen)
+{
+    size_t steps = n_steps(tr);
+    int64_t gpu_mib = o->pool[0];
+    struct hs_item *items = calloc(tr->n, sizeof(*items));
+    int64_t *ser = calloc(steps, sizeof(*ser));
+    int64_t **gpus = calloc(tr->n, sizeof(*gpus));
+    struct acc a = {0};
+    a.used = calloc(steps, sizeof(double));
+    a.held = calloc(steps, sizeof(double));
+    a.events = calloc(steps, sizeof(uint32_t));
+    if (items == NULL || ser == NULL || gpus == NULL || a.used == NULL || a.held == NULL ||
+        a.events == NULL) {
+        snprintf(err, errlen, "out of memory");
+        free(items);
+        free(ser);
+        free(gpus);
+        free(a.used);
+        free(a.held);
+        free(a.events);
+        return -1;
+    }
+    for (size_t i = 0; i < tr->n; i++) {
+        items[i].svc = i;
+        items[i].key = level_of(tr->svcs[i].spec.class_name) == 0 ? tr->svcs[i].spec.vram_mib
+                                                                   : tr->svcs[i].peak_mib;
+    }
+    qsort(items, tr->n, sizeof(*items), cmp_hs);
+    size_t ng = 0;
+    int64_t *used_real = calloc(steps, sizeof(*used_real));
+    int64_t *held = calloc(steps, sizeof(*held));
+    struct run_svc *rs = calloc(tr->n, sizeof(*rs));
+    for (size_t it = 0; it < tr->n && used_real && held && rs; it++) {
+        size_t i = items[it].svc;
+        series_of(tr, i, ser, steps);
+        size_t g;
+        for (g = 0; g < ng; g++) {
+            bool fits = true;
+            for (size_t k = 0; k < steps && fits; k++)
+                fits = gpus[g][k] + ser[k] <= gpu_mib;
+            if (fits)
+                break;
+        }
+        if (g == ng) {
+            gpus[ng] = calloc(steps, sizeof(int64_t));
+            if (gpus[ng] == NULL)
+                break;
+            ng++;
+        }
+        for (size_t k = 0; k < steps; k++) {
+            gpus[g][k] += ser[k];
+            held[k] += ser[k];
+        }
+        for (size_t k = 0; k < steps; k++) {
+            int64_t d = demand_at(&tr->svcs[i], &rs[i], tr->t0 + (int64_t)k * tr->step_s);
+            if (d > 0) {
+                used_real[k] += d;
+                a.demand += d;
+                r->samples++;
+            }
+        }
+    }
+    double cap = (double)ng * (double)gpu_mib;
+    for (size_t k = 0; k < steps && used_real && held; k++) {
+        a.used[k] = (double)used_real[k] / cap;
+        a.held[k] = (double)held[k] / cap;
+        a.used_sum += a.used[k];
+        a.held_sum += a.held[k];
+        a.logical_sum += a.held[k];
+        a.steps++;
+    }
+    r->n_gpus = (int32_t)ng;
+    for (size_t g = 0; g < ng; g++)
+        free(gpus[g]);
+    free(gpus);
+    free(items);
+    free(ser);
+    free(used_real);
+    free(held);
+    free(rs);
+    finish(tr, b, &a, r, o->timeline);
+    r->lower_bound_gpus = sim_lower_bound(tr, gpu_mib);
+    return 0;
+}
+
+int sim_run(const struct trace *tr, const struct sim_opts *o, const struct sim_budget *b,
+            struct sim_result *r, char *err, size_t errlen)
+{
+    memset(r, 0, sizeof(*r));
+    r->policy = o->policy;
+    r->ratio_milli = o->policy == POL_STATIC ? 1000 : o->ratio_milli;
+    r->n_gpus = (int32_t)o->n_pool;
+    if (tr->n == 0 || o->n_pool == 0) {
+        snprintf(err, errlen, "nothing to simulate");
+        return -1;
+    }
+    switch (o->policy) {
+    case POL_STATIC:
+    case POL_OVERSUB:
+        return sim_engine(tr, o, b, r, err, errlen);
+    case POL_BRIEF:
+        return sim_brief(tr, o, b, r, err, errlen);
+    case POL_HINDSIGHT:
+        return sim_hindsight(tr, o, b, r, err, errlen);
+    default:
+        snprintf(err, errlen, "unknown policy");
+        return -1;
+    }
+}
+
+int32_t sim_min_gpus(const struct trace *tr, enum sim_policy p, int32_t ratio_milli,
+                     int64_t gpu_mib, int32_t lo, int32_t hi, const struct sim_budget *b,
+                     bool timeline, struct sim_result *res, char *err, size_t errlen)
+{
+    int64_t *pool = malloc((size_t)(hi > 0 ? hi : 1) * sizeof(*pool));
+    if (pool == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (int32_t i = 0; i < hi; i++)
+        pool[i] = gpu_mib;
+    struct sim_opts o = {.policy = p, .ratio_milli = ratio_milli, .pool = pool};
+    struct sim_result r;
+    int32_t best = 0;
+    /* binary search for the smallest feasible N, assuming more GPUs never hurt */
+    while (lo <= hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        o.n_pool = (size_t)mid;
+        if (sim_run(tr, &o, b, &r, err, errlen) != 0) {
+            free(pool);
+            return -1;
+        }
+        if (r.feasible) {
+            best = mid;
+            hi = mid - 1;
+        } else {
+            lo = mid + 1;
+        }
+        sim_result_free(&r);
+    }
+    if (best > 0) {
+        o.n_pool = (size_t)best;
+        o.timeline = timeline;
+        if (sim_run(tr, &o, b, res, err, errlen) != 0) {
+            free(pool);
+            return -1;
+        }
+    }
+    free(pool);
+    return best;
+}

@@ -1,0 +1,58 @@
+/* trace.h - usage traces for simulate/advise: per-service specs and usage time series */
+#ifndef OSUB_CLI_TRACE_H
+#define OSUB_CLI_TRACE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "oversub/engine.h"
+
+struct sample {
+    int64_t t_s;
+    int64_t vram_mib;
+    int32_t compute_pct; /* -1 unknown */
+};
+
+struct trace_svc {
+    osub_spec_t spec;
+    struct sample *samples; /* sorted by time */
+    size_t n, cap;
+    int64_t peak_mib;
+};
+
+struct trace {
+    struct trace_svc *svcs;
+    size_t n, cap;
+    int64_t t0, t1; /* first and last sample time, s */
+    int64_t step_s; /* the most common gap between a service's samples */
+};
+
+/* How --genai turns pods into services. */
+struct genai_opts {
+    int32_t buffer_milli;  /* request = peak x (1000 + buffer) / 1000, rounded up (300) */
+    int32_t floor_pct;     /* floor = this percentile of the pod's usage (50) */
+    int32_t classes[3];    /* online:batch:experiment percentages (20:40:40) */
+};
+
+void genai_opts_default(struct genai_opts *o);
+
+/* Imports a folder laid out like ../shared/traces/. Writes warnings (skipped pods) to stderr.
+ * Errors name the file and line in err. Returns 0 or -1. The trace is owned by the caller
+ * (trace_free). */
+int trace_import_genai(const char *dir, const struct genai_opts *o, struct trace *tr, char *err,
+                       size_t errlen);
+
+/* Imports a services file (JSON, or YAML when it ends in .yaml/.yml) and a usage CSV
+ * (timestamp_s,service,vram_mib[,compute_pct]). */
+int trace_import_files(const char *services, const char *usage, struct trace *tr, char *err,
+                       size_t errlen);
+
+/* Total samples. */
+size_t trace_samples(const struct trace *tr);
+void trace_free(struct trace *tr);
+
+/* FNV-1a 64 of s. */
+uint64_t fnv1a64(const char *s);
+
+#endif
