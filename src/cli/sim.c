@@ -177,6 +177,22 @@ static int64_t demand_at(const struct trace_svc *s, struct run_svc *rs, int64_t 
 
 /* ---- engine policies (static, oversub) ------------------------------------------------ */
 
+/* Services that arrive at the same instant are submitted in priority order, the biggest
+ * request first within a class (first-fit decreasing, as a scheduler given a batch would). */
+static const struct trace *sort_tr;
+
+static int cmp_arrival(const void *a, const void *b)
+{
+    const struct trace_svc *x = &sort_tr->svcs[*(const size_t *)a];
+    const struct trace_svc *y = &sort_tr->svcs[*(const size_t *)b];
+    int lx = level_of(x->spec.class_name), ly = level_of(y->spec.class_name);
+    if (lx != ly)
+        return lx - ly;
+    if (x->spec.vram_mib != y->spec.vram_mib)
+        return x->spec.vram_mib > y->spec.vram_mib ? -1 : 1;
+    return strcmp(x->spec.id, y->spec.id);
+}
+
 struct follow {
     int32_t svc;
     bool exit;
@@ -291,11 +307,10 @@ static int sim_engine(const struct trace *tr, const struct sim_opts *o,
         osub_engine_free(e);
         return -1;
     }
-    size_t no = 0;
-    for (int lvl = 0; lvl < 3; lvl++)
-        for (size_t i = 0; i < tr->n; i++)
-            if (level_of(tr->svcs[i].spec.class_name) == lvl)
-                order[no++] = i;
+    for (size_t i = 0; i < tr->n; i++)
+        order[i] = i;
+    sort_tr = tr;
+    qsort(order, tr->n, sizeof(*order), cmp_arrival);
     for (size_t k = 0; k < steps; k++) {
         int64_t t = tr->t0 + (int64_t)k * tr->step_s;
         int64_t now = (t - tr->t0) * 1000;

@@ -290,8 +290,8 @@ static bool plan_victims(osub_engine_t *e, struct ws *w, struct plan *p)
     int32_t i = 0;
     while (i < nv && !ok) {
         int32_t lvl = V[i]->level, end = i;
-        while (end < nv && V[end]->level == lvl)
-            end++;
+        while (end < nv && (r->pressure || V[end]->level == lvl))
+            end++; /* pressure: every level's degrades before any eviction */
         for (int32_t t = i; t < end && !ok; t++) {
             if (degradable_now(V[t])) {
                 ws_apply(e, w, V[t], A[t], ACT_DEGRADE);

@@ -77,11 +77,16 @@ static void test_pressure_degrades_then_evicts_lowest_first(void **state)
     assert_int_equal(osub_engine_usage(e, "exp", 10000, -1, 2000), 0);
     assert_int_equal(count_ev(e, OSUB_EV_ACK, "exp"), 1);
     assert_false(info(e, "exp").ack_pending);
-    /* the batch job now grows past the watermark: the degraded experiment is evicted
-     * before the batch job is touched */
+    /* the batch job now grows past the watermark: under pressure every level's degrades come
+     * before any eviction, so the batch job is degraded and the experiment stays */
     assert_int_equal(osub_engine_usage(e, "bat", 50000, -1, 3000), 0);
+    assert_int_equal(count_ev(e, OSUB_EV_DEGRADE, "bat"), 1);
+    assert_int_equal(count_ev(e, OSUB_EV_EVICT, NULL), 0);
+    assert_int_equal(osub_engine_usage(e, "bat", 10000, -1, 4000), 0);
+    /* nothing left to degrade: the experiment, grown past its floor, is evicted first */
+    assert_int_equal(osub_engine_usage(e, "exp", 50000, -1, 5000), 0);
     assert_int_equal(count_ev(e, OSUB_EV_EVICT, "exp"), 1);
-    assert_int_equal(count_ev(e, OSUB_EV_DEGRADE, "bat"), 0);
+    assert_int_equal(count_ev(e, OSUB_EV_EVICT, "bat"), 0);
     assert_int_equal(info(e, "web").state, OSUB_STATE_RUNNING);
     check_ok(e);
     osub_engine_free(e);
