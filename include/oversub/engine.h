@@ -292,6 +292,9 @@ OSUB_API void osub_engine_free(osub_engine_t *e);
  * loading periods), then the command. Events produced are read with osub_engine_events().
  */
 #define OSUB_SUBMIT_DRY_RUN 1u
+/* The service is already running and loaded (adopted after a restart, or present when a
+ * simulated trace begins): if it starts at once it starts `running`, with no loading period. */
+#define OSUB_SUBMIT_RUNNING 2u
 OSUB_API int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms,
                                 unsigned flags, osub_submit_result_t *res);
 OSUB_API int osub_engine_release(osub_engine_t *e, const char *id, int64_t now_ms);

@@ -343,12 +343,10 @@ static int sim_engine(const struct trace *tr, const struct sim_opts *o,
                     sp.preemptible = OSUB_TRI_NO; /* today's practice: every request kept */
                 sp.queue = OSUB_TRI_NO;          /* the simulator retries each step */
                 osub_submit_result_t sr;
-                osub_engine_submit(e, &sp, now, 0, &sr);
+                /* a service already there when the trace begins was running before it */
+                osub_engine_submit(e, &sp, now, k == 0 ? OSUB_SUBMIT_RUNNING : 0, &sr);
                 read_events(e, &m, r, fq, &nf, fcap);
                 run_follow_ups(e, tr, &m, r, fq, &nf, fcap, now);
-                /* a service already there when the trace begins was running before it */
-                if (sr.outcome == OSUB_SUBMIT_STARTED && k == 0)
-                    osub_engine_ready(e, sp.id, now);
                 if (sr.outcome == OSUB_SUBMIT_REJECTED) {
                     if (x->st == RS_FUTURE && level_of(sp.class_name) == 0) {
                         r->p0_disruptions++;

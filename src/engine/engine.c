@@ -684,8 +684,10 @@ static void svc_to_queue(osub_engine_t *e, struct svc *s)
 static void svc_start(osub_engine_t *e, struct svc *s, osub_reason_t reason)
 {
     bool resume = s->evicted_before;
-    set_state(e, s, OSUB_STATE_LOADING);
-    s->loading = true;
+    bool adopted = s->adopted && !resume;
+    s->adopted = false;
+    set_state(e, s, adopted ? OSUB_STATE_RUNNING : OSUB_STATE_LOADING);
+    s->loading = !adopted;
     s->start_ms = e->now;
     s->n_waits = 0;
     if (resume) {
@@ -694,7 +696,8 @@ static void svc_start(osub_engine_t *e, struct svc *s, osub_reason_t reason)
         e->resumes++;
     }
     svc_sync(e, s);
-    timer_set(e, s, T_LOAD, e->now + s->restart_cost_ms);
+    if (!adopted)
+        timer_set(e, s, T_LOAD, e->now + s->restart_cost_ms);
     char gb[96];
     fmt_gpus(s, gb, sizeof(gb));
     osub_event_t *ev;
@@ -705,9 +708,11 @@ static void svc_start(osub_engine_t *e, struct svc *s, osub_reason_t reason)
                   s->checkpoint[0] ? " from checkpoint " : "", s->checkpoint,
                   (long long)e->cfg.min_runtime_ms);
     else
-        ev = emit(e, OSUB_EV_START, reason,
-                  "started %s (%s) on %s with %lld MiB; loading for up to %lld ms", s->spec.id,
-                  class_of(e, s), gb, (long long)grant_total(s), (long long)s->restart_cost_ms);
+        ev = emit(e, OSUB_EV_START, reason, "started %s (%s) on %s with %lld MiB; %s %lld ms",
+                  s->spec.id, class_of(e, s), gb, (long long)grant_total(s),
+                  adopted ? "already running: no loading period instead of"
+                          : "loading for up to",
+                  (long long)s->restart_cost_ms);
     ev_svc(ev, s);
     ev->vram_mib = grant_total(s);
     ev->batch_size = s->batch;
@@ -1369,6 +1374,7 @@ int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms
     sv->room_since_ms = -1;
     sv->heap_pos[0] = sv->heap_pos[1] = -1;
     sv->state = OSUB_STATE_QUEUED;
+    sv->adopted = (flags & OSUB_SUBMIT_RUNNING) != 0;
 
     struct req r;
     fill_req(e, sv, &r);
@@ -2507,7 +2513,7 @@ char *osub_engine_dump(const osub_engine_t *e)
         sb_printf(&b,
                   "svc %s class %s vram %lld min %lld gpus %d compute %d batch %d/%d excl %d "
                   "pre %d res %d onev %d rc %lld q %d grace %lld | seq %llu state %s load %d "
-                  "ack %d cap %d resumed %d evb %d batch %d submit %lld since %lld start %lld "
+                  "ack %d cap %d resumed %d evb %d ad %d batch %d submit %lld since %lld start %lld "
                   "resume %lld deadline %lld room %lld cp '%s' by '%s'/%d ev %u dg %u "
                   "timers %lld/%lld cu %d bd %d slots",
                   p->id, p->class_name, (long long)p->vram_mib, (long long)p->min_vram_mib, p->gpus,
@@ -2515,7 +2521,7 @@ char *osub_engine_dump(const osub_engine_t *e)
                   (int)p->preemptible, p->resumable, (int)p->on_evict,
                   (long long)p->restart_cost_ms, (int)p->queue, (long long)p->grace_ms,
                   (unsigned long long)s->seq, osub_state_name(s->state), s->loading, s->ack_pending,
-                  s->used_capped, s->resumed, s->evicted_before, s->batch, (long long)s->submit_ms,
+                  s->used_capped, s->resumed, s->evicted_before, s->adopted, s->batch, (long long)s->submit_ms,
                   (long long)s->since_ms, (long long)s->start_ms, (long long)s->resume_ms,
                   (long long)s->deadline_ms, (long long)s->room_since_ms, s->checkpoint,
                   s->preemptor, s->preemptor_level, s->n_evictions, s->n_degrades,

@@ -37,6 +37,7 @@ struct svc {
 
     osub_state_t state;
     bool loading, ack_pending, used_capped, resumed, evicted_before;
+    bool adopted; /* submitted already running: its first start skips the loading period */
     int32_t batch;
     int32_t compute_used;        /* last measured compute_pct per GPU (0 until reported) */
     bool batch_degraded;         /* batch cut for compute contention (memory untouched) */
