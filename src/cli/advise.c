@@ -98,8 +98,8 @@ int advise_run(const struct sim_budget *b, const char *gpus, int32_t r_from, int
         struct sim_result r0;
         if (!quiet)
             fprintf(stderr, "advise: sizing the pool oversub needs at 1.3x ...\n");
-        int32_t g = sim_min_gpus(tr, POL_OVERSUB, 1300, size, lb, hi, b, false, &r0, err,
-                                 sizeof(err));
+        int32_t g =
+            sim_min_gpus(tr, POL_OVERSUB, 1300, size, lb, hi, b, false, &r0, err, sizeof(err));
         if (g <= 0) {
             fprintf(stderr, "oversub: advise: %s\n",
                     g < 0 ? err : "no pool meets the budgets even at 1.3x: give --gpus");
@@ -125,8 +125,8 @@ int advise_run(const struct sim_budget *b, const char *gpus, int32_t r_from, int
         if (!quiet)
             fprintf(stderr, "advise: %zu GPUs at %d.%03dx ...\n", n_pool, ratio / 1000,
                     ratio % 1000);
-        struct sim_opts o = {.policy = POL_OVERSUB, .ratio_milli = ratio, .pool = pool,
-                             .n_pool = n_pool};
+        struct sim_opts o = {
+            .policy = POL_OVERSUB, .ratio_milli = ratio, .pool = pool, .n_pool = n_pool};
         if (sim_run(tr, &o, b, &res[k], err, sizeof(err)) != 0) {
             fprintf(stderr, "oversub: advise: %s\n", err);
             free(res);
@@ -186,7 +186,8 @@ int advise_run(const struct sim_budget *b, const char *gpus, int32_t r_from, int
         json_t *rows = json_array();
         for (size_t k = 0; k < nr; k++) {
             json_t *o = report_json(&res[k]);
-            json_object_set_new(o, "preemptions_per_week", json_real(preemptions_per_week(&res[k])));
+            json_object_set_new(o, "preemptions_per_week",
+                                json_real(preemptions_per_week(&res[k])));
             json_object_set_new(o, "predicted_peak_over_physical", json_real(risk ? risk[k] : 0));
             json_array_append_new(rows, o);
         }
@@ -223,8 +224,8 @@ int advise_run(const struct sim_budget *b, const char *gpus, int32_t r_from, int
         else
             printf("none\n");
         printf("  The recommendation is the lowest of the three.\n\nEvidence:\n");
-        printf("%6s %9s %8s %8s %6s %5s %9s %9s %10s\n", "ratio", "feasible", "used", "held",
-               "oom", "p0", "preempt", "unmet", "peak/phys");
+        printf("%6s %9s %8s %8s %6s %5s %9s %9s %10s\n", "ratio", "feasible", "used", "held", "oom",
+               "p0", "preempt", "unmet", "peak/phys");
         printf("%6s %9s %8s %8s %6s %5s %9s %9s %10s\n", "", "", "mean", "mean", "", "", "/week",
                "", "predicted");
         for (size_t k = 0; k < nr; k++)

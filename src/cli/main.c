@@ -23,44 +23,45 @@ enum { EXIT_OK = 0, EXIT_REFUSED = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3 };
 
 static void usage_main(FILE *f)
 {
-    fprintf(f,
-            "usage: oversub <command> [options]\n"
-            "\n"
-            "Commands that work offline, on a usage trace:\n"
-            "  simulate   replay usage through the engine and compare policies\n"
-            "  advise     recommend an oversell ratio, with the evidence\n"
-            "\n"
-            "  oversub <command> --help   shows a command's options\n"
-            "  oversub --version\n");
+    fprintf(f, "usage: oversub <command> [options]\n"
+               "\n"
+               "Commands that work offline, on a usage trace:\n"
+               "  simulate   replay usage through the engine and compare policies\n"
+               "  advise     recommend an oversell ratio, with the evidence\n"
+               "\n"
+               "  oversub <command> --help   shows a command's options\n"
+               "  oversub --version\n");
 }
 
 static void usage_simulate(FILE *f, const char *cmd)
 {
-    fprintf(f,
-            "usage: oversub %s (--genai DIR | --services FILE --usage FILE) [options]\n"
-            "\n"
-            "Input\n"
-            "  --genai DIR          a folder laid out like shared/traces (genai_pod_vram.csv,\n"
-            "                       and when present genai_pod_gpu_util.csv, genai_model_load_ms.csv)\n"
-            "  --services FILE      service specs, JSON or YAML (a list, or {\"services\": [...]})\n"
-            "  --usage FILE         CSV: timestamp_s,service,vram_mib[,compute_pct]\n"
-            "  --buffer X           --genai: request = peak x (1 + X) (0.3)\n"
-            "  --floor pNN          --genai: degraded floor = that percentile of usage (p50)\n"
-            "  --classes A:B:C      --genai: online:batch:experiment split by hash of the pod (20:40:40)\n"
-            "Pool and policies\n"
-            "  --gpus POOL          8x81920, 4x81920,4x40960, or min[:SIZE] (min:81920): the\n"
-            "                       smallest pool each policy needs within the budgets (min)\n"
-            "  --policy LIST        static,brief,oversub,hindsight (all)\n"
-            "  --ratio R|A:B:S      oversub's ratio, or a sweep from A to B by S (1.3)\n"
-            "Budgets (for --gpus min, and what 'feasible' means)\n"
-            "  --evict-budget N     batch+experiment evictions a week (5)\n"
-            "  --unmet-budget X     demand left unmet by degrades, fraction (0.01)\n"
-            "  --max-wait S         no service waits longer than S seconds to start (300)\n"
-            "Output\n"
-            "  --json               JSON on stdout instead of the table\n"
-            "  --plot FILE.svg      used utilisation and events over time, and the ratio sweep\n"
-            "  --quiet              no progress on stderr\n",
-            cmd);
+    fprintf(
+        f,
+        "usage: oversub %s (--genai DIR | --services FILE --usage FILE) [options]\n"
+        "\n"
+        "Input\n"
+        "  --genai DIR          a folder laid out like shared/traces (genai_pod_vram.csv,\n"
+        "                       and when present genai_pod_gpu_util.csv, genai_model_load_ms.csv)\n"
+        "  --services FILE      service specs, JSON or YAML (a list, or {\"services\": [...]})\n"
+        "  --usage FILE         CSV: timestamp_s,service,vram_mib[,compute_pct]\n"
+        "  --buffer X           --genai: request = peak x (1 + X) (0.3)\n"
+        "  --floor pNN          --genai: degraded floor = that percentile of usage (p50)\n"
+        "  --classes A:B:C      --genai: online:batch:experiment split by hash of the pod "
+        "(20:40:40)\n"
+        "Pool and policies\n"
+        "  --gpus POOL          8x81920, 4x81920,4x40960, or min[:SIZE] (min:81920): the\n"
+        "                       smallest pool each policy needs within the budgets (min)\n"
+        "  --policy LIST        static,brief,oversub,hindsight (all)\n"
+        "  --ratio R|A:B:S      oversub's ratio, or a sweep from A to B by S (1.3)\n"
+        "Budgets (for --gpus min, and what 'feasible' means)\n"
+        "  --evict-budget N     batch+experiment evictions a week (5)\n"
+        "  --unmet-budget X     demand left unmet by degrades, fraction (0.01)\n"
+        "  --max-wait S         no service waits longer than S seconds to start (300)\n"
+        "Output\n"
+        "  --json               JSON on stdout instead of the table\n"
+        "  --plot FILE.svg      used utilisation and events over time, and the ratio sweep\n"
+        "  --quiet              no progress on stderr\n",
+        cmd);
 }
 
 struct cli {
@@ -187,17 +188,24 @@ static int parse_common(int argc, char **argv, struct cli *c, bool advise)
         c->r_to = 2000;
         c->r_step = 100;
     }
-    static const struct option opts[] = {
-        {"genai", required_argument, NULL, 'G'},   {"services", required_argument, NULL, 'S'},
-        {"usage", required_argument, NULL, 'U'},   {"gpus", required_argument, NULL, 'g'},
-        {"policy", required_argument, NULL, 'p'},  {"ratio", required_argument, NULL, 'r'},
-        {"buffer", required_argument, NULL, 'B'},  {"floor", required_argument, NULL, 'F'},
-        {"classes", required_argument, NULL, 'C'}, {"evict-budget", required_argument, NULL, 'e'},
-        {"unmet-budget", required_argument, NULL, 'u'},
-        {"max-wait", required_argument, NULL, 'w'}, {"json", no_argument, NULL, 'j'},
-        {"plot", required_argument, NULL, 'P'},    {"quiet", no_argument, NULL, 'q'},
-        {"history", required_argument, NULL, 'H'}, {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"genai", required_argument, NULL, 'G'},
+                                         {"services", required_argument, NULL, 'S'},
+                                         {"usage", required_argument, NULL, 'U'},
+                                         {"gpus", required_argument, NULL, 'g'},
+                                         {"policy", required_argument, NULL, 'p'},
+                                         {"ratio", required_argument, NULL, 'r'},
+                                         {"buffer", required_argument, NULL, 'B'},
+                                         {"floor", required_argument, NULL, 'F'},
+                                         {"classes", required_argument, NULL, 'C'},
+                                         {"evict-budget", required_argument, NULL, 'e'},
+                                         {"unmet-budget", required_argument, NULL, 'u'},
+                                         {"max-wait", required_argument, NULL, 'w'},
+                                         {"json", no_argument, NULL, 'j'},
+                                         {"plot", required_argument, NULL, 'P'},
+                                         {"quiet", no_argument, NULL, 'q'},
+                                         {"history", required_argument, NULL, 'H'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     optind = 1;
     int ch;
     while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -218,40 +226,39 @@ static int parse_common(int argc, char **argv, struct cli *c, bool advise)
             break;
         case 'p':
             if (parse_policies(optarg, c) != 0) {
-                fprintf(stderr, "oversub: --policy: '%s' is not a list of static, brief, "
-                                "oversub, hindsight\n",
+                fprintf(stderr,
+                        "oversub: --policy: '%s' is not a list of static, brief, "
+                        "oversub, hindsight\n",
                         optarg);
                 return -1;
             }
             break;
         case 'r':
             if (parse_ratio_arg(optarg, c) != 0) {
-                fprintf(stderr, "oversub: --ratio: '%s' is not a ratio (1.3, at most three "
-                                "decimals, 1.0 to 100) or a sweep FROM:TO:STEP (1.0:2.0:0.1)\n",
+                fprintf(stderr,
+                        "oversub: --ratio: '%s' is not a ratio (1.3, at most three "
+                        "decimals, 1.0 to 100) or a sweep FROM:TO:STEP (1.0:2.0:0.1)\n",
                         optarg);
                 return -1;
             }
             break;
         case 'B':
             if (parse_fraction_milli(optarg, &c->g.buffer_milli) != 0) {
-                fprintf(stderr, "oversub: --buffer: '%s' is not a fraction such as 0.3\n",
-                        optarg);
+                fprintf(stderr, "oversub: --buffer: '%s' is not a fraction such as 0.3\n", optarg);
                 return -1;
             }
             break;
         case 'F':
             v = optarg[0] == 'p' ? strtol(optarg + 1, &end, 10) : -1;
             if (optarg[0] != 'p' || *end != '\0' || v < 1 || v > 100) {
-                fprintf(stderr, "oversub: --floor: '%s' is not a percentile such as p50\n",
-                        optarg);
+                fprintf(stderr, "oversub: --floor: '%s' is not a percentile such as p50\n", optarg);
                 return -1;
             }
             c->g.floor_pct = (int32_t)v;
             break;
         case 'C':
             if (parse_classes(optarg, c->g.classes) != 0) {
-                fprintf(stderr, "oversub: --classes: '%s' is not A:B:C adding up to 100\n",
-                        optarg);
+                fprintf(stderr, "oversub: --classes: '%s' is not A:B:C adding up to 100\n", optarg);
                 return -1;
             }
             break;
@@ -267,8 +274,9 @@ static int parse_common(int argc, char **argv, struct cli *c, bool advise)
         case 'u':
             if (parse_fraction_milli(optarg, &c->b.unmet_budget_milli) != 0 ||
                 c->b.unmet_budget_milli > 1000) {
-                fprintf(stderr, "oversub: --unmet-budget: '%s' is not a fraction such as "
-                                "0.01\n",
+                fprintf(stderr,
+                        "oversub: --unmet-budget: '%s' is not a fraction such as "
+                        "0.01\n",
                         optarg);
                 return -1;
             }
@@ -277,8 +285,7 @@ static int parse_common(int argc, char **argv, struct cli *c, bool advise)
             errno = 0;
             v = strtol(optarg, &end, 10);
             if (*end != '\0' || errno || v < 0 || v > 86400 * 30) {
-                fprintf(stderr, "oversub: --max-wait: '%s' is not a number of seconds\n",
-                        optarg);
+                fprintf(stderr, "oversub: --max-wait: '%s' is not a number of seconds\n", optarg);
                 return -1;
             }
             c->b.max_wait_s = v;
@@ -362,8 +369,9 @@ int run_policies(const struct cli *c, const struct trace *tr, struct sim_result 
     int64_t *pool = NULL, min_size;
     size_t n_pool = 0;
     if (parse_gpus(c->gpus, &pool, &n_pool, &min_size) != 0) {
-        fprintf(stderr, "oversub: --gpus: '%s' is not a pool (8x81920, 4x81920,4x40960, "
-                        "8xA100-80GB) or min[:SIZE]\n",
+        fprintf(stderr,
+                "oversub: --gpus: '%s' is not a pool (8x81920, 4x81920,4x40960, "
+                "8xA100-80GB) or min[:SIZE]\n",
                 c->gpus);
         return -1;
     }
@@ -396,8 +404,11 @@ int run_policies(const struct cli *c, const struct trace *tr, struct sim_result 
             int rc = 0;
             if (p == POL_HINDSIGHT) {
                 int64_t one = min_size ? min_size : pool[0];
-                struct sim_opts o = {.policy = POL_HINDSIGHT, .ratio_milli = 1000, .pool = &one,
-                                     .n_pool = 1, .timeline = timeline};
+                struct sim_opts o = {.policy = POL_HINDSIGHT,
+                                     .ratio_milli = 1000,
+                                     .pool = &one,
+                                     .n_pool = 1,
+                                     .timeline = timeline};
                 rc = sim_run(tr, &o, &c->b, r, err, sizeof(err));
             } else if (min_size) {
                 int32_t g = sim_min_gpus(tr, (enum sim_policy)p, ratio, min_size, lb, hi, &c->b,
@@ -413,8 +424,11 @@ int run_policies(const struct cli *c, const struct trace *tr, struct sim_result 
                     r->why_infeasible = "no pool up to the services' GPU count meets the budgets";
                 }
             } else {
-                struct sim_opts o = {.policy = (enum sim_policy)p, .ratio_milli = ratio,
-                                     .pool = pool, .n_pool = n_pool, .timeline = timeline};
+                struct sim_opts o = {.policy = (enum sim_policy)p,
+                                     .ratio_milli = ratio,
+                                     .pool = pool,
+                                     .n_pool = n_pool,
+                                     .timeline = timeline};
                 rc = sim_run(tr, &o, &c->b, r, err, sizeof(err));
             }
             if (rc != 0) {
@@ -451,8 +465,8 @@ static int cmd_simulate(int argc, char **argv)
     if (load_trace(&c, &tr) != 0)
         return EXIT_USAGE;
     if (!c.quiet)
-        fprintf(stderr, "simulate: %zu services, %zu samples, %.1f hours in %lld s steps\n",
-                tr.n, trace_samples(&tr), (double)(tr.t1 - tr.t0 + tr.step_s) / 3600.0,
+        fprintf(stderr, "simulate: %zu services, %zu samples, %.1f hours in %lld s steps\n", tr.n,
+                trace_samples(&tr), (double)(tr.t1 - tr.t0 + tr.step_s) / 3600.0,
                 (long long)tr.step_s);
     struct sim_result *res;
     size_t n;

@@ -9,8 +9,8 @@ void report_table(FILE *f, const struct sim_result *r, size_t n)
     fprintf(f, "%-9s %5s %5s %-8s %6s %6s %6s %6s %5s %4s %7s %13s %13s %9s %8s\n", "policy",
             "ratio", "gpus", "feasible", "used", "p95", "held", "logic", "oom", "p0", "unmet",
             "degrades/wk", "evictions/wk", "lost-min", "max-wait");
-    fprintf(f, "%-9s %5s %5s %-8s %6s %6s %6s %6s %5s %4s %7s %13s %13s %9s %8s\n", "", "", "",
-            "", "mean", "used", "mean", "mean", "", "", "", "P1 / P2", "P1 / P2", "", "s");
+    fprintf(f, "%-9s %5s %5s %-8s %6s %6s %6s %6s %5s %4s %7s %13s %13s %9s %8s\n", "", "", "", "",
+            "mean", "used", "mean", "mean", "", "", "", "P1 / P2", "P1 / P2", "", "s");
     for (size_t i = 0; i < n; i++) {
         const struct sim_result *x = &r[i];
         char gpus[16], ratio[16], deg[32], ev[32];
@@ -20,21 +20,21 @@ void report_table(FILE *f, const struct sim_result *r, size_t n)
             snprintf(gpus, sizeof(gpus), "-");
         snprintf(ratio, sizeof(ratio), "%d.%02d", x->ratio_milli / 1000,
                  (x->ratio_milli % 1000) / 10);
-        snprintf(deg, sizeof(deg), "%.1f / %.1f", x->degrades_per_week[1],
-                 x->degrades_per_week[2]);
-        snprintf(ev, sizeof(ev), "%.1f / %.1f", x->evictions_per_week[1],
-                 x->evictions_per_week[2]);
+        snprintf(deg, sizeof(deg), "%.1f / %.1f", x->degrades_per_week[1], x->degrades_per_week[2]);
+        snprintf(ev, sizeof(ev), "%.1f / %.1f", x->evictions_per_week[1], x->evictions_per_week[2]);
         fprintf(f,
                 "%-9s %5s %5s %-8s %5.1f%% %5.1f%% %5.1f%% %5.1f%% %5llu %4llu %6.2f%% %13s %13s "
                 "%9.0f %8lld\n",
-                sim_policy_name(x->policy), ratio, gpus, x->n_gpus > 0 && x->feasible ? "yes" : "no",
-                100 * x->mean_used_util, 100 * x->p95_used_util, 100 * x->mean_held_util,
-                100 * x->mean_logical_util, (unsigned long long)x->oom_events,
-                (unsigned long long)x->p0_disruptions, 100 * x->unmet_fraction, deg, ev,
-                x->lost_service_minutes, (long long)x->max_wait_s);
+                sim_policy_name(x->policy), ratio, gpus,
+                x->n_gpus > 0 && x->feasible ? "yes" : "no", 100 * x->mean_used_util,
+                100 * x->p95_used_util, 100 * x->mean_held_util, 100 * x->mean_logical_util,
+                (unsigned long long)x->oom_events, (unsigned long long)x->p0_disruptions,
+                100 * x->unmet_fraction, deg, ev, x->lost_service_minutes,
+                (long long)x->max_wait_s);
         if (x->policy == POL_HINDSIGHT && x->lower_bound_gpus > 0)
-            fprintf(f, "%-9s %5s %5lld  (the true lower bound: ceil(peak of the summed demand / "
-                       "VRAM))\n",
+            fprintf(f,
+                    "%-9s %5s %5lld  (the true lower bound: ceil(peak of the summed demand / "
+                    "VRAM))\n",
                     "", "", (long long)x->lower_bound_gpus);
     }
 }
@@ -113,24 +113,27 @@ static void frame(FILE *f, double x0, double y0, double w, double h, const char 
             y0 - 10);
     esc(f, title);
     fprintf(f, "</text>\n");
-    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
-               "stroke=\"#444\"/>\n",
+    fprintf(f,
+            "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
+            "stroke=\"#444\"/>\n",
             x0, y0, w, h);
     for (int i = 0; i <= 4; i++) {
         double y = y0 + h - h * i / 4.0;
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n",
-                x0, y, x0 + w, y);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", x0,
+                y, x0 + w, y);
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"end\">%.3g</text>\n",
                 x0 - 4, y + 3, ymax * i / 4.0);
         double x = x0 + w * i / 4.0;
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"middle\">%.3g</text>\n",
+        fprintf(f,
+                "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"middle\">%.3g</text>\n",
                 x, y0 + h + 14, xmax * i / 4.0);
     }
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\">", x0 + w / 2,
             y0 + h + 30);
     esc(f, xlab);
-    fprintf(f, "</text>\n<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" "
-               "transform=\"rotate(-90 %.1f %.1f)\" text-anchor=\"middle\">",
+    fprintf(f,
+            "</text>\n<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" "
+            "transform=\"rotate(-90 %.1f %.1f)\" text-anchor=\"middle\">",
             x0 - 40, y0 + h / 2, x0 - 40, y0 + h / 2);
     esc(f, ylab);
     fprintf(f, "</text>\n</g>\n");
@@ -155,13 +158,14 @@ int report_svg(const char *path, const struct trace *tr, const struct sim_result
             W, H, W, H);
     fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
     double hours = (double)(tr->t1 - tr->t0 + tr->step_s) / 3600.0;
-    fprintf(f, "<text x=\"%.0f\" y=\"24\" font-size=\"16\" font-weight=\"bold\">oversub simulate: "
-               "%zu services, %.1f hours</text>\n",
+    fprintf(f,
+            "<text x=\"%.0f\" y=\"24\" font-size=\"16\" font-weight=\"bold\">oversub simulate: "
+            "%zu services, %.1f hours</text>\n",
             X0, tr->n, hours);
     /* panel 1: used utilisation over time */
     double y0 = 60;
-    frame(f, X0, y0, PW, PH, "Used utilisation over time (memory really in use / VRAM)",
-          "used", 1.0, "hours since the trace began", hours);
+    frame(f, X0, y0, PW, PH, "Used utilisation over time (memory really in use / VRAM)", "used",
+          1.0, "hours since the trace began", hours);
     size_t shown = 0;
     for (size_t i = 0; i < n && shown < 10; i++) {
         if (r[i].used_series == NULL || r[i].n_series == 0)
@@ -184,8 +188,8 @@ int report_svg(const char *path, const struct trace *tr, const struct sim_result
         for (size_t k = 0; r[i].event_series && k < r[i].n_series; k++)
             if (r[i].event_series[k] > emax)
                 emax = r[i].event_series[k];
-    frame(f, X0, y0, PW, PH, "Degrades and evictions over time (per step)", "events",
-          (double)emax, "hours since the trace began", hours);
+    frame(f, X0, y0, PW, PH, "Degrades and evictions over time (per step)", "events", (double)emax,
+          "hours since the trace began", hours);
     shown = 0;
     for (size_t i = 0; i < n && shown < 10; i++) {
         if (r[i].event_series == NULL || r[i].n_series == 0) {
@@ -217,8 +221,7 @@ int report_svg(const char *path, const struct trace *tr, const struct sim_result
             gmax = r[i].n_gpus > gmax ? r[i].n_gpus : gmax;
         }
         frame(f, X0, y0, PW, PH, "Ratio sweep: mean used utilisation (blue), GPUs (red, right)",
-              "mean used", 1.0, "oversell ratio (axis starts at the sweep's first ratio)",
-              rmax);
+              "mean used", 1.0, "oversell ratio (axis starts at the sweep's first ratio)", rmax);
         for (int pass = 0; pass < 2; pass++) {
             fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"",
                     pass == 0 ? colors[0] : colors[1]);

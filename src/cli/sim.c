@@ -255,8 +255,8 @@ static void run_follow_ups(osub_engine_t *e, const struct trace *tr, const struc
     *nf = 0;
 }
 
-static int sim_engine(const struct trace *tr, const struct sim_opts *o,
-                      const struct sim_budget *b, struct sim_result *r, char *err, size_t errlen)
+static int sim_engine(const struct trace *tr, const struct sim_opts *o, const struct sim_budget *b,
+                      struct sim_result *r, char *err, size_t errlen)
 {
     osub_pool_config_t cfg;
     osub_pool_config_default(&cfg);
@@ -296,7 +296,10 @@ static int sim_engine(const struct trace *tr, const struct sim_opts *o,
     uint64_t ev_before = 0;
     /* arrivals at the same instant go in priority order: online first */
     size_t *order = malloc(tr->n * sizeof(*order));
-    if (order == NULL) {
+    size_t *oom_step = calloc(o->n_pool, sizeof(*oom_step)); /* step+1 of a GPU's last OOM */
+    if (order == NULL || oom_step == NULL) {
+        free(order);
+        free(oom_step);
         snprintf(err, errlen, "out of memory");
         idmap_free(&m);
         free(rs);
@@ -341,7 +344,7 @@ static int sim_engine(const struct trace *tr, const struct sim_opts *o,
                 osub_spec_t sp = s->spec;
                 if (o->policy == POL_STATIC)
                     sp.preemptible = OSUB_TRI_NO; /* today's practice: every request kept */
-                sp.queue = OSUB_TRI_NO;          /* the simulator retries each step */
+                sp.queue = OSUB_TRI_NO;           /* the simulator retries each step */
                 osub_submit_result_t sr;
                 /* a service already there when the trace begins was running before it */
                 osub_engine_submit(e, &sp, now, k == 0 ? OSUB_SUBMIT_RUNNING : 0, &sr);
@@ -384,6 +387,17 @@ static int sim_engine(const struct trace *tr, const struct sim_opts *o,
             }
             int32_t pct = s->samples[x->cur].compute_pct;
             osub_engine_usage(e, s->spec.id, report, pct, now);
+            /* the memory is in use the moment it is reported, before anyone reacts: a GPU
+             * over its VRAM now is an OOM the engine was too late for */
+            for (int32_t sl = 0; sl < si.n_slots; sl++) {
+                int32_t gix = si.slots[sl].gpu;
+                osub_gpu_info_t gi;
+                osub_engine_gpu_info(e, gix, &gi);
+                if (gi.used_mib > gi.vram_mib && oom_step[gix] != k + 1) {
+                    oom_step[gix] = k + 1;
+                    r->oom_events++;
+                }
+            }
             read_events(e, &m, r, fq, &nf, fcap);
             run_follow_ups(e, tr, &m, r, fq, &nf, fcap, now);
         }
@@ -394,8 +408,10 @@ static int sim_engine(const struct trace *tr, const struct sim_opts *o,
         for (size_t g = 0; g < o->n_pool; g++) {
             osub_gpu_info_t gi;
             osub_engine_gpu_info(e, (int32_t)g, &gi);
-            if (gi.used_mib > gi.vram_mib)
+            if (gi.used_mib > gi.vram_mib && oom_step[g] != k + 1) {
+                oom_step[g] = k + 1;
                 r->oom_events++;
+            }
         }
         osub_pool_info_t pi;
         osub_engine_pool_info(e, &pi);
@@ -419,6 +435,7 @@ static int sim_engine(const struct trace *tr, const struct sim_opts *o,
     finish(tr, b, &a, r, o->timeline);
     idmap_free(&m);
     free(order);
+    free(oom_step);
     free(rs);
     free(fq);
     osub_engine_free(e);
@@ -587,8 +604,7 @@ int32_t sim_lower_bound(const struct trace *tr, int64_t gpu_mib)
 }
 
 static int sim_hindsight(const struct trace *tr, const struct sim_opts *o,
-                         const struct sim_budget *b, struct sim_result *r, char *err,
-                         size_t errlen)
+                         const struct sim_budget *b, struct sim_result *r, char *err, size_t errlen)
 {
     size_t steps = n_steps(tr);
     int64_t gpu_mib = o->pool[0];
@@ -613,7 +629,7 @@ static int sim_hindsight(const struct trace *tr, const struct sim_opts *o,
     for (size_t i = 0; i < tr->n; i++) {
         items[i].svc = i;
         items[i].key = level_of(tr->svcs[i].spec.class_name) == 0 ? tr->svcs[i].spec.vram_mib
-                                                                   : tr->svcs[i].peak_mib;
+                                                                  : tr->svcs[i].peak_mib;
     }
     qsort(items, tr->n, sizeof(*items), cmp_hs);
     size_t ng = 0;

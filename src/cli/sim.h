@@ -33,8 +33,8 @@ struct sim_result {
     int64_t samples, steps;
     double span_days;
     double mean_used_util, p95_used_util, mean_held_util, mean_logical_util;
-    uint64_t oom_events;     /* GPU-steps whose real demand exceeded the GPU's VRAM */
-    uint64_t p0_disruptions; /* online services refused, delayed, degraded or evicted */
+    uint64_t oom_events;                /* GPU-steps whose real demand exceeded the GPU's VRAM */
+    uint64_t p0_disruptions;            /* online services refused, delayed, degraded or evicted */
     uint64_t degrades[3], evictions[3]; /* by level: online, batch, experiment */
     double degrades_per_week[3], evictions_per_week[3];
     double unmet_fraction;

@@ -58,8 +58,7 @@ static int csv_next(struct csv *c, char *err, size_t errlen)
     for (;;) {
         if (fgets(c->buf, sizeof(c->buf), c->f) == NULL) {
             if (ferror(c->f))
-                return errf(err, errlen, "%s: line %zu: %s", c->path, c->line + 1,
-                            strerror(errno));
+                return errf(err, errlen, "%s: line %zu: %s", c->path, c->line + 1, strerror(errno));
             return 0;
         }
         c->line++;
@@ -250,8 +249,7 @@ size_t trace_samples(const struct trace *tr)
     return n;
 }
 
-static int open_csv(struct csv *c, const char *path, const char *header, char *err,
-                    size_t errlen)
+static int open_csv(struct csv *c, const char *path, const char *header, char *err, size_t errlen)
 {
     memset(c, 0, sizeof(*c));
     c->path = path;
@@ -261,8 +259,8 @@ static int open_csv(struct csv *c, const char *path, const char *header, char *e
     int r = csv_next(c, err, errlen);
     if (r <= 0) {
         fclose(c->f);
-        return r < 0 ? -1 : errf(err, errlen, "%s: empty file (expected the header '%s')",
-                                 path, header);
+        return r < 0 ? -1
+                     : errf(err, errlen, "%s: empty file (expected the header '%s')", path, header);
     }
     /* rebuild the header to compare it */
     char got[512] = "";
@@ -303,13 +301,13 @@ static int load_ms_medians(const char *path, struct trace *tr, int64_t *trace_me
     int64_t *all = NULL;
     size_t na = 0, capa = 0;
     int64_t **lists = calloc(tr->n ? tr->n : 1, sizeof(*lists));
-    size_t *ln = calloc(tr->n ? tr->n : 1, sizeof(*ln)), *lc = calloc(tr->n ? tr->n : 1, sizeof(*lc));
+    size_t *ln = calloc(tr->n ? tr->n : 1, sizeof(*ln)),
+           *lc = calloc(tr->n ? tr->n : 1, sizeof(*lc));
     int r, rc = 0;
     while ((r = csv_next(&c, err, errlen)) == 1) {
         int64_t t, ms;
         if (c.nf != 3 || parse_int(c.fields[0], &t) != 0 || parse_ceil(c.fields[2], 1, &ms) != 0) {
-            rc = errf(err, errlen, "%s: line %zu: expected timestamp_s,pod,load_ms", path,
-                      c.line);
+            rc = errf(err, errlen, "%s: line %zu: expected timestamp_s,pod,load_ms", path, c.line);
             break;
         }
         if (na == capa) {
@@ -387,8 +385,8 @@ int trace_import_genai(const char *dir, const struct genai_opts *o, struct trace
         for (char *p = id; *p; p++)
             *p = (char)tolower((unsigned char)*p);
         if (!osub_id_valid(id)) {
-            rc = errf(err, errlen, "%s: line %zu: pod '%s' cannot be a service id", path,
-                      c.line, c.fields[1]);
+            rc = errf(err, errlen, "%s: line %zu: pod '%s' cannot be a service id", path, c.line,
+                      c.fields[1]);
             break;
         }
         struct trace_svc *s = find_or_add(tr, id, true);
@@ -412,8 +410,8 @@ int trace_import_genai(const char *dir, const struct genai_opts *o, struct trace
             int64_t t, pct;
             if (c.nf != 3 || parse_int(c.fields[0], &t) != 0 ||
                 parse_ceil(c.fields[2], 1, &pct) != 0) {
-                rc = errf(err, errlen, "%s: line %zu: expected timestamp_s,pod,gpu_util_pct",
-                          path, c.line);
+                rc = errf(err, errlen, "%s: line %zu: expected timestamp_s,pod,gpu_util_pct", path,
+                          c.line);
                 break;
             }
             snprintf(id, sizeof(id), "pod-%s", c.fields[1]);
@@ -506,8 +504,7 @@ int trace_import_files(const char *services, const char *usage, struct trace *tr
         json_error_t je;
         root = json_load_file(services, JSON_REJECT_DUPLICATES, &je);
         if (root == NULL)
-            errf(err, errlen, "%s: line %d, column %d: %s", services, je.line, je.column,
-                 je.text);
+            errf(err, errlen, "%s: line %d, column %d: %s", services, je.line, je.column, je.text);
     }
     if (root == NULL)
         return -1;
@@ -529,8 +526,8 @@ int trace_import_files(const char *services, const char *usage, struct trace *tr
             break;
         }
         if (find_or_add(tr, sp.id, false) != NULL) {
-            rc = errf(err, errlen, "%s: service %zu: id '%s' appears twice", services, i + 1,
-                      sp.id);
+            rc =
+                errf(err, errlen, "%s: service %zu: id '%s' appears twice", services, i + 1, sp.id);
             break;
         }
         struct trace_svc *s = find_or_add(tr, sp.id, true);

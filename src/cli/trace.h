@@ -30,9 +30,9 @@ struct trace {
 
 /* How --genai turns pods into services. */
 struct genai_opts {
-    int32_t buffer_milli;  /* request = peak x (1000 + buffer) / 1000, rounded up (300) */
-    int32_t floor_pct;     /* floor = this percentile of the pod's usage (50) */
-    int32_t classes[3];    /* online:batch:experiment percentages (20:40:40) */
+    int32_t buffer_milli; /* request = peak x (1000 + buffer) / 1000, rounded up (300) */
+    int32_t floor_pct;    /* floor = this percentile of the pod's usage (50) */
+    int32_t classes[3];   /* online:batch:experiment percentages (20:40:40) */
 };
 
 void genai_opts_default(struct genai_opts *o);

@@ -154,9 +154,8 @@ json_t *osub_spec_to_json(const osub_spec_t *s)
                           "gpus", s->gpus, "compute_pct", s->compute_pct, "min_vram_mib",
                           (json_int_t)s->min_vram_mib, "batch_size", s->batch_size,
                           "min_batch_size", s->min_batch_size, "exclusive", s->exclusive,
-                          "preemptible", s->preemptible == OSUB_TRI_YES, "resumable",
-                          s->resumable, "on_evict",
-                          s->on_evict == OSUB_ON_EVICT_REQUEUE ? "requeue" : "release",
+                          "preemptible", s->preemptible == OSUB_TRI_YES, "resumable", s->resumable,
+                          "on_evict", s->on_evict == OSUB_ON_EVICT_REQUEUE ? "requeue" : "release",
                           "restart_cost_ms", (json_int_t)s->restart_cost_ms, "queue",
                           s->queue == OSUB_TRI_YES, "grace_ms", (json_int_t)s->grace_ms);
     return o;

@@ -710,8 +710,7 @@ static void svc_start(osub_engine_t *e, struct svc *s, osub_reason_t reason)
     else
         ev = emit(e, OSUB_EV_START, reason, "started %s (%s) on %s with %lld MiB; %s %lld ms",
                   s->spec.id, class_of(e, s), gb, (long long)grant_total(s),
-                  adopted ? "already running: no loading period instead of"
-                          : "loading for up to",
+                  adopted ? "already running: no loading period instead of" : "loading for up to",
                   (long long)s->restart_cost_ms);
     ev_svc(ev, s);
     ev->vram_mib = grant_total(s);
@@ -2510,23 +2509,23 @@ char *osub_engine_dump(const osub_engine_t *e)
     }
     for (const struct svc *s = e->head; s; s = s->next) {
         const osub_spec_t *p = &s->spec;
-        sb_printf(&b,
-                  "svc %s class %s vram %lld min %lld gpus %d compute %d batch %d/%d excl %d "
-                  "pre %d res %d onev %d rc %lld q %d grace %lld | seq %llu state %s load %d "
-                  "ack %d cap %d resumed %d evb %d ad %d batch %d submit %lld since %lld start %lld "
-                  "resume %lld deadline %lld room %lld cp '%s' by '%s'/%d ev %u dg %u "
-                  "timers %lld/%lld cu %d bd %d slots",
-                  p->id, p->class_name, (long long)p->vram_mib, (long long)p->min_vram_mib, p->gpus,
-                  p->compute_pct, p->batch_size, p->min_batch_size, p->exclusive,
-                  (int)p->preemptible, p->resumable, (int)p->on_evict,
-                  (long long)p->restart_cost_ms, (int)p->queue, (long long)p->grace_ms,
-                  (unsigned long long)s->seq, osub_state_name(s->state), s->loading, s->ack_pending,
-                  s->used_capped, s->resumed, s->evicted_before, s->adopted, s->batch, (long long)s->submit_ms,
-                  (long long)s->since_ms, (long long)s->start_ms, (long long)s->resume_ms,
-                  (long long)s->deadline_ms, (long long)s->room_since_ms, s->checkpoint,
-                  s->preemptor, s->preemptor_level, s->n_evictions, s->n_degrades,
-                  (long long)s->timer_at[0], (long long)s->timer_at[1], s->compute_used,
-                  s->batch_degraded);
+        sb_printf(
+            &b,
+            "svc %s class %s vram %lld min %lld gpus %d compute %d batch %d/%d excl %d "
+            "pre %d res %d onev %d rc %lld q %d grace %lld | seq %llu state %s load %d "
+            "ack %d cap %d resumed %d evb %d ad %d batch %d submit %lld since %lld start %lld "
+            "resume %lld deadline %lld room %lld cp '%s' by '%s'/%d ev %u dg %u "
+            "timers %lld/%lld cu %d bd %d slots",
+            p->id, p->class_name, (long long)p->vram_mib, (long long)p->min_vram_mib, p->gpus,
+            p->compute_pct, p->batch_size, p->min_batch_size, p->exclusive, (int)p->preemptible,
+            p->resumable, (int)p->on_evict, (long long)p->restart_cost_ms, (int)p->queue,
+            (long long)p->grace_ms, (unsigned long long)s->seq, osub_state_name(s->state),
+            s->loading, s->ack_pending, s->used_capped, s->resumed, s->evicted_before, s->adopted,
+            s->batch, (long long)s->submit_ms, (long long)s->since_ms, (long long)s->start_ms,
+            (long long)s->resume_ms, (long long)s->deadline_ms, (long long)s->room_since_ms,
+            s->checkpoint, s->preemptor, s->preemptor_level, s->n_evictions, s->n_degrades,
+            (long long)s->timer_at[0], (long long)s->timer_at[1], s->compute_used,
+            s->batch_degraded);
         for (int32_t i = 0; i < s->n_slots; i++)
             sb_printf(&b, " [%d g%lld hg%lld u%lld h%lld]", s->slots[i].gpu,
                       (long long)s->slots[i].grant, (long long)s->slots[i].held_grant,

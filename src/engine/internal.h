@@ -208,8 +208,8 @@ struct req {
     int32_t compute;
     int64_t size_mib; /* 0: any */
     const struct svc *self;
-    bool pressure; /* min runtime protection overridden */
-    bool quiet;    /* no failure details wanted (queue passes) */
+    bool pressure;          /* min runtime protection overridden */
+    bool quiet;             /* no failure details wanted (queue passes) */
     int32_t held_limit_pct; /* held + share must stay under this % of usable (0 = 100) */
 };
 

@@ -796,11 +796,12 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
         if (!gpu_takes(g, r, size))
             continue;
         int64_t share = r->exclusive ? g->usable : share0;
-        bool fits = r->exclusive ||
-                    (g->granted + share <= g->logical && g->held + share <= held_limit(g, r, share) &&
-                     (!r->backed || g->backed + share <= g->usable) &&
-                     (r->compute == 0 || (g->compute_all + r->compute <= climit &&
-                                          (!r->backed || g->compute_backed + r->compute <= 100))));
+        bool fits =
+            r->exclusive ||
+            (g->granted + share <= g->logical && g->held + share <= held_limit(g, r, share) &&
+             (!r->backed || g->backed + share <= g->usable) &&
+             (r->compute == 0 || (g->compute_all + r->compute <= climit &&
+                                  (!r->backed || g->compute_backed + r->compute <= 100))));
         if (!fits)
             continue; /* compute, or the first GPU's odd MiB: victims may still help */
         e->gpu_stamp[gi] = stamp;
