@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# test_cli.sh - the oversub CLI as a user runs it: exit codes, messages, JSON, the plot.
+# Usage: test_cli.sh PATH/TO/oversub
+set -u
+bin=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pass=0
+fail=0
+check() { # name, expected exit, command...
+    local name=$1 want=$2
+    shift 2
+    "$@" >"$tmp/out" 2>"$tmp/err"
+    local got=$?
+    if [ "$got" -eq "$want" ]; then pass=$((pass + 1)); else
+        fail=$((fail + 1))
+        echo "FAIL: $name: exit $got, want $want"
+        sed 's/^/  | /' "$tmp/err" | head -5
+    fi
+}
+contains() { # name, file, text
+    if grep -q -- "$3" "$2"; then pass=$((pass + 1)); else
+        fail=$((fail + 1))
+        echo "FAIL: $1: $(basename "$2") does not say '$3'"
+        sed 's/^/  | /' "$2" | head -5
+    fi
+}
+
+cat >"$tmp/s.json" <<'J'
+{"services": [
+ {"id": "web", "class": "online", "vram_mib": 20000},
+ {"id": "job", "class": "batch", "vram": "30GiB", "min_vram": "10GiB", "resumable": true},
+ {"id": "exp", "class": "experiment", "vram_mib": 30000, "min_vram_mib": 8000}]}
+J
+{
+    echo "timestamp_s,service,vram_mib,compute_pct"
+    for t in $(seq 0 60 3600); do
+        echo "$t,web,15000,40"
+        echo "$t,job,$((10000 + (t / 60 % 10) * 1500)),30"
+        echo "$t,exp,$((20000 - (t / 60 % 7) * 1000)),20"
+    done
+} >"$tmp/u.csv"
+
+check "help" 0 "$bin" --help
+contains "help lists simulate" "$tmp/out" "simulate"
+check "version" 0 "$bin" --version
+check "no command" 2 "$bin"
+check "unknown command" 2 "$bin" frobnicate
+contains "unknown command says so" "$tmp/err" "unknown command 'frobnicate'"
+check "simulate --help" 0 "$bin" simulate --help
+contains "simulate --help documents --gpus" "$tmp/out" "--gpus"
+check "simulate without input" 2 "$bin" simulate
+contains "says what to give" "$tmp/err" "either --genai"
+check "bad ratio" 2 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" --ratio 1.2345
+contains "ratio message" "$tmp/err" "at most three"
+check "bad pool" 2 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" --gpus 8xbanana
+check "bad policy" 2 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" --policy magic
+check "unknown option" 2 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" --frob
+check "missing file" 2 "$bin" simulate --services "$tmp/nope.json" --usage "$tmp/u.csv"
+contains "names the file" "$tmp/err" "nope.json"
+check "table" 0 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" --gpus 1x81920 --quiet
+contains "table has the policies" "$tmp/out" "hindsight"
+check "json + plot" 0 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" --gpus min \
+    --ratio 1.0:1.5:0.25 --json --plot "$tmp/p.svg" --quiet
+if python3 -c "
+import json,sys
+d=json.load(open('$tmp/out'))
+rs=d['results']
+assert len(rs)==6, len(rs)
+for r in rs:
+    for k in ['policy','ratio','gpus','mean_used_util','p95_used_util','mean_held_util','mean_logical_util','oom_events','p0_disruptions','unmet_fraction','degrades_per_week','evictions_per_week']:
+        assert k in r, k
+    assert 0 <= r['mean_used_util'] <= 1
+" 2>"$tmp/py"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: json shape"; cat "$tmp/py"; fi
+if command -v xmllint >/dev/null; then
+    check "svg well-formed" 0 xmllint --noout "$tmp/p.svg"
+fi
+check "progress on stderr" 0 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" --gpus 1x81920
+contains "progress" "$tmp/err" "simulate:"
+check "same output twice (1)" 0 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" --json --quiet
+cp "$tmp/out" "$tmp/out1"
+check "same output twice (2)" 0 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" --json --quiet
+if cmp -s "$tmp/out" "$tmp/out1"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: output differs between runs"; fi
+check "advise" 0 "$bin" advise --services "$tmp/s.json" --usage "$tmp/u.csv" --gpus 1x81920 --quiet
+contains "advise recommends" "$tmp/out" "ratio"
+contains "advise caveat" "$tmp/out" "less than a week"
+check "advise json" 0 "$bin" advise --services "$tmp/s.json" --usage "$tmp/u.csv" --gpus 1x81920 --json --quiet
+contains "advise json key" "$tmp/out" "recommended_ratio"
+
+echo "cli: $pass passed, $fail failed"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
