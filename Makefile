@@ -6,7 +6,7 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build run test test-unit test-asan bench bench-engine format format-check clean help
+.PHONY: all deps build run test test-unit test-asan bench bench-engine bench-sim format format-check clean help
 
 all: build
 
@@ -14,6 +14,7 @@ help:
 	@echo "make run        build everything and run the main job (DESIGN.md's worked scenario)"
 	@echo "make test       install what the suite needs, then run the whole suite (normal + sanitizer builds)"
 	@echo "make bench      run the benchmarks (bench/): engine throughput, latency, instructions, memory"
+	@echo "make bench-sim  the simulator's replay rate (a synthetic week, the GenAI trace)"
 	@echo "make format     clang-format every C file in place"
 	@echo "make clean      remove the build folders"
 
@@ -44,7 +45,13 @@ test-asan: deps $(ASAN_BUILD)/CMakeCache.txt
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		ctest --output-on-failure -j $(JOBS)
 
-bench: bench-engine
+bench: bench-engine bench-sim
+
+bench-sim:
+	@scripts/install-deps.sh build
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS) --target bench_sim
+	./$(BUILD)/bench/bench_sim --runs 3 $$( [ -d ../shared/traces ] && echo --genai ../shared/traces )
 
 bench-engine:
 	@scripts/install-deps.sh bench

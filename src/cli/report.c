@@ -74,8 +74,9 @@ json_t *report_json(const struct sim_result *x)
 
 /* ---- SVG ------------------------------------------------------------------------------- */
 
-static const char *const colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e",
-                                     "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+static const char *const colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd",
+                                     "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f",
+                                     "#bcbd22", "#17becf", "#000000", "#aec7e8"};
 
 static void esc(FILE *f, const char *s)
 {
@@ -107,7 +108,7 @@ static void label(const struct sim_result *x, char *buf, size_t len)
 
 /* A panel frame with axes and a title; returns nothing, draws at (x0, y0) size w x h. */
 static void frame(FILE *f, double x0, double y0, double w, double h, const char *title,
-                  const char *ylab, double ymax, const char *xlab, double xmax)
+                  const char *ylab, double ymax, const char *xlab, double xmin, double xmax)
 {
     fprintf(f, "<g>\n<text x=\"%.1f\" y=\"%.1f\" font-size=\"14\" font-weight=\"bold\">", x0,
             y0 - 10);
@@ -126,7 +127,7 @@ static void frame(FILE *f, double x0, double y0, double w, double h, const char 
         double x = x0 + w * i / 4.0;
         fprintf(f,
                 "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"middle\">%.3g</text>\n",
-                x, y0 + h + 14, xmax * i / 4.0);
+                x, y0 + h + 14, xmin + (xmax - xmin) * i / 4.0);
     }
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\">", x0 + w / 2,
             y0 + h + 30);
@@ -150,7 +151,7 @@ int report_svg(const char *path, const struct trace *tr, const struct sim_result
         sweep = sweep || (r[i].policy == POL_OVERSUB && r[0].policy == POL_OVERSUB) ||
                 (r[i].policy == r[i - 1].policy && r[i].ratio_milli != r[i - 1].ratio_milli);
     int panels = sweep ? 3 : 2;
-    double H = 60 + panels * (PH + 80) + 20 * (double)(n > 10 ? 10 : n);
+    double H = 80 + panels * (PH + 80) + 20 * (double)(n > 12 ? 12 : n);
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
     fprintf(f,
             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
@@ -165,13 +166,13 @@ int report_svg(const char *path, const struct trace *tr, const struct sim_result
     /* panel 1: used utilisation over time */
     double y0 = 60;
     frame(f, X0, y0, PW, PH, "Used utilisation over time (memory really in use / VRAM)", "used",
-          1.0, "hours since the trace began", hours);
+          1.0, "hours since the trace began", 0.0, hours);
     size_t shown = 0;
-    for (size_t i = 0; i < n && shown < 10; i++) {
+    for (size_t i = 0; i < n && shown < 12; i++) {
         if (r[i].used_series == NULL || r[i].n_series == 0)
             continue;
         fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.2\" points=\"",
-                colors[shown % 10]);
+                colors[shown % 12]);
         size_t stride = r[i].n_series > 2000 ? r[i].n_series / 2000 : 1;
         for (size_t k = 0; k < r[i].n_series; k += stride) {
             double x = X0 + PW * (double)k / (double)(r[i].n_series > 1 ? r[i].n_series - 1 : 1);
@@ -189,9 +190,9 @@ int report_svg(const char *path, const struct trace *tr, const struct sim_result
             if (r[i].event_series[k] > emax)
                 emax = r[i].event_series[k];
     frame(f, X0, y0, PW, PH, "Degrades and evictions over time (per step)", "events", (double)emax,
-          "hours since the trace began", hours);
+          "hours since the trace began", 0.0, hours);
     shown = 0;
-    for (size_t i = 0; i < n && shown < 10; i++) {
+    for (size_t i = 0; i < n && shown < 12; i++) {
         if (r[i].event_series == NULL || r[i].n_series == 0) {
             continue;
         }
@@ -203,7 +204,7 @@ int report_svg(const char *path, const struct trace *tr, const struct sim_result
             fprintf(f,
                     "<rect x=\"%.1f\" y=\"%.1f\" width=\"1.5\" height=\"%.1f\" fill=\"%s\" "
                     "fill-opacity=\"0.7\"/>\n",
-                    x + (double)shown * 0.5, y0 + PH - hgt, hgt, colors[shown % 10]);
+                    x + (double)shown * 0.5, y0 + PH - hgt, hgt, colors[shown % 12]);
         }
         shown++;
     }
@@ -221,7 +222,7 @@ int report_svg(const char *path, const struct trace *tr, const struct sim_result
             gmax = r[i].n_gpus > gmax ? r[i].n_gpus : gmax;
         }
         frame(f, X0, y0, PW, PH, "Ratio sweep: mean used utilisation (blue), GPUs (red, right)",
-              "mean used", 1.0, "oversell ratio (axis starts at the sweep's first ratio)", rmax);
+              "mean used", 1.0, "oversell ratio", rmin, rmax);
         for (int pass = 0; pass < 2; pass++) {
             fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"",
                     pass == 0 ? colors[0] : colors[1]);
@@ -241,13 +242,13 @@ int report_svg(const char *path, const struct trace *tr, const struct sim_result
     /* legend */
     double ly = y0 + PH + 50;
     shown = 0;
-    for (size_t i = 0; i < n && shown < 10; i++) {
+    for (size_t i = 0; i < n && shown < 12; i++) {
         if (r[i].used_series == NULL)
             continue;
         char lb[96];
         label(&r[i], lb, sizeof(lb));
         fprintf(f, "<rect x=\"%.0f\" y=\"%.1f\" width=\"12\" height=\"12\" fill=\"%s\"/>\n", X0,
-                ly - 10, colors[shown % 10]);
+                ly - 10, colors[shown % 12]);
         fprintf(f, "<text x=\"%.0f\" y=\"%.1f\" font-size=\"12\">", X0 + 18, ly);
         esc(f, lb);
         fprintf(f, " - mean used %.1f%%</text>\n", 100 * r[i].mean_used_util);

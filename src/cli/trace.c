@@ -166,7 +166,9 @@ static int add_sample(struct trace_svc *s, int64_t t, int64_t mib, int32_t compu
         s->samples = n;
         s->cap = cap;
     }
-    s->samples[s->n++] = (struct sample){t, mib, compute};
+    if (mib > INT32_MAX)
+        return -1;
+    s->samples[s->n++] = (struct sample){t, (int32_t)mib, (int16_t)compute};
     if (mib > s->peak_mib)
         s->peak_mib = mib;
     return 0;
@@ -421,7 +423,7 @@ int trace_import_genai(const char *dir, const struct genai_opts *o, struct trace
             /* match the sample at that time (samples are still in file order) */
             for (size_t j = s->n; j > 0; j--)
                 if (s->samples[j - 1].t_s == t) {
-                    s->samples[j - 1].compute_pct = (int32_t)(pct > 100 ? 100 : pct);
+                    s->samples[j - 1].compute_pct = (int16_t)(pct > 100 ? 100 : pct);
                     break;
                 }
         }
