@@ -177,8 +177,8 @@ static int64_t demand_at(const struct trace_svc *s, struct run_svc *rs, int64_t 
 
 /* ---- engine policies (static, oversub) ------------------------------------------------ */
 
-/* Services that arrive at the same instant are submitted in priority order, the biggest
- * request first within a class (first-fit decreasing, as a scheduler given a batch would). */
+/* Services that arrive at the same instant are submitted biggest request first (first-fit
+ * decreasing, as a scheduler given a batch would), then by priority, then by id. */
 static const struct trace *sort_tr;
 
 static int cmp_arrival(const void *a, const void *b)
@@ -186,10 +186,10 @@ static int cmp_arrival(const void *a, const void *b)
     const struct trace_svc *x = &sort_tr->svcs[*(const size_t *)a];
     const struct trace_svc *y = &sort_tr->svcs[*(const size_t *)b];
     int lx = level_of(x->spec.class_name), ly = level_of(y->spec.class_name);
-    if (lx != ly)
-        return lx - ly;
     if (x->spec.vram_mib != y->spec.vram_mib)
         return x->spec.vram_mib > y->spec.vram_mib ? -1 : 1;
+    if (lx != ly)
+        return lx - ly;
     return strcmp(x->spec.id, y->spec.id);
 }
 
@@ -728,7 +728,21 @@ int32_t sim_min_gpus(const struct trace *tr, enum sim_policy p, int32_t ratio_mi
     struct sim_opts o = {.policy = p, .ratio_milli = ratio_milli, .pool = pool};
     struct sim_result r;
     int32_t best = 0;
-    /* binary search for the smallest feasible N, assuming more GPUs never hurt */
+    /* feasibility is not monotonic in the pool size (a different pool places services
+     * differently): walk up from the lower bound when that is affordable, else binary search */
+    if (hi - lo <= 64) {
+        for (int32_t n = lo; n <= hi && best == 0; n++) {
+            o.n_pool = (size_t)n;
+            if (sim_run(tr, &o, b, &r, err, errlen) != 0) {
+                free(pool);
+                return -1;
+            }
+            if (r.feasible)
+                best = n;
+            sim_result_free(&r);
+        }
+        lo = hi + 1; /* skip the binary search */
+    }
     while (lo <= hi) {
         int32_t mid = lo + (hi - lo) / 2;
         o.n_pool = (size_t)mid;
