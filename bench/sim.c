@@ -57,7 +57,7 @@ static int synthetic(struct trace *tr, size_t n_svc, size_t steps)
         s->n = s->cap = steps;
         for (size_t k = 0; k < steps; k++) {
             int64_t m = ((int64_t)k + phase) % 1440; /* minute of the day */
-            int64_t tri = m < 720 ? m : 1440 - m;   /* 0..720 */
+            int64_t tri = m < 720 ? m : 1440 - m;    /* 0..720 */
             int64_t v = peak / 2 + peak * tri / 1440 + (int64_t)(rnd() % (uint64_t)(peak / 8));
             if (v > peak)
                 v = peak;
@@ -110,14 +110,13 @@ int main(int argc, char **argv)
     int64_t *pool = malloc((size_t)gpus * sizeof(*pool));
     for (int i = 0; i < gpus; i++)
         pool[i] = 81920;
-    struct sim_budget b = {.evict_budget_per_week = 5, .unmet_budget_milli = 10,
-                           .max_wait_s = 300};
+    struct sim_budget b = {.evict_budget_per_week = 5, .unmet_budget_milli = 10, .max_wait_s = 300};
     double rates[50];
     struct sim_result r;
     char err[256];
     for (int k = 0; k < runs; k++) {
-        struct sim_opts o = {.policy = POL_OVERSUB, .ratio_milli = 1300, .pool = pool,
-                             .n_pool = (size_t)gpus};
+        struct sim_opts o = {
+            .policy = POL_OVERSUB, .ratio_milli = 1300, .pool = pool, .n_pool = (size_t)gpus};
         double t0 = now_s();
         if (sim_run(&tr, &o, &b, &r, err, sizeof(err)) != 0) {
             fprintf(stderr, "bench_sim: %s\n", err);

@@ -121,6 +121,7 @@ struct room_tree {
     int32_t n, leaves;
     int32_t *gpus;                  /* the group's GPU indices, ascending */
     int64_t *t[OSUB_MAX_LEVEL + 1]; /* 2 * leaves entries each, root at 1 */
+    int64_t *d[OSUB_MAX_LEVEL + 1]; /* the same with degrades only (no eviction) */
 };
 
 struct timer_ent {
@@ -194,6 +195,7 @@ struct osub_engine {
 
 /* plan.c: admission planning */
 struct cand {
+    uint64_t khi, klo; /* the key packed for comparison (cand_pack) */
     int32_t gpu;
     bool victims;
     int32_t top_level, n_evict, n_degrade;

@@ -375,21 +375,30 @@ static int key_cmp(const struct plan *a, const struct plan *b)
     return 0;
 }
 
+/* Packs DESIGN.md's key into two integers: (victims, top level inverted, evictions, degrades,
+ * restart cost) and (placement score, GPU index). Lower is better. */
+static void cand_pack(struct cand *c)
+{
+    uint64_t hi = 0;
+    if (c->victims) {
+        uint64_t lvl = (uint64_t)(OSUB_MAX_LEVEL -
+                                  (c->top_level > OSUB_MAX_LEVEL ? OSUB_MAX_LEVEL : c->top_level));
+        uint64_t ev = (uint64_t)(c->n_evict > 127 ? 127 : c->n_evict);
+        uint64_t dg = (uint64_t)(c->n_degrade > 127 ? 127 : c->n_degrade);
+        uint64_t rs = (uint64_t)c->restart_sum;
+        if (rs > (UINT64_C(1) << 34) - 1)
+            rs = (UINT64_C(1) << 34) - 1;
+        hi = (UINT64_C(1) << 62) | (lvl << 58) | (ev << 51) | (dg << 44) | (rs << 10);
+    }
+    c->khi = hi;
+    c->klo = ((uint64_t)c->score << 12) | (uint64_t)c->gpu;
+}
+
 static int cand_cmp(const struct cand *a, const struct cand *b)
 {
-    if (a->victims != b->victims)
-        return a->victims ? 1 : -1;
-    if (a->top_level != b->top_level)
-        return a->top_level > b->top_level ? -1 : 1;
-    if (a->n_evict != b->n_evict)
-        return a->n_evict < b->n_evict ? -1 : 1;
-    if (a->n_degrade != b->n_degrade)
-        return a->n_degrade < b->n_degrade ? -1 : 1;
-    if (a->restart_sum != b->restart_sum)
-        return a->restart_sum < b->restart_sum ? -1 : 1;
-    if (a->score != b->score)
-        return a->score < b->score ? -1 : 1;
-    return a->gpu < b->gpu ? -1 : (a->gpu > b->gpu);
+    if (a->khi != b->khi)
+        return a->khi < b->khi ? -1 : 1;
+    return (a->klo > b->klo) - (a->klo < b->klo);
 }
 
 /* Keeps the k best candidates in best[0..*nb), sorted. */
@@ -517,7 +526,7 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
 {
     gpu_agg(e, g, gi);
     int64_t dl = g->granted + share - g->logical;
-    int64_t dh = g->held + share - g->usable;
+    int64_t dh = g->held + share - held_limit(g, r, share);
     int64_t dc = 0;
     if (r->backed && g->backed + share > g->usable)
         return false;
@@ -704,11 +713,12 @@ static int plan_admission_fast(osub_engine_t *e, const struct req *r, struct pla
 /* Appends to out the GPUs of group t whose room for level L is at least share (a walk down
  * the room tree that skips every subtree whose best is short). */
 static void tree_collect(const struct room_tree *t, int32_t L, int64_t share, int32_t *out,
-                         int32_t *n)
+                         int32_t *n, bool degrades_only)
 {
     int32_t stack[64];
     int32_t sp = 0;
-    if (t->t[L][1] < share)
+    const int64_t *tr = degrades_only ? t->d[L] : t->t[L];
+    if (tr[1] < share)
         return;
     stack[sp++] = 1;
     while (sp > 0) {
@@ -720,9 +730,9 @@ static void tree_collect(const struct room_tree *t, int32_t L, int64_t share, in
             continue;
         }
         /* right first so that the left (lower index) comes out first */
-        if (t->t[L][2 * x + 1] >= share)
+        if (tr[2 * x + 1] >= share)
             stack[sp++] = 2 * x + 1;
-        if (t->t[L][2 * x] >= share)
+        if (tr[2 * x] >= share)
             stack[sp++] = 2 * x;
     }
 }
@@ -788,7 +798,7 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
                 cand[ncand++] = grp->gpus[x];
         }
     } else {
-        tree_collect(grp, e->max_level, share_min, cand, &ncand);
+        tree_collect(grp, e->max_level, share_min, cand, &ncand, false);
     }
     for (int32_t x = 0; x < ncand; x++) {
         int32_t gi = cand[x];
@@ -811,6 +821,7 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
         int64_t projected = peak + share;
         c.score = projected <= g->usable ? g->usable - projected
                                          : (INT64_C(1) << 50) + (projected - g->usable);
+        cand_pack(&c);
         keep_best(best, &nb, k, &c);
     }
 
@@ -821,41 +832,49 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
         /* a GPU whose victims of levels >= L are enough: its top level is at best L */
         if (nb == k && best[k - 1].top_level > L)
             break; /* what is left touches level L or higher: it cannot beat the k best */
-        ncand = 0;
-        if (r->exclusive) {
-            for (int32_t x = 0; x < grp->n; x++)
-                cand[ncand++] = grp->gpus[x];
-        } else {
-            tree_collect(grp, L - 1, share_min, cand, &ncand);
-        }
-        for (int32_t x = 0; x < ncand; x++) {
-            int32_t gi = cand[x];
-            if (e->gpu_stamp[gi] == stamp)
-                continue;
-            struct gpu *g = &e->gpus[gi];
-            if (!gpu_takes(g, r, size))
-                continue;
-            int64_t share = r->exclusive ? g->usable : share0;
-            struct cand c = {.gpu = gi};
-            if (!optimistic(e, g, gi, r, share, &c))
-                continue;
-            e->gpu_stamp[gi] = stamp;
-            c.score = placement_score(e, g, share);
-            opt[nopt++] = c;
-        }
-        for (int32_t i = nopt / 2 - 1; i >= 0; i--)
-            heap_sift(opt, nopt, i); /* Floyd: O(n) */
-        while (nopt > 0) {
-            struct cand c = opt[0];
-            if (nb == k && cand_cmp(&best[k - 1], &c) <= 0)
-                break; /* nothing in the heap can beat the k best */
-            opt[0] = opt[--nopt];
-            heap_sift(opt, nopt, 0);
-            struct gpu *g = &e->gpus[c.gpu];
-            int64_t share = r->exclusive ? g->usable : share0;
-            if (!plan_single(e, g, r, share, &c))
-                continue;
-            keep_best(best, &nb, k, &c);
+        /* phase 0: GPUs where degrades alone could do (no eviction); phase 1: the rest */
+        for (int phase = r->exclusive ? 1 : 0; phase < 2; phase++) {
+            if (phase == 1 && nb == k && best[k - 1].victims && best[k - 1].top_level == L &&
+                best[k - 1].n_evict == 0)
+                break; /* the rest needs an eviction at level L, or touches more: cannot beat */
+            ncand = 0;
+            if (r->exclusive) {
+                for (int32_t x = 0; x < grp->n; x++)
+                    cand[ncand++] = grp->gpus[x];
+            } else {
+                tree_collect(grp, L - 1, share_min, cand, &ncand, phase == 0);
+            }
+            for (int32_t x = 0; x < ncand; x++) {
+                int32_t gi = cand[x];
+                if (e->gpu_stamp[gi] == stamp)
+                    continue;
+                struct gpu *g = &e->gpus[gi];
+                if (!gpu_takes(g, r, size))
+                    continue;
+                int64_t share = r->exclusive ? g->usable : share0;
+                struct cand c = {.gpu = gi};
+                if (!optimistic(e, g, gi, r, share, &c))
+                    continue;
+                e->gpu_stamp[gi] = stamp;
+                c.score = placement_score(e, g, share);
+                cand_pack(&c);
+                opt[nopt++] = c;
+            }
+            for (int32_t i = nopt / 2 - 1; i >= 0; i--)
+                heap_sift(opt, nopt, i); /* Floyd: O(n) */
+            while (nopt > 0) {
+                struct cand c = opt[0];
+                if (nb == k && cand_cmp(&best[k - 1], &c) <= 0)
+                    break; /* nothing in the heap can beat the k best */
+                opt[0] = opt[--nopt];
+                heap_sift(opt, nopt, 0);
+                struct gpu *g = &e->gpus[c.gpu];
+                int64_t share = r->exclusive ? g->usable : share0;
+                if (!plan_single(e, g, r, share, &c))
+                    continue;
+                cand_pack(&c);
+                keep_best(best, &nb, k, &c);
+            }
         }
     }
     (void)gj;
@@ -927,6 +946,7 @@ static bool plan_size_reference(osub_engine_t *e, const struct req *r, int64_t s
             c.restart_sum = tmp.restart_sum;
         }
         c.score = placement_score(e, g, share);
+        cand_pack(&c);
         keep_best(best, &nb, k, &c);
     }
     if (nb < k)
@@ -1129,10 +1149,11 @@ int osub__trees_init(osub_engine_t *e)
             t->leaves *= 2;
         for (int32_t L = 0; L <= e->max_level; L++) {
             t->t[L] = malloc(2 * (size_t)t->leaves * sizeof(int64_t));
-            if (t->t[L] == NULL)
+            t->d[L] = malloc(2 * (size_t)t->leaves * sizeof(int64_t));
+            if (t->t[L] == NULL || t->d[L] == NULL)
                 return OSUB_ENOMEM;
             for (int32_t x = 0; x < 2 * t->leaves; x++)
-                t->t[L][x] = INT64_MIN / 4;
+                t->t[L][x] = t->d[L][x] = INT64_MIN / 4;
         }
     }
     return 0;
@@ -1144,8 +1165,10 @@ void osub__trees_free(osub_engine_t *e)
         return;
     for (int32_t j = 0; j < e->n_trees; j++) {
         free(e->trees[j].gpus);
-        for (int32_t L = 0; L <= OSUB_MAX_LEVEL; L++)
+        for (int32_t L = 0; L <= OSUB_MAX_LEVEL; L++) {
             free(e->trees[j].t[L]);
+            free(e->trees[j].d[L]);
+        }
     }
     free(e->trees);
     e->trees = NULL;
@@ -1177,23 +1200,30 @@ static void trees_refresh(osub_engine_t *e)
             if (g->agg_valid_until < e->trees_valid_until)
                 e->trees_valid_until = g->agg_valid_until;
         }
-        int64_t rh = 0, rg = 0;
-        int64_t cap[OSUB_MAX_LEVEL + 1];
+        int64_t rh = 0, rg = 0, dh = 0, dg = 0;
+        int64_t cap[OSUB_MAX_LEVEL + 1], dcap[OSUB_MAX_LEVEL + 1];
         for (int32_t L = e->max_level; L >= 0; L--) {
             int64_t fl = g->logical - g->granted + rg, fh = g->usable - g->held + rh;
             cap[L] = out ? INT64_MIN / 4 : (fl < fh ? fl : fh);
+            fl = g->logical - g->granted + dg;
+            fh = g->usable - g->held + dh;
+            dcap[L] = out ? INT64_MIN / 4 : (fl < fh ? fl : fh);
             rh += g->a->ev_held[L];
             rg += g->a->ev_grant[L];
+            dh += g->a->dg_held[L];
+            dg += g->a->dg_grant[L];
         }
         for (int32_t L = 0; L <= e->max_level; L++) {
-            int64_t *tr = t->t[L];
-            int32_t x = t->leaves + g->tree_pos;
-            tr[x] = cap[L];
-            for (x /= 2; x >= 1; x /= 2) {
-                int64_t m = tr[2 * x] > tr[2 * x + 1] ? tr[2 * x] : tr[2 * x + 1];
-                if (tr[x] == m && x != 1)
-                    break; /* nothing above changes */
-                tr[x] = m;
+            for (int which = 0; which < 2; which++) {
+                int64_t *tr = which ? t->d[L] : t->t[L];
+                int32_t x = t->leaves + g->tree_pos;
+                tr[x] = which ? dcap[L] : cap[L];
+                for (x /= 2; x >= 1; x /= 2) {
+                    int64_t m = tr[2 * x] > tr[2 * x + 1] ? tr[2 * x] : tr[2 * x + 1];
+                    if (tr[x] == m && x != 1)
+                        break; /* nothing above changes */
+                    tr[x] = m;
+                }
             }
         }
     }

@@ -41,8 +41,7 @@ static const char *p(const char *name)
 
 static struct sim_budget budget(void)
 {
-    struct sim_budget b = {.evict_budget_per_week = 5, .unmet_budget_milli = 10,
-                           .max_wait_s = 300};
+    struct sim_budget b = {.evict_budget_per_week = 5, .unmet_budget_milli = 10, .max_wait_s = 300};
     return b;
 }
 
@@ -146,11 +145,9 @@ static void test_golden_min_gpus(void **state)
     struct sim_budget b = budget();
     struct sim_result r;
     assert_int_equal(sim_lower_bound(&tr, 81920), 1);
-    assert_int_equal(sim_min_gpus(&tr, POL_STATIC, 1000, 81920, 1, 4, &b, false, &r, err, 512),
-                     4);
+    assert_int_equal(sim_min_gpus(&tr, POL_STATIC, 1000, 81920, 1, 4, &b, false, &r, err, 512), 4);
     sim_result_free(&r);
-    assert_int_equal(sim_min_gpus(&tr, POL_OVERSUB, 1300, 81920, 1, 4, &b, false, &r, err, 512),
-                     2);
+    assert_int_equal(sim_min_gpus(&tr, POL_OVERSUB, 1300, 81920, 1, 4, &b, false, &r, err, 512), 2);
     assert_int_equal(r.oom_events, 0);
     assert_int_equal(r.evictions[1], 0);
     sim_result_free(&r);
@@ -254,15 +251,20 @@ static void test_svg_is_well_formed(void **state)
     struct sim_result r[3];
     struct sim_budget b = budget();
     for (int i = 0; i < 3; i++) {
-        struct sim_opts o = {.policy = POL_OVERSUB, .ratio_milli = 1000 + 200 * i, .pool = pool,
-                             .n_pool = 2, .timeline = true};
+        struct sim_opts o = {.policy = POL_OVERSUB,
+                             .ratio_milli = 1000 + 200 * i,
+                             .pool = pool,
+                             .n_pool = 2,
+                             .timeline = true};
         assert_int_equal(sim_run(&tr, &o, &b, &r[i], err, sizeof(err)), 0);
         assert_non_null(r[i].used_series);
     }
     assert_int_equal(report_svg(p("plot.svg"), &tr, r, 3), 0);
     char cmd[700];
-    snprintf(cmd, sizeof(cmd), "command -v xmllint >/dev/null 2>&1 || exit 77; "
-                               "xmllint --noout '%s'", p("plot.svg"));
+    snprintf(cmd, sizeof(cmd),
+             "command -v xmllint >/dev/null 2>&1 || exit 77; "
+             "xmllint --noout '%s'",
+             p("plot.svg"));
     int rc = system(cmd);
     if (WEXITSTATUS(rc) == 77) {
         printf("xmllint missing: only checked the file exists\n");
@@ -284,10 +286,8 @@ static void test_malformed_inputs(void **state)
     static const struct {
         const char *services, *usage, *want;
     } cases[] = {
-        {"[{\"id\": \"a\", \"vram_mib\": 100}]", "timestamp_s,service,vram_mib\n0,a\n",
-         "line 2"},
-        {"[{\"id\": \"a\", \"vram_mib\": 100}]", "timestamp_s,service,vram_mib\n0,a,x\n",
-         "line 2"},
+        {"[{\"id\": \"a\", \"vram_mib\": 100}]", "timestamp_s,service,vram_mib\n0,a\n", "line 2"},
+        {"[{\"id\": \"a\", \"vram_mib\": 100}]", "timestamp_s,service,vram_mib\n0,a,x\n", "line 2"},
         {"[{\"id\": \"a\", \"vram_mib\": 100}]", "timestamp_s,service,vram_mib\n0,a,-5\n",
          "line 2"},
         {"[{\"id\": \"a\", \"vram_mib\": 100}]", "timestamp_s,service,vram_mib\n0,b,5\n",
@@ -365,12 +365,9 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_golden_utilisation),
-        cmocka_unit_test(test_golden_brief_oom),
-        cmocka_unit_test(test_golden_min_gpus),
-        cmocka_unit_test(test_genai_end_to_end),
-        cmocka_unit_test(test_determinism_all_policies),
-        cmocka_unit_test(test_svg_is_well_formed),
+        cmocka_unit_test(test_golden_utilisation),       cmocka_unit_test(test_golden_brief_oom),
+        cmocka_unit_test(test_golden_min_gpus),          cmocka_unit_test(test_genai_end_to_end),
+        cmocka_unit_test(test_determinism_all_policies), cmocka_unit_test(test_svg_is_well_formed),
         cmocka_unit_test(test_malformed_inputs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
