@@ -304,7 +304,7 @@ static size_t heap_used(void)
 
 int main(int argc, char **argv)
 {
-    size_t n = 50000;
+    size_t n = 45000;
     int runs = 5;
     bool verify = false, latency = true;
     const char *mode = "all";

@@ -8,8 +8,8 @@ build=${1:-build}
 bin="$build/bench/bench_engine"
 [ -x "$bin" ] || { echo "run-engine.sh: $bin not built (make bench)" >&2; exit 2; }
 
-echo "== wall clock: 50,000-command stream, median of 5 runs (one core) =="
-taskset -c 0 "$bin" --commands 50000 --runs 5 2>/dev/null || "$bin" --commands 50000 --runs 5
+echo "== wall clock: 45,000-command stream, median of 5 runs (one core) =="
+taskset -c 0 "$bin" --commands 45000 --runs 5 2>/dev/null || "$bin" --commands 45000 --runs 5
 
 echo
 echo "== instructions per command (valgrind --tool=callgrind, 10,000-command stream) =="

@@ -117,11 +117,22 @@ struct gpu {
 };
 
 struct room_tree {
-    int64_t vram;
+    int64_t vram, usable;
     int32_t n, leaves;
     int32_t *gpus;                  /* the group's GPU indices, ascending */
     int64_t *t[OSUB_MAX_LEVEL + 1]; /* 2 * leaves entries each, root at 1 */
     int64_t *d[OSUB_MAX_LEVEL + 1]; /* the same with degrades only (no eviction) */
+    /* the same two for a backed request (also capped by usable - backed grants) and for a
+     * preemptible one (held measured against the high watermark) */
+    int64_t *bt[OSUB_MAX_LEVEL + 1], *bd[OSUB_MAX_LEVEL + 1];
+    int64_t *pt[OSUB_MAX_LEVEL + 1], *pd[OSUB_MAX_LEVEL + 1];
+    /* best-fit index: a treap of the group's placeable GPUs keyed by (projected free room,
+     * position), so the tightest fit is a lower-bound search, not a scan */
+    int32_t root;
+    int32_t *left, *right;
+    uint32_t *prio;
+    int64_t *pfree; /* the key each node is filed under */
+    bool *in;
 };
 
 struct timer_ent {
@@ -186,6 +197,7 @@ struct osub_engine {
     int32_t *tdirty;
     int32_t n_tdirty;
     int64_t trees_valid_until;
+    int64_t trees_minute; /* projected free room moves with the history: refreshed each minute */
     /* tests: compare every admission plan with the unpruned reference planner */
     bool verify_plans;
     uint64_t verify_mismatches;
