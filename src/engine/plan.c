@@ -707,6 +707,35 @@ static bool plan_single(const osub_engine_t *e, const struct gpu *g, const struc
     return true;
 }
 
+/* Plans the chosen k GPUs as one set (DESIGN.md: victims shared between them count once; the
+ * odd MiB goes to the first GPU of the set) and fills p. The set's score is its worst GPU's. */
+static bool plan_set(osub_engine_t *e, const struct req *r, const struct cand *best, int32_t k,
+                     int64_t usable, struct plan *p)
+{
+    struct ws w;
+    int32_t gpus[64];
+    int64_t shares[64];
+    for (int32_t j = 0; j < k; j++)
+        gpus[j] = best[j].gpu;
+    qsort(gpus, (size_t)k, sizeof(gpus[0]), cmp_i32);
+    int64_t worst = 0;
+    for (int32_t j = 0; j < k; j++) {
+        shares[j] = r->exclusive ? usable : osub__share(r->total, k, j);
+        for (int32_t b = 0; b < k; b++)
+            if (best[b].gpu == gpus[j] && best[b].score > worst)
+                worst = best[b].score;
+    }
+    ws_init(e, &w, r, gpus, shares, k);
+    if (!plan_victims(e, &w, p))
+        return false;
+    p->ok = true;
+    p->k = k;
+    memcpy(p->gpus, gpus, sizeof(gpus[0]) * (size_t)k);
+    memcpy(p->shares, shares, sizeof(shares[0]) * (size_t)k);
+    p->score = worst;
+    return true;
+}
+
 static void trees_refresh(osub_engine_t *e);
 static int plan_admission_fast(osub_engine_t *e, const struct req *r, struct plan *out);
 
@@ -1022,27 +1051,7 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
         }
         return false;
     }
-    int32_t gpus[64];
-    int64_t shares[64];
-    for (int32_t j = 0; j < k; j++)
-        gpus[j] = best[j].gpu;
-    qsort(gpus, (size_t)k, sizeof(gpus[0]), cmp_i32);
-    int64_t worst = 0;
-    for (int32_t j = 0; j < k; j++) {
-        shares[j] = r->exclusive ? usable : osub__share(r->total, k, j);
-        for (int32_t b = 0; b < k; b++)
-            if (best[b].gpu == gpus[j] && best[b].score > worst)
-                worst = best[b].score;
-    }
-    ws_init(e, &w, r, gpus, shares, k);
-    if (!plan_victims(e, &w, p))
-        return false;
-    p->ok = true;
-    p->k = k;
-    memcpy(p->gpus, gpus, sizeof(gpus[0]) * (size_t)k);
-    memcpy(p->shares, shares, sizeof(shares[0]) * (size_t)k);
-    p->score = worst;
-    return true;
+    return plan_set(e, r, best, k, usable, p);
 }
 
 /* The reference planner: every GPU of each size planned exactly, no pruning. Slow; the
@@ -1078,26 +1087,7 @@ static bool plan_size_reference(osub_engine_t *e, const struct req *r, int64_t s
     }
     if (nb < k)
         return false;
-    int32_t gpus[64];
-    int64_t shares[64];
-    for (int32_t j = 0; j < k; j++)
-        gpus[j] = best[j].gpu;
-    qsort(gpus, (size_t)k, sizeof(gpus[0]), cmp_i32);
-    int64_t worst = 0;
-    for (int32_t j = 0; j < k; j++) {
-        shares[j] = r->exclusive ? usable : osub__share(r->total, k, j);
-        for (int32_t b = 0; b < k; b++)
-            if (best[b].gpu == gpus[j] && best[b].score > worst)
-                worst = best[b].score;
-    }
-    ws_init(e, &w, r, gpus, shares, k);
-    if (!plan_victims(e, &w, p))
-        return false;
-    p->ok = true;
-    p->k = k;
-    memcpy(p->gpus, gpus, sizeof(gpus[0]) * (size_t)k);
-    p->score = worst;
-    return true;
+    return plan_set(e, r, best, k, usable, p);
 }
 
 static void plan_reference(osub_engine_t *e, const struct req *r, struct plan *out)
