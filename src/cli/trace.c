@@ -186,6 +186,22 @@ static int cmp_i64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* At most this many clock steps: a week of seconds fits, a corrupt timestamp does not. */
+#define OSUB_TRACE_MAX_STEPS 20000000
+
+/* A trace spanning absurdly many steps is a corrupt timestamp, not a long history. */
+static int check_span(const struct trace *tr, const char *file, char *err, size_t errlen)
+{
+    int64_t steps = (tr->t1 - tr->t0) / (tr->step_s > 0 ? tr->step_s : 1) + 1;
+    if (steps > OSUB_TRACE_MAX_STEPS)
+        return errf(err, errlen,
+                    "%s: the samples run from %lld to %lld s, %lld steps of %lld s: more than "
+                    "%d (a corrupt timestamp?)",
+                    file, (long long)tr->t0, (long long)tr->t1, (long long)steps,
+                    (long long)tr->step_s, OSUB_TRACE_MAX_STEPS);
+    return 0;
+}
+
 /* Sorts samples, merges duplicates (same time: the larger), fills t0/t1/step. */
 static void finish_trace(struct trace *tr)
 {
@@ -196,6 +212,8 @@ static void finish_trace(struct trace *tr)
     int ng = 0;
     for (size_t i = 0; i < tr->n; i++) {
         struct trace_svc *s = &tr->svcs[i];
+        if (s->n == 0)
+            continue; /* a service without samples: the caller skips it */
         qsort(s->samples, s->n, sizeof(*s->samples), cmp_sample);
         size_t w = 0;
         for (size_t j = 0; j < s->n; j++) {
@@ -432,6 +450,9 @@ int trace_import_genai(const char *dir, const struct genai_opts *o, struct trace
             goto err;
     }
     finish_trace(tr);
+    snprintf(path, sizeof(path), "%s/genai_pod_vram.csv", dir);
+    if (check_span(tr, path, err, errlen) != 0)
+        goto err;
 
     /* load times */
     snprintf(path, sizeof(path), "%s/genai_model_load_ms.csv", dir);
@@ -572,6 +593,8 @@ int trace_import_files(const char *services, const char *usage, struct trace *tr
     if (r < 0 || rc != 0)
         goto err;
     finish_trace(tr);
+    if (check_span(tr, usage, err, errlen) != 0)
+        goto err;
     size_t w = 0;
     for (size_t k = 0; k < tr->n; k++) {
         if (tr->svcs[k].n == 0) {

@@ -319,6 +319,28 @@ static void test_malformed_inputs(void **state)
             fail_msg("case %zu: '%s' does not say '%s'", i, err, cases[i].want);
         assert_non_null(strstr(err, dir)); /* names the file */
     }
+    /* a service without samples is skipped (regression: sorting its empty, NULL sample list) */
+    write_file("two.json",
+               "[{\"id\": \"a\", \"vram_mib\": 100}, {\"id\": \"b\", \"vram_mib\": 100}]");
+    write_file("one.csv", "timestamp_s,service,vram_mib\n0,a,10\n60,a,20\n");
+    {
+        struct trace t1;
+        char e1[512];
+        assert_int_equal(load("two.json", "one.csv", &t1, e1), 0);
+        assert_int_equal(t1.n, 1);
+        assert_string_equal(t1.svcs[0].spec.id, "a");
+        trace_free(&t1);
+    }
+    /* a corrupt timestamp (an extra digit) would make an absurdly long trace */
+    write_file("one.json", "[{\"id\": \"a\", \"vram_mib\": 100}]");
+    write_file("far.csv", "timestamp_s,service,vram_mib\n1662858720,a,10\n1662858780,a,10\n"
+                          "1662858840,a,10\n16628587230,a,20\n");
+    {
+        struct trace t2;
+        char e2[512];
+        assert_int_equal(load("one.json", "far.csv", &t2, e2), -1);
+        assert_non_null(strstr(e2, "corrupt timestamp"));
+    }
     /* YAML syntax error: the line */
     write_file("bad.yaml", "services:\n  - id: a\n    vram_mib: [1, 2\n");
     write_file("ok.csv", "timestamp_s,service,vram_mib\n0,a,1\n");
