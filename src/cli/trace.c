@@ -249,7 +249,7 @@ static void finish_trace(struct trace *tr)
             best = gap_counts[k];
             tr->step_s = gaps[k];
         }
-    if (tr->n == 0)
+    if (tr->t0 > tr->t1) /* no sample at all */
         tr->t0 = tr->t1 = 0;
 }
 
