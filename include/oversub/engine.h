@@ -347,6 +347,18 @@ OSUB_API int osub_engine_service_info(osub_engine_t *e, const char *id, osub_ser
 OSUB_API size_t osub_engine_queue_length(const osub_engine_t *e);
 OSUB_API const char *osub_engine_queue_at(const osub_engine_t *e, size_t pos);
 
+/*
+ * Snapshots. osub_engine_save() writes the engine's whole state (configuration, classes,
+ * GPUs with their placement history, every live service with its timers, the queue, the
+ * counters) as versioned text (malloc'd, owned by the caller; NULL on out of memory).
+ * osub_engine_load() rebuilds an engine from it that decides exactly as the saved one would:
+ * the same commands at the same times give the same events. Errors: OSUB_EBAD_SNAPSHOT (with
+ * the 1-based line in *err_line when not NULL), OSUB_ENOMEM. The daemon keeps its state as a
+ * snapshot plus the commands since.
+ */
+OSUB_API char *osub_engine_save(const osub_engine_t *e);
+OSUB_API int osub_engine_load(const char *text, osub_engine_t **out, size_t *err_line);
+
 /* A full textual dump of the state (malloc'd, owned by the caller), for comparisons. */
 OSUB_API char *osub_engine_dump(const osub_engine_t *e);
 /* Checks DESIGN.md's state invariants (3, 4, 5). Returns 0, or OSUB_EINVAL with a sentence

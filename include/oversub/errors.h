@@ -48,7 +48,9 @@
     XX(GPU_LOST, -1030, "gpu_lost", "the GPU is lost")                                             \
     XX(BAD_ON_EVICT, -1031, "invalid_on_evict", "on_evict: requeue needs a resumable service")     \
     XX(BAD_TIME, -1032, "invalid_time", "a time must be between 0 and 2^53 ms")                    \
-    XX(NO_SHRINK_BELOW_MIN, -1033, "below_min", "a resize cannot put vram_mib below min_vram_mib")
+    XX(NO_SHRINK_BELOW_MIN, -1033, "below_min", "a resize cannot put vram_mib below min_vram_mib") \
+    XX(BAD_SNAPSHOT, -1034, "invalid_snapshot",                                                    \
+       "the engine snapshot is corrupt or of another version")
 
 typedef enum {
     OSUB_OK = 0,

@@ -2669,3 +2669,76 @@ uint64_t osub__verify_plans(osub_engine_t *e, bool on, const char **last)
         *last = e->verify_last;
     return e->verify_mismatches;
 }
+
+/* ---- restoring from a snapshot (snapshot.c reads, this wires) ------------------------- */
+
+struct svc *osub__lookup(const osub_engine_t *e, const char *id)
+{
+    return lookup(e, id);
+}
+
+int osub__restore_service(osub_engine_t *e, struct svc *s)
+{
+    if (tab_reserve(e) != 0 || timer_reserve(e, 2) != 0)
+        return OSUB_ENOMEM;
+    for (int32_t i = 0; i < s->n_slots; i++)
+        if (gpu_list_reserve(&e->gpus[s->slots[i].gpu]) != 0)
+            return OSUB_ENOMEM;
+    tab_insert_raw(e->tab, e->tab_cap, s);
+    e->n_live++;
+    s->prev = e->tail;
+    s->next = NULL;
+    if (e->tail)
+        e->tail->next = s;
+    else
+        e->head = s;
+    e->tail = s;
+    for (int32_t i = 0; i < s->n_slots; i++) {
+        struct slot *sl = &s->slots[i];
+        struct gpu *g = &e->gpus[sl->gpu];
+        g->granted += sl->grant;
+        if (s->backed)
+            g->backed += sl->grant;
+        g->used += sl->used;
+        sl->held = slot_held(s, sl);
+        g->held += sl->held; /* not through gpu_add_held: the history ring is restored as saved */
+        g->compute_all += s->spec.compute_pct;
+        if (s->backed)
+            g->compute_backed += s->spec.compute_pct;
+        g->compute_measured += s->compute_used;
+        if (s->spec.exclusive)
+            g->excl = s;
+        if (s->state == OSUB_STATE_PENDING)
+            g->n_pending++;
+        gpu_list_add(e, g, s);
+    }
+    s->heap_pos[0] = s->heap_pos[1] = -1;
+    for (int kind = 0; kind < T__KINDS; kind++) {
+        int64_t at = s->timer_at[kind];
+        if (at != 0)
+            timer_set(e, s, kind, at);
+    }
+    return 0;
+}
+
+int osub__restore_lists(osub_engine_t *e, struct svc **queue, size_t nq, struct svc **pending,
+                        size_t np)
+{
+    if (vec_reserve(&e->queue, &e->cap_queue, nq + 1) != 0 ||
+        vec_reserve(&e->pending, &e->cap_pending, np + 1) != 0)
+        return OSUB_ENOMEM;
+    if (nq > 0)
+        memcpy(e->queue, queue, nq * sizeof(*queue));
+    e->n_queue = nq;
+    if (np > 0)
+        memcpy(e->pending, pending, np * sizeof(*pending));
+    e->n_pending = np;
+    return 0;
+}
+
+void osub__restore_done(osub_engine_t *e)
+{
+    refresh_sizes(e);
+    for (int32_t i = 0; i < e->n_gpus; i++)
+        osub__gpu_touch(e, &e->gpus[i]);
+}

@@ -257,6 +257,15 @@ OSUB__HIDDEN void osub__trees_free(osub_engine_t *e);
  * level evicted: then no admission plan can work and none need be made. */
 OSUB__HIDDEN bool osub__may_fit(osub_engine_t *e, const struct req *r, int64_t share);
 OSUB__HIDDEN int osub__plan_admission(osub_engine_t *e, const struct req *r, struct plan *out);
+/* snapshot.c: wires a service read from a snapshot into e (its slots, GPU sums, lists and
+ * timers); the queue and pending lists are rebuilt by the caller in saved order. Returns 0 or
+ * OSUB_ENOMEM. The svc is taken. */
+OSUB__HIDDEN int osub__restore_service(osub_engine_t *e, struct svc *s);
+OSUB__HIDDEN int osub__restore_lists(osub_engine_t *e, struct svc **queue, size_t nq,
+                                     struct svc **pending, size_t np);
+OSUB__HIDDEN void osub__restore_done(osub_engine_t *e);
+OSUB__HIDDEN struct svc *osub__lookup(const osub_engine_t *e, const char *id);
+
 /* Tests: turn on plan verification; returns the mismatches seen so far and the last one. */
 OSUB__HIDDEN uint64_t osub__verify_plans(osub_engine_t *e, bool on, const char **last);
 OSUB__HIDDEN int osub__plan_pressure(osub_engine_t *e, int32_t gpu, struct plan *out);

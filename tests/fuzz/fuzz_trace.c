@@ -78,9 +78,10 @@ int main(int argc, char **argv)
     mkdir(gd, 0700);
     snprintf(gv, sizeof(gv), "%s/genai_pod_vram.csv", gd);
     snprintf(gl, sizeof(gl), "%s/genai_model_load_ms.csv", gd);
-    const char *json = "{\"services\": [{\"id\": \"web\", \"class\": \"online\", \"vram_mib\": 20000},"
-                       " {\"id\": \"job\", \"class\": \"batch\", \"vram\": \"30GiB\", \"min_vram\": "
-                       "\"10GiB\", \"resumable\": true}]}";
+    const char *json =
+        "{\"services\": [{\"id\": \"web\", \"class\": \"online\", \"vram_mib\": 20000},"
+        " {\"id\": \"job\", \"class\": \"batch\", \"vram\": \"30GiB\", \"min_vram\": "
+        "\"10GiB\", \"resumable\": true}]}";
     const char *yaml = "services:\n  - {id: web, class: online, vram_mib: 20000}\n  - id: job\n"
                        "    class: batch\n    vram: 30GiB\n    min_vram_mib: 9000\n";
     char usage[4096] = "timestamp_s,service,vram_mib,compute_pct\n";
@@ -95,8 +96,7 @@ int main(int argc, char **argv)
     }
     const char *loadms = "timestamp_s,pod,load_ms\n1,a1b2,2639\n2,c3d4,39010.5\n";
     int accepted = 0, refused = 0;
-    struct sim_budget b = {.evict_budget_per_week = 5, .unmet_budget_milli = 10,
-                           .max_wait_s = 300};
+    struct sim_budget b = {.evict_budget_per_week = 5, .unmet_budget_milli = 10, .max_wait_s = 300};
     int64_t pool[2] = {81920, 81920};
     for (int it = 0; it < iters; it++) {
         struct trace tr;
@@ -124,8 +124,8 @@ int main(int argc, char **argv)
         }
         accepted++;
         for (int p = 0; p < POL__COUNT; p++) {
-            struct sim_opts o = {.policy = (enum sim_policy)p, .ratio_milli = 1500,
-                                 .pool = pool, .n_pool = 2};
+            struct sim_opts o = {
+                .policy = (enum sim_policy)p, .ratio_milli = 1500, .pool = pool, .n_pool = 2};
             struct sim_result r;
             if (sim_run(&tr, &o, &b, &r, err, sizeof(err)) == 0)
                 sim_result_free(&r);

@@ -1,0 +1,641 @@
+/* snapshot.c - the engine's whole state as versioned text, and back */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define SNAP_MAGIC "oversub-engine-snapshot 1"
+
+/* ---- writing ----------------------------------------------------------------------- */
+
+struct out {
+    char *p;
+    size_t n, cap;
+    bool oom;
+};
+
+OSUB_PRINTF(2, 3)
+static void put(struct out *o, const char *fmt, ...)
+{
+    if (o->oom)
+        return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int w = vsnprintf(o->p + o->n, o->cap - o->n, fmt, ap);
+        va_end(ap);
+        if (w < 0) {
+            o->oom = true;
+            return;
+        }
+        if ((size_t)w < o->cap - o->n) {
+            o->n += (size_t)w;
+            return;
+        }
+        size_t cap = (o->cap + (size_t)w + 1) * 2;
+        char *np = realloc(o->p, cap);
+        if (np == NULL) {
+            o->oom = true;
+            return;
+        }
+        o->p = np;
+        o->cap = cap;
+    }
+}
+
+/* Strings are written percent-encoded: no space, '=', '%' or control character survives raw;
+ * the empty string is "%". */
+static void put_str(struct out *o, const char *key, const char *s)
+{
+    put(o, " %s=", key);
+    if (*s == '\0') {
+        put(o, "%%");
+        return;
+    }
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c <= ' ' || *c == '=' || *c == '%' || *c >= 0x7f)
+            put(o, "%%%02X", *c);
+        else
+            put(o, "%c", *c);
+    }
+}
+
+char *osub_engine_save(const osub_engine_t *e)
+{
+    struct out o = {.p = malloc(8192), .cap = 8192};
+    if (o.p == NULL)
+        return NULL;
+    o.p[0] = '\0';
+    const osub_pool_config_t *c = &e->cfg;
+    put(&o, "%s\n", SNAP_MAGIC);
+    put(&o,
+        "config ratio=%d compute_ratio=%d margin=%lld high=%d low=%d hysteresis=%lld ack=%lld "
+        "grace=%lld min_runtime=%lld window=%lld restart=%lld aging=%lld\n",
+        c->ratio_milli, c->compute_ratio_milli, (long long)c->margin_mib, c->high_watermark_pct,
+        c->low_watermark_pct, (long long)c->hysteresis_ms, (long long)c->ack_timeout_ms,
+        (long long)c->grace_ms, (long long)c->min_runtime_ms, (long long)c->history_window_ms,
+        (long long)c->restart_cost_ms, (long long)c->queue_aging_ms);
+    for (size_t i = 0; i < e->n_classes; i++) {
+        put(&o, "class");
+        put_str(&o, "name", e->classes[i].name);
+        put(&o, " level=%d preemptible=%d grace=%lld\n", e->classes[i].level,
+            e->classes[i].preemptible, (long long)e->classes[i].grace_ms);
+    }
+    for (int32_t i = 0; i < e->n_gpus; i++) {
+        const struct gpu *g = &e->gpus[i];
+        put(&o, "gpu");
+        put_str(&o, "name", g->name);
+        put(&o, " vram=%lld cordoned=%d lost=%d system=%lld hist_minute=%lld hist_peak=%lld hist=",
+            (long long)g->vram, g->cordoned, g->lost, (long long)g->system,
+            (long long)g->hist_minute, (long long)g->hist_peak);
+        for (int32_t h = 0; h < e->hist_n; h++)
+            put(&o, h ? ",%lld" : "%lld", (long long)g->hist[h]);
+        put(&o, "\n");
+    }
+    put(&o,
+        "engine now=%lld next_seq=%llu overcommitted=%d dirty=%d pending_check=%d "
+        "admissions=%llu rejections=%llu degrades=%llu evictions=%llu restores=%llu "
+        "resumes=%llu\n",
+        (long long)e->now, (unsigned long long)e->next_seq, e->overcommitted, e->dirty,
+        e->pending_check,
+        (unsigned long long)e->admissions, (unsigned long long)e->rejections,
+        (unsigned long long)e->degrades, (unsigned long long)e->evictions,
+        (unsigned long long)e->restores, (unsigned long long)e->resumes);
+    for (const struct svc *s = e->head; s; s = s->next) {
+        const osub_spec_t *p = &s->spec;
+        put(&o, "svc");
+        put_str(&o, "id", p->id);
+        put_str(&o, "class", p->class_name);
+        put(&o,
+            " vram=%lld gpus=%d compute=%d min_vram=%lld batch_size=%d min_batch=%d "
+            "exclusive=%d preemptible=%d resumable=%d on_evict=%d restart_cost=%lld queue=%d "
+            "grace=%lld",
+            (long long)p->vram_mib, p->gpus, p->compute_pct, (long long)p->min_vram_mib,
+            p->batch_size, p->min_batch_size, p->exclusive, (int)p->preemptible, p->resumable,
+            (int)p->on_evict, (long long)p->restart_cost_ms, (int)p->queue, (long long)p->grace_ms);
+        put(&o,
+            " seq=%llu state=%d loading=%d ack_pending=%d used_capped=%d resumed=%d "
+            "evicted_before=%d adopted=%d batch=%d compute_used=%d batch_degraded=%d "
+            "batch_room_since=%lld submit=%lld since=%lld start=%lld resume=%lld deadline=%lld "
+            "room_since=%lld overdue_requeued=%d n_evictions=%u n_degrades=%u preemptor_level=%d "
+            "timer_load=%lld timer_deadline=%lld",
+            (unsigned long long)s->seq, (int)s->state, s->loading, s->ack_pending, s->used_capped,
+            s->resumed, s->evicted_before, s->adopted, s->batch, s->compute_used,
+            s->batch_degraded, (long long)s->batch_room_since_ms, (long long)s->submit_ms,
+            (long long)s->since_ms, (long long)s->start_ms, (long long)s->resume_ms,
+            (long long)s->deadline_ms, (long long)s->room_since_ms, s->overdue_requeued,
+            s->n_evictions, s->n_degrades, s->preemptor_level, (long long)s->timer_at[T_LOAD],
+            (long long)s->timer_at[T_DEADLINE]);
+        put_str(&o, "checkpoint", s->checkpoint);
+        put_str(&o, "preemptor", s->preemptor);
+        put(&o, " slots=");
+        for (int32_t i = 0; i < s->n_slots; i++)
+            put(&o, "%s%d:%lld:%lld:%lld", i ? "," : "", s->slots[i].gpu,
+                (long long)s->slots[i].grant, (long long)s->slots[i].held_grant,
+                (long long)s->slots[i].used);
+        if (s->n_slots == 0)
+            put(&o, "-");
+        put(&o, "\n");
+        for (int32_t i = 0; i < s->n_waits && s->state == OSUB_STATE_PENDING; i++) {
+            put(&o, "wait");
+            put_str(&o, "of", s->spec.id);
+            put_str(&o, "victim", s->waits[i].service);
+            put(&o, " evict=%d deadline=%lld\n", s->waits[i].evict,
+                (long long)s->waits[i].deadline_ms);
+        }
+    }
+    for (size_t i = 0; i < e->n_queue; i++) {
+        put(&o, "queued");
+        put_str(&o, "id", e->queue[i]->spec.id);
+        put(&o, "\n");
+    }
+    for (size_t i = 0; i < e->n_pending; i++) {
+        put(&o, "pending");
+        put_str(&o, "id", e->pending[i]->spec.id);
+        put(&o, "\n");
+    }
+    put(&o, "end\n");
+    if (o.oom) {
+        free(o.p);
+        return NULL;
+    }
+    return o.p;
+}
+
+/* ---- reading ----------------------------------------------------------------------- */
+
+struct line {
+    char *kind;
+    char *keys[48];
+    char *vals[48];
+    int n;
+};
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* Decodes in place; false on a bad escape. "%" alone is the empty string. */
+static bool unescape(char *s)
+{
+    if (strcmp(s, "%") == 0) {
+        s[0] = '\0';
+        return true;
+    }
+    char *w = s;
+    for (char *r = s; *r; r++) {
+        if (*r != '%') {
+            *w++ = *r;
+            continue;
+        }
+        int a = hexval(r[1]), b = a >= 0 ? hexval(r[2]) : -1;
+        if (a < 0 || b < 0)
+            return false;
+        *w++ = (char)(a * 16 + b);
+        r += 2;
+    }
+    *w = '\0';
+    return true;
+}
+
+static bool split_line(char *text, struct line *l)
+{
+    l->n = 0;
+    char *save = NULL;
+    l->kind = strtok_r(text, " ", &save);
+    if (l->kind == NULL)
+        return false;
+    for (char *tok = strtok_r(NULL, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
+        char *eq = strchr(tok, '=');
+        if (eq == NULL || l->n == 48)
+            return false;
+        *eq = '\0';
+        l->keys[l->n] = tok;
+        l->vals[l->n] = eq + 1;
+        l->n++;
+    }
+    return true;
+}
+
+static const char *get(const struct line *l, const char *key)
+{
+    for (int i = 0; i < l->n; i++)
+        if (strcmp(l->keys[i], key) == 0)
+            return l->vals[i];
+    return NULL;
+}
+
+static bool get_i64(const struct line *l, const char *key, int64_t *out)
+{
+    const char *v = get(l, key);
+    if (v == NULL || *v == '\0')
+        return false;
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (*end != '\0' || errno != 0)
+        return false;
+    *out = x;
+    return true;
+}
+
+static bool get_i32(const struct line *l, const char *key, int32_t *out)
+{
+    int64_t x;
+    if (!get_i64(l, key, &x) || x < INT32_MIN || x > INT32_MAX)
+        return false;
+    *out = (int32_t)x;
+    return true;
+}
+
+static bool get_bool(const struct line *l, const char *key, bool *out)
+{
+    int64_t x;
+    if (!get_i64(l, key, &x) || (x != 0 && x != 1))
+        return false;
+    *out = x != 0;
+    return true;
+}
+
+static bool get_str(const struct line *l, const char *key, char *buf, size_t len)
+{
+    const char *v = get(l, key);
+    if (v == NULL || strlen(v) >= len * 3 + 2)
+        return false;
+    char tmp[1024];
+    snprintf(tmp, sizeof(tmp), "%s", v);
+    if (!unescape(tmp) || strlen(tmp) >= len)
+        return false;
+    memcpy(buf, tmp, strlen(tmp) + 1);
+    return true;
+}
+
+static void free_svc(struct svc *s)
+{
+    if (s == NULL)
+        return;
+    free(s->slots);
+    free(s->slot_info);
+    free(s->waits);
+    free(s);
+}
+
+/* Rebuilds a service's derived fields from its spec, as the engine did at submit/resize. */
+static bool derive(const osub_engine_t *e, struct svc *s)
+{
+    const osub_class_t *cls = NULL;
+    for (size_t i = 0; i < e->n_classes; i++)
+        if (strcmp(e->classes[i].name, s->spec.class_name) == 0)
+            cls = &e->classes[i];
+    if (cls == NULL || !osub_id_valid(s->spec.id) || s->spec.gpus < 1 || s->spec.gpus > 64 ||
+        s->spec.vram_mib <= 0 || s->spec.min_vram_mib <= 0 ||
+        s->spec.min_vram_mib > s->spec.vram_mib)
+        return false;
+    s->level = cls->level;
+    s->preemptible = s->spec.preemptible == OSUB_TRI_YES;
+    s->backed = !s->preemptible;
+    s->degradable = s->preemptible && s->spec.min_vram_mib < s->spec.vram_mib;
+    s->requeue_on_evict = s->spec.on_evict == OSUB_ON_EVICT_REQUEUE;
+    s->queue_ok = s->spec.queue == OSUB_TRI_YES;
+    s->full_total = s->spec.vram_mib;
+    s->floor_total = s->spec.min_vram_mib;
+    s->full_batch = s->spec.batch_size;
+    s->floor_batch = s->spec.min_batch_size;
+    s->grace_ms = s->spec.grace_ms;
+    s->restart_cost_ms = s->spec.restart_cost_ms;
+    s->k = s->spec.gpus;
+    return true;
+}
+
+static struct svc *read_svc(const osub_engine_t *e, const struct line *l)
+{
+    struct svc *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return NULL;
+    osub_spec_t *p = &s->spec;
+    int32_t pre, onev, q, state;
+    int64_t seq;
+    bool ok = get_str(l, "id", p->id, sizeof(p->id)) &&
+              get_str(l, "class", p->class_name, sizeof(p->class_name)) &&
+              get_i64(l, "vram", &p->vram_mib) && get_i32(l, "gpus", &p->gpus) &&
+              get_i32(l, "compute", &p->compute_pct) && get_i64(l, "min_vram", &p->min_vram_mib) &&
+              get_i32(l, "batch_size", &p->batch_size) && get_i32(l, "min_batch", &p->min_batch_size) &&
+              get_bool(l, "exclusive", &p->exclusive) && get_i32(l, "preemptible", &pre) &&
+              get_bool(l, "resumable", &p->resumable) && get_i32(l, "on_evict", &onev) &&
+              get_i64(l, "restart_cost", &p->restart_cost_ms) && get_i32(l, "queue", &q) &&
+              get_i64(l, "grace", &p->grace_ms) && get_i64(l, "seq", &seq) &&
+              get_i32(l, "state", &state) && get_bool(l, "loading", &s->loading) &&
+              get_bool(l, "ack_pending", &s->ack_pending) &&
+              get_bool(l, "used_capped", &s->used_capped) && get_bool(l, "resumed", &s->resumed) &&
+              get_bool(l, "evicted_before", &s->evicted_before) &&
+              get_bool(l, "adopted", &s->adopted) && get_i32(l, "batch", &s->batch) &&
+              get_i32(l, "compute_used", &s->compute_used) &&
+              get_bool(l, "batch_degraded", &s->batch_degraded) &&
+              get_i64(l, "batch_room_since", &s->batch_room_since_ms) &&
+              get_i64(l, "submit", &s->submit_ms) && get_i64(l, "since", &s->since_ms) &&
+              get_i64(l, "start", &s->start_ms) && get_i64(l, "resume", &s->resume_ms) &&
+              get_i64(l, "deadline", &s->deadline_ms) && get_i64(l, "room_since", &s->room_since_ms) &&
+              get_bool(l, "overdue_requeued", &s->overdue_requeued) &&
+              get_i32(l, "preemptor_level", &s->preemptor_level) &&
+              get_i64(l, "timer_load", &s->timer_at[T_LOAD]) &&
+              get_i64(l, "timer_deadline", &s->timer_at[T_DEADLINE]) &&
+              get_str(l, "checkpoint", s->checkpoint, sizeof(s->checkpoint)) &&
+              get_str(l, "preemptor", s->preemptor, sizeof(s->preemptor));
+    int64_t nev, ndg;
+    ok = ok && get_i64(l, "n_evictions", &nev) && get_i64(l, "n_degrades", &ndg) && nev >= 0 &&
+         ndg >= 0 && pre >= -1 && pre <= 1 && q >= -1 && q <= 1 && onev >= 0 && onev <= 2 &&
+         state >= 0 && state <= (int32_t)OSUB_STATE_RELEASED && seq > 0;
+    if (!ok) {
+        free_svc(s);
+        return NULL;
+    }
+    p->preemptible = (osub_tri_t)pre;
+    p->queue = (osub_tri_t)q;
+    p->on_evict = (osub_on_evict_t)onev;
+    s->state = (osub_state_t)state;
+    s->seq = (uint64_t)seq;
+    s->n_evictions = (uint32_t)nev;
+    s->n_degrades = (uint32_t)ndg;
+    if (!derive(e, s)) {
+        free_svc(s);
+        return NULL;
+    }
+    s->slots = calloc((size_t)s->k, sizeof(*s->slots));
+    if (s->slots == NULL) {
+        free_svc(s);
+        return NULL;
+    }
+    const char *sl = get(l, "slots");
+    if (sl == NULL) {
+        free_svc(s);
+        return NULL;
+    }
+    if (strcmp(sl, "-") != 0) {
+        const char *c = sl;
+        while (*c) {
+            long long gpu, grant, hg, used;
+            int used_chars = 0;
+            if (s->n_slots == s->k ||
+                sscanf(c, "%lld:%lld:%lld:%lld%n", &gpu, &grant, &hg, &used, &used_chars) != 4 ||
+                gpu < 0 || gpu >= e->n_gpus || grant < 0 || hg < 0 || used < 0) {
+                free_svc(s);
+                return NULL;
+            }
+            s->slots[s->n_slots++] = (struct slot){(int32_t)gpu, grant, hg, used, 0};
+            c += used_chars;
+            if (*c == ',')
+                c++;
+            else if (*c != '\0') {
+                free_svc(s);
+                return NULL;
+            }
+        }
+    }
+    return s;
+}
+
+int osub_engine_load(const char *text, osub_engine_t **out, size_t *err_line)
+{
+    if (text == NULL || out == NULL)
+        return OSUB_EINVAL;
+    char *buf = strdup(text);
+    if (buf == NULL)
+        return OSUB_ENOMEM;
+    osub_pool_config_t cfg;
+    osub_pool_config_default(&cfg);
+    osub_class_t classes[OSUB_MAX_CLASSES];
+    size_t n_classes = 0;
+    int64_t *vram = NULL;
+    char **names = NULL;
+    size_t n_gpus = 0, cap_gpus = 0;
+    osub_engine_t *e = NULL;
+    struct svc **svcs = NULL, **queue = NULL, **pending = NULL;
+    size_t n_svcs = 0, cap_svcs = 0, nq = 0, np = 0;
+    int rc = OSUB_EBAD_SNAPSHOT;
+    size_t lineno = 0;
+    bool seen_engine = false, seen_end = false;
+    struct line *gpu_lines = NULL; /* kept until the engine exists */
+    char **gpu_texts = NULL;
+    char *save = NULL;
+    struct line l;
+    for (char *ln = strtok_r(buf, "\n", &save); ln; ln = strtok_r(NULL, "\n", &save)) {
+        lineno++;
+        if (lineno == 1) {
+            if (strcmp(ln, SNAP_MAGIC) != 0)
+                goto fail;
+            continue;
+        }
+        if (seen_end)
+            goto fail;
+        if (!split_line(ln, &l))
+            goto fail;
+        if (strcmp(l.kind, "config") == 0) {
+            if (!get_i32(&l, "ratio", &cfg.ratio_milli) ||
+                !get_i32(&l, "compute_ratio", &cfg.compute_ratio_milli) ||
+                !get_i64(&l, "margin", &cfg.margin_mib) ||
+                !get_i32(&l, "high", &cfg.high_watermark_pct) ||
+                !get_i32(&l, "low", &cfg.low_watermark_pct) ||
+                !get_i64(&l, "hysteresis", &cfg.hysteresis_ms) ||
+                !get_i64(&l, "ack", &cfg.ack_timeout_ms) || !get_i64(&l, "grace", &cfg.grace_ms) ||
+                !get_i64(&l, "min_runtime", &cfg.min_runtime_ms) ||
+                !get_i64(&l, "window", &cfg.history_window_ms) ||
+                !get_i64(&l, "restart", &cfg.restart_cost_ms) ||
+                !get_i64(&l, "aging", &cfg.queue_aging_ms))
+                goto fail;
+        } else if (strcmp(l.kind, "class") == 0) {
+            if (n_classes == OSUB_MAX_CLASSES)
+                goto fail;
+            osub_class_t *c = &classes[n_classes];
+            memset(c, 0, sizeof(*c));
+            if (!get_str(&l, "name", c->name, sizeof(c->name)) || !get_i32(&l, "level", &c->level) ||
+                !get_bool(&l, "preemptible", &c->preemptible) ||
+                !get_i64(&l, "grace", &c->grace_ms))
+                goto fail;
+            n_classes++;
+        } else if (strcmp(l.kind, "gpu") == 0) {
+            if (e != NULL)
+                goto fail;
+            if (n_gpus == cap_gpus) {
+                cap_gpus = cap_gpus ? cap_gpus * 2 : 16;
+                int64_t *nv = realloc(vram, cap_gpus * sizeof(*nv));
+                char **nn = nv ? realloc(names, cap_gpus * sizeof(*nn)) : NULL;
+                struct line *nl = nn ? realloc(gpu_lines, cap_gpus * sizeof(*nl)) : NULL;
+                if (nv)
+                    vram = nv;
+                if (nn)
+                    names = nn;
+                if (nl == NULL) {
+                    rc = OSUB_ENOMEM;
+                    goto fail;
+                }
+                gpu_lines = nl;
+            }
+            names[n_gpus] = malloc(OSUB_GPU_NAME_MAX + 1);
+            if (names[n_gpus] == NULL) {
+                rc = OSUB_ENOMEM;
+                goto fail;
+            }
+            if (!get_str(&l, "name", names[n_gpus], OSUB_GPU_NAME_MAX + 1) ||
+                !get_i64(&l, "vram", &vram[n_gpus])) {
+                n_gpus++;
+                goto fail;
+            }
+            gpu_lines[n_gpus] = l; /* its pointers stay valid: they point into buf */
+            n_gpus++;
+        } else if (strcmp(l.kind, "engine") == 0) {
+            rc = osub_engine_new(&cfg, vram, (const char *const *)names, n_gpus, classes,
+                                 n_classes, &e);
+            if (rc != 0) {
+                rc = rc == OSUB_ENOMEM ? OSUB_ENOMEM : OSUB_EBAD_SNAPSHOT;
+                goto fail;
+            }
+            rc = OSUB_EBAD_SNAPSHOT;
+            int64_t now, seq, ad, rj, dg, ev, rs, rm;
+            if (!get_i64(&l, "now", &now) || !get_i64(&l, "next_seq", &seq) ||
+                !get_bool(&l, "overcommitted", &e->overcommitted) ||
+                !get_bool(&l, "dirty", &e->dirty) ||
+                !get_bool(&l, "pending_check", &e->pending_check) ||
+                !get_i64(&l, "admissions", &ad) || !get_i64(&l, "rejections", &rj) ||
+                !get_i64(&l, "degrades", &dg) || !get_i64(&l, "evictions", &ev) ||
+                !get_i64(&l, "restores", &rs) || !get_i64(&l, "resumes", &rm) || now < 0 ||
+                seq < 1)
+                goto fail;
+            e->now = now;
+            e->next_seq = (uint64_t)seq;
+            e->admissions = (uint64_t)ad;
+            e->rejections = (uint64_t)rj;
+            e->degrades = (uint64_t)dg;
+            e->evictions = (uint64_t)ev;
+            e->restores = (uint64_t)rs;
+            e->resumes = (uint64_t)rm;
+            e->trees_minute = now / 60000;
+            for (size_t i = 0; i < n_gpus; i++) {
+                struct gpu *g = &e->gpus[i];
+                const struct line *gl = &gpu_lines[i];
+                int64_t hm, hp;
+                if (!get_bool(gl, "cordoned", &g->cordoned) || !get_bool(gl, "lost", &g->lost) ||
+                    !get_i64(gl, "system", &g->system) || !get_i64(gl, "hist_minute", &hm) ||
+                    !get_i64(gl, "hist_peak", &hp) || g->system < 0 || g->system > g->vram)
+                    goto fail;
+                g->held += g->system;
+                g->hist_minute = hm;
+                g->hist_peak = hp;
+                const char *h = get(gl, "hist");
+                for (int32_t x = 0; x < e->hist_n; x++) {
+                    char *end;
+                    if (h == NULL || *h == '\0')
+                        goto fail;
+                    g->hist[x] = strtoll(h, &end, 10);
+                    h = *end == ',' ? end + 1 : end;
+                    if (*end != ',' && *end != '\0')
+                        goto fail;
+                }
+            }
+            seen_engine = true;
+        } else if (strcmp(l.kind, "svc") == 0) {
+            if (!seen_engine)
+                goto fail;
+            struct svc *s = read_svc(e, &l);
+            if (s == NULL || osub__lookup(e, s->spec.id) != NULL) {
+                free_svc(s);
+                goto fail;
+            }
+            if (n_svcs == cap_svcs) {
+                cap_svcs = cap_svcs ? cap_svcs * 2 : 64;
+                struct svc **n = realloc(svcs, cap_svcs * sizeof(*n));
+                if (n == NULL) {
+                    free_svc(s);
+                    rc = OSUB_ENOMEM;
+                    goto fail;
+                }
+                svcs = n;
+            }
+            if (osub__restore_service(e, s) != 0) {
+                free_svc(s);
+                rc = OSUB_ENOMEM;
+                goto fail;
+            }
+            svcs[n_svcs++] = s;
+        } else if (strcmp(l.kind, "wait") == 0) {
+            char of[OSUB_ID_MAX + 1];
+            osub_victim_t w;
+            int64_t ev;
+            if (!seen_engine || !get_str(&l, "of", of, sizeof(of)) ||
+                !get_str(&l, "victim", w.service, sizeof(w.service)) || !get_i64(&l, "evict", &ev) ||
+                !get_i64(&l, "deadline", &w.deadline_ms))
+                goto fail;
+            struct svc *s = osub__lookup(e, of);
+            if (s == NULL || s->n_waits >= OSUB_PLAN_MAX_VICTIMS)
+                goto fail;
+            osub_victim_t *nw = realloc(s->waits, (size_t)(s->n_waits + 1) * sizeof(*nw));
+            if (nw == NULL) {
+                rc = OSUB_ENOMEM;
+                goto fail;
+            }
+            s->waits = nw;
+            w.evict = ev != 0;
+            s->waits[s->n_waits++] = w;
+        } else if (strcmp(l.kind, "queued") == 0 || strcmp(l.kind, "pending") == 0) {
+            char id[OSUB_ID_MAX + 1];
+            if (!seen_engine || !get_str(&l, "id", id, sizeof(id)))
+                goto fail;
+            struct svc *s = osub__lookup(e, id);
+            bool is_q = l.kind[0] == 'q';
+            if (s == NULL ||
+                s->state != (is_q ? OSUB_STATE_QUEUED : OSUB_STATE_PENDING))
+                goto fail;
+            struct svc ***v = is_q ? &queue : &pending;
+            size_t *nv = is_q ? &nq : &np;
+            struct svc **nn = realloc(*v, (*nv + 1) * sizeof(**v));
+            if (nn == NULL) {
+                rc = OSUB_ENOMEM;
+                goto fail;
+            }
+            *v = nn;
+            (*v)[(*nv)++] = s;
+        } else if (strcmp(l.kind, "end") == 0) {
+            seen_end = true;
+        } else {
+            goto fail;
+        }
+    }
+    if (!seen_end || !seen_engine)
+        goto fail;
+    if (osub__restore_lists(e, queue, nq, pending, np) != 0) {
+        rc = OSUB_ENOMEM;
+        goto fail;
+    }
+    osub__restore_done(e);
+    {
+        char why[256];
+        if (osub_engine_check(e, why, sizeof(why)) != 0)
+            goto fail; /* the numbers do not add up: corrupt */
+    }
+    rc = 0;
+    *out = e;
+    e = NULL;
+fail:
+    if (rc != 0 && err_line != NULL)
+        *err_line = lineno;
+    osub_engine_free(e);
+    for (size_t i = 0; i < n_gpus; i++)
+        free(names[i]);
+    free(names);
+    free(vram);
+    free(gpu_lines);
+    free(gpu_texts);
+    free(svcs);
+    free(queue);
+    free(pending);
+    free(buf);
+    return rc;
+}
