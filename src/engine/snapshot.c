@@ -101,8 +101,7 @@ char *osub_engine_save(const osub_engine_t *e)
         "admissions=%llu rejections=%llu degrades=%llu evictions=%llu restores=%llu "
         "resumes=%llu\n",
         (long long)e->now, (unsigned long long)e->next_seq, e->overcommitted, e->dirty,
-        e->pending_check,
-        (unsigned long long)e->admissions, (unsigned long long)e->rejections,
+        e->pending_check, (unsigned long long)e->admissions, (unsigned long long)e->rejections,
         (unsigned long long)e->degrades, (unsigned long long)e->evictions,
         (unsigned long long)e->restores, (unsigned long long)e->resumes);
     for (const struct svc *s = e->head; s; s = s->next) {
@@ -124,12 +123,11 @@ char *osub_engine_save(const osub_engine_t *e)
             "room_since=%lld overdue_requeued=%d n_evictions=%u n_degrades=%u preemptor_level=%d "
             "timer_load=%lld timer_deadline=%lld",
             (unsigned long long)s->seq, (int)s->state, s->loading, s->ack_pending, s->used_capped,
-            s->resumed, s->evicted_before, s->adopted, s->batch, s->compute_used,
-            s->batch_degraded, (long long)s->batch_room_since_ms, (long long)s->submit_ms,
-            (long long)s->since_ms, (long long)s->start_ms, (long long)s->resume_ms,
-            (long long)s->deadline_ms, (long long)s->room_since_ms, s->overdue_requeued,
-            s->n_evictions, s->n_degrades, s->preemptor_level, (long long)s->timer_at[T_LOAD],
-            (long long)s->timer_at[T_DEADLINE]);
+            s->resumed, s->evicted_before, s->adopted, s->batch, s->compute_used, s->batch_degraded,
+            (long long)s->batch_room_since_ms, (long long)s->submit_ms, (long long)s->since_ms,
+            (long long)s->start_ms, (long long)s->resume_ms, (long long)s->deadline_ms,
+            (long long)s->room_since_ms, s->overdue_requeued, s->n_evictions, s->n_degrades,
+            s->preemptor_level, (long long)s->timer_at[T_LOAD], (long long)s->timer_at[T_DEADLINE]);
         put_str(&o, "checkpoint", s->checkpoint);
         put_str(&o, "preemptor", s->preemptor);
         put(&o, " slots=");
@@ -324,32 +322,32 @@ static struct svc *read_svc(const osub_engine_t *e, const struct line *l)
     osub_spec_t *p = &s->spec;
     int32_t pre, onev, q, state;
     int64_t seq;
-    bool ok = get_str(l, "id", p->id, sizeof(p->id)) &&
-              get_str(l, "class", p->class_name, sizeof(p->class_name)) &&
-              get_i64(l, "vram", &p->vram_mib) && get_i32(l, "gpus", &p->gpus) &&
-              get_i32(l, "compute", &p->compute_pct) && get_i64(l, "min_vram", &p->min_vram_mib) &&
-              get_i32(l, "batch_size", &p->batch_size) && get_i32(l, "min_batch", &p->min_batch_size) &&
-              get_bool(l, "exclusive", &p->exclusive) && get_i32(l, "preemptible", &pre) &&
-              get_bool(l, "resumable", &p->resumable) && get_i32(l, "on_evict", &onev) &&
-              get_i64(l, "restart_cost", &p->restart_cost_ms) && get_i32(l, "queue", &q) &&
-              get_i64(l, "grace", &p->grace_ms) && get_i64(l, "seq", &seq) &&
-              get_i32(l, "state", &state) && get_bool(l, "loading", &s->loading) &&
-              get_bool(l, "ack_pending", &s->ack_pending) &&
-              get_bool(l, "used_capped", &s->used_capped) && get_bool(l, "resumed", &s->resumed) &&
-              get_bool(l, "evicted_before", &s->evicted_before) &&
-              get_bool(l, "adopted", &s->adopted) && get_i32(l, "batch", &s->batch) &&
-              get_i32(l, "compute_used", &s->compute_used) &&
-              get_bool(l, "batch_degraded", &s->batch_degraded) &&
-              get_i64(l, "batch_room_since", &s->batch_room_since_ms) &&
-              get_i64(l, "submit", &s->submit_ms) && get_i64(l, "since", &s->since_ms) &&
-              get_i64(l, "start", &s->start_ms) && get_i64(l, "resume", &s->resume_ms) &&
-              get_i64(l, "deadline", &s->deadline_ms) && get_i64(l, "room_since", &s->room_since_ms) &&
-              get_bool(l, "overdue_requeued", &s->overdue_requeued) &&
-              get_i32(l, "preemptor_level", &s->preemptor_level) &&
-              get_i64(l, "timer_load", &s->timer_at[T_LOAD]) &&
-              get_i64(l, "timer_deadline", &s->timer_at[T_DEADLINE]) &&
-              get_str(l, "checkpoint", s->checkpoint, sizeof(s->checkpoint)) &&
-              get_str(l, "preemptor", s->preemptor, sizeof(s->preemptor));
+    bool ok =
+        get_str(l, "id", p->id, sizeof(p->id)) &&
+        get_str(l, "class", p->class_name, sizeof(p->class_name)) &&
+        get_i64(l, "vram", &p->vram_mib) && get_i32(l, "gpus", &p->gpus) &&
+        get_i32(l, "compute", &p->compute_pct) && get_i64(l, "min_vram", &p->min_vram_mib) &&
+        get_i32(l, "batch_size", &p->batch_size) && get_i32(l, "min_batch", &p->min_batch_size) &&
+        get_bool(l, "exclusive", &p->exclusive) && get_i32(l, "preemptible", &pre) &&
+        get_bool(l, "resumable", &p->resumable) && get_i32(l, "on_evict", &onev) &&
+        get_i64(l, "restart_cost", &p->restart_cost_ms) && get_i32(l, "queue", &q) &&
+        get_i64(l, "grace", &p->grace_ms) && get_i64(l, "seq", &seq) &&
+        get_i32(l, "state", &state) && get_bool(l, "loading", &s->loading) &&
+        get_bool(l, "ack_pending", &s->ack_pending) &&
+        get_bool(l, "used_capped", &s->used_capped) && get_bool(l, "resumed", &s->resumed) &&
+        get_bool(l, "evicted_before", &s->evicted_before) && get_bool(l, "adopted", &s->adopted) &&
+        get_i32(l, "batch", &s->batch) && get_i32(l, "compute_used", &s->compute_used) &&
+        get_bool(l, "batch_degraded", &s->batch_degraded) &&
+        get_i64(l, "batch_room_since", &s->batch_room_since_ms) &&
+        get_i64(l, "submit", &s->submit_ms) && get_i64(l, "since", &s->since_ms) &&
+        get_i64(l, "start", &s->start_ms) && get_i64(l, "resume", &s->resume_ms) &&
+        get_i64(l, "deadline", &s->deadline_ms) && get_i64(l, "room_since", &s->room_since_ms) &&
+        get_bool(l, "overdue_requeued", &s->overdue_requeued) &&
+        get_i32(l, "preemptor_level", &s->preemptor_level) &&
+        get_i64(l, "timer_load", &s->timer_at[T_LOAD]) &&
+        get_i64(l, "timer_deadline", &s->timer_at[T_DEADLINE]) &&
+        get_str(l, "checkpoint", s->checkpoint, sizeof(s->checkpoint)) &&
+        get_str(l, "preemptor", s->preemptor, sizeof(s->preemptor));
     int64_t nev, ndg;
     ok = ok && get_i64(l, "n_evictions", &nev) && get_i64(l, "n_degrades", &ndg) && nev >= 0 &&
          ndg >= 0 && pre >= -1 && pre <= 1 && q >= -1 && q <= 1 && onev >= 0 && onev <= 2 &&
@@ -456,8 +454,8 @@ int osub_engine_load(const char *text, osub_engine_t **out, size_t *err_line)
                 goto fail;
             osub_class_t *c = &classes[n_classes];
             memset(c, 0, sizeof(*c));
-            if (!get_str(&l, "name", c->name, sizeof(c->name)) || !get_i32(&l, "level", &c->level) ||
-                !get_bool(&l, "preemptible", &c->preemptible) ||
+            if (!get_str(&l, "name", c->name, sizeof(c->name)) ||
+                !get_i32(&l, "level", &c->level) || !get_bool(&l, "preemptible", &c->preemptible) ||
                 !get_i64(&l, "grace", &c->grace_ms))
                 goto fail;
             n_classes++;
@@ -492,8 +490,8 @@ int osub_engine_load(const char *text, osub_engine_t **out, size_t *err_line)
             gpu_lines[n_gpus] = l; /* its pointers stay valid: they point into buf */
             n_gpus++;
         } else if (strcmp(l.kind, "engine") == 0) {
-            rc = osub_engine_new(&cfg, vram, (const char *const *)names, n_gpus, classes,
-                                 n_classes, &e);
+            rc = osub_engine_new(&cfg, vram, (const char *const *)names, n_gpus, classes, n_classes,
+                                 &e);
             if (rc != 0) {
                 rc = rc == OSUB_ENOMEM ? OSUB_ENOMEM : OSUB_EBAD_SNAPSHOT;
                 goto fail;
@@ -506,8 +504,7 @@ int osub_engine_load(const char *text, osub_engine_t **out, size_t *err_line)
                 !get_bool(&l, "pending_check", &e->pending_check) ||
                 !get_i64(&l, "admissions", &ad) || !get_i64(&l, "rejections", &rj) ||
                 !get_i64(&l, "degrades", &dg) || !get_i64(&l, "evictions", &ev) ||
-                !get_i64(&l, "restores", &rs) || !get_i64(&l, "resumes", &rm) || now < 0 ||
-                seq < 1)
+                !get_i64(&l, "restores", &rs) || !get_i64(&l, "resumes", &rm) || now < 0 || seq < 1)
                 goto fail;
             e->now = now;
             e->next_seq = (uint64_t)seq;
@@ -570,8 +567,8 @@ int osub_engine_load(const char *text, osub_engine_t **out, size_t *err_line)
             osub_victim_t w;
             int64_t ev;
             if (!seen_engine || !get_str(&l, "of", of, sizeof(of)) ||
-                !get_str(&l, "victim", w.service, sizeof(w.service)) || !get_i64(&l, "evict", &ev) ||
-                !get_i64(&l, "deadline", &w.deadline_ms))
+                !get_str(&l, "victim", w.service, sizeof(w.service)) ||
+                !get_i64(&l, "evict", &ev) || !get_i64(&l, "deadline", &w.deadline_ms))
                 goto fail;
             struct svc *s = osub__lookup(e, of);
             if (s == NULL || s->n_waits >= OSUB_PLAN_MAX_VICTIMS)
@@ -590,8 +587,7 @@ int osub_engine_load(const char *text, osub_engine_t **out, size_t *err_line)
                 goto fail;
             struct svc *s = osub__lookup(e, id);
             bool is_q = l.kind[0] == 'q';
-            if (s == NULL ||
-                s->state != (is_q ? OSUB_STATE_QUEUED : OSUB_STATE_PENDING))
+            if (s == NULL || s->state != (is_q ? OSUB_STATE_QUEUED : OSUB_STATE_PENDING))
                 goto fail;
             struct svc ***v = is_q ? &queue : &pending;
             size_t *nv = is_q ? &nq : &np;

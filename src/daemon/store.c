@@ -1,0 +1,260 @@
+/* store.c - oversubd's durable state in SQLite: a snapshot plus the commands since */
+#define _POSIX_C_SOURCE 200809L
+#include "store.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <sqlite3.h>
+
+#define OSUB_APP_ID 0x4f535542 /* "OSUB" */
+#define OSUB_SCHEMA 1
+
+struct osub_store {
+    sqlite3 *db;
+    sqlite3_stmt *append;
+    char err[512];
+};
+
+static int fail(osub_store_t *s, const char *what)
+{
+    snprintf(s->err, sizeof(s->err), "%s: %s", what, s->db ? sqlite3_errmsg(s->db) : "?");
+    return -1;
+}
+
+const char *osub_store_error(const osub_store_t *s)
+{
+    return s->err;
+}
+
+static int exec(osub_store_t *s, const char *sql)
+{
+    char *msg = NULL;
+    if (sqlite3_exec(s->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
+        snprintf(s->err, sizeof(s->err), "%s", msg ? msg : sqlite3_errmsg(s->db));
+        sqlite3_free(msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int pragma_int(osub_store_t *s, const char *sql, int64_t *out)
+{
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK)
+        return fail(s, sql);
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW) {
+        sqlite3_finalize(st);
+        return fail(s, sql);
+    }
+    *out = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return 0;
+}
+
+/* Schema version 1. Later versions add their steps after it. */
+static const char *const schema_v1 =
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+    "CREATE TABLE snapshot (id INTEGER PRIMARY KEY CHECK (id = 1), upto_seq INTEGER NOT NULL,"
+    " body TEXT NOT NULL);"
+    /* AUTOINCREMENT: sequence numbers are never reused once a snapshot drops the log */
+    "CREATE TABLE log (seq INTEGER PRIMARY KEY AUTOINCREMENT, engine_ms INTEGER NOT NULL,"
+    " unix_ms INTEGER NOT NULL, cmd TEXT NOT NULL);";
+
+int osub_store_open(const char *path, osub_store_t **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    /* create it 0600 ourselves: SQLite would follow the umask */
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    close(fd);
+    osub_store_t *s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        snprintf(err, errlen, "%s: out of memory", path);
+        return -1;
+    }
+    int64_t app = 0, ver = 0, tables = 0;
+    if (sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX, NULL) !=
+        SQLITE_OK)
+        goto err;
+    sqlite3_busy_timeout(s->db, 5000);
+    /* a file that is not a database fails on the first read */
+    if (pragma_int(s, "PRAGMA application_id", &app) != 0 ||
+        pragma_int(s, "PRAGMA user_version", &ver) != 0 ||
+        pragma_int(s, "SELECT count(*) FROM sqlite_master", &tables) != 0)
+        goto err;
+    if (app != OSUB_APP_ID && (app != 0 || tables != 0)) {
+        snprintf(s->err, sizeof(s->err),
+                 "not an oversub database (application id %lld, %lld tables): refusing to "
+                 "touch it",
+                 (long long)app, (long long)tables);
+        goto err;
+    }
+    if (ver > OSUB_SCHEMA) {
+        snprintf(s->err, sizeof(s->err),
+                 "the database has schema version %lld, this oversubd knows up to %d: upgrade "
+                 "oversubd",
+                 (long long)ver, OSUB_SCHEMA);
+        goto err;
+    }
+    if (exec(s, "PRAGMA journal_mode=WAL") != 0 || exec(s, "PRAGMA synchronous=FULL") != 0)
+        goto err;
+    if (ver < 1) {
+        char sql[1024];
+        snprintf(sql, sizeof(sql), "BEGIN; %s PRAGMA application_id=%d; PRAGMA user_version=1; "
+                                   "COMMIT;",
+                 schema_v1, OSUB_APP_ID);
+        if (exec(s, sql) != 0) {
+            exec(s, "ROLLBACK");
+            goto err;
+        }
+    }
+    if (sqlite3_prepare_v2(s->db,
+                           "INSERT INTO log (engine_ms, unix_ms, cmd) VALUES (?1, ?2, ?3)", -1,
+                           &s->append, NULL) != SQLITE_OK) {
+        fail(s, "preparing the log");
+        goto err;
+    }
+    *out = s;
+    return 0;
+err:
+    snprintf(err, errlen, "%s: %s", path, s->err[0] ? s->err : sqlite3_errmsg(s->db));
+    osub_store_close(s);
+    return -1;
+}
+
+void osub_store_close(osub_store_t *s)
+{
+    if (s == NULL)
+        return;
+    sqlite3_finalize(s->append);
+    sqlite3_close(s->db);
+    free(s);
+}
+
+int osub_store_meta_get(osub_store_t *s, const char *key, char **value)
+{
+    *value = NULL;
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(s->db, "SELECT value FROM meta WHERE key = ?1", -1, &st, NULL) !=
+        SQLITE_OK)
+        return fail(s, "reading meta");
+    sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        const char *v = (const char *)sqlite3_column_text(st, 0);
+        *value = strdup(v ? v : "");
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        return fail(s, "reading meta");
+    return 0;
+}
+
+int osub_store_meta_set(osub_store_t *s, const char *key, const char *value)
+{
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)", -1,
+                           &st, NULL) != SQLITE_OK)
+        return fail(s, "writing meta");
+    sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, value, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE ? 0 : fail(s, "writing meta");
+}
+
+int osub_store_append(osub_store_t *s, int64_t engine_ms, int64_t unix_ms, const char *cmd,
+                      int64_t *seq_out)
+{
+    sqlite3_reset(s->append);
+    sqlite3_bind_int64(s->append, 1, engine_ms);
+    sqlite3_bind_int64(s->append, 2, unix_ms);
+    sqlite3_bind_text(s->append, 3, cmd, -1, SQLITE_STATIC);
+    if (sqlite3_step(s->append) != SQLITE_DONE)
+        return fail(s, "appending a command");
+    if (seq_out != NULL)
+        *seq_out = sqlite3_last_insert_rowid(s->db);
+    return 0;
+}
+
+int osub_store_snapshot(osub_store_t *s, const char *body, int64_t upto_seq)
+{
+    if (exec(s, "BEGIN IMMEDIATE") != 0)
+        return -1;
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(s->db,
+                           "INSERT OR REPLACE INTO snapshot (id, upto_seq, body) VALUES (1, ?1, ?2)",
+                           -1, &st, NULL) != SQLITE_OK)
+        goto err;
+    sqlite3_bind_int64(st, 1, upto_seq);
+    sqlite3_bind_text(st, 2, body, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE)
+        goto err;
+    if (sqlite3_prepare_v2(s->db, "DELETE FROM log WHERE seq <= ?1", -1, &st, NULL) != SQLITE_OK)
+        goto err;
+    sqlite3_bind_int64(st, 1, upto_seq);
+    rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE)
+        goto err;
+    return exec(s, "COMMIT");
+err:
+    fail(s, "writing the snapshot");
+    exec(s, "ROLLBACK");
+    return -1;
+}
+
+int osub_store_load_snapshot(osub_store_t *s, char **snapshot, int64_t *upto_seq)
+{
+    *snapshot = NULL;
+    *upto_seq = 0;
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(s->db, "SELECT upto_seq, body FROM snapshot WHERE id = 1", -1, &st,
+                           NULL) != SQLITE_OK)
+        return fail(s, "reading the snapshot");
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        *upto_seq = sqlite3_column_int64(st, 0);
+        const char *b = (const char *)sqlite3_column_text(st, 1);
+        *snapshot = strdup(b ? b : "");
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        return fail(s, "reading the snapshot");
+    return 0;
+}
+
+int osub_store_replay(osub_store_t *s, int64_t upto_seq, osub_store_cb cb, void *arg)
+{
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(s->db,
+                           "SELECT seq, engine_ms, unix_ms, cmd FROM log WHERE seq > ?1 "
+                           "ORDER BY seq",
+                           -1, &st, NULL) != SQLITE_OK)
+        return fail(s, "reading the log");
+    sqlite3_bind_int64(st, 1, upto_seq);
+    int out = 0, rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *cmd = (const char *)sqlite3_column_text(st, 3);
+        out = cb(arg, sqlite3_column_int64(st, 0), sqlite3_column_int64(st, 1),
+                 sqlite3_column_int64(st, 2), cmd ? cmd : "");
+        if (out != 0)
+            break;
+    }
+    sqlite3_finalize(st);
+    if (out == 0 && rc != SQLITE_DONE)
+        return fail(s, "reading the log");
+    return out;
+}

@@ -1,0 +1,47 @@
+/* store.h - oversubd's durable state in SQLite: the latest engine snapshot and the commands
+ * since, so that a restart (clean or after kill -9) ends in exactly the state it left */
+#ifndef OSUB_DAEMON_STORE_H
+#define OSUB_DAEMON_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct osub_store osub_store_t;
+
+/*
+ * Opens (creating it with mode 0600 if missing) the database at path: WAL journal,
+ * synchronous=FULL, schema version checked and migrated. A file that is not an SQLite
+ * database, a database of another application, or one of a newer schema is refused with a
+ * sentence in err: nothing is reset. Returns 0 or -1. Not thread-safe: one thread uses a
+ * store.
+ */
+int osub_store_open(const char *path, osub_store_t **out, char *err, size_t errlen);
+void osub_store_close(osub_store_t *s);
+
+/* Settings kept with the state (the pool, the time base). *value is malloc'd (NULL when the
+ * key is absent). Return 0 or -1. */
+int osub_store_meta_get(osub_store_t *s, const char *key, char **value);
+int osub_store_meta_set(osub_store_t *s, const char *key, const char *value);
+
+/* Appends one command and commits it (durably: it is on disk when this returns). */
+int osub_store_append(osub_store_t *s, int64_t engine_ms, int64_t unix_ms, const char *cmd,
+                      int64_t *seq_out);
+
+/* Replaces the snapshot by body (the engine after command upto_seq) and drops the commands it
+ * covers, in one transaction. */
+int osub_store_snapshot(osub_store_t *s, const char *body, int64_t upto_seq);
+
+/* Reads the snapshot (*snapshot malloc'd, NULL when there is none yet) and the last command
+ * it covers (*upto_seq, 0 when none). */
+int osub_store_load_snapshot(osub_store_t *s, char **snapshot, int64_t *upto_seq);
+
+/* Calls cb for every command after upto_seq, in order; a non-zero return from cb stops and
+ * is returned. */
+typedef int (*osub_store_cb)(void *arg, int64_t seq, int64_t engine_ms, int64_t unix_ms,
+                             const char *cmd);
+int osub_store_replay(osub_store_t *s, int64_t upto_seq, osub_store_cb cb, void *arg);
+
+/* The last error as a sentence (valid until the next call). */
+const char *osub_store_error(const osub_store_t *s);
+
+#endif
