@@ -26,8 +26,8 @@ static bool int_of(const json_t *cmd, const char *key, int64_t *out)
     return true;
 }
 
-int osub_cmd_apply(osub_engine_t *e, const json_t *cmd, int64_t now_ms,
-                   osub_submit_result_t *res, char *err, size_t errlen)
+int osub_cmd_apply(osub_engine_t *e, const json_t *cmd, int64_t now_ms, osub_submit_result_t *res,
+                   char *err, size_t errlen)
 {
     const char *op = str_of(cmd, "op");
     if (op == NULL)
@@ -86,8 +86,8 @@ int osub_cmd_apply(osub_engine_t *e, const json_t *cmd, int64_t now_ms,
         x = y = z = 0;
         if ((json_object_get(cmd, "vram_mib") && !int_of(cmd, "vram_mib", &x)) ||
             (json_object_get(cmd, "min_vram_mib") && !int_of(cmd, "min_vram_mib", &y)) ||
-            (json_object_get(cmd, "batch_size") && !int_of(cmd, "batch_size", &z)) ||
-            z < 0 || z > INT32_MAX)
+            (json_object_get(cmd, "batch_size") && !int_of(cmd, "batch_size", &z)) || z < 0 ||
+            z > INT32_MAX)
             return bad(err, errlen, "sizes must be integers", op);
         return osub_engine_resize(e, id, x, y, (int32_t)z, now_ms);
     }
@@ -109,8 +109,8 @@ int osub_cmd_apply(osub_engine_t *e, const json_t *cmd, int64_t now_ms,
         if (!int_of(cmd, "vram_mib", &x))
             return bad(err, errlen, "\"vram_mib\" must be an integer", op);
         y = -1;
-        if (json_object_get(cmd, "compute_pct") && (!int_of(cmd, "compute_pct", &y) || y < 0 ||
-                                                     y > 100))
+        if (json_object_get(cmd, "compute_pct") &&
+            (!int_of(cmd, "compute_pct", &y) || y < 0 || y > 100))
             return bad(err, errlen, "\"compute_pct\" must be 0 to 100", op);
         return osub_engine_usage(e, id, x, (int32_t)y, now_ms);
     }

@@ -17,7 +17,7 @@
 
 struct osub_store {
     sqlite3 *db;
-    sqlite3_stmt *append;
+    sqlite3_stmt *append, *event;
     char err[512];
 };
 
@@ -65,7 +65,9 @@ static const char *const schema_v1 =
     " body TEXT NOT NULL);"
     /* AUTOINCREMENT: sequence numbers are never reused once a snapshot drops the log */
     "CREATE TABLE log (seq INTEGER PRIMARY KEY AUTOINCREMENT, engine_ms INTEGER NOT NULL,"
-    " unix_ms INTEGER NOT NULL, cmd TEXT NOT NULL);";
+    " unix_ms INTEGER NOT NULL, cmd TEXT NOT NULL);"
+    "CREATE TABLE events (seq INTEGER PRIMARY KEY AUTOINCREMENT, unix_ms INTEGER NOT NULL,"
+    " body TEXT NOT NULL);";
 
 int osub_store_open(const char *path, osub_store_t **out, char *err, size_t errlen)
 {
@@ -110,17 +112,19 @@ int osub_store_open(const char *path, osub_store_t **out, char *err, size_t errl
         goto err;
     if (ver < 1) {
         char sql[1024];
-        snprintf(sql, sizeof(sql), "BEGIN; %s PRAGMA application_id=%d; PRAGMA user_version=1; "
-                                   "COMMIT;",
+        snprintf(sql, sizeof(sql),
+                 "BEGIN; %s PRAGMA application_id=%d; PRAGMA user_version=1; "
+                 "COMMIT;",
                  schema_v1, OSUB_APP_ID);
         if (exec(s, sql) != 0) {
             exec(s, "ROLLBACK");
             goto err;
         }
     }
-    if (sqlite3_prepare_v2(s->db,
-                           "INSERT INTO log (engine_ms, unix_ms, cmd) VALUES (?1, ?2, ?3)", -1,
-                           &s->append, NULL) != SQLITE_OK) {
+    if (sqlite3_prepare_v2(s->db, "INSERT INTO log (engine_ms, unix_ms, cmd) VALUES (?1, ?2, ?3)",
+                           -1, &s->append, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(s->db, "INSERT INTO events (unix_ms, body) VALUES (?1, ?2)", -1,
+                           &s->event, NULL) != SQLITE_OK) {
         fail(s, "preparing the log");
         goto err;
     }
@@ -137,6 +141,7 @@ void osub_store_close(osub_store_t *s)
     if (s == NULL)
         return;
     sqlite3_finalize(s->append);
+    sqlite3_finalize(s->event);
     sqlite3_close(s->db);
     free(s);
 }
@@ -192,9 +197,9 @@ int osub_store_snapshot(osub_store_t *s, const char *body, int64_t upto_seq)
     if (exec(s, "BEGIN IMMEDIATE") != 0)
         return -1;
     sqlite3_stmt *st;
-    if (sqlite3_prepare_v2(s->db,
-                           "INSERT OR REPLACE INTO snapshot (id, upto_seq, body) VALUES (1, ?1, ?2)",
-                           -1, &st, NULL) != SQLITE_OK)
+    if (sqlite3_prepare_v2(
+            s->db, "INSERT OR REPLACE INTO snapshot (id, upto_seq, body) VALUES (1, ?1, ?2)", -1,
+            &st, NULL) != SQLITE_OK)
         goto err;
     sqlite3_bind_int64(st, 1, upto_seq);
     sqlite3_bind_text(st, 2, body, -1, SQLITE_STATIC);
@@ -257,4 +262,82 @@ int osub_store_replay(osub_store_t *s, int64_t upto_seq, osub_store_cb cb, void 
     if (out == 0 && rc != SQLITE_DONE)
         return fail(s, "reading the log");
     return out;
+}
+
+int osub_store_append_with_events(osub_store_t *s, int64_t engine_ms, int64_t unix_ms,
+                                  const char *cmd, const char *const *events, size_t n_events,
+                                  int64_t *seq_out, int64_t *ev_seqs)
+{
+    if (exec(s, "BEGIN IMMEDIATE") != 0)
+        return -1;
+    if (osub_store_append(s, engine_ms, unix_ms, cmd, seq_out) != 0)
+        goto err;
+    for (size_t i = 0; i < n_events; i++) {
+        sqlite3_reset(s->event);
+        sqlite3_bind_int64(s->event, 1, unix_ms);
+        sqlite3_bind_text(s->event, 2, events[i], -1, SQLITE_STATIC);
+        if (sqlite3_step(s->event) != SQLITE_DONE) {
+            fail(s, "appending an event");
+            goto err;
+        }
+        if (ev_seqs != NULL)
+            ev_seqs[i] = sqlite3_last_insert_rowid(s->db);
+    }
+    sqlite3_reset(s->append);
+    sqlite3_reset(s->event);
+    if (exec(s, "COMMIT") != 0)
+        goto err;
+    return 0;
+err:
+    sqlite3_reset(s->append);
+    sqlite3_reset(s->event);
+    exec(s, "ROLLBACK");
+    return -1;
+}
+
+int osub_store_events(osub_store_t *s, int64_t since, int limit, osub_event_cb cb, void *arg)
+{
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(s->db,
+                           "SELECT seq, body FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2", -1,
+                           &st, NULL) != SQLITE_OK)
+        return fail(s, "reading events");
+    sqlite3_bind_int64(st, 1, since);
+    sqlite3_bind_int(st, 2, limit);
+    int rc, out = 0;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *b = (const char *)sqlite3_column_text(st, 1);
+        out = cb(arg, sqlite3_column_int64(st, 0), b ? b : "{}");
+        if (out != 0)
+            break;
+    }
+    sqlite3_finalize(st);
+    if (out == 0 && rc != SQLITE_DONE)
+        return fail(s, "reading events");
+    return out;
+}
+
+int osub_store_last_event(osub_store_t *s, int64_t *seq)
+{
+    *seq = 0;
+    int64_t v;
+    if (pragma_int(s, "SELECT coalesce(max(seq), 0) FROM events", &v) != 0)
+        return -1;
+    *seq = v;
+    return 0;
+}
+
+int osub_store_trim_events(osub_store_t *s, int64_t keep, int64_t older_than_unix_ms)
+{
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(s->db,
+                           "DELETE FROM events WHERE seq <= (SELECT coalesce(max(seq), 0) FROM "
+                           "events) - ?1 OR unix_ms < ?2",
+                           -1, &st, NULL) != SQLITE_OK)
+        return fail(s, "trimming events");
+    sqlite3_bind_int64(st, 1, keep);
+    sqlite3_bind_int64(st, 2, older_than_unix_ms);
+    int rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE ? 0 : fail(s, "trimming events");
 }

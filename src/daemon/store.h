@@ -27,6 +27,20 @@ int osub_store_meta_set(osub_store_t *s, const char *key, const char *value);
 int osub_store_append(osub_store_t *s, int64_t engine_ms, int64_t unix_ms, const char *cmd,
                       int64_t *seq_out);
 
+/* Appends one command and the events it produced (JSON texts), in one transaction, durably.
+ * Event sequence numbers go to ev_seqs (n_events of them) when not NULL. */
+int osub_store_append_with_events(osub_store_t *s, int64_t engine_ms, int64_t unix_ms,
+                                  const char *cmd, const char *const *events, size_t n_events,
+                                  int64_t *seq_out, int64_t *ev_seqs);
+
+/* Events with a sequence number above since, oldest first, at most limit; cb gets each. */
+typedef int (*osub_event_cb)(void *arg, int64_t seq, const char *json);
+int osub_store_events(osub_store_t *s, int64_t since, int limit, osub_event_cb cb, void *arg);
+/* The highest event sequence number (0 when none). */
+int osub_store_last_event(osub_store_t *s, int64_t *seq);
+/* Keeps the newest keep events, and none older than older_than_unix_ms (0: no age limit). */
+int osub_store_trim_events(osub_store_t *s, int64_t keep, int64_t older_than_unix_ms);
+
 /* Replaces the snapshot by body (the engine after command upto_seq) and drops the commands it
  * covers, in one transaction. */
 int osub_store_snapshot(osub_store_t *s, const char *body, int64_t upto_seq);

@@ -33,8 +33,8 @@ static json_t *next_cmd(int i)
     if (k < 25) {
         int64_t v = rr(1000, 60000);
         json_t *spec = json_pack("{s:s, s:s, s:I, s:I, s:b}", "id", id, "class", cls[rr(0, 2)],
-                                 "vram_mib", (json_int_t)v, "min_vram_mib",
-                                 (json_int_t)(v / 2 + 1), "resumable", rr(0, 1));
+                                 "vram_mib", (json_int_t)v, "min_vram_mib", (json_int_t)(v / 2 + 1),
+                                 "resumable", rr(0, 1));
         return json_pack("{s:s, s:o, s:b}", "op", "submit", "spec", spec, "running", i < 20);
     }
     if (k < 55)

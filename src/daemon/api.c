@@ -1,0 +1,849 @@
+/* api.c - oversubd's control API: JSON over HTTP/1.1 under /v1, /healthz and /metrics */
+#define _POSIX_C_SOURCE 200809L
+#include <arpa/inet.h>
+#include <errno.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/keyvalq_struct.h>
+#include <event2/listener.h>
+
+#include "daemon.h"
+#include "oversub/units.h"
+#include "spec_json.h"
+
+#define BODY_MAX (64 * 1024)
+
+struct waiter {
+    struct waiter *next;
+    struct evhttp_request *req;
+    struct event *timer;
+    struct osubd *d;
+    int64_t since;
+};
+
+/* ---- responses ------------------------------------------------------------------------- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void count(struct osubd *d, int code)
+{
+    int cls = code / 100;
+    if (cls >= 1 && cls <= 5)
+        d->http_requests[cls]++;
+}
+
+static void reply_json(struct osubd *d, struct evhttp_request *req, int code, json_t *body)
+{
+    char *text = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    struct evbuffer *b = evbuffer_new();
+    if (text != NULL) {
+        evbuffer_add(b, text, strlen(text));
+        evbuffer_add(b, "\n", 1);
+    }
+    free(text);
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
+                      "application/json");
+    const char *phrase = code == 200   ? "OK"
+                         : code == 201 ? "Created"
+                         : code == 202 ? "Accepted"
+                         : code == 400 ? "Bad Request"
+                         : code == 401 ? "Unauthorized"
+                         : code == 404 ? "Not Found"
+                         : code == 405 ? "Method Not Allowed"
+                         : code == 409 ? "Conflict"
+                         : code == 413 ? "Payload Too Large"
+                         : code == 422 ? "Unprocessable Entity"
+                                       : "Error";
+    evhttp_send_reply(req, code, phrase, b);
+    evbuffer_free(b);
+    count(d, code);
+}
+
+static void reply_error(struct osubd *d, struct evhttp_request *req, int code, const char *ecode,
+                        const char *msg)
+{
+    reply_json(d, req, code,
+               json_pack("{s:{s:s, s:s}}", "error", "code", ecode, "message", msg));
+}
+
+/* The HTTP status for an engine code. */
+static int status_of(int rc)
+{
+    switch (rc) {
+    case 0:
+        return 200;
+    case OSUB_EUNKNOWN_SERVICE:
+    case OSUB_EBAD_GPU:
+        return 404;
+    case OSUB_ESPEC_CONFLICT:
+    case OSUB_ENO_ROOM:
+    case OSUB_EOVERCOMMITTED:
+    case OSUB_ETOO_BIG:
+    case OSUB_ETOO_MANY_GPUS:
+    case OSUB_ENO_DIRECTIVE:
+    case OSUB_EBAD_STATE:
+    case OSUB_EGPU_LOST:
+        return 409;
+    case OSUB_ENOMEM:
+    case OSUB_ETIME_BACKWARDS:
+        return 500;
+    default:
+        return 422;
+    }
+}
+
+static void reply_rc(struct osubd *d, struct evhttp_request *req, int rc)
+{
+    reply_error(d, req, status_of(rc), osub_errcode(rc), osub_strerror(rc));
+}
+
+/* Reads the request body as a JSON object: 400 with the position, or 413. NULL when replied. */
+static json_t *read_body(struct osubd *d, struct evhttp_request *req, bool allow_empty)
+{
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    size_t len = evbuffer_get_length(in);
+    if (len > BODY_MAX) {
+        reply_error(d, req, 413, "body_too_large", "the request body is over 64 KiB");
+        return NULL;
+    }
+    if (len == 0 && allow_empty)
+        return json_object();
+    char *buf = malloc(len + 1);
+    if (buf == NULL) {
+        reply_error(d, req, 500, "out_of_memory", "out of memory");
+        return NULL;
+    }
+    evbuffer_copyout(in, buf, len);
+    buf[len] = '\0';
+    json_error_t je;
+    json_t *j = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
+    free(buf);
+    if (j == NULL) {
+        char msg[300];
+        snprintf(msg, sizeof(msg), "malformed JSON at line %d, column %d (byte %d): %s", je.line,
+                 je.column, je.position, je.text);
+        reply_error(d, req, 400, "malformed_json", msg);
+        return NULL;
+    }
+    if (!json_is_object(j)) {
+        json_decref(j);
+        reply_error(d, req, 400, "malformed_json", "the body must be a JSON object");
+        return NULL;
+    }
+    return j;
+}
+
+/* Refuses fields other than those listed; replies 400 naming the field. */
+static bool only_fields(struct osubd *d, struct evhttp_request *req, json_t *j,
+                        const char *const *allowed)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach(j, key, v)
+    {
+        bool ok = false;
+        for (const char *const *a = allowed; *a && !ok; a++)
+            ok = strcmp(*a, key) == 0;
+        if (!ok) {
+            char msg[160];
+            snprintf(msg, sizeof(msg), "unknown field '%.80s'", key);
+            reply_error(d, req, 400, "unknown_field", msg);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* ---- views ----------------------------------------------------------------------------- */
+
+static double frac(int64_t a, int64_t b)
+{
+    return b > 0 ? (double)a / (double)b : 0.0;
+}
+
+static json_t *pool_json(struct osubd *d)
+{
+    osub_pool_info_t p;
+    osub_engine_pool_info(d->e, &p);
+    char ratio[16];
+    osub_format_ratio(p.ratio_milli, ratio, sizeof(ratio));
+    json_t *gpus = json_array();
+    for (size_t i = 0; i < osub_engine_gpu_count(d->e); i++) {
+        osub_gpu_info_t g;
+        osub_engine_gpu_info(d->e, (int32_t)i, &g);
+        char uuid[64];
+        snprintf(uuid, sizeof(uuid), "sim-%zu", i);
+        json_array_append_new(
+            gpus, json_pack("{s:i, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:b}", "index",
+                            (int)i, "name", g.name, "uuid", uuid, "vram_mib", (json_int_t)g.vram_mib,
+                            "logical_mib", (json_int_t)g.logical_mib, "granted_mib",
+                            (json_int_t)g.granted_mib, "held_mib", (json_int_t)g.held_mib,
+                            "used_mib", (json_int_t)g.used_mib, "system_mib",
+                            (json_int_t)g.system_mib, "cordoned", g.cordoned, "lost", g.lost));
+    }
+    double held = frac(p.held_mib, p.vram_mib);
+    return json_pack("{s:f, s:s, s:o, s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:f, s:f, s:f, s:f}, "
+                     "s:b, s:i, s:i}",
+                     "ratio", (double)p.ratio_milli / 1000.0, "ratio_text", ratio, "gpus", gpus,
+                     "totals", "vram_mib", (json_int_t)p.vram_mib, "logical_mib",
+                     (json_int_t)p.logical_mib, "granted_mib", (json_int_t)p.granted_mib,
+                     "held_mib", (json_int_t)p.held_mib, "used_mib", (json_int_t)p.used_mib,
+                     "system_mib", (json_int_t)p.system_mib, "utilization", "used",
+                     frac(p.used_mib, p.vram_mib), "held", held, "logical",
+                     frac(p.granted_mib, p.logical_mib), "physical", held, "overcommitted",
+                     p.overcommitted, "queued", p.n_queued, "pending", p.n_pending);
+}
+
+static json_t *service_json(struct osubd *d, const char *id)
+{
+    osub_service_info_t si;
+    if (osub_engine_service_info(d->e, id, &si) != 0)
+        return NULL;
+    json_t *o = osub_spec_to_json(si.spec);
+    json_object_set_new(o, "state", json_string(osub_state_name(si.state)));
+    json_object_set_new(o, "grant_mib", json_integer(si.grant_mib));
+    json_object_set_new(o, "held_mib", json_integer(si.held_mib));
+    json_object_set_new(o, "used_mib", json_integer(si.used_mib));
+    json_object_set_new(o, "batch", json_integer(si.batch_size));
+    json_t *pl = json_array();
+    for (int32_t i = 0; i < si.n_slots; i++)
+        json_array_append_new(pl, json_pack("{s:i, s:I, s:I, s:I}", "gpu", si.slots[i].gpu,
+                                            "grant_mib", (json_int_t)si.slots[i].grant_mib,
+                                            "held_mib", (json_int_t)si.slots[i].held_mib,
+                                            "used_mib", (json_int_t)si.slots[i].used_mib));
+    json_object_set_new(o, "placement", pl);
+    json_object_set_new(o, "since_unix_ms", json_integer(osubd_engine_to_unix(d, si.since_ms)));
+    if (si.deadline_ms > 0)
+        json_object_set_new(o, "deadline_unix_ms",
+                            json_integer(osubd_engine_to_unix(d, si.deadline_ms)));
+    if (si.queue_position > 0)
+        json_object_set_new(o, "queue_position", json_integer(si.queue_position));
+    if (si.n_waits > 0) {
+        json_t *w = json_array();
+        for (int32_t i = 0; i < si.n_waits; i++)
+            json_array_append_new(
+                w, json_pack("{s:s, s:s, s:I}", "service", si.waits[i].service, "action",
+                             si.waits[i].evict ? "evict" : "degrade", "deadline_unix_ms",
+                             (json_int_t)osubd_engine_to_unix(d, si.waits[i].deadline_ms)));
+        json_object_set_new(o, "waiting_for", w);
+    }
+    if (si.checkpoint[0])
+        json_object_set_new(o, "checkpoint", json_string(si.checkpoint));
+    json_object_set_new(o, "degrades", json_integer(si.degrades));
+    json_object_set_new(o, "evictions", json_integer(si.evictions));
+    return o;
+}
+
+/* ---- handlers ------------------------------------------------------------------------ */
+
+static void h_pool(struct osubd *d, struct evhttp_request *req, enum evhttp_cmd_type m)
+{
+    if (m == EVHTTP_REQ_GET) {
+        reply_json(d, req, 200, pool_json(d));
+        return;
+    }
+    if (m != EVHTTP_REQ_PUT) {
+        reply_error(d, req, 405, "method_not_allowed", "GET or PUT /v1/pool");
+        return;
+    }
+    json_t *j = read_body(d, req, false);
+    if (j == NULL)
+        return;
+    static const char *const allowed[] = {"ratio", NULL};
+    if (!only_fields(d, req, j, allowed)) {
+        json_decref(j);
+        return;
+    }
+    json_t *r = json_object_get(j, "ratio");
+    char text[64];
+    if (json_is_string(r))
+        snprintf(text, sizeof(text), "%s", json_string_value(r));
+    else if (json_is_number(r))
+        snprintf(text, sizeof(text), "%.9f", json_number_value(r));
+    else {
+        json_decref(j);
+        reply_error(d, req, 422, "invalid_ratio", "field 'ratio' is required: a number or a string");
+        return;
+    }
+    /* a JSON number carries binary noise: trim the zeros %.9f adds */
+    size_t tl = strlen(text);
+    while (strchr(text, '.') && tl > 0 && text[tl - 1] == '0')
+        text[--tl] = '\0';
+    int32_t milli;
+    int rc = osub_parse_ratio(text, &milli);
+    json_decref(j);
+    if (rc != 0) {
+        reply_error(d, req, 422, osub_errcode(rc), osub_strerror(rc));
+        return;
+    }
+    json_t *cmd = json_pack("{s:s, s:i}", "op", "ratio", "ratio_milli", milli);
+    char err[256];
+    rc = osubd_apply(d, cmd, NULL, err, sizeof(err));
+    json_decref(cmd);
+    if (rc != 0) {
+        reply_rc(d, req, rc);
+        return;
+    }
+    reply_json(d, req, 200, pool_json(d));
+}
+
+static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dry)
+{
+    json_t *spec = read_body(d, req, false);
+    if (spec == NULL)
+        return;
+    osub_spec_t sp;
+    char err[300];
+    if (osub_spec_from_json(spec, &sp, err, sizeof(err)) != 0) {
+        json_decref(spec);
+        reply_error(d, req, strstr(err, "unknown field") ? 400 : 422, "invalid_spec", err);
+        return;
+    }
+    json_t *cmd = json_pack("{s:s, s:O, s:b}", "op", "submit", "spec", spec, "dry_run", dry);
+    json_decref(spec);
+    osub_submit_result_t r;
+    memset(&r, 0, sizeof(r));
+    int rc = osubd_apply(d, cmd, &r, err, sizeof(err));
+    json_decref(cmd);
+    if (err[0]) {
+        reply_error(d, req, 422, "invalid_spec", err);
+        return;
+    }
+    static const char *const outcomes[] = {"started", "pending", "queued", "exists", "rejected"};
+    json_t *dec = json_pack("{s:s}", "outcome", outcomes[r.outcome]);
+    if (r.outcome == OSUB_SUBMIT_REJECTED || r.outcome == OSUB_SUBMIT_QUEUED) {
+        json_object_set_new(dec, "check", json_string(osub_check_name(r.check)));
+        if (r.check_gpu >= 0)
+            json_object_set_new(dec, "gpu", json_integer(r.check_gpu));
+        json_object_set_new(dec, "shortfall_mib", json_integer(r.shortfall_mib));
+    }
+    if (r.n_victims > 0) {
+        json_t *v = json_array();
+        for (int32_t i = 0; i < r.n_victims; i++)
+            json_array_append_new(
+                v, json_pack("{s:s, s:s, s:I}", "service", r.victims[i].service, "action",
+                             r.victims[i].evict ? "evict" : "degrade", "deadline_unix_ms",
+                             (json_int_t)osubd_engine_to_unix(d, r.victims[i].deadline_ms)));
+        json_object_set_new(dec, "victims", v);
+    }
+    if (r.queue_position > 0)
+        json_object_set_new(dec, "queue_position", json_integer(r.queue_position));
+    if (rc != 0 && r.outcome == OSUB_SUBMIT_REJECTED) {
+        json_object_set_new(dec, "code", json_string(osub_errcode(rc)));
+        json_object_set_new(dec, "message", json_string(osub_strerror(rc)));
+        reply_json(d, req, 409,
+                   json_pack("{s:{s:s, s:s}, s:o}", "error", "code", osub_errcode(rc), "message",
+                             osub_strerror(rc), "decision", dec));
+        return;
+    }
+    if (rc != 0) {
+        json_decref(dec);
+        reply_rc(d, req, rc);
+        return;
+    }
+    json_t *body = dry ? json_object() : service_json(d, sp.id);
+    if (body == NULL)
+        body = json_object();
+    json_object_set_new(body, "decision", dec);
+    int code = r.outcome == OSUB_SUBMIT_STARTED  ? 201
+               : r.outcome == OSUB_SUBMIT_EXISTS ? 200
+                                                 : 202;
+    if (dry)
+        code = 200;
+    reply_json(d, req, code, body);
+}
+
+static void h_service_cmd(struct osubd *d, struct evhttp_request *req, const char *id,
+                          const char *op)
+{
+    json_t *j = read_body(d, req, true);
+    if (j == NULL)
+        return;
+    static const char *const f_usage[] = {"vram_mib", "gpus", "compute_pct", NULL};
+    static const char *const f_ck[] = {"checkpoint", NULL};
+    static const char *const f_none[] = {NULL};
+    static const char *const f_resize[] = {"vram_mib", "min_vram_mib", "batch_size", NULL};
+    const char *const *allowed = strcmp(op, "usage") == 0    ? f_usage
+                                 : strcmp(op, "resize") == 0 ? f_resize
+                                 : strcmp(op, "ready") == 0 || strcmp(op, "release") == 0
+                                     ? f_none
+                                     : f_ck;
+    if (!only_fields(d, req, j, allowed)) {
+        json_decref(j);
+        return;
+    }
+    /* the per-GPU form takes objects {gpu, vram_mib}: turn it into the command's list */
+    json_t *gpus = json_object_get(j, "gpus");
+    if (json_is_array(gpus) && strcmp(op, "usage") == 0) {
+        osub_service_info_t si;
+        if (osub_engine_service_info(d->e, id, &si) != 0) {
+            json_decref(j);
+            reply_rc(d, req, OSUB_EUNKNOWN_SERVICE);
+            return;
+        }
+        json_t *list = json_array();
+        for (int32_t s = 0; s < si.n_slots; s++) {
+            json_int_t v = -1;
+            size_t i;
+            json_t *it;
+            json_array_foreach(gpus, i, it)
+            {
+                if (json_integer_value(json_object_get(it, "gpu")) == si.slots[s].gpu &&
+                    json_is_integer(json_object_get(it, "vram_mib")))
+                    v = json_integer_value(json_object_get(it, "vram_mib"));
+            }
+            if (v < 0) {
+                json_decref(list);
+                json_decref(j);
+                reply_error(d, req, 422, "invalid_usage",
+                            "\"gpus\" must give {\"gpu\", \"vram_mib\"} for each of the service's "
+                            "GPUs");
+                return;
+            }
+            json_array_append_new(list, json_integer(v));
+        }
+        json_object_set_new(j, "gpus", list);
+    }
+    json_object_set_new(j, "op", json_string(op));
+    json_object_set_new(j, "id", json_string(id));
+    char err[256];
+    int rc = osubd_apply(d, j, NULL, err, sizeof(err));
+    json_decref(j);
+    if (err[0]) {
+        reply_error(d, req, 422, "invalid_argument", err);
+        return;
+    }
+    if (rc != 0) {
+        reply_rc(d, req, rc);
+        return;
+    }
+    json_t *body = service_json(d, id);
+    if (body == NULL)
+        body = json_pack("{s:s, s:s}", "id", id, "state", "released");
+    reply_json(d, req, 200, body);
+}
+
+static void h_services(struct osubd *d, struct evhttp_request *req, enum evhttp_cmd_type m,
+                       const char *rest, const char *query)
+{
+    if (*rest == '\0') {
+        if (m == EVHTTP_REQ_GET) {
+            json_t *arr = json_array();
+            for (size_t i = 0; i < osub_engine_service_count(d->e); i++)
+                json_array_append_new(arr, service_json(d, osub_engine_service_id(d->e, i)));
+            reply_json(d, req, 200, json_pack("{s:o}", "services", arr));
+        } else if (m == EVHTTP_REQ_POST) {
+            bool dry = query != NULL && (strstr(query, "dry_run=1") || strstr(query, "dry_run=true"));
+            h_services_post(d, req, dry);
+        } else {
+            reply_error(d, req, 405, "method_not_allowed", "GET or POST /v1/services");
+        }
+        return;
+    }
+    char id[OSUB_ID_MAX + 2];
+    const char *slash = strchr(rest, '/');
+    size_t len = slash ? (size_t)(slash - rest) : strlen(rest);
+    if (len == 0 || len > OSUB_ID_MAX) {
+        reply_rc(d, req, OSUB_EBAD_ID);
+        return;
+    }
+    memcpy(id, rest, len);
+    id[len] = '\0';
+    const char *action = slash ? slash + 1 : "";
+    if (*action == '\0') {
+        if (m == EVHTTP_REQ_GET) {
+            json_t *s = service_json(d, id);
+            if (s == NULL)
+                reply_rc(d, req, osub_id_valid(id) ? OSUB_EUNKNOWN_SERVICE : OSUB_EBAD_ID);
+            else
+                reply_json(d, req, 200, s);
+        } else if (m == EVHTTP_REQ_DELETE) {
+            h_service_cmd(d, req, id, "release");
+        } else if (m == EVHTTP_REQ_PATCH) {
+            h_service_cmd(d, req, id, "resize");
+        } else {
+            reply_error(d, req, 405, "method_not_allowed", "GET, PATCH or DELETE a service");
+        }
+        return;
+    }
+    if (strcmp(action, "usage") == 0 && m == EVHTTP_REQ_PUT)
+        h_service_cmd(d, req, id, "usage");
+    else if ((strcmp(action, "ready") == 0 || strcmp(action, "ack") == 0 ||
+              strcmp(action, "exited") == 0) &&
+             m == EVHTTP_REQ_POST)
+        h_service_cmd(d, req, id, action);
+    else
+        reply_error(d, req, 404, "not_found", "no such endpoint");
+}
+
+static void h_gpu(struct osubd *d, struct evhttp_request *req, enum evhttp_cmd_type m,
+                  const char *rest)
+{
+    char *end;
+    long gpu = strtol(rest, &end, 10);
+    if (end == rest || *end != '/' || m != EVHTTP_REQ_POST) {
+        reply_error(d, req, 404, "not_found",
+                    "POST /v1/gpus/{index}/cordon, /uncordon or /drain");
+        return;
+    }
+    const char *action = end + 1;
+    json_t *cmd;
+    if (strcmp(action, "cordon") == 0 || strcmp(action, "uncordon") == 0)
+        cmd = json_pack("{s:s, s:i, s:b}", "op", "cordon", "gpu", (int)gpu, "on",
+                        action[0] == 'c');
+    else if (strcmp(action, "drain") == 0)
+        cmd = json_pack("{s:s, s:i}", "op", "drain", "gpu", (int)gpu);
+    else {
+        reply_error(d, req, 404, "not_found", "cordon, uncordon or drain");
+        return;
+    }
+    char err[256];
+    int rc = osubd_apply(d, cmd, NULL, err, sizeof(err));
+    json_decref(cmd);
+    if (rc != 0) {
+        reply_rc(d, req, rc);
+        return;
+    }
+    reply_json(d, req, 200, pool_json(d));
+}
+
+/* ---- events (long-polled) -------------------------------------------------------------- */
+
+struct ev_collect {
+    json_t *arr;
+    int64_t last;
+};
+
+static int collect_cb(void *arg, int64_t seq, const char *text)
+{
+    struct ev_collect *c = arg;
+    json_t *j = json_loads(text, 0, NULL);
+    if (j != NULL) {
+        json_object_set_new(j, "seq", json_integer(seq));
+        json_array_append_new(c->arr, j);
+    }
+    c->last = seq;
+    return 0;
+}
+
+static void send_events(struct osubd *d, struct evhttp_request *req, int64_t since)
+{
+    struct ev_collect c = {json_array(), since};
+    osub_store_events(d->store, since, 1000, collect_cb, &c);
+    reply_json(d, req, 200, json_pack("{s:o, s:I}", "events", c.arr, "next", (json_int_t)c.last));
+}
+
+static void waiter_free(struct osubd *d, struct waiter *w)
+{
+    for (struct waiter **p = &d->waiters; *p; p = &(*p)->next)
+        if (*p == w) {
+            *p = w->next;
+            break;
+        }
+    event_free(w->timer);
+    free(w);
+}
+
+static void waiter_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct waiter *w = arg;
+    struct osubd *d = w->d;
+    send_events(d, w->req, w->since);
+    waiter_free(d, w);
+}
+
+void osubd_api_events_ready(struct osubd *d)
+{
+    while (d->waiters != NULL) {
+        struct waiter *w = d->waiters;
+        send_events(d, w->req, w->since);
+        waiter_free(d, w);
+    }
+}
+
+static void h_events(struct osubd *d, struct evhttp_request *req, const char *query)
+{
+    struct evkeyvalq q;
+    q.tqh_first = NULL;
+    q.tqh_last = &q.tqh_first;
+    evhttp_parse_query_str(query ? query : "", &q);
+    const char *s = evhttp_find_header(&q, "since");
+    const char *wt = evhttp_find_header(&q, "wait");
+    char *end;
+    int64_t since = s ? strtoll(s, &end, 10) : 0;
+    long wait = wt ? strtol(wt, &end, 10) : 0;
+    evhttp_clear_headers(&q);
+    if (since < 0 || wait < 0 || wait > 300) {
+        reply_error(d, req, 400, "invalid_query", "since >= 0, wait between 0 and 300 seconds");
+        return;
+    }
+    if (wait == 0 || since < d->last_event_seq) {
+        send_events(d, req, since);
+        return;
+    }
+    struct waiter *w = calloc(1, sizeof(*w));
+    if (w == NULL) {
+        send_events(d, req, since);
+        return;
+    }
+    w->d = d;
+    w->req = req;
+    w->since = since;
+    w->timer = evtimer_new(d->base, waiter_timeout, w);
+    struct timeval tv = {(time_t)wait, 0};
+    evtimer_add(w->timer, &tv);
+    w->next = d->waiters;
+    d->waiters = w;
+}
+
+/* ---- metrics --------------------------------------------------------------------------- */
+
+static const double lat_bounds[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                    0.01,   0.025,   0.05,   0.1,   0.5};
+
+static void h_metrics(struct osubd *d, struct evhttp_request *req)
+{
+    struct evbuffer *b = evbuffer_new();
+    osub_pool_info_t p;
+    osub_engine_pool_info(d->e, &p);
+    evbuffer_add_printf(b, "# HELP oversub_gpu_vram_mib VRAM of a GPU in MiB.\n"
+                           "# TYPE oversub_gpu_vram_mib gauge\n");
+    static const char *const fields[] = {"vram", "logical", "granted", "held", "used", "system"};
+    for (int f = 0; f < 6; f++) {
+        if (f > 0)
+            evbuffer_add_printf(b,
+                                "# HELP oversub_gpu_%s_mib %s MiB of a GPU.\n"
+                                "# TYPE oversub_gpu_%s_mib gauge\n",
+                                fields[f], fields[f], fields[f]);
+        for (size_t i = 0; i < osub_engine_gpu_count(d->e); i++) {
+            osub_gpu_info_t g;
+            osub_engine_gpu_info(d->e, (int32_t)i, &g);
+            int64_t v = f == 0   ? g.vram_mib
+                        : f == 1 ? g.logical_mib
+                        : f == 2 ? g.granted_mib
+                        : f == 3 ? g.held_mib
+                        : f == 4 ? g.used_mib
+                                 : g.system_mib;
+            evbuffer_add_printf(b, "oversub_gpu_%s_mib{gpu=\"%zu\"} %lld\n", fields[f], i,
+                                (long long)v);
+        }
+    }
+    evbuffer_add_printf(b,
+                        "# HELP oversub_pool_utilization Pool utilisation by kind (used, held, "
+                        "logical), as a fraction.\n# TYPE oversub_pool_utilization gauge\n"
+                        "oversub_pool_utilization{kind=\"used\"} %.6f\n"
+                        "oversub_pool_utilization{kind=\"held\"} %.6f\n"
+                        "oversub_pool_utilization{kind=\"logical\"} %.6f\n",
+                        frac(p.used_mib, p.vram_mib), frac(p.held_mib, p.vram_mib),
+                        frac(p.granted_mib, p.logical_mib));
+    evbuffer_add_printf(b, "# HELP oversub_pool_ratio The oversell ratio.\n"
+                           "# TYPE oversub_pool_ratio gauge\noversub_pool_ratio %.3f\n",
+                        (double)p.ratio_milli / 1000.0);
+    evbuffer_add_printf(b, "# HELP oversub_queue_length Services waiting in the queue.\n"
+                           "# TYPE oversub_queue_length gauge\noversub_queue_length %d\n",
+                        p.n_queued);
+    /* services by class and state */
+    size_t nc;
+    const osub_class_t *cls = osub_engine_classes(d->e, &nc);
+    evbuffer_add_printf(b, "# HELP oversub_services Services by class and state.\n"
+                           "# TYPE oversub_services gauge\n");
+    for (size_t c = 0; c < nc; c++)
+        for (int st = 0; st <= (int)OSUB_STATE_RELEASED; st++) {
+            int n = 0;
+            for (size_t i = 0; i < osub_engine_service_count(d->e); i++) {
+                osub_service_info_t si;
+                osub_engine_service_info(d->e, osub_engine_service_id(d->e, i), &si);
+                if (si.state == (osub_state_t)st && strcmp(si.spec->class_name, cls[c].name) == 0)
+                    n++;
+            }
+            evbuffer_add_printf(b, "oversub_services{class=\"%s\",state=\"%s\"} %d\n",
+                                cls[c].name, osub_state_name((osub_state_t)st), n);
+        }
+    static const char *const lvl[] = {"online", "batch", "experiment", "none"};
+    evbuffer_add_printf(b, "# HELP oversub_decisions_total Decisions and events by kind and the "
+                           "level of the service.\n# TYPE oversub_decisions_total counter\n");
+    for (int k = 0; k < OSUB_EV__COUNT; k++)
+        for (int l = 0; l < 4; l++)
+            evbuffer_add_printf(b, "oversub_decisions_total{kind=\"%s\",level=\"%s\"} %llu\n",
+                                osub_event_name((osub_event_kind_t)k), lvl[l],
+                                (unsigned long long)d->ev_counts[k][l]);
+    evbuffer_add_printf(b, "# HELP oversub_http_requests_total API requests by status class.\n"
+                           "# TYPE oversub_http_requests_total counter\n");
+    for (int c = 1; c <= 5; c++)
+        evbuffer_add_printf(b, "oversub_http_requests_total{code=\"%dxx\"} %llu\n", c,
+                            (unsigned long long)d->http_requests[c]);
+    evbuffer_add_printf(b, "# HELP oversub_http_request_seconds API request latency.\n"
+                           "# TYPE oversub_http_request_seconds histogram\n");
+    uint64_t cum = 0;
+    for (size_t i = 0; i < sizeof(lat_bounds) / sizeof(lat_bounds[0]); i++) {
+        cum += d->latency_buckets[i];
+        evbuffer_add_printf(b, "oversub_http_request_seconds_bucket{le=\"%g\"} %llu\n",
+                            lat_bounds[i], (unsigned long long)cum);
+    }
+    evbuffer_add_printf(b,
+                        "oversub_http_request_seconds_bucket{le=\"+Inf\"} %llu\n"
+                        "oversub_http_request_seconds_sum %.6f\n"
+                        "oversub_http_request_seconds_count %llu\n",
+                        (unsigned long long)d->latency_count, d->latency_sum,
+                        (unsigned long long)d->latency_count);
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
+                      "text/plain; version=0.0.4");
+    evhttp_send_reply(req, 200, "OK", b);
+    evbuffer_free(b);
+    count(d, 200);
+}
+
+/* ---- dispatch -------------------------------------------------------------------------- */
+
+static bool mutating(enum evhttp_cmd_type m)
+{
+    return m == EVHTTP_REQ_POST || m == EVHTTP_REQ_PUT || m == EVHTTP_REQ_PATCH ||
+           m == EVHTTP_REQ_DELETE;
+}
+
+static void on_request(struct evhttp_request *req, void *arg)
+{
+    struct osubd *d = arg;
+    double t0 = now_s();
+    enum evhttp_cmd_type m = evhttp_request_get_command(req);
+    const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+    const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
+    const char *query = uri ? evhttp_uri_get_query(uri) : NULL;
+    if (path == NULL)
+        path = "/";
+    if (d->cfg.token[0] && mutating(m)) {
+        const char *auth =
+            evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+        char want[300];
+        snprintf(want, sizeof(want), "Bearer %s", d->cfg.token);
+        if (auth == NULL || strcmp(auth, want) != 0) {
+            reply_error(d, req, 401, "unauthorized",
+                        "this request needs Authorization: Bearer <the admin token>");
+            goto done;
+        }
+    }
+    if (strcmp(path, "/healthz") == 0)
+        reply_json(d, req, 200, json_pack("{s:s}", "status", "ok"));
+    else if (strcmp(path, "/metrics") == 0)
+        h_metrics(d, req);
+    else if (strcmp(path, "/v1/pool") == 0)
+        h_pool(d, req, m);
+    else if (strcmp(path, "/v1/services") == 0)
+        h_services(d, req, m, "", query);
+    else if (strncmp(path, "/v1/services/", 13) == 0)
+        h_services(d, req, m, path + 13, query);
+    else if (strncmp(path, "/v1/gpus/", 9) == 0)
+        h_gpu(d, req, m, path + 9);
+    else if (strcmp(path, "/v1/events") == 0 && m == EVHTTP_REQ_GET)
+        h_events(d, req, query);
+    else
+        reply_error(d, req, 404, "not_found", "no such endpoint");
+done:;
+    double dt = now_s() - t0;
+    size_t i = 0;
+    while (i < sizeof(lat_bounds) / sizeof(lat_bounds[0]) && dt > lat_bounds[i])
+        i++;
+    if (i < sizeof(lat_bounds) / sizeof(lat_bounds[0]))
+        d->latency_buckets[i]++;
+    d->latency_sum += dt;
+    d->latency_count++;
+}
+
+/* Binds the Unix socket, reclaiming a stale one (a live daemon behind it is refused). */
+static int bind_unix(struct osubd *d, char *err, size_t errlen)
+{
+    const char *path = d->cfg.socket_path;
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sun_family = AF_UNIX;
+    if (strlen(path) >= sizeof(sa.sun_path)) {
+        snprintf(err, errlen, "--socket %s: path too long", path);
+        return -1;
+    }
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+            close(probe);
+            snprintf(err, errlen, "%s: another oversubd is listening there", path);
+            return -1;
+        }
+        if (probe >= 0)
+            close(probe);
+        unlink(path); /* a stale socket left by a crashed run */
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "socket: %s", strerror(errno));
+        return -1;
+    }
+    mode_t old = umask(0077);
+    int rc = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+    umask(old);
+    if (rc != 0 || listen(fd, 128) != 0) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    chmod(path, 0600);
+    if (evhttp_accept_socket(d->http, fd) != 0) {
+        snprintf(err, errlen, "%s: cannot accept", path);
+        close(fd);
+        return -1;
+    }
+    return 0;
+}
+
+int osubd_api_init(struct osubd *d, char *err, size_t errlen)
+{
+    d->http = evhttp_new(d->base);
+    if (d->http == NULL) {
+        snprintf(err, errlen, "cannot create the HTTP server");
+        return -1;
+    }
+    evhttp_set_max_body_size(d->http, BODY_MAX);
+    evhttp_set_max_headers_size(d->http, 16 * 1024);
+    evhttp_set_timeout(d->http, 60);
+    evhttp_set_allowed_methods(d->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
+                                            EVHTTP_REQ_PATCH | EVHTTP_REQ_DELETE);
+    evhttp_set_gencb(d->http, on_request, d);
+    struct evhttp_bound_socket *h =
+        evhttp_bind_socket_with_handle(d->http, d->cfg.listen_host, (uint16_t)d->cfg.listen_port);
+    if (h == NULL) {
+        snprintf(err, errlen, "--listen %s:%d: cannot listen there (%s)", d->cfg.listen_host,
+                 d->cfg.listen_port, strerror(errno));
+        return -1;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    getsockname(evhttp_bound_socket_get_fd(h), (struct sockaddr *)&ss, &sl);
+    int port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                        : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    d->cfg.listen_port = port;
+    if (d->cfg.socket_path[0] && bind_unix(d, err, errlen) != 0)
+        return -1;
+    printf("listening on http://%s:%d\n", d->cfg.listen_host, port);
+    if (d->cfg.socket_path[0])
+        printf("listening on unix:%s\n", d->cfg.socket_path);
+    fflush(stdout);
+    return 0;
+}

@@ -1,0 +1,74 @@
+/* daemon.h - oversubd: the engine behind one event loop, its durable state, its HTTP API */
+#ifndef OSUB_DAEMON_H
+#define OSUB_DAEMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/event.h>
+#include <event2/http.h>
+#include <jansson.h>
+
+#include "oversub/engine.h"
+#include "store.h"
+
+struct osubd_config {
+    char listen_host[256];
+    int listen_port;
+    char socket_path[512]; /* "" = no Unix socket */
+    char state_path[512];
+    char gpus[512];        /* auto | sim:8x81920 */
+    int32_t ratio_milli;
+    char token[256];       /* "" = none */
+    int64_t tick_ms;
+    int64_t snapshot_every; /* commands between snapshots */
+    int64_t events_keep;
+};
+
+struct waiter; /* a long-polling GET /v1/events */
+
+struct osubd {
+    struct osubd_config cfg;
+    struct event_base *base;
+    struct evhttp *http;
+    struct event *tick_ev, *sigint_ev, *sigterm_ev;
+    osub_engine_t *e;
+    osub_store_t *store;
+    int64_t base_unix_ms; /* engine time 0 */
+    int64_t last_engine_ms;
+    int64_t since_snapshot;
+    int64_t last_seq;
+    int64_t last_event_seq;
+    struct waiter *waiters;
+    bool fatal;
+    /* metrics */
+    uint64_t http_requests[6]; /* by status class 1xx..5xx, index 0 unused */
+    uint64_t latency_buckets[12];
+    double latency_sum;
+    uint64_t latency_count;
+    uint64_t ev_counts[OSUB_EV__COUNT][4]; /* by kind and level (3 = none) */
+};
+
+void osubd_config_default(struct osubd_config *c);
+
+/* Opens the store, restores the engine (snapshot + replay) or creates it, listens. Returns 0
+ * or -1 with a sentence in err. */
+int osubd_start(struct osubd *d, char *err, size_t errlen);
+void osubd_stop(struct osubd *d);
+
+/* Applies a command at the current time, logs it with its events before returning (durable),
+ * wakes long-polls. Returns the engine's code; *logged says whether it reached the engine.
+ * OSUB_EINVAL with err for a malformed command. */
+int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *err,
+                size_t errlen);
+
+/* Unix ms now, and its engine time. */
+int64_t osubd_unix_ms(void);
+int64_t osubd_engine_to_unix(const struct osubd *d, int64_t engine_ms);
+
+/* api.c */
+int osubd_api_init(struct osubd *d, char *err, size_t errlen);
+void osubd_api_events_ready(struct osubd *d);
+
+#endif

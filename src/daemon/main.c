@@ -1,0 +1,260 @@
+/* main.c - oversubd: flags, configuration, start-up and the event loop */
+#define _POSIX_C_SOURCE 200809L
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon.h"
+#include "oversub/units.h"
+#include "spec_json.h"
+
+#define OSUB_VERSION "0.1.0"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: oversubd [options]\n"
+            "\n"
+            "Runs the oversub daemon: the engine behind a JSON control API, with its state in\n"
+            "SQLite. Flags override the configuration file.\n"
+            "\n"
+            "  --config FILE        a YAML configuration (see oversub.yaml)\n"
+            "  --listen HOST:PORT   the control API (127.0.0.1:7070; port 0: the OS picks)\n"
+            "  --socket PATH        the control API on a Unix socket, mode 0600\n"
+            "                       (var/oversub.sock; \"\" for none)\n"
+            "  --state PATH         the SQLite state (var/oversub.db)\n"
+            "  --gpus POOL          auto, or a simulated pool: sim:8x81920, sim:4x81920,4x40960\n"
+            "  --ratio R            the oversell ratio of a new state (1.3)\n"
+            "  --token-file FILE    the admin token: mutations need Authorization: Bearer it;\n"
+            "                       required to listen on anything but loopback\n"
+            "  --tick-ms N          how often timers, pressure and the queue run (1000)\n"
+            "  --help, --version\n");
+}
+
+static int parse_listen(const char *s, struct osubd_config *c)
+{
+    const char *colon = strrchr(s, ':');
+    if (colon == NULL || colon == s || (size_t)(colon - s) >= sizeof(c->listen_host))
+        return -1;
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (*end != '\0' || port < 0 || port > 65535 || colon[1] == '\0')
+        return -1;
+    memcpy(c->listen_host, s, (size_t)(colon - s));
+    c->listen_host[colon - s] = '\0';
+    c->listen_port = (int)port;
+    return 0;
+}
+
+static bool loopback(const char *host)
+{
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (strcmp(host, "localhost") == 0)
+        return true;
+    if (inet_pton(AF_INET, host, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host, &a6) == 1)
+        return IN6_IS_ADDR_LOOPBACK(&a6);
+    return false;
+}
+
+static int read_token(const char *path, struct osubd_config *c)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        fprintf(stderr, "oversubd: --token-file %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    char buf[512];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *s = buf;
+    while (isspace((unsigned char)*s))
+        s++;
+    size_t l = strlen(s);
+    while (l > 0 && isspace((unsigned char)s[l - 1]))
+        s[--l] = '\0';
+    if (l == 0 || l >= sizeof(c->token)) {
+        fprintf(stderr, "oversubd: --token-file %s: the token must be 1 to %zu characters\n",
+                path, sizeof(c->token) - 1);
+        return -1;
+    }
+    memcpy(c->token, s, l + 1);
+    return 0;
+}
+
+/* The configuration file: every key documented in oversub.yaml. */
+static int read_config(const char *path, struct osubd_config *c, char *token_file, size_t tlen)
+{
+    char err[400];
+    json_t *root = osub_yaml_load_file(path, err, sizeof(err));
+    if (root == NULL) {
+        fprintf(stderr, "oversubd: %s\n", err);
+        return -1;
+    }
+    if (!json_is_object(root)) {
+        fprintf(stderr, "oversubd: %s: expected a mapping of settings\n", path);
+        json_decref(root);
+        return -1;
+    }
+    const char *key;
+    json_t *v;
+    int rc = 0;
+    json_object_foreach(root, key, v)
+    {
+        const char *sv = json_string_value(v);
+        char num[64];
+        if (sv == NULL && json_is_number(v)) {
+            snprintf(num, sizeof(num), json_is_integer(v) ? "%.0f" : "%.6g", json_number_value(v));
+            sv = num;
+        }
+        if (sv == NULL) {
+            fprintf(stderr, "oversubd: %s: key '%s' must be a string or a number\n", path, key);
+            rc = -1;
+            break;
+        }
+        if (strcmp(key, "listen") == 0) {
+            if (parse_listen(sv, c) != 0) {
+                fprintf(stderr, "oversubd: %s: key 'listen': '%s' is not HOST:PORT\n", path, sv);
+                rc = -1;
+            }
+        } else if (strcmp(key, "socket") == 0) {
+            snprintf(c->socket_path, sizeof(c->socket_path), "%s", sv);
+        } else if (strcmp(key, "state") == 0) {
+            snprintf(c->state_path, sizeof(c->state_path), "%s", sv);
+        } else if (strcmp(key, "gpus") == 0) {
+            snprintf(c->gpus, sizeof(c->gpus), "%s", sv);
+        } else if (strcmp(key, "ratio") == 0) {
+            if (osub_parse_ratio(sv, &c->ratio_milli) != 0) {
+                fprintf(stderr, "oversubd: %s: key 'ratio': '%s' is not a ratio such as 1.3\n",
+                        path, sv);
+                rc = -1;
+            }
+        } else if (strcmp(key, "token_file") == 0) {
+            snprintf(token_file, tlen, "%s", sv);
+        } else if (strcmp(key, "tick_ms") == 0) {
+            char *end;
+            long t = strtol(sv, &end, 10);
+            if (*end != '\0' || t < 10 || t > 60000) {
+                fprintf(stderr, "oversubd: %s: key 'tick_ms' must be 10 to 60000\n", path);
+                rc = -1;
+            }
+            c->tick_ms = t;
+        } else {
+            fprintf(stderr, "oversubd: %s: unknown key '%s'\n", path, key);
+            rc = -1;
+        }
+        if (rc != 0)
+            break;
+    }
+    json_decref(root);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    struct osubd d;
+    memset(&d, 0, sizeof(d));
+    osubd_config_default(&d.cfg);
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'},  {"listen", required_argument, NULL, 'l'},
+        {"socket", required_argument, NULL, 's'},  {"state", required_argument, NULL, 'S'},
+        {"gpus", required_argument, NULL, 'g'},    {"ratio", required_argument, NULL, 'r'},
+        {"token-file", required_argument, NULL, 't'}, {"tick-ms", required_argument, NULL, 'T'},
+        {"help", no_argument, NULL, 'h'},          {"version", no_argument, NULL, 'v'},
+        {NULL, 0, NULL, 0}};
+    /* the configuration file first, so that flags override it */
+    char token_file[512] = "";
+    for (int i = 1; i < argc; i++) {
+        const char *cf = NULL;
+        if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
+            cf = argv[i + 1];
+        else if (strncmp(argv[i], "--config=", 9) == 0)
+            cf = argv[i] + 9;
+        if (cf != NULL && read_config(cf, &d.cfg, token_file, sizeof(token_file)) != 0)
+            return 2;
+    }
+    int ch;
+    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (ch) {
+        case 'c':
+            break;
+        case 'l':
+            if (parse_listen(optarg, &d.cfg) != 0) {
+                fprintf(stderr, "oversubd: --listen: '%s' is not HOST:PORT\n", optarg);
+                return 2;
+            }
+            break;
+        case 's':
+            snprintf(d.cfg.socket_path, sizeof(d.cfg.socket_path), "%s", optarg);
+            break;
+        case 'S':
+            snprintf(d.cfg.state_path, sizeof(d.cfg.state_path), "%s", optarg);
+            break;
+        case 'g':
+            snprintf(d.cfg.gpus, sizeof(d.cfg.gpus), "%s", optarg);
+            break;
+        case 'r':
+            if (osub_parse_ratio(optarg, &d.cfg.ratio_milli) != 0) {
+                fprintf(stderr, "oversubd: --ratio: '%s' is not a ratio such as 1.3 (at most "
+                                "three decimals, 1.0 to 100)\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case 't':
+            snprintf(token_file, sizeof(token_file), "%s", optarg);
+            break;
+        case 'T': {
+            char *end;
+            long t = strtol(optarg, &end, 10);
+            if (*end != '\0' || t < 10 || t > 60000) {
+                fprintf(stderr, "oversubd: --tick-ms: 10 to 60000\n");
+                return 2;
+            }
+            d.cfg.tick_ms = t;
+            break;
+        }
+        case 'h':
+            usage(stdout);
+            return 0;
+        case 'v':
+            printf("oversubd %s\n", OSUB_VERSION);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "oversubd: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (token_file[0] && read_token(token_file, &d.cfg) != 0)
+        return 2;
+    if (!loopback(d.cfg.listen_host) && d.cfg.token[0] == '\0') {
+        fprintf(stderr,
+                "oversubd: refusing to listen on %s without an admin token: give --token-file "
+                "(or listen on 127.0.0.1)\n",
+                d.cfg.listen_host);
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    char err[700];
+    if (osubd_start(&d, err, sizeof(err)) != 0) {
+        fprintf(stderr, "oversubd: %s\n", err);
+        osubd_stop(&d);
+        return 1;
+    }
+    event_base_dispatch(d.base);
+    bool fatal = d.fatal;
+    osubd_stop(&d);
+    return fatal ? 1 : 0;
+}
