@@ -57,8 +57,7 @@ static void reply_json(struct osubd *d, struct evhttp_request *req, int code, js
         evbuffer_add(b, "\n", 1);
     }
     free(text);
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
-                      "application/json");
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
     const char *phrase = code == 200   ? "OK"
                          : code == 201 ? "Created"
                          : code == 202 ? "Accepted"
@@ -78,8 +77,7 @@ static void reply_json(struct osubd *d, struct evhttp_request *req, int code, js
 static void reply_error(struct osubd *d, struct evhttp_request *req, int code, const char *ecode,
                         const char *msg)
 {
-    reply_json(d, req, code,
-               json_pack("{s:{s:s, s:s}}", "error", "code", ecode, "message", msg));
+    reply_json(d, req, code, json_pack("{s:{s:s, s:s}}", "error", "code", ecode, "message", msg));
 }
 
 /* The HTTP status for an engine code. */
@@ -190,12 +188,13 @@ static json_t *pool_json(struct osubd *d)
         char uuid[64];
         snprintf(uuid, sizeof(uuid), "sim-%zu", i);
         json_array_append_new(
-            gpus, json_pack("{s:i, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:b}", "index",
-                            (int)i, "name", g.name, "uuid", uuid, "vram_mib", (json_int_t)g.vram_mib,
-                            "logical_mib", (json_int_t)g.logical_mib, "granted_mib",
-                            (json_int_t)g.granted_mib, "held_mib", (json_int_t)g.held_mib,
-                            "used_mib", (json_int_t)g.used_mib, "system_mib",
-                            (json_int_t)g.system_mib, "cordoned", g.cordoned, "lost", g.lost));
+            gpus,
+            json_pack("{s:i, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:b}", "index", (int)i,
+                      "name", g.name, "uuid", uuid, "vram_mib", (json_int_t)g.vram_mib,
+                      "logical_mib", (json_int_t)g.logical_mib, "granted_mib",
+                      (json_int_t)g.granted_mib, "held_mib", (json_int_t)g.held_mib, "used_mib",
+                      (json_int_t)g.used_mib, "system_mib", (json_int_t)g.system_mib, "cordoned",
+                      g.cordoned, "lost", g.lost));
     }
     double held = frac(p.held_mib, p.vram_mib);
     return json_pack("{s:f, s:s, s:o, s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:f, s:f, s:f, s:f}, "
@@ -278,7 +277,8 @@ static void h_pool(struct osubd *d, struct evhttp_request *req, enum evhttp_cmd_
         snprintf(text, sizeof(text), "%.9f", json_number_value(r));
     else {
         json_decref(j);
-        reply_error(d, req, 422, "invalid_ratio", "field 'ratio' is required: a number or a string");
+        reply_error(d, req, 422, "invalid_ratio",
+                    "field 'ratio' is required: a number or a string");
         return;
     }
     /* a JSON number carries binary noise: trim the zeros %.9f adds */
@@ -361,9 +361,7 @@ static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dr
     if (body == NULL)
         body = json_object();
     json_object_set_new(body, "decision", dec);
-    int code = r.outcome == OSUB_SUBMIT_STARTED  ? 201
-               : r.outcome == OSUB_SUBMIT_EXISTS ? 200
-                                                 : 202;
+    int code = r.outcome == OSUB_SUBMIT_STARTED ? 201 : r.outcome == OSUB_SUBMIT_EXISTS ? 200 : 202;
     if (dry)
         code = 200;
     reply_json(d, req, code, body);
@@ -379,11 +377,10 @@ static void h_service_cmd(struct osubd *d, struct evhttp_request *req, const cha
     static const char *const f_ck[] = {"checkpoint", NULL};
     static const char *const f_none[] = {NULL};
     static const char *const f_resize[] = {"vram_mib", "min_vram_mib", "batch_size", NULL};
-    const char *const *allowed = strcmp(op, "usage") == 0    ? f_usage
-                                 : strcmp(op, "resize") == 0 ? f_resize
-                                 : strcmp(op, "ready") == 0 || strcmp(op, "release") == 0
-                                     ? f_none
-                                     : f_ck;
+    const char *const *allowed = strcmp(op, "usage") == 0                                 ? f_usage
+                                 : strcmp(op, "resize") == 0                              ? f_resize
+                                 : strcmp(op, "ready") == 0 || strcmp(op, "release") == 0 ? f_none
+                                                                                          : f_ck;
     if (!only_fields(d, req, j, allowed)) {
         json_decref(j);
         return;
@@ -449,7 +446,8 @@ static void h_services(struct osubd *d, struct evhttp_request *req, enum evhttp_
                 json_array_append_new(arr, service_json(d, osub_engine_service_id(d->e, i)));
             reply_json(d, req, 200, json_pack("{s:o}", "services", arr));
         } else if (m == EVHTTP_REQ_POST) {
-            bool dry = query != NULL && (strstr(query, "dry_run=1") || strstr(query, "dry_run=true"));
+            bool dry =
+                query != NULL && (strstr(query, "dry_run=1") || strstr(query, "dry_run=true"));
             h_services_post(d, req, dry);
         } else {
             reply_error(d, req, 405, "method_not_allowed", "GET or POST /v1/services");
@@ -498,15 +496,13 @@ static void h_gpu(struct osubd *d, struct evhttp_request *req, enum evhttp_cmd_t
     char *end;
     long gpu = strtol(rest, &end, 10);
     if (end == rest || *end != '/' || m != EVHTTP_REQ_POST) {
-        reply_error(d, req, 404, "not_found",
-                    "POST /v1/gpus/{index}/cordon, /uncordon or /drain");
+        reply_error(d, req, 404, "not_found", "POST /v1/gpus/{index}/cordon, /uncordon or /drain");
         return;
     }
     const char *action = end + 1;
     json_t *cmd;
     if (strcmp(action, "cordon") == 0 || strcmp(action, "uncordon") == 0)
-        cmd = json_pack("{s:s, s:i, s:b}", "op", "cordon", "gpu", (int)gpu, "on",
-                        action[0] == 'c');
+        cmd = json_pack("{s:s, s:i, s:b}", "op", "cordon", "gpu", (int)gpu, "on", action[0] == 'c');
     else if (strcmp(action, "drain") == 0)
         cmd = json_pack("{s:s, s:i}", "op", "drain", "gpu", (int)gpu);
     else {
@@ -654,11 +650,13 @@ static void h_metrics(struct osubd *d, struct evhttp_request *req)
                         "oversub_pool_utilization{kind=\"logical\"} %.6f\n",
                         frac(p.used_mib, p.vram_mib), frac(p.held_mib, p.vram_mib),
                         frac(p.granted_mib, p.logical_mib));
-    evbuffer_add_printf(b, "# HELP oversub_pool_ratio The oversell ratio.\n"
-                           "# TYPE oversub_pool_ratio gauge\noversub_pool_ratio %.3f\n",
+    evbuffer_add_printf(b,
+                        "# HELP oversub_pool_ratio The oversell ratio.\n"
+                        "# TYPE oversub_pool_ratio gauge\noversub_pool_ratio %.3f\n",
                         (double)p.ratio_milli / 1000.0);
-    evbuffer_add_printf(b, "# HELP oversub_queue_length Services waiting in the queue.\n"
-                           "# TYPE oversub_queue_length gauge\noversub_queue_length %d\n",
+    evbuffer_add_printf(b,
+                        "# HELP oversub_queue_length Services waiting in the queue.\n"
+                        "# TYPE oversub_queue_length gauge\noversub_queue_length %d\n",
                         p.n_queued);
     /* services by class and state */
     size_t nc;
@@ -674,8 +672,8 @@ static void h_metrics(struct osubd *d, struct evhttp_request *req)
                 if (si.state == (osub_state_t)st && strcmp(si.spec->class_name, cls[c].name) == 0)
                     n++;
             }
-            evbuffer_add_printf(b, "oversub_services{class=\"%s\",state=\"%s\"} %d\n",
-                                cls[c].name, osub_state_name((osub_state_t)st), n);
+            evbuffer_add_printf(b, "oversub_services{class=\"%s\",state=\"%s\"} %d\n", cls[c].name,
+                                osub_state_name((osub_state_t)st), n);
         }
     static const char *const lvl[] = {"online", "batch", "experiment", "none"};
     evbuffer_add_printf(b, "# HELP oversub_decisions_total Decisions and events by kind and the "
@@ -740,9 +738,14 @@ static void on_request(struct evhttp_request *req, void *arg)
             goto done;
         }
     }
-    if (strcmp(path, "/healthz") == 0)
-        reply_json(d, req, 200, json_pack("{s:s}", "status", "ok"));
-    else if (strcmp(path, "/metrics") == 0)
+    if (strcmp(path, "/healthz") == 0) {
+        /* healthy means the engine's books balance (DESIGN.md's invariants) */
+        char why[300];
+        if (osub_engine_check(d->e, why, sizeof(why)) == 0)
+            reply_json(d, req, 200, json_pack("{s:s, s:s}", "status", "ok", "invariants", "ok"));
+        else
+            reply_json(d, req, 500, json_pack("{s:s, s:s}", "status", "broken", "invariants", why));
+    } else if (strcmp(path, "/metrics") == 0)
         h_metrics(d, req);
     else if (strcmp(path, "/v1/pool") == 0)
         h_pool(d, req, m);

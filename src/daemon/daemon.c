@@ -77,8 +77,7 @@ static int snapshot_now(struct osubd *d)
     return rc;
 }
 
-int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *err,
-                size_t errlen)
+int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *err, size_t errlen)
 {
     int64_t now = osubd_unix_ms() - d->base_unix_ms;
     if (now < d->last_engine_ms)
@@ -105,8 +104,7 @@ int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *e
         d->ev_counts[ev[i].kind][lvl]++;
     }
     if (ok && osub_store_append_with_events(d->store, now, now + d->base_unix_ms, ctext,
-                                            (const char *const *)texts, n, &d->last_seq,
-                                            seqs) != 0)
+                                            (const char *const *)texts, n, &d->last_seq, seqs) != 0)
         ok = false;
     if (!ok) {
         /* the engine moved and the disk did not: the state on disk is the truth */
@@ -167,8 +165,8 @@ static int replay_cb(void *arg, int64_t seq, int64_t engine_ms, int64_t unix_ms,
     json_error_t je;
     json_t *j = json_loads(cmd, 0, &je);
     if (j == NULL) {
-        snprintf(r->err, sizeof(r->err), "command %lld in the log is not JSON: %s",
-                 (long long)seq, je.text);
+        snprintf(r->err, sizeof(r->err), "command %lld in the log is not JSON: %s", (long long)seq,
+                 je.text);
         return -1;
     }
     char err[256];
@@ -186,8 +184,9 @@ static int pool_from(const char *gpus, int64_t *vram, size_t cap, size_t *n, cha
     const char *spec = gpus;
     if (strcmp(gpus, "auto") == 0) {
         spec = "8x81920";
-        snprintf(desc, desclen, "auto: no NVIDIA driver is used yet (NVML support comes later), "
-                                "so a simulated pool of 8 x 81920 MiB");
+        snprintf(desc, desclen,
+                 "auto: no NVIDIA driver is used yet (NVML support comes later), "
+                 "so a simulated pool of 8 x 81920 MiB");
     } else if (strncmp(gpus, "sim:", 4) == 0) {
         spec = gpus + 4;
         snprintf(desc, desclen, "a simulated pool %s", spec);
@@ -314,7 +313,8 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
     }
     if (osubd_api_init(d, err, errlen) != 0)
         return -1;
-    struct timeval tv = {(time_t)(d->cfg.tick_ms / 1000), (suseconds_t)(d->cfg.tick_ms % 1000) * 1000};
+    struct timeval tv = {(time_t)(d->cfg.tick_ms / 1000),
+                         (suseconds_t)(d->cfg.tick_ms % 1000) * 1000};
     d->tick_ev = event_new(d->base, -1, EV_PERSIST, on_tick, d);
     d->sigint_ev = evsignal_new(d->base, SIGINT, on_signal, d);
     d->sigterm_ev = evsignal_new(d->base, SIGTERM, on_signal, d);

@@ -18,9 +18,9 @@ struct osubd_config {
     int listen_port;
     char socket_path[512]; /* "" = no Unix socket */
     char state_path[512];
-    char gpus[512];        /* auto | sim:8x81920 */
+    char gpus[512]; /* auto | sim:8x81920 */
     int32_t ratio_milli;
-    char token[256];       /* "" = none */
+    char token[256]; /* "" = none */
     int64_t tick_ms;
     int64_t snapshot_every; /* commands between snapshots */
     int64_t events_keep;
@@ -60,8 +60,7 @@ void osubd_stop(struct osubd *d);
 /* Applies a command at the current time, logs it with its events before returning (durable),
  * wakes long-polls. Returns the engine's code; *logged says whether it reached the engine.
  * OSUB_EINVAL with err for a malformed command. */
-int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *err,
-                size_t errlen);
+int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *err, size_t errlen);
 
 /* Unix ms now, and its engine time. */
 int64_t osubd_unix_ms(void);

@@ -82,8 +82,8 @@ static int read_token(const char *path, struct osubd_config *c)
     while (l > 0 && isspace((unsigned char)s[l - 1]))
         s[--l] = '\0';
     if (l == 0 || l >= sizeof(c->token)) {
-        fprintf(stderr, "oversubd: --token-file %s: the token must be 1 to %zu characters\n",
-                path, sizeof(c->token) - 1);
+        fprintf(stderr, "oversubd: --token-file %s: the token must be 1 to %zu characters\n", path,
+                sizeof(c->token) - 1);
         return -1;
     }
     memcpy(c->token, s, l + 1);
@@ -163,13 +163,17 @@ int main(int argc, char **argv)
     struct osubd d;
     memset(&d, 0, sizeof(d));
     osubd_config_default(&d.cfg);
-    static const struct option opts[] = {
-        {"config", required_argument, NULL, 'c'},  {"listen", required_argument, NULL, 'l'},
-        {"socket", required_argument, NULL, 's'},  {"state", required_argument, NULL, 'S'},
-        {"gpus", required_argument, NULL, 'g'},    {"ratio", required_argument, NULL, 'r'},
-        {"token-file", required_argument, NULL, 't'}, {"tick-ms", required_argument, NULL, 'T'},
-        {"help", no_argument, NULL, 'h'},          {"version", no_argument, NULL, 'v'},
-        {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
+                                         {"listen", required_argument, NULL, 'l'},
+                                         {"socket", required_argument, NULL, 's'},
+                                         {"state", required_argument, NULL, 'S'},
+                                         {"gpus", required_argument, NULL, 'g'},
+                                         {"ratio", required_argument, NULL, 'r'},
+                                         {"token-file", required_argument, NULL, 't'},
+                                         {"tick-ms", required_argument, NULL, 'T'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {"version", no_argument, NULL, 'v'},
+                                         {NULL, 0, NULL, 0}};
     /* the configuration file first, so that flags override it */
     char token_file[512] = "";
     for (int i = 1; i < argc; i++) {
@@ -203,8 +207,9 @@ int main(int argc, char **argv)
             break;
         case 'r':
             if (osub_parse_ratio(optarg, &d.cfg.ratio_milli) != 0) {
-                fprintf(stderr, "oversubd: --ratio: '%s' is not a ratio such as 1.3 (at most "
-                                "three decimals, 1.0 to 100)\n",
+                fprintf(stderr,
+                        "oversubd: --ratio: '%s' is not a ratio such as 1.3 (at most "
+                        "three decimals, 1.0 to 100)\n",
                         optarg);
                 return 2;
             }

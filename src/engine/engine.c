@@ -1630,6 +1630,10 @@ static void check_pressure(osub_engine_t *e, int32_t gi)
     struct gpu *g = &e->gpus[gi];
     if (g->lost || g->held * 100 <= g->usable * e->cfg.high_watermark_pct)
         return;
+    /* a loading service's reservation is not memory at risk: only what is really there counts
+     * (a lone service as big as its GPU would otherwise be evicted while it loads) */
+    if ((g->held - osub__loading_reserve(e, gi)) * 100 <= g->usable * e->cfg.high_watermark_pct)
+        return;
     struct plan p;
     osub__plan_pressure(e, gi, &p);
     if (timer_reserve(e, 2 * (size_t)p.n_victims) != 0)

@@ -268,6 +268,9 @@ OSUB__HIDDEN struct svc *osub__lookup(const osub_engine_t *e, const char *id);
 
 /* Tests: turn on plan verification; returns the mismatches seen so far and the last one. */
 OSUB__HIDDEN uint64_t osub__verify_plans(osub_engine_t *e, bool on, const char **last);
+/* What loading preemptible services hold on a GPU beyond what they use: a reservation that
+ * admission granted, not memory at risk, so it does not make pressure. */
+OSUB__HIDDEN int64_t osub__loading_reserve(const osub_engine_t *e, int32_t gpu);
 OSUB__HIDDEN int osub__plan_pressure(osub_engine_t *e, int32_t gpu, struct plan *out);
 OSUB__HIDDEN int64_t osub__gpu_peak(osub_engine_t *e, struct gpu *g);
 OSUB__HIDDEN int64_t osub__slot_held_after(const osub_engine_t *e, const struct svc *s,

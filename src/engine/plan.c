@@ -1218,6 +1218,8 @@ int osub__plan_pressure(osub_engine_t *e, int32_t gpu, struct plan *out)
                 if (s->loading)
                     after = sl->used > sl->grant ? sl->used : sl->grant;
                 relief += sl->held - after;
+            } else if (s->loading && !s->backed && sl->held > sl->used) {
+                relief += sl->held - sl->used; /* a reservation, not memory at risk */
             }
         }
     }
@@ -1408,4 +1410,20 @@ bool osub__may_fit(osub_engine_t *e, const struct req *r, int64_t share)
             return true;
     }
     return false;
+}
+
+int64_t osub__loading_reserve(const osub_engine_t *e, int32_t gpu)
+{
+    const struct gpu *g = &e->gpus[gpu];
+    int64_t r = 0;
+    for (int32_t i = 0; i < g->nsvc; i++) {
+        const struct svc *s = g->svcs[i];
+        if (!s->loading || s->backed || s->ack_pending || s->state == OSUB_STATE_DRAINING ||
+            s->state == OSUB_STATE_OVERDUE)
+            continue;
+        for (int32_t t = 0; t < s->n_slots; t++)
+            if (s->slots[t].gpu == gpu && s->slots[t].held > s->slots[t].used)
+                r += s->slots[t].held - s->slots[t].used;
+    }
+    return r;
 }

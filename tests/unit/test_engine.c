@@ -618,6 +618,23 @@ static void test_snapshot_round_trip_and_corruption(void **state)
     osub_engine_free(e);
 }
 
+static void test_loading_reservation_is_not_pressure(void **state)
+{
+    (void)state;
+    /* regression: DESIGN.md's new-service (81920 MiB, batch, alone on its GPU) was evicted by
+     * the first tick while it loaded, its reservation read as 100% pressure */
+    osub_engine_t *e = mk_engine(1, 81920, 1500);
+    assert_int_equal(sub(e, spec("new-service", "batch", 81920, 1, 0), 0), OSUB_SUBMIT_STARTED);
+    assert_int_equal(osub_engine_tick(e, 1000), 0);
+    assert_int_equal(count_ev(e, OSUB_EV_EVICT, NULL) + count_ev(e, OSUB_EV_DEGRADE, NULL), 0);
+    assert_int_equal(info(e, "new-service").state, OSUB_STATE_LOADING);
+    /* memory really used above the watermark is pressure, loading or not */
+    assert_int_equal(osub_engine_usage(e, "new-service", 80000, -1, 2000), 0);
+    assert_int_equal(count_ev(e, OSUB_EV_EVICT, "new-service"), 1);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
 static void test_resize(void **state)
 {
     (void)state;
@@ -654,6 +671,7 @@ int main(void)
         cmocka_unit_test(test_compute_claims),
         cmocka_unit_test(test_compute_contention_cuts_batch_only),
         cmocka_unit_test(test_snapshot_round_trip_and_corruption),
+        cmocka_unit_test(test_loading_reservation_is_not_pressure),
         cmocka_unit_test(test_resize),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# test_daemon.sh - the real oversubd on loopback (port 0) in a temporary folder: every endpoint
+# and its errors, a restart, a kill -9 in the middle of concurrent mutations, promtool on
+# /metrics, the admin token, bad configuration and a foreign database.
+# Usage: test_daemon.sh PATH/TO/oversubd
+set -u
+bin=$(realpath "$1")
+tmp=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$tmp"; }
+trap cleanup EXIT
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+expect() { # name, want, got
+    if [ "$2" = "$3" ]; then ok; else bad "$1: got '$3', want '$2'"; fi
+}
+json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+
+start() { # dir, extra args... ; sets PORT and PID
+    local dir=$1
+    shift
+    mkdir -p "$dir"
+    (cd "$dir" && exec "$bin" --listen 127.0.0.1:0 --state "$dir/state.db" --socket "$dir/d.sock" \
+        --gpus sim:8x81920 --ratio 1.5 --tick-ms 200 "$@" >"$dir/out" 2>"$dir/err") &
+    PID=$!
+    pids+=("$PID")
+    PORT=""
+    for _ in $(seq 1 100); do
+        PORT=$(grep -o 'http://127.0.0.1:[0-9]*' "$dir/out" 2>/dev/null | head -1 | sed 's/.*://')
+        [ -n "$PORT" ] && break
+        sleep 0.05
+    done
+    [ -n "$PORT" ] || { bad "daemon did not start: $(cat "$dir/err")"; return 1; }
+}
+U() { echo "http://127.0.0.1:$PORT$1"; }
+code() { curl -s -o "$tmp/body" -w '%{http_code}' "$@"; }
+
+# ---- start, health ----
+start "$tmp/a" || exit 1
+expect "healthz" 200 "$(code "$(U /healthz)")"
+expect "healthz invariants" ok "$(json 'd["invariants"]' <"$tmp/body")"
+expect "unix socket" 200 "$(curl -s -o /dev/null -w '%{http_code}' --unix-socket "$tmp/a/d.sock" http://x/healthz)"
+expect "socket mode" 600 "$(stat -c %a "$tmp/a/d.sock")"
+expect "state mode" 600 "$(stat -c %a "$tmp/a/state.db")"
+
+# ---- DESIGN.md's scenario, step 1 ----
+expect "submit agent-online" 201 "$(code -X POST "$(U /v1/services)" -d '{"id":"agent-online","class":"online","vram":"160GiB","gpus":2,"compute_pct":100}')"
+expect "submit batch-analysis" 201 "$(code -X POST "$(U /v1/services)" -d '{"id":"batch-analysis","class":"batch","vram":"120GiB","gpus":2,"min_vram":"60GiB"}')"
+expect "submit model-eval" 201 "$(code -X POST "$(U /v1/services)" -d '{"id":"model-eval","class":"experiment","vram":"100GiB","gpus":2,"min_vram":"40GiB"}')"
+expect "submit new-service" 201 "$(code -X POST "$(U /v1/services)" -d '{"id":"new-service","class":"batch","vram_mib":81920,"gpus":1}')"
+code "$(U /v1/pool)" >/dev/null
+expect "held 71.9%" 0.719 "$(json 'round(d["utilization"]["held"], 3)' <"$tmp/body")"
+expect "logical 47.9%" 0.479 "$(json 'round(d["utilization"]["logical"], 3)' <"$tmp/body")"
+[ "$fail" -gt 0 ] && cat "$tmp/body"
+expect "physical = held" True "$(json 'd["utilization"]["physical"] == d["utilization"]["held"]' <"$tmp/body")"
+
+# ---- retries, conflicts, errors ----
+expect "same spec again" 200 "$(code -X POST "$(U /v1/services)" -d '{"id":"new-service","class":"batch","vram_mib":81920,"gpus":1}')"
+expect "other spec, same id" 409 "$(code -X POST "$(U /v1/services)" -d '{"id":"new-service","class":"batch","vram_mib":1000}')"
+expect "conflict code" spec_conflict "$(json 'd["error"]["code"]' <"$tmp/body")"
+expect "unknown field" 400 "$(code -X POST "$(U /v1/services)" -d '{"id":"x","vram_mib":5,"colour":"red"}')"
+expect "unknown field named" True "$(json '"colour" in d["error"]["message"]' <"$tmp/body")"
+expect "malformed json" 400 "$(code -X POST "$(U /v1/services)" -d '{"id": ')"
+expect "malformed position" True "$(json '"column" in d["error"]["message"]' <"$tmp/body")"
+head -c 70000 /dev/zero | tr '\0' 'a' >"$tmp/big"
+expect "body too large" 413 "$(code -X POST "$(U /v1/services)" --data-binary @"$tmp/big")"
+expect "bad id" 422 "$(code -X POST "$(U /v1/services)" -d '{"id":"Bad_Id","vram_mib":5}')"
+expect "negative vram" 422 "$(code -X POST "$(U /v1/services)" -d '{"id":"neg","vram_mib":-5}')"
+expect "too big" 409 "$(code -X POST "$(U /v1/services)" -d '{"id":"huge","class":"online","vram":"2000GiB"}')"
+expect "unknown service" 404 "$(code "$(U /v1/services/nobody)")"
+expect "unknown endpoint" 404 "$(code "$(U /v2/things)")"
+expect "bad method" 405 "$(code -X DELETE "$(U /v1/pool)")"
+expect "dry run" 200 "$(code -X POST "$(U '/v1/services?dry_run=1')" -d '{"id":"probe","class":"online","vram":"40GiB"}')"
+expect "dry run changes nothing" 404 "$(code "$(U /v1/services/probe)")"
+
+# ---- usage, ready, pending, ack ----
+expect "ready" 200 "$(code -X POST "$(U /v1/services/model-eval/ready)")"
+expect "usage" 200 "$(code -X PUT "$(U /v1/services/model-eval/usage)" -d '{"vram_mib":90112}')"
+expect "usage per gpu" 200 "$(code -X PUT "$(U /v1/services/batch-analysis/usage)" -d '{"gpus":[{"gpu":2,"vram_mib":57344},{"gpu":3,"vram_mib":57344}]}')"
+expect "negative usage" 422 "$(code -X PUT "$(U /v1/services/model-eval/usage)" -d '{"vram_mib":-1}')"
+expect "ack unasked" 409 "$(code -X POST "$(U /v1/services/model-eval/ack)")"
+curl -s -X POST "$(U /v1/services/agent-online/ready)" >/dev/null
+curl -s -X POST "$(U /v1/services/new-service/ready)" >/dev/null
+curl -s -X POST "$(U /v1/services/batch-analysis/ready)" >/dev/null
+curl -s -X PUT "$(U /v1/services/new-service/usage)" -d '{"vram_mib":61440}' >/dev/null
+curl -s -X POST "$(U /v1/services)" -d '{"id":"chat-1","class":"online","vram":"40GiB"}' >/dev/null
+curl -s -X POST "$(U /v1/services)" -d '{"id":"chat-2","class":"online","vram":"40GiB"}' >/dev/null
+last=$(curl -s "$(U '/v1/events?since=0')" | json 'd["next"]')
+# a long poll returns as soon as an event happens
+(curl -s "$(U "/v1/events?since=$last&wait=20")" >"$tmp/poll") &
+poller=$!
+sleep 0.3
+expect "chat-3 pending" 202 "$(code -X POST "$(U /v1/services)" -d '{"id":"chat-3","class":"online","vram":"40GiB"}')"
+expect "victim" model-eval "$(json 'd["decision"]["victims"][0]["service"]' <"$tmp/body")"
+wait $poller
+expect "long poll woke" True "$(json 'any(e["kind"]=="degrade" for e in d["events"])' <"$tmp/poll")"
+expect "ack" 200 "$(code -X POST "$(U /v1/services/model-eval/ack)" -d '{"checkpoint":"step-12"}')"
+expect "chat-3 starts" loading "$(curl -s "$(U /v1/services/chat-3)" | json 'd["state"]')"
+
+# ---- pool and GPUs ----
+expect "ratio" 200 "$(code -X PUT "$(U /v1/pool)" -d '{"ratio":"1.3"}')"
+expect "ratio applied" 1.3 "$(json 'd["ratio"]' <"$tmp/body")"
+expect "ratio precision" 422 "$(code -X PUT "$(U /v1/pool)" -d '{"ratio":1.2345}')"
+expect "ratio unknown field" 400 "$(code -X PUT "$(U /v1/pool)" -d '{"ratio":1.3,"x":1}')"
+expect "cordon" 200 "$(code -X POST "$(U /v1/gpus/7/cordon)")"
+expect "cordoned" True "$(json 'd["gpus"][7]["cordoned"]' <"$tmp/body")"
+expect "uncordon" 200 "$(code -X POST "$(U /v1/gpus/7/uncordon)")"
+expect "drain" 200 "$(code -X POST "$(U /v1/gpus/6/drain)")"
+expect "drained" draining "$(curl -s "$(U /v1/services/new-service)" | json 'd["state"]')"
+expect "bad gpu" 404 "$(code -X POST "$(U /v1/gpus/99/cordon)")"
+expect "exited" 200 "$(code -X POST "$(U /v1/services/new-service/exited)")"
+expect "delete" 200 "$(code -X DELETE "$(U /v1/services/chat-2)")"
+expect "deleted" 404 "$(code "$(U /v1/services/chat-2)")"
+
+# ---- metrics ----
+curl -s "$(U /metrics)" >"$tmp/metrics"
+if command -v promtool >/dev/null; then
+    if promtool check metrics <"$tmp/metrics" >"$tmp/promtool" 2>&1; then ok; else bad "promtool: $(cat "$tmp/promtool")"; fi
+else
+    echo "promtool missing: metrics checked for their families only"
+fi
+grep -q '^oversub_pool_utilization{kind="held"}' "$tmp/metrics" && ok || bad "metrics: no utilisation"
+grep -q 'oversub_decisions_total{kind="degrade",level="experiment"} 1' "$tmp/metrics" && ok || bad "metrics: the degrade is not counted"
+
+# ---- restart: clean, then the same state ----
+curl -s "$(U /v1/services)" >"$tmp/before"
+kill -TERM "$PID"
+wait "$PID" 2>/dev/null
+start "$tmp/a" || exit 1
+curl -s "$(U /v1/services)" >"$tmp/after"
+if python3 - "$tmp/before" "$tmp/after" <<'PY'
+import json, sys
+a = json.load(open(sys.argv[1]))["services"]
+b = json.load(open(sys.argv[2]))["services"]
+assert [s["id"] for s in a] == [s["id"] for s in b], "ids"
+for x, y in zip(a, b):
+    for k in ("state", "grant_mib", "held_mib", "used_mib", "placement", "since_unix_ms", "checkpoint"):
+        assert x.get(k) == y.get(k), (x["id"], k, x.get(k), y.get(k))
+PY
+then ok; else bad "restart changed the services"; fi
+expect "events survive" True "$(curl -s "$(U '/v1/events?since=0')" | json 'len(d["events"]) > 10')"
+
+# ---- kill -9 in the middle of 8 concurrent clients ----
+for c in $(seq 1 8); do
+    (
+        for i in $(seq 1 125); do
+            id="c$c-s$i"
+            st=$(curl -s -o /dev/null -w '%{http_code}' -X POST "$(U /v1/services)" \
+                -d "{\"id\":\"$id\",\"class\":\"experiment\",\"vram_mib\":$((100 + i)),\"queue\":true}")
+            case $st in 2*) echo "$id" >>"$tmp/acked.$c" ;; 000) break ;; esac
+        done
+    ) &
+done
+sleep 1.5
+kill -9 "$PID"
+wait 2>/dev/null
+start "$tmp/a" || exit 1
+cat "$tmp"/acked.* 2>/dev/null | sort >"$tmp/acked"
+curl -s "$(U /v1/services)" | json '"\n".join(s["id"] for s in d["services"])' | sort >"$tmp/present"
+missing=$(comm -23 "$tmp/acked" "$tmp/present" | wc -l)
+acked=$(wc -l <"$tmp/acked")
+expect "every acknowledged mutation survived kill -9" 0 "$missing"
+echo "crash test: $acked mutations acknowledged before kill -9, $missing missing after the restart"
+[ "$acked" -gt 0 ] && ok || bad "no mutation was acknowledged before the kill"
+expect "invariants after the crash" ok "$(curl -s "$(U /healthz)" | json 'd["invariants"]')"
+kill -TERM "$PID"; wait "$PID" 2>/dev/null
+
+# ---- a second daemon on the same socket is refused ----
+start "$tmp/a" || exit 1
+"$bin" --listen 127.0.0.1:0 --state "$tmp/a/other.db" --socket "$tmp/a/d.sock" >"$tmp/out2" 2>"$tmp/err2"
+expect "live socket refused" 1 "$?"
+grep -q "another oversubd" "$tmp/err2" && ok || bad "live socket: $(cat "$tmp/err2")"
+kill -TERM "$PID"; wait "$PID" 2>/dev/null
+
+# ---- the admin token ----
+echo "  s3cret  " >"$tmp/token"
+start "$tmp/b" --token-file "$tmp/token" || exit 1
+expect "no token" 401 "$(code -X POST "$(U /v1/services)" -d '{"id":"t","vram_mib":5}')"
+expect "reads need none" 200 "$(code "$(U /v1/pool)")"
+expect "token" 201 "$(code -X POST "$(U /v1/services)" -H 'Authorization: Bearer s3cret' -d '{"id":"t","vram_mib":5}')"
+kill -TERM "$PID"; wait "$PID" 2>/dev/null
+"$bin" --listen 0.0.0.0:0 --state "$tmp/c.db" --socket "" >/dev/null 2>"$tmp/err3"
+expect "non-loopback without a token" 2 "$?"
+grep -q "admin token" "$tmp/err3" && ok || bad "non-loopback message: $(cat "$tmp/err3")"
+
+# ---- bad configuration, bad state ----
+printf 'listen: 127.0.0.1:0\ncolour: red\n' >"$tmp/bad.yaml"
+"$bin" --config "$tmp/bad.yaml" --state "$tmp/d.db" >/dev/null 2>"$tmp/err4"
+expect "unknown config key" 2 "$?"
+grep -q "unknown key 'colour'" "$tmp/err4" && ok || bad "config message: $(cat "$tmp/err4")"
+[ ! -e "$tmp/d.db" ] && ok || bad "bad config touched the state"
+"$bin" --ratio 1.2345 --state "$tmp/d.db" >/dev/null 2>&1
+expect "bad ratio flag" 2 "$?"
+echo "precious notes, not a database" >"$tmp/notes.db"
+"$bin" --listen 127.0.0.1:0 --socket "" --state "$tmp/notes.db" >/dev/null 2>"$tmp/err5"
+expect "foreign state refused" 1 "$?"
+expect "foreign state untouched" "precious notes, not a database" "$(cat "$tmp/notes.db")"
+"$bin" --help >/dev/null
+expect "help" 0 "$?"
+
+echo "daemon: $pass passed, $fail failed"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
