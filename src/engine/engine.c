@@ -563,11 +563,15 @@ static bool queue_before(const struct svc *a, const struct svc *b)
     return a->seq < b->seq;
 }
 
+/* Makes room for n entries (n < *cap afterwards), growing by doubling as often as needed:
+ * a lost GPU or a snapshot can add many at once. */
 static int vec_reserve(struct svc ***v, size_t *cap, size_t n)
 {
     if (n < *cap)
         return 0;
     size_t c = *cap ? *cap * 2 : 16;
+    while (c <= n)
+        c *= 2;
     struct svc **x = realloc(*v, c * sizeof(*x));
     if (x == NULL)
         return OSUB_ENOMEM;

@@ -635,6 +635,26 @@ static void test_loading_reservation_is_not_pressure(void **state)
     osub_engine_free(e);
 }
 
+static void test_lost_gpu_with_many_services(void **state)
+{
+    (void)state;
+    /* regression: the queue grew by one doubling only, and a GPU lost with more services than
+     * that wrote past it */
+    osub_engine_t *e = mk_engine(2, 81920, 2000);
+    char id[16];
+    for (int i = 0; i < 60; i++) {
+        snprintf(id, sizeof(id), "s%d", i);
+        osub_spec_t s = spec(id, "batch", 1024, 1, 0);
+        s.resumable = true;
+        assert_int_equal(sub(e, s, 0), OSUB_SUBMIT_STARTED);
+    }
+    assert_int_equal(osub_engine_cordon(e, 1, true, 1), 0);
+    assert_int_equal(osub_engine_gpu_lost(e, 0, 2), 0);
+    assert_true(osub_engine_queue_length(e) >= 30);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
 static void test_resize(void **state)
 {
     (void)state;
@@ -672,6 +692,7 @@ int main(void)
         cmocka_unit_test(test_compute_contention_cuts_batch_only),
         cmocka_unit_test(test_snapshot_round_trip_and_corruption),
         cmocka_unit_test(test_loading_reservation_is_not_pressure),
+        cmocka_unit_test(test_lost_gpu_with_many_services),
         cmocka_unit_test(test_resize),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
