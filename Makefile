@@ -6,12 +6,13 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build run test test-unit test-asan bench bench-engine bench-sim format format-check clean help
+.PHONY: all deps build run scenario test test-unit test-asan bench bench-engine bench-sim format format-check clean help
 
 all: build
 
 help:
-	@echo "make run        build everything and run the main job (DESIGN.md's worked scenario)"
+	@echo "make run        build everything and start oversubd in the foreground (Ctrl-C stops it)"
+	@echo "make scenario   run DESIGN.md's worked scenario through the engine, decision by decision"
 	@echo "make test       install what the suite needs, then run the whole suite (normal + sanitizer builds)"
 	@echo "make bench      run the benchmarks (bench/): engine throughput, latency, instructions, memory"
 	@echo "make bench-sim  the simulator's replay rate (a synthetic week, the GenAI trace)"
@@ -28,6 +29,14 @@ build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
 run: build
+	@mkdir -p var
+	@echo "oversubd: state in var/oversub.db, API on 127.0.0.1:7070 and var/oversub.sock"
+	@echo "try:  curl -s localhost:7070/v1/pool"
+	@echo "      curl -s -X POST localhost:7070/v1/services -d '{\"id\":\"chat\",\"class\":\"online\",\"vram\":\"40GiB\"}'"
+	@echo "      curl -s localhost:7070/metrics | head"
+	./$(BUILD)/oversubd --config oversub.yaml
+
+scenario: build
 	./$(BUILD)/oversub-scenario
 
 test: 
