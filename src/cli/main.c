@@ -12,6 +12,7 @@
 #include <jansson.h>
 
 #include "advise.h"
+#include "daemon_cmds.h"
 #include "oversub/units.h"
 #include "report.h"
 #include "sim.h"
@@ -23,14 +24,30 @@ enum { EXIT_OK = 0, EXIT_REFUSED = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3 };
 
 static void usage_main(FILE *f)
 {
-    fprintf(f, "usage: oversub <command> [options]\n"
-               "\n"
-               "Commands that work offline, on a usage trace:\n"
-               "  simulate   replay usage through the engine and compare policies\n"
-               "  advise     recommend an oversell ratio, with the evidence\n"
-               "\n"
-               "  oversub <command> --help   shows a command's options\n"
-               "  oversub --version\n");
+    fprintf(f,
+            "usage: oversub <command> [options]\n"
+            "\n"
+            "Commands that talk to oversubd (its Unix socket var/oversub.sock when present, else\n"
+            "--url or OVERSUB_URL, http://127.0.0.1:7070 by default; token from OVERSUB_TOKEN;\n"
+            "--json for JSON):\n"
+            "  status                         GPUs and services, as a table\n"
+            "  deploy ID --class C --vram S   submit a service ([--min-vram S] [--gpus N]\n"
+            "                                 [--compute P] [--exclusive] [--resumable]\n"
+            "                                 [--no-queue] [--dry-run])\n"
+            "  resize ID [--vram S] [--min-vram S] [--batch N]\n"
+            "  release ID                     usage ID --vram S\n"
+            "  events [--since N] [--follow]  the decision log\n"
+            "  explain ID                     why it is queued, pending or degraded\n"
+            "  queue                          who waits, at which position\n"
+            "  gpu cordon|uncordon|drain N    ratio R\n"
+            "Exit codes: 0 ok, 1 refused by the daemon, 2 usage error, 3 daemon unreachable.\n"
+            "\n"
+            "Commands that work offline, on a usage trace:\n"
+            "  simulate   replay usage through the engine and compare policies\n"
+            "  advise     recommend an oversell ratio, with the evidence\n"
+            "\n"
+            "  oversub <command> --help   shows a command's options\n"
+            "  oversub --version\n");
 }
 
 static void usage_simulate(FILE *f, const char *cmd)
@@ -526,10 +543,17 @@ int main(int argc, char **argv)
         printf("oversub %s\n", OSUB_VERSION);
         return EXIT_OK;
     }
+    if (strcmp(cmd, "--url") == 0 || strcmp(cmd, "--json") == 0)
+        return cli_daemon_cmd(argc - 1, argv + 1); /* global options first */
     if (strcmp(cmd, "simulate") == 0)
         return cmd_simulate(argc - 1, argv + 1);
     if (strcmp(cmd, "advise") == 0)
         return cmd_advise(argc - 1, argv + 1);
+    static const char *const daemon_cmds[] = {"status", "deploy",  "resize", "release", "usage",
+                                              "events", "explain", "gpu",    "ratio",   "queue"};
+    for (size_t i = 0; i < sizeof(daemon_cmds) / sizeof(daemon_cmds[0]); i++)
+        if (strcmp(cmd, daemon_cmds[i]) == 0)
+            return cli_daemon_cmd(argc - 1, argv + 1);
     fprintf(stderr, "oversub: unknown command '%s'\n", cmd);
     usage_main(stderr);
     return EXIT_USAGE;

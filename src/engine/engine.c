@@ -1279,6 +1279,14 @@ int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms
 
 /* ---- command prologue ----------------------------------------------------------------- */
 
+/* Every command starts by forgetting the last one's events, refused or not: a command
+ * refused before it reaches the engine's state must not show the previous command's. */
+static void clear_events(osub_engine_t *e)
+{
+    if (e != NULL)
+        e->n_events = 0;
+}
+
 static void run_timers(osub_engine_t *e);
 
 static int begin(osub_engine_t *e, int64_t now_ms)
@@ -1304,6 +1312,7 @@ static void finish(osub_engine_t *e)
 int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms, unsigned flags,
                        osub_submit_result_t *res)
 {
+    clear_events(e);
     osub_submit_result_t dummy;
     if (res == NULL)
         res = &dummy;
@@ -1792,6 +1801,7 @@ static void process_restores(osub_engine_t *e)
 
 int osub_engine_tick(osub_engine_t *e, int64_t now_ms)
 {
+    clear_events(e);
     if (e == NULL)
         return OSUB_EINVAL;
     int rc = begin(e, now_ms);
@@ -1822,6 +1832,7 @@ static int get_svc(osub_engine_t *e, const char *id, struct svc **out)
 
 int osub_engine_release(osub_engine_t *e, const char *id, int64_t now_ms)
 {
+    clear_events(e);
     struct svc *s;
     int rc = get_svc(e, id, &s);
     if (rc == 0)
@@ -1885,6 +1896,7 @@ static int usage_apply(osub_engine_t *e, struct svc *s, const int64_t *per, int3
 int osub_engine_usage(osub_engine_t *e, const char *id, int64_t used_mib, int32_t compute_pct,
                       int64_t now_ms)
 {
+    clear_events(e);
     struct svc *s;
     int rc = get_svc(e, id, &s);
     if (rc != 0)
@@ -1922,6 +1934,7 @@ int osub_engine_usage(osub_engine_t *e, const char *id, int64_t used_mib, int32_
 int osub_engine_usage_per_gpu(osub_engine_t *e, const char *id, const int64_t *used_mib, size_t n,
                               int64_t now_ms)
 {
+    clear_events(e);
     struct svc *s;
     int rc = get_svc(e, id, &s);
     if (rc != 0)
@@ -1952,6 +1965,7 @@ int osub_engine_usage_per_gpu(osub_engine_t *e, const char *id, const int64_t *u
 
 int osub_engine_system_usage(osub_engine_t *e, int32_t gpu, int64_t used_mib, int64_t now_ms)
 {
+    clear_events(e);
     if (e == NULL)
         return OSUB_EINVAL;
     if (gpu < 0 || gpu >= e->n_gpus)
@@ -1978,6 +1992,7 @@ int osub_engine_system_usage(osub_engine_t *e, int32_t gpu, int64_t used_mib, in
 
 int osub_engine_ready(osub_engine_t *e, const char *id, int64_t now_ms)
 {
+    clear_events(e);
     struct svc *s;
     int rc = get_svc(e, id, &s);
     if (rc != 0)
@@ -2007,6 +2022,7 @@ int osub_engine_ready(osub_engine_t *e, const char *id, int64_t now_ms)
 
 int osub_engine_ack(osub_engine_t *e, const char *id, const char *checkpoint, int64_t now_ms)
 {
+    clear_events(e);
     struct svc *s;
     int rc = get_svc(e, id, &s);
     if (rc != 0)
@@ -2046,6 +2062,7 @@ int osub_engine_ack(osub_engine_t *e, const char *id, const char *checkpoint, in
 
 int osub_engine_exited(osub_engine_t *e, const char *id, const char *checkpoint, int64_t now_ms)
 {
+    clear_events(e);
     struct svc *s;
     int rc = get_svc(e, id, &s);
     if (rc != 0)
@@ -2072,6 +2089,7 @@ int osub_engine_exited(osub_engine_t *e, const char *id, const char *checkpoint,
 
 int osub_engine_fail(osub_engine_t *e, const char *id, const char *why, int64_t now_ms)
 {
+    clear_events(e);
     struct svc *s;
     int rc = get_svc(e, id, &s);
     if (rc == 0)
@@ -2091,6 +2109,7 @@ int osub_engine_fail(osub_engine_t *e, const char *id, const char *why, int64_t 
 int osub_engine_resize(osub_engine_t *e, const char *id, int64_t vram_mib, int64_t min_vram_mib,
                        int32_t batch_size, int64_t now_ms)
 {
+    clear_events(e);
     struct svc *s;
     int rc = get_svc(e, id, &s);
     if (rc != 0)
@@ -2166,6 +2185,7 @@ int osub_engine_resize(osub_engine_t *e, const char *id, int64_t vram_mib, int64
 
 int osub_engine_set_ratio(osub_engine_t *e, int32_t ratio_milli, int64_t now_ms)
 {
+    clear_events(e);
     if (e == NULL)
         return OSUB_EINVAL;
     if (ratio_milli < 1000 || ratio_milli > 100000)
@@ -2197,6 +2217,7 @@ int osub_engine_set_ratio(osub_engine_t *e, int32_t ratio_milli, int64_t now_ms)
 
 int osub_engine_cordon(osub_engine_t *e, int32_t gpu, bool cordon, int64_t now_ms)
 {
+    clear_events(e);
     if (e == NULL)
         return OSUB_EINVAL;
     if (gpu < 0 || gpu >= e->n_gpus)
@@ -2222,6 +2243,7 @@ int osub_engine_cordon(osub_engine_t *e, int32_t gpu, bool cordon, int64_t now_m
 
 int osub_engine_drain_gpu(osub_engine_t *e, int32_t gpu, int64_t now_ms)
 {
+    clear_events(e);
     if (e == NULL)
         return OSUB_EINVAL;
     if (gpu < 0 || gpu >= e->n_gpus)
@@ -2252,6 +2274,7 @@ int osub_engine_drain_gpu(osub_engine_t *e, int32_t gpu, int64_t now_ms)
 
 int osub_engine_gpu_lost(osub_engine_t *e, int32_t gpu, int64_t now_ms)
 {
+    clear_events(e);
     if (e == NULL)
         return OSUB_EINVAL;
     if (gpu < 0 || gpu >= e->n_gpus)

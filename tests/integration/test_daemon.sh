@@ -5,6 +5,7 @@
 # Usage: test_daemon.sh PATH/TO/oversubd
 set -u
 bin=$(realpath "$1")
+cli=${2:+$(realpath "$2")}
 tmp=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$tmp"; }
@@ -123,6 +124,43 @@ else
 fi
 grep -q '^oversub_pool_utilization{kind="held"}' "$tmp/metrics" && ok || bad "metrics: no utilisation"
 grep -q 'oversub_decisions_total{kind="degrade",level="experiment"} 1' "$tmp/metrics" && ok || bad "metrics: the degrade is not counted"
+
+# ---- the oversub CLI against the daemon ----
+if [ -n "$cli" ]; then
+    C() { "$cli" --url "http://127.0.0.1:$PORT" "$@"; }
+    C deploy cli-svc --class batch --vram 2GiB --min-vram 1GiB >"$tmp/c1" 2>&1
+    expect "cli deploy" 0 "$?"
+    grep -q "cli-svc: started" "$tmp/c1" && ok || bad "cli deploy said: $(cat "$tmp/c1")"
+    C deploy cli-svc --class batch --vram 3GiB >/dev/null 2>"$tmp/c2"
+    expect "cli refused" 1 "$?"
+    grep -q "spec_conflict" "$tmp/c2" && ok || bad "cli refusal said: $(cat "$tmp/c2")"
+    C deploy >/dev/null 2>&1
+    expect "cli usage error" 2 "$?"
+    C deploy x --class batch --vram lots >/dev/null 2>&1
+    expect "cli bad size" 2 "$?"
+    "$cli" --url http://127.0.0.1:1 status >/dev/null 2>"$tmp/c3"
+    expect "cli unreachable" 3 "$?"
+    grep -q "is oversubd running" "$tmp/c3" && ok || bad "cli unreachable said: $(cat "$tmp/c3")"
+    C status >"$tmp/c4"
+    expect "cli status" 0 "$?"
+    grep -q "^cli-svc " "$tmp/c4" && ok || bad "cli status: $(cat "$tmp/c4")"
+    expect "cli status --json" True "$(C --json status | json 'any(s["id"]=="cli-svc" for s in d["services"])')"
+    C usage cli-svc --vram 1GiB >/dev/null
+    expect "cli usage" 0 "$?"
+    C resize cli-svc --vram 4GiB >/dev/null
+    expect "cli resize" 0 "$?"
+    C explain chat-1 >"$tmp/c5"
+    grep -q "chat-1 (online) is" "$tmp/c5" && ok || bad "cli explain: $(cat "$tmp/c5")"
+    C events | grep -q "admitted cli-svc" && ok || bad "cli events"
+    C gpu cordon 5 >/dev/null && C gpu uncordon 5 >/dev/null
+    expect "cli gpu" 0 "$?"
+    C ratio 1.2345 >/dev/null 2>&1
+    expect "cli bad ratio" 2 "$?"
+    C release cli-svc >/dev/null
+    expect "cli release" 0 "$?"
+    C queue >/dev/null
+    expect "cli queue" 0 "$?"
+fi
 
 # ---- restart: clean, then the same state ----
 curl -s "$(U /v1/services)" >"$tmp/before"

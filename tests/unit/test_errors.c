@@ -242,6 +242,14 @@ static void test_refused_commands_change_nothing(void **state)
             fail_msg("%s: got %d (%s), want %d (%s)", cases[i].name, rc, osub_errcode(rc),
                      cases[i].rc, osub_errcode(cases[i].rc));
         assert_string_not_equal(osub_strerror(rc), "unknown error");
+        /* regression: a command refused before reaching the state showed the last command's
+         * events, which the daemon then logged a second time */
+        size_t nev;
+        const osub_event_t *evs = osub_engine_events(e, &nev);
+        bool engine_called = strstr(cases[i].name, "four decimals") == NULL; /* parse only */
+        for (size_t k = 0; k < nev && engine_called; k++)
+            if (evs[k].kind != OSUB_EV_REJECT)
+                fail_msg("%s: stale event '%s' after a refusal", cases[i].name, evs[k].msg);
         char *after = osub_engine_dump(e);
         assert_non_null(after);
         if (strcmp(before, after) != 0)

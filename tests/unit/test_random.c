@@ -267,7 +267,7 @@ static uint64_t run(uint64_t s, long n, bool check)
         size_t ne;
         const osub_event_t *ev = osub_engine_events(e, &ne);
         h = mix(h, &rc, sizeof(rc));
-        for (size_t i = 0; i < ne && rc == 0; i++) {
+        for (size_t i = 0; i < ne; i++) {
             h = mix(h, ev[i].msg, strlen(ev[i].msg));
             ev_counts[ev[i].kind]++;
         }

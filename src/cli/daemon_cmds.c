@@ -1,0 +1,466 @@
+/* daemon_cmds.c - the oversub CLI's commands that talk to oversubd */
+#define _POSIX_C_SOURCE 200809L
+#include "daemon_cmds.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "http.h"
+#include "oversub/units.h"
+
+enum { EX_OK = 0, EX_REFUSED = 1, EX_USAGE = 2, EX_UNREACHABLE = 3 };
+
+static struct http_target tgt;
+static bool as_json;
+
+/* Sends a request; prints the daemon's error on 4xx/5xx. Returns the JSON body (new
+ * reference) and the exit code in *ex. */
+static json_t *call(const char *method, const char *path, json_t *body, int *ex)
+{
+    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    struct http_resp r;
+    char err[400];
+    int rc = http_request(&tgt, method, path, text, &r, err, sizeof(err));
+    free(text);
+    if (rc != 0) {
+        fprintf(stderr,
+                "oversub: %s\n  is oversubd running? start it with 'make run', or point "
+                "--url / OVERSUB_URL at it\n",
+                err);
+        *ex = EX_UNREACHABLE;
+        return NULL;
+    }
+    json_t *j = json_loads(r.body ? r.body : "", 0, NULL);
+    if (r.status >= 400) {
+        const char *code = json_string_value(json_object_get(json_object_get(j, "error"), "code"));
+        const char *msg =
+            json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+        fprintf(stderr, "oversub: refused (%d %s): %s\n", r.status, code ? code : "error",
+                msg ? msg : (r.body ? r.body : ""));
+        if (r.status == 401)
+            fprintf(stderr, "  set OVERSUB_TOKEN to the admin token\n");
+        *ex = EX_REFUSED;
+    } else {
+        *ex = EX_OK;
+    }
+    http_resp_free(&r);
+    return j;
+}
+
+static void print_json(json_t *j)
+{
+    json_dumpf(j, stdout, JSON_INDENT(2));
+    fputc('\n', stdout);
+}
+
+static int64_t geti(json_t *o, const char *k)
+{
+    return json_integer_value(json_object_get(o, k));
+}
+
+static const char *gets_(json_t *o, const char *k)
+{
+    const char *s = json_string_value(json_object_get(o, k));
+    return s ? s : "";
+}
+
+static int cmd_status(void)
+{
+    int ex;
+    json_t *pool = call("GET", "/v1/pool", NULL, &ex);
+    if (pool == NULL || ex)
+        return ex;
+    json_t *svcs = call("GET", "/v1/services", NULL, &ex);
+    if (svcs == NULL || ex) {
+        json_decref(pool);
+        return ex;
+    }
+    if (as_json) {
+        json_t *all = json_pack("{s:O, s:O}", "pool", pool, "services",
+                                json_object_get(svcs, "services"));
+        print_json(all);
+        json_decref(all);
+    } else {
+        json_t *u = json_object_get(pool, "utilization");
+        printf("ratio %s   used %.1f%%   held %.1f%%   logical %.1f%%%s\n\n",
+               gets_(pool, "ratio_text"),
+               100 * json_number_value(json_object_get(u, "used")),
+               100 * json_number_value(json_object_get(u, "held")),
+               100 * json_number_value(json_object_get(u, "logical")),
+               json_is_true(json_object_get(pool, "overcommitted")) ? "   OVER-COMMITTED" : "");
+        printf("%-4s %9s %9s %9s %9s %9s  %s\n", "GPU", "VRAM", "logical", "granted", "held",
+               "used", "");
+        size_t i;
+        json_t *g;
+        json_array_foreach(json_object_get(pool, "gpus"), i, g)
+        {
+            printf("%-4lld %9lld %9lld %9lld %9lld %9lld  %s%s\n", (long long)geti(g, "index"),
+                   (long long)geti(g, "vram_mib"), (long long)geti(g, "logical_mib"),
+                   (long long)geti(g, "granted_mib"), (long long)geti(g, "held_mib"),
+                   (long long)geti(g, "used_mib"),
+                   json_is_true(json_object_get(g, "cordoned")) ? "cordoned " : "",
+                   json_is_true(json_object_get(g, "lost")) ? "lost" : "");
+        }
+        printf("\n%-24s %-10s %-9s %9s %9s %9s  %s\n", "SERVICE", "CLASS", "STATE", "grant",
+               "held", "used", "GPUs");
+        json_t *s;
+        json_array_foreach(json_object_get(svcs, "services"), i, s)
+        {
+            char gpus[128] = "";
+            size_t k;
+            json_t *p;
+            json_array_foreach(json_object_get(s, "placement"), k, p)
+            {
+                char one[16];
+                snprintf(one, sizeof(one), k ? ",%lld" : "%lld", (long long)geti(p, "gpu"));
+                strncat(gpus, one, sizeof(gpus) - strlen(gpus) - 1);
+            }
+            printf("%-24s %-10s %-9s %9lld %9lld %9lld  %s\n", gets_(s, "id"), gets_(s, "class"),
+                   gets_(s, "state"), (long long)geti(s, "grant_mib"),
+                   (long long)geti(s, "held_mib"), (long long)geti(s, "used_mib"),
+                   gpus[0] ? gpus : "-");
+        }
+        printf("(MiB)\n");
+    }
+    json_decref(pool);
+    json_decref(svcs);
+    return EX_OK;
+}
+
+static int size_arg(const char *opt, const char *v, int64_t *out)
+{
+    if (osub_parse_size_mib(v, 0, out) != 0) {
+        fprintf(stderr, "oversub: %s: '%s' is not a size (81920, 120GiB, 0.5GiB, 80GB)\n", opt, v);
+        return -1;
+    }
+    return 0;
+}
+
+static int cmd_deploy(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"class", required_argument, NULL, 'c'},   {"vram", required_argument, NULL, 'v'},
+        {"min-vram", required_argument, NULL, 'm'}, {"gpus", required_argument, NULL, 'g'},
+        {"compute", required_argument, NULL, 'C'}, {"exclusive", no_argument, NULL, 'x'},
+        {"no-queue", no_argument, NULL, 'n'},      {"dry-run", no_argument, NULL, 'd'},
+        {"resumable", no_argument, NULL, 'r'},     {"batch", required_argument, NULL, 'b'},
+        {"min-batch", required_argument, NULL, 'B'}, {NULL, 0, NULL, 0}};
+    if (argc < 2 || argv[1][0] == '-') {
+        fprintf(stderr, "usage: oversub deploy ID --class CLASS --vram 120GiB [--min-vram 60GiB] "
+                        "[--gpus N] [--compute 80] [--exclusive] [--resumable] [--no-queue] "
+                        "[--dry-run]\n");
+        return EX_USAGE;
+    }
+    json_t *spec = json_pack("{s:s}", "id", argv[1]);
+    bool dry = false;
+    int64_t v;
+    optind = 2;
+    int ch;
+    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (ch) {
+        case 'c':
+            json_object_set_new(spec, "class", json_string(optarg));
+            break;
+        case 'v':
+        case 'm':
+            if (size_arg(ch == 'v' ? "--vram" : "--min-vram", optarg, &v) != 0)
+                goto usage;
+            json_object_set_new(spec, ch == 'v' ? "vram_mib" : "min_vram_mib", json_integer(v));
+            break;
+        case 'g':
+        case 'C':
+        case 'b':
+        case 'B': {
+            char *end;
+            long n = strtol(optarg, &end, 10);
+            if (*end != '\0' || n < 0 || n > 1000000) {
+                fprintf(stderr, "oversub: '%s' is not a number\n", optarg);
+                goto usage;
+            }
+            json_object_set_new(spec,
+                                ch == 'g'   ? "gpus"
+                                : ch == 'C' ? "compute_pct"
+                                : ch == 'b' ? "batch_size"
+                                            : "min_batch_size",
+                                json_integer(n));
+            break;
+        }
+        case 'x':
+            json_object_set_new(spec, "exclusive", json_true());
+            break;
+        case 'n':
+            json_object_set_new(spec, "queue", json_false());
+            break;
+        case 'r':
+            json_object_set_new(spec, "resumable", json_true());
+            break;
+        case 'd':
+            dry = true;
+            break;
+        default:
+            goto usage;
+        }
+    }
+    if (json_object_get(spec, "vram_mib") == NULL) {
+        fprintf(stderr, "oversub: deploy needs --vram\n");
+        goto usage;
+    }
+    int ex;
+    json_t *r = call("POST", dry ? "/v1/services?dry_run=1" : "/v1/services", spec, &ex);
+    json_decref(spec);
+    if (r == NULL)
+        return ex;
+    json_t *dec = json_object_get(r, "decision");
+    if (as_json) {
+        print_json(r);
+    } else if (dec != NULL) {
+        const char *outcome = gets_(dec, "outcome");
+        printf("%s%s: %s", dry ? "(dry run) " : "", argv[1], outcome);
+        if (json_object_get(dec, "queue_position"))
+            printf(" at position %lld", (long long)geti(dec, "queue_position"));
+        if (json_object_get(dec, "shortfall_mib"))
+            printf(" (%s check short by %lld MiB on GPU %lld)", gets_(dec, "check"),
+                   (long long)geti(dec, "shortfall_mib"), (long long)geti(dec, "gpu"));
+        printf("\n");
+        size_t i;
+        json_t *vv;
+        json_array_foreach(json_object_get(dec, "victims"), i, vv)
+            printf("  victim: %s %s\n", gets_(vv, "action"), gets_(vv, "service"));
+    }
+    json_decref(r);
+    return ex;
+usage:
+    json_decref(spec);
+    return EX_USAGE;
+}
+
+static int simple(const char *method, const char *path, json_t *body)
+{
+    int ex;
+    json_t *r = call(method, path, body, &ex);
+    if (r == NULL)
+        return ex;
+    if (as_json || ex == EX_OK)
+        print_json(r);
+    json_decref(r);
+    return ex;
+}
+
+static int cmd_events(int argc, char **argv)
+{
+    bool follow = false;
+    long long since = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--follow") == 0 || strcmp(argv[i], "-f") == 0)
+            follow = true;
+        else if (strcmp(argv[i], "--since") == 0 && i + 1 < argc)
+            since = atoll(argv[++i]);
+        else {
+            fprintf(stderr, "usage: oversub events [--since SEQ] [--follow]\n");
+            return EX_USAGE;
+        }
+    }
+    for (;;) {
+        char path[96];
+        snprintf(path, sizeof(path), "/v1/events?since=%lld&wait=%d", since, follow ? 30 : 0);
+        int ex;
+        json_t *r = call("GET", path, NULL, &ex);
+        if (r == NULL || ex)
+            return ex;
+        size_t i;
+        json_t *e;
+        json_array_foreach(json_object_get(r, "events"), i, e)
+        {
+            if (as_json) {
+                json_dumpf(e, stdout, JSON_COMPACT);
+                fputc('\n', stdout);
+            } else {
+                time_t t = (time_t)(geti(e, "time_unix_ms") / 1000);
+                struct tm tm;
+                localtime_r(&t, &tm);
+                char ts[32];
+                strftime(ts, sizeof(ts), "%H:%M:%S", &tm);
+                printf("%6lld %s %-9s %-14s %s\n", (long long)geti(e, "seq"), ts,
+                       gets_(e, "kind"), gets_(e, "reason"), gets_(e, "message"));
+            }
+        }
+        fflush(stdout);
+        since = geti(r, "next");
+        json_decref(r);
+        if (!follow)
+            return EX_OK;
+    }
+}
+
+static int cmd_explain(const char *id)
+{
+    char path[128];
+    snprintf(path, sizeof(path), "/v1/services/%s", id);
+    int ex;
+    json_t *s = call("GET", path, NULL, &ex);
+    if (s == NULL || ex) {
+        json_decref(s);
+        return ex;
+    }
+    const char *st = gets_(s, "state");
+    printf("%s (%s) is %s", id, gets_(s, "class"), st);
+    if (strcmp(st, "queued") == 0) {
+        printf(" at position %lld of the queue: no GPU has room for its %lld MiB even with the "
+               "lower-priority services it may preempt; it starts when memory comes free\n",
+               (long long)geti(s, "queue_position"), (long long)geti(s, "vram_mib"));
+    } else if (strcmp(st, "pending") == 0) {
+        printf(": placed, waiting for the memory of its victims:\n");
+        size_t i;
+        json_t *w;
+        json_array_foreach(json_object_get(s, "waiting_for"), i, w)
+            printf("  - %s of %s (deadline %lld)\n", gets_(w, "action"), gets_(w, "service"),
+                   (long long)geti(w, "deadline_unix_ms"));
+    } else if (strcmp(st, "degraded") == 0) {
+        printf(": running at its floor, %lld MiB instead of %lld, until its GPUs have had room "
+               "for the full grant for the hysteresis window\n",
+               (long long)geti(s, "grant_mib"), (long long)geti(s, "vram_mib"));
+    } else if (strcmp(st, "draining") == 0 || strcmp(st, "overdue") == 0) {
+        printf(": evicted; its memory is counted until it exits (deadline %lld)\n",
+               (long long)geti(s, "deadline_unix_ms"));
+    } else if (strcmp(st, "loading") == 0) {
+        printf(": started; until it reports ready (or its restart cost passes) it holds its "
+               "whole grant of %lld MiB\n",
+               (long long)geti(s, "grant_mib"));
+    } else {
+        printf(": holds %lld MiB, uses %lld MiB\n", (long long)geti(s, "held_mib"),
+               (long long)geti(s, "used_mib"));
+    }
+    json_decref(s);
+    return EX_OK;
+}
+
+int cli_daemon_cmd(int argc, char **argv)
+{
+    /* global options before the command's own: --url, --json */
+    const char *url = NULL;
+    int w = 0;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--url") == 0 && i + 1 < argc)
+            url = argv[++i];
+        else if (strcmp(argv[i], "--json") == 0)
+            as_json = true;
+        else
+            argv[w++] = argv[i];
+    }
+    argc = w;
+    if (argc == 0) {
+        fprintf(stderr, "oversub: which command? (see 'oversub --help')\n");
+        return EX_USAGE;
+    }
+    char err[300];
+    if (http_target_init(&tgt, url, err, sizeof(err)) != 0) {
+        fprintf(stderr, "oversub: --url: %s\n", err);
+        return EX_USAGE;
+    }
+    const char *cmd = argv[0];
+    char path[160];
+    if (strcmp(cmd, "status") == 0)
+        return argc == 1 ? cmd_status() : EX_USAGE;
+    if (strcmp(cmd, "deploy") == 0)
+        return cmd_deploy(argc, argv);
+    if (strcmp(cmd, "events") == 0)
+        return cmd_events(argc, argv);
+    if (strcmp(cmd, "explain") == 0 && argc == 2)
+        return cmd_explain(argv[1]);
+    if (strcmp(cmd, "release") == 0 && argc == 2) {
+        snprintf(path, sizeof(path), "/v1/services/%s", argv[1]);
+        return simple("DELETE", path, NULL);
+    }
+    if (strcmp(cmd, "usage") == 0 && argc == 4 && strcmp(argv[2], "--vram") == 0) {
+        int64_t v;
+        if (size_arg("--vram", argv[3], &v) != 0)
+            return EX_USAGE;
+        snprintf(path, sizeof(path), "/v1/services/%s/usage", argv[1]);
+        json_t *b = json_pack("{s:I}", "vram_mib", (json_int_t)v);
+        int ex = simple("PUT", path, b);
+        json_decref(b);
+        return ex;
+    }
+    if (strcmp(cmd, "resize") == 0 && argc >= 4) {
+        json_t *b = json_object();
+        for (int i = 2; i + 1 < argc; i += 2) {
+            int64_t v;
+            const char *k = strcmp(argv[i], "--vram") == 0       ? "vram_mib"
+                            : strcmp(argv[i], "--min-vram") == 0 ? "min_vram_mib"
+                                                                 : NULL;
+            if (k != NULL) {
+                if (size_arg(argv[i], argv[i + 1], &v) != 0) {
+                    json_decref(b);
+                    return EX_USAGE;
+                }
+                json_object_set_new(b, k, json_integer(v));
+            } else if (strcmp(argv[i], "--batch") == 0) {
+                json_object_set_new(b, "batch_size", json_integer(atoi(argv[i + 1])));
+            } else {
+                json_decref(b);
+                fprintf(stderr, "usage: oversub resize ID [--vram S] [--min-vram S] [--batch N]\n");
+                return EX_USAGE;
+            }
+        }
+        snprintf(path, sizeof(path), "/v1/services/%s", argv[1]);
+        int ex = simple("PATCH", path, b);
+        json_decref(b);
+        return ex;
+    }
+    if (strcmp(cmd, "ratio") == 0 && argc == 2) {
+        int32_t m;
+        if (osub_parse_ratio(argv[1], &m) != 0) {
+            fprintf(stderr, "oversub: '%s' is not a ratio such as 1.3 (at most three decimals)\n",
+                    argv[1]);
+            return EX_USAGE;
+        }
+        json_t *b = json_pack("{s:s}", "ratio", argv[1]);
+        int ex;
+        json_t *r = call("PUT", "/v1/pool", b, &ex);
+        json_decref(b);
+        if (r != NULL && ex == EX_OK)
+            printf("ratio %s\n", gets_(r, "ratio_text"));
+        json_decref(r);
+        return ex;
+    }
+    if (strcmp(cmd, "gpu") == 0 && argc == 3 &&
+        (strcmp(argv[1], "cordon") == 0 || strcmp(argv[1], "uncordon") == 0 ||
+         strcmp(argv[1], "drain") == 0)) {
+        snprintf(path, sizeof(path), "/v1/gpus/%s/%s", argv[2], argv[1]);
+        int ex;
+        json_t *r = call("POST", path, NULL, &ex);
+        if (r != NULL && ex == EX_OK)
+            printf("GPU %s: %s\n", argv[2], argv[1]);
+        json_decref(r);
+        return ex;
+    }
+    if (strcmp(cmd, "queue") == 0 && argc == 1) {
+        int ex;
+        json_t *r = call("GET", "/v1/services", NULL, &ex);
+        if (r == NULL || ex)
+            return ex;
+        size_t i;
+        json_t *s;
+        json_array_foreach(json_object_get(r, "services"), i, s)
+        {
+            if (strcmp(gets_(s, "state"), "queued") == 0)
+                printf("%3lld  %-24s %-10s %9lld MiB  since %lld\n",
+                       (long long)geti(s, "queue_position"), gets_(s, "id"), gets_(s, "class"),
+                       (long long)geti(s, "vram_mib"), (long long)geti(s, "since_unix_ms"));
+        }
+        json_decref(r);
+        return EX_OK;
+    }
+    fprintf(stderr, "oversub: '%s': wrong arguments (see 'oversub --help')\n", cmd);
+    return EX_USAGE;
+}
