@@ -185,8 +185,12 @@ static json_t *pool_json(struct osubd *d)
     for (size_t i = 0; i < osub_engine_gpu_count(d->e); i++) {
         osub_gpu_info_t g;
         osub_engine_gpu_info(d->e, (int32_t)i, &g);
-        char uuid[64];
-        snprintf(uuid, sizeof(uuid), "sim-%zu", i);
+        char uuid[96];
+        if ((int32_t)i < d->n_uuids)
+            memcpy(uuid, d->uuids[i], sizeof(uuid));
+        else
+            snprintf(uuid, sizeof(uuid), "sim-%zu", i);
+        uuid[sizeof(uuid) - 1] = '\0';
         json_array_append_new(
             gpus,
             json_pack("{s:i, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:b}", "index", (int)i,

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "command.h"
+#include "nvml.h"
 #include "oversub/units.h"
 
 void osubd_config_default(struct osubd_config *c)
@@ -26,6 +27,7 @@ void osubd_config_default(struct osubd_config *c)
     c->tick_ms = 1000;
     c->snapshot_every = 1000;
     c->events_keep = 100000;
+    c->poll_ms = 1000;
 }
 
 int64_t osubd_unix_ms(void)
@@ -177,21 +179,53 @@ static int replay_cb(void *arg, int64_t seq, int64_t engine_ms, int64_t unix_ms,
     return 0;
 }
 
-/* The simulated pool from "sim:8x81920" or "auto" (no NVML support yet: simulated). */
-static int pool_from(const char *gpus, int64_t *vram, size_t cap, size_t *n, char *desc,
-                     size_t desclen, char *err, size_t errlen)
+/* The pool: NVML's GPUs ("auto" when a driver answers, "nvml"), else simulated ("auto",
+ * "sim:8x81920"). names and d->uuids are filled for NVML. */
+static int pool_from(struct osubd *d, const char *gpus, int64_t *vram, char (*names)[96],
+                     size_t cap, size_t *n, char *desc, size_t desclen, char *err,
+                     size_t errlen)
 {
     const char *spec = gpus;
-    if (strcmp(gpus, "auto") == 0) {
-        spec = "8x81920";
-        snprintf(desc, desclen,
-                 "auto: no NVIDIA driver is used yet (NVML support comes later), "
-                 "so a simulated pool of 8 x 81920 MiB");
+    for (size_t i = 0; i < cap; i++)
+        names[i][0] = '\0';
+    if (strcmp(gpus, "auto") == 0 || strcmp(gpus, "nvml") == 0) {
+        char nerr[300];
+        if (d->nvml == NULL &&
+            osub_nvml_open(d->cfg.nvml_lib[0] ? d->cfg.nvml_lib : NULL, &d->nvml, nerr,
+                           sizeof(nerr)) != 0) {
+            if (strcmp(gpus, "nvml") == 0) {
+                snprintf(err, errlen, "--gpus nvml: %s", nerr);
+                return -1;
+            }
+            snprintf(desc, desclen,
+                     "auto: no NVIDIA driver (%s), so a simulated pool of 8 x 81920 MiB", nerr);
+            spec = "8x81920";
+        } else {
+            struct nvml_gpu g[64];
+            size_t k = 0;
+            if (osub_nvml_read(d->nvml, g, 64, &k, err, errlen) != 0)
+                return -1;
+            if (k == 0) {
+                snprintf(err, errlen, "NVML reports no GPU");
+                return -1;
+            }
+            for (size_t i = 0; i < k && i < cap; i++) {
+                vram[i] = g[i].total_mib;
+                snprintf(names[i], 96, "%s", g[i].name);
+                memcpy(d->uuids[i], g[i].uuid, sizeof(d->uuids[i]));
+                d->uuids[i][sizeof(d->uuids[i]) - 1] = '\0';
+            }
+            *n = k < cap ? k : cap;
+            d->n_uuids = (int32_t)*n;
+            snprintf(desc, desclen, "%zu GPU(s) from NVML (the first: %s, %lld MiB)", k,
+                     g[0].name, (long long)g[0].total_mib);
+            return 0;
+        }
     } else if (strncmp(gpus, "sim:", 4) == 0) {
         spec = gpus + 4;
         snprintf(desc, desclen, "a simulated pool %s", spec);
     } else {
-        snprintf(err, errlen, "--gpus: '%s' is not auto or sim:POOL (sim:8x81920)", gpus);
+        snprintf(err, errlen, "--gpus: '%s' is not auto, nvml or sim:POOL (sim:8x81920)", gpus);
         return -1;
     }
     if (osub_parse_pool(spec, vram, cap, n) != 0) {
@@ -200,6 +234,87 @@ static int pool_from(const char *gpus, int64_t *vram, size_t cap, size_t *n, cha
         return -1;
     }
     return 0;
+}
+
+/* GPUs the state knows that NVML no longer shows (gone, or another UUID at that index) are
+ * marked lost, their services requeued or released with events. */
+static void check_gpus_found(struct osubd *d)
+{
+    char *stored = NULL;
+    osub_store_meta_get(d->store, "gpu_uuids", &stored);
+    if (stored == NULL)
+        return;
+    struct nvml_gpu g[64];
+    size_t k = 0;
+    char err[256];
+    if (d->nvml == NULL || osub_nvml_read(d->nvml, g, 64, &k, err, sizeof(err)) != 0)
+        k = 0;
+    int32_t i = 0;
+    char *save = NULL;
+    d->n_uuids = 0;
+    for (char *u = strtok_r(stored, ",", &save); u && i < 64;
+         u = strtok_r(NULL, ",", &save), i++) {
+        snprintf(d->uuids[i], sizeof(d->uuids[i]), "%s", u);
+        d->n_uuids = i + 1;
+        bool found = false;
+        for (size_t j = 0; j < k; j++)
+            found = found || strcmp(g[j].uuid, u) == 0;
+        osub_gpu_info_t gi;
+        if (found || osub_engine_gpu_info(d->e, i, &gi) != 0 || gi.lost)
+            continue;
+        fprintf(stderr,
+                "oversubd: GPU %d (%s) is not among the GPUs NVML shows now: marking it lost; "
+                "its services go back to the queue or are released\n",
+                i, u);
+        json_t *cmd = json_pack("{s:s, s:i}", "op", "lost", "gpu", (int)i);
+        osubd_apply(d, cmd, NULL, err, sizeof(err));
+        json_decref(cmd);
+    }
+    free(stored);
+}
+
+/* The monitor: NVML's view of each GPU. Memory in use that no service reports counts as
+ * system (the driver, contexts, processes oversub does not know); a GPU that vanished is
+ * lost. */
+static void on_poll(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct osubd *d = arg;
+    struct nvml_gpu g[64];
+    size_t k = 0;
+    char err[256];
+    if (osub_nvml_read(d->nvml, g, 64, &k, err, sizeof(err)) != 0) {
+        fprintf(stderr, "oversubd: NVML: %s\n", err);
+        return;
+    }
+    for (int32_t i = 0; i < d->n_uuids; i++) {
+        osub_gpu_info_t gi;
+        if (osub_engine_gpu_info(d->e, i, &gi) != 0 || gi.lost)
+            continue;
+        const struct nvml_gpu *m = NULL;
+        for (size_t j = 0; j < k && m == NULL; j++)
+            if (strcmp(g[j].uuid, d->uuids[i]) == 0)
+                m = &g[j];
+        json_t *cmd;
+        if (m == NULL) {
+            fprintf(stderr, "oversubd: GPU %d (%s) disappeared\n", i, d->uuids[i]);
+            cmd = json_pack("{s:s, s:i}", "op", "lost", "gpu", (int)i);
+        } else {
+            int64_t services = gi.used_mib - gi.system_mib;
+            int64_t sys = m->used_mib - services;
+            if (sys < 0)
+                sys = 0;
+            if (sys > gi.vram_mib)
+                sys = gi.vram_mib;
+            if (sys == gi.system_mib)
+                continue;
+            cmd = json_pack("{s:s, s:i, s:I}", "op", "system", "gpu", (int)i, "vram_mib",
+                            (json_int_t)sys);
+        }
+        osubd_apply(d, cmd, NULL, err, sizeof(err));
+        json_decref(cmd);
+    }
 }
 
 int osubd_start(struct osubd *d, char *err, size_t errlen)
@@ -223,10 +338,11 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
     char *pool = NULL, *base = NULL;
     osub_store_meta_get(d->store, "pool", &pool);
     osub_store_meta_get(d->store, "base_unix_ms", &base);
-    int64_t vram[4096];
+    static int64_t vram[64];
+    static char names[64][96];
     size_t n = 0;
-    char desc[256];
-    if (pool_from(d->cfg.gpus, vram, 4096, &n, desc, sizeof(desc), err, errlen) != 0) {
+    char desc[512];
+    if (pool_from(d, d->cfg.gpus, vram, names, 64, &n, desc, sizeof(desc), err, errlen) != 0) {
         free(pool);
         free(base);
         return -1;
@@ -245,13 +361,24 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
         osub_pool_config_t cfg;
         osub_pool_config_default(&cfg);
         cfg.ratio_milli = d->cfg.ratio_milli;
-        int rc = osub_engine_new(&cfg, vram, NULL, n, NULL, 0, &d->e);
+        if (d->nvml != NULL)
+            cfg.margin_mib = 1024; /* DESIGN.md: the driver's own memory under NVML */
+        const char *np[64];
+        for (size_t i = 0; i < n; i++)
+            np[i] = names[i][0] ? names[i] : NULL;
+        int rc = osub_engine_new(&cfg, vram, np, n, NULL, 0, &d->e);
         if (rc != 0) {
             snprintf(err, errlen, "pool: %s", osub_strerror(rc));
             goto fail;
         }
+        char ul[64 * 97] = "";
+        for (int32_t u = 0; u < d->n_uuids; u++) {
+            strcat(ul, u ? "," : "");
+            strcat(ul, d->uuids[u]);
+        }
+        osub_store_meta_set(d->store, "gpu_uuids", ul);
         if (osub_store_meta_set(d->store, "base_unix_ms", b) != 0 ||
-            osub_store_meta_set(d->store, "pool", d->cfg.gpus) != 0) {
+            osub_store_meta_set(d->store, "pool", d->nvml ? "nvml" : d->cfg.gpus) != 0) {
             snprintf(err, errlen, "%s: %s", d->cfg.state_path, osub_store_error(d->store));
             goto fail;
         }
@@ -270,12 +397,19 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
             osub_pool_config_t cfg;
             osub_pool_config_default(&cfg);
             cfg.ratio_milli = d->cfg.ratio_milli;
-            int64_t pv[4096];
+            static int64_t pv[64];
+            static char pnames[64][96];
             size_t pn = 0;
-            char pd[256];
-            if (pool_from(pool ? pool : "auto", pv, 4096, &pn, pd, sizeof(pd), err, errlen) != 0)
+            char pd[512];
+            if (pool_from(d, pool ? pool : "auto", pv, pnames, 64, &pn, pd, sizeof(pd), err,
+                          errlen) != 0)
                 goto fail;
-            if (osub_engine_new(&cfg, pv, NULL, pn, NULL, 0, &d->e) != 0) {
+            if (d->nvml != NULL)
+                cfg.margin_mib = 1024;
+            const char *np[64];
+            for (size_t i = 0; i < pn; i++)
+                np[i] = pnames[i][0] ? pnames[i] : NULL;
+            if (osub_engine_new(&cfg, pv, np, pn, NULL, 0, &d->e) != 0) {
                 snprintf(err, errlen, "%s: the saved pool '%s' is invalid", d->cfg.state_path,
                          pool ? pool : "?");
                 goto fail;
@@ -299,6 +433,24 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
                     "oversubd: note: the state was made with --gpus %s; it keeps that pool "
                     "(--gpus %s is ignored)\n",
                     pool, d->cfg.gpus);
+        if (pool != NULL && strcmp(pool, "nvml") == 0) {
+            char nerr[300];
+            if (d->nvml == NULL &&
+                osub_nvml_open(d->cfg.nvml_lib[0] ? d->cfg.nvml_lib : NULL, &d->nvml, nerr,
+                               sizeof(nerr)) != 0) {
+                /* marking every GPU lost would throw the services out: refuse instead */
+                snprintf(err, errlen,
+                         "%s holds the state of NVML GPUs, but NVML does not answer (%s); "
+                         "start oversubd where the driver is, or with another --state",
+                         d->cfg.state_path, nerr);
+                goto fail;
+            }
+            check_gpus_found(d);
+        } else if (d->nvml != NULL) {
+            /* a simulated pool: the real GPUs are not watched */
+            osub_nvml_close(d->nvml);
+            d->nvml = NULL;
+        }
     }
     int64_t last_ev;
     osub_store_last_event(d->store, &last_ev);
@@ -318,6 +470,15 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
     d->tick_ev = event_new(d->base, -1, EV_PERSIST, on_tick, d);
     d->sigint_ev = evsignal_new(d->base, SIGINT, on_signal, d);
     d->sigterm_ev = evsignal_new(d->base, SIGTERM, on_signal, d);
+    if (d->nvml != NULL) {
+        struct timeval pv = {(time_t)(d->cfg.poll_ms / 1000),
+                             (suseconds_t)(d->cfg.poll_ms % 1000) * 1000};
+        d->poll_ev = event_new(d->base, -1, EV_PERSIST, on_poll, d);
+        if (d->poll_ev == NULL || event_add(d->poll_ev, &pv) != 0) {
+            snprintf(err, errlen, "cannot set up the GPU monitor");
+            return -1;
+        }
+    }
     if (d->tick_ev == NULL || d->sigint_ev == NULL || d->sigterm_ev == NULL ||
         event_add(d->tick_ev, &tv) != 0 || event_add(d->sigint_ev, NULL) != 0 ||
         event_add(d->sigterm_ev, NULL) != 0) {
@@ -342,6 +503,9 @@ void osubd_stop(struct osubd *d)
         event_free(d->sigint_ev);
     if (d->sigterm_ev)
         event_free(d->sigterm_ev);
+    if (d->poll_ev)
+        event_free(d->poll_ev);
+    osub_nvml_close(d->nvml);
     if (d->http)
         evhttp_free(d->http);
     if (d->base)

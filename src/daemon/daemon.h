@@ -24,15 +24,21 @@ struct osubd_config {
     int64_t tick_ms;
     int64_t snapshot_every; /* commands between snapshots */
     int64_t events_keep;
+    char nvml_lib[512]; /* "" = libnvidia-ml.so.1 or $OSUB_NVML_LIB */
+    int64_t poll_ms;
 };
 
 struct waiter; /* a long-polling GET /v1/events */
+struct osub_nvml;
 
 struct osubd {
     struct osubd_config cfg;
     struct event_base *base;
     struct evhttp *http;
-    struct event *tick_ev, *sigint_ev, *sigterm_ev;
+    struct event *tick_ev, *sigint_ev, *sigterm_ev, *poll_ev;
+    struct osub_nvml *nvml; /* NULL: a simulated pool */
+    char uuids[64][96];     /* per engine GPU (NVML), "" when simulated */
+    int32_t n_uuids;
     osub_engine_t *e;
     osub_store_t *store;
     int64_t base_unix_ms; /* engine time 0 */

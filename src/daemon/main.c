@@ -33,6 +33,8 @@ static void usage(FILE *f)
             "  --token-file FILE    the admin token: mutations need Authorization: Bearer it;\n"
             "                       required to listen on anything but loopback\n"
             "  --tick-ms N          how often timers, pressure and the queue run (1000)\n"
+            "  --nvml-lib PATH      the NVML library to load with --gpus auto\n"
+            "                       (libnvidia-ml.so.1 from the loader's path)\n"
             "  --help, --version\n");
 }
 
@@ -137,6 +139,16 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
                         path, sv);
                 rc = -1;
             }
+        } else if (strcmp(key, "poll_ms") == 0) {
+            char *end;
+            long t = strtol(sv, &end, 10);
+            if (*end != '\0' || t < 10 || t > 60000) {
+                fprintf(stderr, "oversubd: %s: key 'poll_ms' must be 10 to 60000\n", path);
+                rc = -1;
+            }
+            c->poll_ms = t;
+        } else if (strcmp(key, "nvml_lib") == 0) {
+            snprintf(c->nvml_lib, sizeof(c->nvml_lib), "%s", sv);
         } else if (strcmp(key, "token_file") == 0) {
             snprintf(token_file, tlen, "%s", sv);
         } else if (strcmp(key, "tick_ms") == 0) {
@@ -171,6 +183,7 @@ int main(int argc, char **argv)
                                          {"ratio", required_argument, NULL, 'r'},
                                          {"token-file", required_argument, NULL, 't'},
                                          {"tick-ms", required_argument, NULL, 'T'},
+                                         {"nvml-lib", required_argument, NULL, 'N'},
                                          {"help", no_argument, NULL, 'h'},
                                          {"version", no_argument, NULL, 'v'},
                                          {NULL, 0, NULL, 0}};
@@ -216,6 +229,9 @@ int main(int argc, char **argv)
             break;
         case 't':
             snprintf(token_file, sizeof(token_file), "%s", optarg);
+            break;
+        case 'N':
+            snprintf(d.cfg.nvml_lib, sizeof(d.cfg.nvml_lib), "%s", optarg);
             break;
         case 'T': {
             char *end;

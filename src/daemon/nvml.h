@@ -1,0 +1,26 @@
+/* nvml.h - NVIDIA's management library, loaded at run time with dlopen (no build
+ * dependency): the GPUs, their memory and utilisation */
+#ifndef OSUB_DAEMON_NVML_H
+#define OSUB_DAEMON_NVML_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct nvml_gpu {
+    char uuid[96];
+    char name[96];
+    int64_t total_mib, used_mib;
+    int32_t util_pct;
+};
+
+typedef struct osub_nvml osub_nvml_t;
+
+/* Loads path (NULL: "libnvidia-ml.so.1", or $OSUB_NVML_LIB) and initialises NVML. Returns 0,
+ * or -1 with a sentence in err (no driver, a library without the calls we need...). */
+int osub_nvml_open(const char *path, osub_nvml_t **out, char *err, size_t errlen);
+void osub_nvml_close(osub_nvml_t *n);
+/* Reads every GPU into gpus (up to cap); *n_out their number. Returns 0 or -1. */
+int osub_nvml_read(osub_nvml_t *n, struct nvml_gpu *gpus, size_t cap, size_t *n_out, char *err,
+                   size_t errlen);
+
+#endif

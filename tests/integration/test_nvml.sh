@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# test_nvml.sh - oversubd on "real" GPUs: the fake libnvidia-ml.so.1 (tests/fakes/fake_nvml.c)
+# reads its devices from a file this script rewrites. Checks: the pool comes from NVML (names,
+# UUIDs, the 1 GiB driver margin), memory no service reports becomes system memory and causes
+# pressure, a GPU gone across a restart is marked lost, and every way NVML can be missing.
+# Usage: test_nvml.sh PATH/TO/oversubd PATH/TO/libnvidia-ml.so.1
+set -u
+bin=$(realpath "$1")
+lib=$(realpath "$2")
+tmp=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null && wait "$p" 2>/dev/null; done; rm -rf "$tmp"; }
+trap cleanup EXIT
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+expect() { if [ "$2" = "$3" ]; then ok; else bad "$1: got '$3', want '$2'"; fi; }
+json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+export FAKE_NVML_FILE=$tmp/gpus
+printf 'poll_ms: 100\ntick_ms: 100\n' >"$tmp/conf.yaml"
+
+start() { # extra args...; sets PORT and PID
+    ("$bin" --config "$tmp/conf.yaml" --listen 127.0.0.1:0 --state "$tmp/state.db" --socket "" \
+        --ratio 1.5 "$@" >"$tmp/out" 2>"$tmp/err") &
+    PID=$!
+    pids+=("$PID")
+    PORT=""
+    for _ in $(seq 1 100); do
+        PORT=$(grep -o 'http://127.0.0.1:[0-9]*' "$tmp/out" 2>/dev/null | head -1 | sed 's/.*://')
+        [ -n "$PORT" ] && break
+        sleep 0.05
+    done
+    [ -n "$PORT" ] || { bad "daemon did not start: $(cat "$tmp/err")"; return 1; }
+}
+U() { echo "http://127.0.0.1:$PORT$1"; }
+pool() { curl -s "$(U /v1/pool)"; }
+wait_for() { # python expression on /v1/pool, tries
+    for _ in $(seq 1 60); do
+        [ "$(pool | json "$1")" = True ] && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+# ---- the pool comes from NVML ----
+cat >"$FAKE_NVML_FILE" <<G
+gpu GPU-aaaa-1111 NVIDIA-A100-SXM4-80GB 81920 500 10
+gpu GPU-bbbb-2222 NVIDIA-A100-SXM4-80GB 81920 700 0
+G
+start --gpus nvml --nvml-lib "$lib" || exit 1
+grep -q "2 GPU(s) from NVML" "$tmp/err" && ok || bad "start-up does not say where the GPUs came from: $(cat "$tmp/err")"
+pool >"$tmp/p"
+expect "two gpus" 2 "$(json 'len(d["gpus"])' <"$tmp/p")"
+expect "uuid" GPU-aaaa-1111,GPU-bbbb-2222 "$(json '",".join(g["uuid"] for g in d["gpus"])' <"$tmp/p")"
+expect "name" NVIDIA-A100-SXM4-80GB "$(json 'd["gpus"][0]["name"]' <"$tmp/p")"
+expect "vram" 81920 "$(json 'd["gpus"][0]["vram_mib"]' <"$tmp/p")"
+# the oversell ratio applies to the whole card; the driver's 1 GiB margin is kept free
+expect "logical" 122880 "$(json 'd["gpus"][0]["logical_mib"]' <"$tmp/p")"
+wait_for '[g["system_mib"] for g in d["gpus"]] == [500, 700]' && ok || bad "NVML memory not seen as system memory: $(pool)"
+uuids=(GPU-aaaa-1111 GPU-bbbb-2222)
+setused() { sed -i "s/^gpu $1 \(\S*\) 81920 [0-9]*/gpu $1 \1 81920 $2/" "$FAKE_NVML_FILE"; }
+gpu_of() { curl -s "$(U /v1/services/$1)" | json 'd["placement"][0]["gpu"]'; }
+
+# ---- memory no service reports is system memory, and it presses ----
+expect "b1" 201 "$(curl -s -o /dev/null -w '%{http_code}' -X POST "$(U /v1/services)" -d '{"id":"b1","class":"batch","vram":"40GiB","min_vram":"20GiB"}')"
+g=$(gpu_of b1)
+curl -s -X POST "$(U /v1/services/b1/ready)" >/dev/null
+curl -s -X PUT "$(U /v1/services/b1/usage)" -d '{"vram_mib":40960}' >/dev/null
+sys0=$([ "$g" = 0 ] && echo 500 || echo 700)
+setused "${uuids[$g]}" $((40960 + sys0))
+wait_for "d['gpus'][$g]['system_mib'] == $sys0 and d['gpus'][$g]['used_mib'] == $((40960 + sys0))" && ok || bad "the service's usage is counted twice: $(pool | json "d['gpus'][$g]")"
+since=$(curl -s "$(U '/v1/events?since=0')" | json 'd["next"]')
+# another process takes 38000 MiB: 40960 + 38000 + sys > 80896 usable
+setused "${uuids[$g]}" $((40960 + sys0 + 38000))
+wait_for "d['gpus'][$g]['system_mib'] == $((sys0 + 38000))" && ok || bad "the other process is not seen: $(pool | json "d['gpus'][$g]")"
+curl -s "$(U "/v1/events?since=$since&wait=5")" >"$tmp/ev"
+expect "pressure degrades the batch service" True "$(json 'any(e["kind"] in ("degrade","evict") and e.get("service")=="b1" for e in d["events"])' <"$tmp/ev")"
+expect "healthz" 200 "$(curl -s -o /dev/null -w '%{http_code}' "$(U /healthz)")"
+setused "${uuids[$g]}" $((20480 + sys0))
+
+# ---- a GPU that is gone after a restart is lost; its services go back to the queue ----
+expect "b2" 201 "$(curl -s -o /dev/null -w '%{http_code}' -X POST "$(U /v1/services)" -d '{"id":"b2","class":"batch","vram":"30GiB","resumable":true,"on_evict":"requeue"}')"
+g2=$(gpu_of b2)
+kill -TERM "$PID"
+wait "$PID" 2>/dev/null
+sed -i "/${uuids[$g2]}/d" "$FAKE_NVML_FILE"
+start --gpus nvml --nvml-lib "$lib" || exit 1
+grep -q "GPU $g2 (${uuids[$g2]}) is not among" "$tmp/err" && ok || bad "the lost GPU is not logged: $(cat "$tmp/err")"
+expect "gpu lost" True "$(pool | json "d['gpus'][$g2]['lost']")"
+curl -s "$(U /v1/services/b2)" >"$tmp/b2"
+expect "gpu_lost event" True "$(curl -s "$(U '/v1/events?since=0')" | json 'any(e["kind"] == "gpu_lost" for e in d["events"])')"
+expect "b2 left the lost GPU" True "$(json "d['state'] == 'queued' or all(p['gpu'] != $g2 for p in d.get('placement', []))" <"$tmp/b2")"
+
+# ---- a GPU that vanishes while running is lost too ----
+kill -TERM "$PID"
+wait "$PID" 2>/dev/null
+rm -f "$tmp/state.db"*
+printf 'gpu GPU-c 1 40960 0 0\ngpu GPU-d 1 40960 0 0\n' >"$FAKE_NVML_FILE"
+start --gpus auto --nvml-lib "$lib" || exit 1
+grep -q "2 GPU(s) from NVML" "$tmp/err" && ok || bad "--gpus auto does not use NVML: $(cat "$tmp/err")"
+printf 'gpu GPU-c 1 40960 0 0\n' >"$FAKE_NVML_FILE"
+wait_for 'd["gpus"][1]["lost"]' && ok || bad "a GPU gone while running is not lost: $(pool)"
+grep -q "GPU 1 (GPU-d) disappeared" "$tmp/err" && ok || bad "the disappearance is not logged"
+kill -TERM "$PID"
+wait "$PID" 2>/dev/null
+
+# ---- no NVML ----
+rm -f "$tmp/state.db"*
+start --gpus auto --nvml-lib "$tmp/none.so" || exit 1
+grep -q "no NVIDIA driver" "$tmp/err" && ok || bad "auto without a driver does not say so: $(cat "$tmp/err")"
+expect "simulated 8 GPUs" 8 "$(pool | json 'len(d["gpus"])')"
+kill -TERM "$PID"
+wait "$PID" 2>/dev/null
+rm -f "$tmp/state.db"*
+"$bin" --listen 127.0.0.1:0 --state "$tmp/state.db" --socket "" --gpus nvml --nvml-lib "$tmp/none.so" >/dev/null 2>"$tmp/err2"
+expect "--gpus nvml without a driver fails" 1 "$?"
+grep -q "gpus nvml:" "$tmp/err2" && ok || bad "no clear error: $(cat "$tmp/err2")"
+# the library answers but with no devices
+: >"$FAKE_NVML_FILE"
+"$bin" --listen 127.0.0.1:0 --state "$tmp/state.db" --socket "" --gpus nvml --nvml-lib "$lib" >/dev/null 2>"$tmp/err2"
+expect "no GPU fails" 1 "$?"
+grep -q "no GPU" "$tmp/err2" && ok || bad "no clear error for zero GPUs: $(cat "$tmp/err2")"
+# an NVML state where the driver is gone: refused, nothing lost
+rm -f "$tmp/state.db"*
+printf 'gpu GPU-e 1 40960 0 0\n' >"$FAKE_NVML_FILE"
+start --gpus nvml --nvml-lib "$lib" || exit 1
+curl -s -X POST "$(U /v1/services)" -d '{"id":"keep","class":"online","vram":"10GiB"}' >/dev/null
+kill -TERM "$PID"
+wait "$PID" 2>/dev/null
+"$bin" --listen 127.0.0.1:0 --state "$tmp/state.db" --socket "" --gpus auto --nvml-lib "$tmp/none.so" >/dev/null 2>"$tmp/err2"
+expect "nvml state without a driver refused" 1 "$?"
+grep -q "NVML does not answer" "$tmp/err2" && ok || bad "no clear error: $(cat "$tmp/err2")"
+start --gpus nvml --nvml-lib "$lib" || exit 1
+expect "the service survived" 200 "$(curl -s -o /dev/null -w '%{http_code}' "$(U /v1/services/keep)")"
+
+echo "test_nvml: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
