@@ -23,6 +23,15 @@
 
 #define BODY_MAX (64 * 1024)
 
+struct deferred {
+    struct deferred *next;
+    struct evhttp_request *req;
+    int code;
+    const char *phrase;
+    struct evbuffer *body;
+    uint64_t ticket;
+};
+
 struct waiter {
     struct waiter *next;
     struct evhttp_request *req;
@@ -69,9 +78,39 @@ static void reply_json(struct osubd *d, struct evhttp_request *req, int code, js
                          : code == 413 ? "Payload Too Large"
                          : code == 422 ? "Unprocessable Entity"
                                        : "Error";
+    count(d, code);
+    if (d->applied_ticket > d->durable_ticket) {
+        /* a command is not on disk yet: nobody hears of it (or of what followed it) before */
+        struct deferred *r = malloc(sizeof(*r));
+        if (r != NULL) {
+            *r = (struct deferred){NULL, req, code, phrase, b, d->applied_ticket};
+            if (d->deferred_tail != NULL)
+                d->deferred_tail->next = r;
+            else
+                d->deferred_head = r;
+            d->deferred_tail = r;
+            return;
+        }
+        /* out of memory: a 503 is honest, the command may or may not become durable */
+        evbuffer_drain(b, evbuffer_get_length(b));
+        code = 503;
+        phrase = "Service Unavailable";
+    }
     evhttp_send_reply(req, code, phrase, b);
     evbuffer_free(b);
-    count(d, code);
+}
+
+void osubd_api_flush(struct osubd *d)
+{
+    while (d->deferred_head != NULL && d->deferred_head->ticket <= d->durable_ticket) {
+        struct deferred *r = d->deferred_head;
+        d->deferred_head = r->next;
+        if (d->deferred_head == NULL)
+            d->deferred_tail = NULL;
+        evhttp_send_reply(r->req, r->code, r->phrase, r->body);
+        evbuffer_free(r->body);
+        free(r);
+    }
 }
 
 static void reply_error(struct osubd *d, struct evhttp_request *req, int code, const char *ecode,
@@ -692,6 +731,15 @@ static void h_metrics(struct osubd *d, struct evhttp_request *req)
     for (int c = 1; c <= 5; c++)
         evbuffer_add_printf(b, "oversub_http_requests_total{code=\"%dxx\"} %llu\n", c,
                             (unsigned long long)d->http_requests[c]);
+    evbuffer_add_printf(b,
+                        "# HELP oversub_store_commits_total Durable transactions of the writer.\n"
+                        "# TYPE oversub_store_commits_total counter\n"
+                        "oversub_store_commits_total %llu\n"
+                        "# HELP oversub_store_commands_total Commands made durable (commands per "
+                        "commit: the grouping).\n"
+                        "# TYPE oversub_store_commands_total counter\n"
+                        "oversub_store_commands_total %llu\n",
+                        (unsigned long long)d->commits, (unsigned long long)d->commit_items);
     evbuffer_add_printf(b, "# HELP oversub_http_request_seconds API request latency.\n"
                            "# TYPE oversub_http_request_seconds histogram\n");
     uint64_t cum = 0;

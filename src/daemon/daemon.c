@@ -13,6 +13,7 @@
 
 #include "command.h"
 #include "nvml.h"
+#include "writer.h"
 #include "oversub/units.h"
 
 void osubd_config_default(struct osubd_config *c)
@@ -74,7 +75,10 @@ static int snapshot_now(struct osubd *d)
     free(snap);
     if (rc == 0) {
         d->since_snapshot = 0;
-        osub_store_trim_events(d->store, d->cfg.events_keep, 0);
+        osub_store_trim_events(d->store, d->cfg.events_keep,
+                               d->cfg.events_days > 0
+                                   ? osubd_unix_ms() - d->cfg.events_days * 86400000LL
+                                   : 0);
     }
     return rc;
 }
@@ -93,6 +97,39 @@ int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *e
     /* log the command and its events before anyone hears of them */
     size_t n;
     const osub_event_t *ev = osub_engine_events(d->e, &n);
+    if (d->writer != NULL) {
+        char **texts = calloc(n ? n : 1, sizeof(*texts));
+        char *ctext = json_dumps(cmd, JSON_COMPACT | JSON_SORT_KEYS);
+        bool ok = texts != NULL && ctext != NULL;
+        for (size_t i = 0; i < n && ok; i++) {
+            json_t *o = event_json(d, &ev[i]);
+            texts[i] = json_dumps(o, JSON_COMPACT);
+            json_decref(o);
+            ok = texts[i] != NULL;
+            int lvl = ev[i].level >= 0 && ev[i].level < 3 ? ev[i].level : 3;
+            d->ev_counts[ev[i].kind][lvl]++;
+        }
+        char *snap = NULL;
+        if (ok && ++d->since_snapshot >= d->cfg.snapshot_every) {
+            snap = osub_engine_save(d->e);
+            ok = snap != NULL;
+            d->since_snapshot = 0;
+        }
+        if (!ok) {
+            fprintf(stderr, "oversubd: out of memory logging a command: stopping\n");
+            d->fatal = true;
+            event_base_loopbreak(d->base);
+            for (size_t i = 0; texts != NULL && i < n; i++)
+                free(texts[i]);
+            free(texts);
+            free(ctext);
+            free(snap);
+            return rc;
+        }
+        d->applied_ticket =
+            osub_writer_add(d->writer, now, now + d->base_unix_ms, ctext, texts, n, snap);
+        return rc;
+    }
     char **texts = calloc(n ? n : 1, sizeof(*texts));
     int64_t *seqs = calloc(n ? n : 1, sizeof(*seqs));
     json_t **objs = calloc(n ? n : 1, sizeof(*objs));
@@ -155,6 +192,7 @@ static void on_signal(evutil_socket_t fd, short what, void *arg)
 
 struct replay {
     osub_engine_t *e;
+    int64_t last_seq;
     int64_t last_ms;
     int64_t n;
     char err[300];
@@ -175,6 +213,7 @@ static int replay_cb(void *arg, int64_t seq, int64_t engine_ms, int64_t unix_ms,
     osub_cmd_apply(r->e, j, engine_ms, NULL, err, sizeof(err));
     json_decref(j);
     r->last_ms = engine_ms;
+    r->last_seq = seq;
     r->n++;
     return 0;
 }
@@ -317,6 +356,32 @@ static void on_poll(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+/* The writer committed (or failed): send the replies it covers, wake long-polls. */
+static void on_writer(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct osubd *d = arg;
+    struct osub_writer_progress p;
+    char err[600];
+    if (osub_writer_progress(d->writer, &p, err, sizeof(err)) != 0) {
+        /* the engine moved and the disk did not: the state on disk is the truth */
+        fprintf(stderr, "oversubd: cannot write the state (%s): stopping\n", err);
+        d->fatal = true;
+        event_base_loopbreak(d->base);
+        return;
+    }
+    d->durable_ticket = p.durable;
+    d->last_seq = p.last_log_seq;
+    d->commits = p.commits;
+    d->commit_items = p.items;
+    osubd_api_flush(d);
+    if (p.last_event_seq > d->last_event_seq) {
+        d->last_event_seq = p.last_event_seq;
+        osubd_api_events_ready(d);
+    }
+}
+
 int osubd_start(struct osubd *d, char *err, size_t errlen)
 {
     char e2[600];
@@ -422,6 +487,7 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
             goto fail;
         }
         d->last_engine_ms = r.last_ms;
+        d->last_seq = r.n > 0 ? r.last_seq : upto;
         osub_pool_info_t pi;
         osub_engine_pool_info(d->e, &pi);
         fprintf(stderr,
@@ -463,6 +529,14 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
         snprintf(err, errlen, "cannot create the event loop");
         return -1;
     }
+    if (osub_writer_start(d->cfg.state_path, d->last_seq, d->cfg.events_keep, d->cfg.events_days,
+                          &d->writer, err, errlen) != 0)
+        return -1;
+    d->writer_ev = event_new(d->base, osub_writer_fd(d->writer), EV_READ | EV_PERSIST, on_writer, d);
+    if (d->writer_ev == NULL || event_add(d->writer_ev, NULL) != 0) {
+        snprintf(err, errlen, "cannot watch the writer");
+        return -1;
+    }
     if (osubd_api_init(d, err, errlen) != 0)
         return -1;
     struct timeval tv = {(time_t)(d->cfg.tick_ms / 1000),
@@ -495,6 +569,15 @@ fail:
 
 void osubd_stop(struct osubd *d)
 {
+    if (d->writer != NULL) {
+        struct osub_writer_progress p;
+        if (osub_writer_stop(d->writer, &p) != 0)
+            d->fatal = true;
+        d->writer = NULL;
+        d->last_seq = p.last_log_seq;
+    }
+    if (d->writer_ev)
+        event_free(d->writer_ev);
     if (d->store != NULL && d->e != NULL && !d->fatal)
         snapshot_now(d);
     if (d->tick_ev)

@@ -24,11 +24,14 @@ struct osubd_config {
     int64_t tick_ms;
     int64_t snapshot_every; /* commands between snapshots */
     int64_t events_keep;
+    int64_t events_days; /* 0: no age limit */
     char nvml_lib[512]; /* "" = libnvidia-ml.so.1 or $OSUB_NVML_LIB */
     int64_t poll_ms;
 };
 
-struct waiter; /* a long-polling GET /v1/events */
+struct waiter;   /* a long-polling GET /v1/events */
+struct deferred; /* a reply held until the writer made its command durable */
+struct osub_writer;
 struct osub_nvml;
 
 struct osubd {
@@ -47,6 +50,13 @@ struct osubd {
     int64_t last_seq;
     int64_t last_event_seq;
     struct waiter *waiters;
+    /* group commit: commands handed to the writer (applied) and on disk (durable); replies
+     * sent while applied > durable wait in deferred until the commit that covers them */
+    struct osub_writer *writer;
+    struct event *writer_ev;
+    uint64_t applied_ticket, durable_ticket;
+    struct deferred *deferred_head, *deferred_tail;
+    uint64_t commits, commit_items;
     bool fatal;
     /* metrics */
     uint64_t http_requests[6]; /* by status class 1xx..5xx, index 0 unused */
@@ -63,8 +73,9 @@ void osubd_config_default(struct osubd_config *c);
 int osubd_start(struct osubd *d, char *err, size_t errlen);
 void osubd_stop(struct osubd *d);
 
-/* Applies a command at the current time, logs it with its events before returning (durable),
- * wakes long-polls. Returns the engine's code; *logged says whether it reached the engine.
+/* Applies a command at the current time and logs it with its events: before returning (no
+ * writer yet, at start-up), or through the writer, in which case every reply is held until
+ * the command is durable. Wakes long-polls once the events are on disk. Returns the engine's code; *logged says whether it reached the engine.
  * OSUB_EINVAL with err for a malformed command. */
 int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *err, size_t errlen);
 
@@ -75,5 +86,7 @@ int64_t osubd_engine_to_unix(const struct osubd *d, int64_t engine_ms);
 /* api.c */
 int osubd_api_init(struct osubd *d, char *err, size_t errlen);
 void osubd_api_events_ready(struct osubd *d);
+/* Sends the held replies whose commands are now durable. */
+void osubd_api_flush(struct osubd *d);
 
 #endif

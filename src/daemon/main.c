@@ -139,6 +139,17 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
                         path, sv);
                 rc = -1;
             }
+        } else if (strcmp(key, "events_keep") == 0 || strcmp(key, "events_days") == 0) {
+            char *end;
+            long long t = strtoll(sv, &end, 10);
+            if (*end != '\0' || sv[0] == '\0' || t < 0 || t > 1000000000LL) {
+                fprintf(stderr, "oversubd: %s: key '%s' must be 0 to 1000000000\n", path, key);
+                rc = -1;
+            }
+            if (key[7] == 'k')
+                c->events_keep = t;
+            else
+                c->events_days = t;
         } else if (strcmp(key, "poll_ms") == 0) {
             char *end;
             long t = strtol(sv, &end, 10);

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 struct osub_store {
     sqlite3 *db;
     sqlite3_stmt *append, *event;
+    bool in_tx; /* inside osub_store_begin: the calls below neither begin nor commit */
     char err[512];
 };
 
@@ -192,9 +194,36 @@ int osub_store_append(osub_store_t *s, int64_t engine_ms, int64_t unix_ms, const
     return 0;
 }
 
-int osub_store_snapshot(osub_store_t *s, const char *body, int64_t upto_seq)
+int osub_store_begin(osub_store_t *s)
 {
     if (exec(s, "BEGIN IMMEDIATE") != 0)
+        return -1;
+    s->in_tx = true;
+    return 0;
+}
+
+int osub_store_commit(osub_store_t *s)
+{
+    s->in_tx = false;
+    if (exec(s, "COMMIT") != 0) {
+        exec(s, "ROLLBACK");
+        return -1;
+    }
+    return 0;
+}
+
+void osub_store_rollback(osub_store_t *s)
+{
+    s->in_tx = false;
+    char keep[512];
+    snprintf(keep, sizeof(keep), "%s", s->err);
+    exec(s, "ROLLBACK");
+    snprintf(s->err, sizeof(s->err), "%s", keep);
+}
+
+int osub_store_snapshot(osub_store_t *s, const char *body, int64_t upto_seq)
+{
+    if (!s->in_tx && exec(s, "BEGIN IMMEDIATE") != 0)
         return -1;
     sqlite3_stmt *st;
     if (sqlite3_prepare_v2(
@@ -214,10 +243,11 @@ int osub_store_snapshot(osub_store_t *s, const char *body, int64_t upto_seq)
     sqlite3_finalize(st);
     if (rc != SQLITE_DONE)
         goto err;
-    return exec(s, "COMMIT");
+    return s->in_tx ? 0 : exec(s, "COMMIT");
 err:
     fail(s, "writing the snapshot");
-    exec(s, "ROLLBACK");
+    if (!s->in_tx)
+        exec(s, "ROLLBACK");
     return -1;
 }
 
@@ -268,7 +298,7 @@ int osub_store_append_with_events(osub_store_t *s, int64_t engine_ms, int64_t un
                                   const char *cmd, const char *const *events, size_t n_events,
                                   int64_t *seq_out, int64_t *ev_seqs)
 {
-    if (exec(s, "BEGIN IMMEDIATE") != 0)
+    if (!s->in_tx && exec(s, "BEGIN IMMEDIATE") != 0)
         return -1;
     if (osub_store_append(s, engine_ms, unix_ms, cmd, seq_out) != 0)
         goto err;
@@ -285,13 +315,14 @@ int osub_store_append_with_events(osub_store_t *s, int64_t engine_ms, int64_t un
     }
     sqlite3_reset(s->append);
     sqlite3_reset(s->event);
-    if (exec(s, "COMMIT") != 0)
+    if (!s->in_tx && exec(s, "COMMIT") != 0)
         goto err;
     return 0;
 err:
     sqlite3_reset(s->append);
     sqlite3_reset(s->event);
-    exec(s, "ROLLBACK");
+    if (!s->in_tx)
+        exec(s, "ROLLBACK");
     return -1;
 }
 

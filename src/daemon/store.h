@@ -33,6 +33,13 @@ int osub_store_append_with_events(osub_store_t *s, int64_t engine_ms, int64_t un
                                   const char *cmd, const char *const *events, size_t n_events,
                                   int64_t *seq_out, int64_t *ev_seqs);
 
+/* One transaction around several calls (the writer's group commit): between begin and
+ * commit, append_with_events and snapshot neither begin nor commit. commit is durable when it
+ * returns 0; on -1 the transaction is rolled back. */
+int osub_store_begin(osub_store_t *s);
+int osub_store_commit(osub_store_t *s);
+void osub_store_rollback(osub_store_t *s);
+
 /* Events with a sequence number above since, oldest first, at most limit; cb gets each. */
 typedef int (*osub_event_cb)(void *arg, int64_t seq, const char *json);
 int osub_store_events(osub_store_t *s, int64_t since, int limit, osub_event_cb cb, void *arg);

@@ -1,0 +1,268 @@
+/* writer.c - the group-commit writer thread (see writer.h) */
+#define _POSIX_C_SOURCE 200809L
+#include "writer.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "store.h"
+
+struct item {
+    struct item *next;
+    int64_t engine_ms, unix_ms;
+    char *cmd;
+    char **events;
+    size_t n_events;
+    char *snapshot;
+};
+
+struct osub_writer {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct item *head, *tail; /* handed over, not yet taken by the thread */
+    bool stopping, failed;
+    char err[512];
+    uint64_t added, durable;
+    int64_t last_log_seq, last_event_seq;
+    uint64_t commits, items;
+    int pipe_rd, pipe_wr;
+    osub_store_t *store;
+    int64_t events_keep, events_days;
+};
+
+static void item_free(struct item *it)
+{
+    for (size_t i = 0; i < it->n_events; i++)
+        free(it->events[i]);
+    free(it->events);
+    free(it->cmd);
+    free(it->snapshot);
+    free(it);
+}
+
+static int64_t unix_ms_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* One transaction for the whole batch. Returns 0 or -1 (rolled back). */
+static int commit_batch(osub_writer_t *w, struct item *batch, int64_t *log_seq, int64_t *ev_seq)
+{
+    if (osub_store_begin(w->store) != 0)
+        return -1;
+    bool trim = false;
+    for (struct item *it = batch; it != NULL; it = it->next) {
+        int64_t seqs[64];
+        int64_t *ev = it->n_events <= 64 ? seqs : malloc(it->n_events * sizeof(*ev));
+        if (ev == NULL ||
+            osub_store_append_with_events(w->store, it->engine_ms, it->unix_ms, it->cmd,
+                                          (const char *const *)it->events, it->n_events, log_seq,
+                                          ev) != 0) {
+            if (ev != seqs)
+                free(ev);
+            osub_store_rollback(w->store);
+            return -1;
+        }
+        if (it->n_events > 0)
+            *ev_seq = ev[it->n_events - 1];
+        if (ev != seqs)
+            free(ev);
+        if (it->snapshot != NULL) {
+            if (osub_store_snapshot(w->store, it->snapshot, *log_seq) != 0) {
+                osub_store_rollback(w->store);
+                return -1;
+            }
+            trim = true;
+        }
+    }
+    if (trim) {
+        int64_t older = w->events_days > 0 ? unix_ms_now() - w->events_days * 86400000LL : 0;
+        if (osub_store_trim_events(w->store, w->events_keep, older) != 0) {
+            osub_store_rollback(w->store);
+            return -1;
+        }
+    }
+    return osub_store_commit(w->store);
+}
+
+static void *run(void *arg)
+{
+    osub_writer_t *w = arg;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (w->head == NULL && !w->stopping)
+            pthread_cond_wait(&w->cv, &w->mu);
+        if (w->head == NULL)
+            break;
+        struct item *batch = w->head;
+        uint64_t upto = w->added;
+        w->head = w->tail = NULL;
+        bool failed = w->failed;
+        int64_t log_seq = w->last_log_seq, ev_seq = w->last_event_seq;
+        pthread_mutex_unlock(&w->mu);
+
+        uint64_t n = 0;
+        for (struct item *it = batch; it != NULL; it = it->next)
+            n++;
+        int rc = failed ? -1 : commit_batch(w, batch, &log_seq, &ev_seq);
+        while (batch != NULL) {
+            struct item *next = batch->next;
+            item_free(batch);
+            batch = next;
+        }
+
+        pthread_mutex_lock(&w->mu);
+        if (rc == 0) {
+            w->durable = upto;
+            w->last_log_seq = log_seq;
+            w->last_event_seq = ev_seq;
+            w->commits++;
+            w->items += n;
+        } else if (!w->failed) {
+            w->failed = true;
+            snprintf(w->err, sizeof(w->err), "%s", osub_store_error(w->store));
+        }
+        /* wake the loop; a full pipe already has a wake-up in it */
+        char c = 1;
+        ssize_t wr = write(w->pipe_wr, &c, 1);
+        (void)wr;
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+int osub_writer_start(const char *path, int64_t last_log_seq, int64_t events_keep,
+                      int64_t events_days, osub_writer_t **out, char *err, size_t errlen)
+{
+    osub_writer_t *w = calloc(1, sizeof(*w));
+    if (w == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    w->last_log_seq = last_log_seq;
+    w->events_keep = events_keep;
+    w->events_days = events_days;
+    int fds[2];
+    if (pipe(fds) != 0) {
+        snprintf(err, errlen, "pipe: %s", strerror(errno));
+        free(w);
+        return -1;
+    }
+    w->pipe_rd = fds[0];
+    w->pipe_wr = fds[1];
+    fcntl(w->pipe_rd, F_SETFL, fcntl(w->pipe_rd, F_GETFL) | O_NONBLOCK);
+    fcntl(w->pipe_wr, F_SETFL, fcntl(w->pipe_wr, F_GETFL) | O_NONBLOCK);
+    fcntl(w->pipe_rd, F_SETFD, FD_CLOEXEC);
+    fcntl(w->pipe_wr, F_SETFD, FD_CLOEXEC);
+    if (osub_store_open(path, &w->store, err, errlen) != 0)
+        goto fail;
+    /* where the log stands, so that progress reads right before the first commit */
+    osub_store_last_event(w->store, &w->last_event_seq);
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    if (pthread_create(&w->thread, NULL, run, w) != 0) {
+        snprintf(err, errlen, "cannot start the writer thread");
+        osub_store_close(w->store);
+        goto fail;
+    }
+    *out = w;
+    return 0;
+fail:
+    close(w->pipe_rd);
+    close(w->pipe_wr);
+    free(w);
+    return -1;
+}
+
+int osub_writer_fd(const osub_writer_t *w)
+{
+    return w->pipe_rd;
+}
+
+uint64_t osub_writer_add(osub_writer_t *w, int64_t engine_ms, int64_t unix_ms, char *cmd,
+                         char **events, size_t n, char *snapshot)
+{
+    struct item *it = calloc(1, sizeof(*it));
+    pthread_mutex_lock(&w->mu);
+    uint64_t ticket = ++w->added;
+    if (it == NULL) {
+        /* nothing can be committed in order any more */
+        w->failed = true;
+        snprintf(w->err, sizeof(w->err), "out of memory handing a command to the writer");
+        for (size_t i = 0; i < n; i++)
+            free(events[i]);
+        free(events);
+        free(cmd);
+        free(snapshot);
+    } else {
+        it->engine_ms = engine_ms;
+        it->unix_ms = unix_ms;
+        it->cmd = cmd;
+        it->events = events;
+        it->n_events = n;
+        it->snapshot = snapshot;
+        if (w->tail != NULL)
+            w->tail->next = it;
+        else
+            w->head = it;
+        w->tail = it;
+    }
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return ticket;
+}
+
+int osub_writer_progress(osub_writer_t *w, struct osub_writer_progress *p, char *err,
+                         size_t errlen)
+{
+    char buf[256];
+    while (read(w->pipe_rd, buf, sizeof(buf)) > 0)
+        ;
+    pthread_mutex_lock(&w->mu);
+    p->durable = w->durable;
+    p->last_log_seq = w->last_log_seq;
+    p->last_event_seq = w->last_event_seq;
+    p->commits = w->commits;
+    p->items = w->items;
+    bool failed = w->failed;
+    if (failed)
+        snprintf(err, errlen, "%s", w->err);
+    pthread_mutex_unlock(&w->mu);
+    return failed ? -1 : 0;
+}
+
+int osub_writer_stop(osub_writer_t *w, struct osub_writer_progress *p)
+{
+    if (w == NULL)
+        return 0;
+    pthread_mutex_lock(&w->mu);
+    w->stopping = true;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->thread, NULL);
+    bool failed = w->failed;
+    if (p != NULL) {
+        p->durable = w->durable;
+        p->last_log_seq = w->last_log_seq;
+        p->last_event_seq = w->last_event_seq;
+        p->commits = w->commits;
+        p->items = w->items;
+    }
+    osub_store_close(w->store);
+    close(w->pipe_rd);
+    close(w->pipe_wr);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w);
+    return failed ? -1 : 0;
+}
