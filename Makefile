@@ -6,7 +6,7 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build run scenario test test-unit test-asan bench bench-engine bench-sim format format-check clean help
+.PHONY: all deps build run scenario test test-unit test-asan bench bench-engine bench-sim bench-daemon format format-check clean help
 
 all: build
 
@@ -16,6 +16,7 @@ help:
 	@echo "make test       install what the suite needs, then run the whole suite (normal + sanitizer builds)"
 	@echo "make bench      run the benchmarks (bench/): engine throughput, latency, instructions, memory"
 	@echo "make bench-sim  the simulator's replay rate (a synthetic week, the GenAI trace)"
+	@echo "make bench-daemon  oversubd on loopback: GET /v1/pool vs nginx, durable mutations vs bare SQLite, RSS"
 	@echo "make format     clang-format every C file in place"
 	@echo "make clean      remove the build folders"
 
@@ -54,7 +55,13 @@ test-asan: deps $(ASAN_BUILD)/CMakeCache.txt
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		ctest --output-on-failure -j $(JOBS)
 
-bench: bench-engine bench-sim
+bench: bench-engine bench-sim bench-daemon
+
+bench-daemon:
+	@scripts/install-deps.sh bench
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS) --target oversubd bench_store
+	./bench/run-daemon.sh $(BUILD)
 
 bench-sim:
 	@scripts/install-deps.sh build

@@ -56,16 +56,43 @@ static void count(struct osubd *d, int code)
         d->http_requests[cls]++;
 }
 
-static void reply_json(struct osubd *d, struct evhttp_request *req, int code, json_t *body)
+static void reply_buf(struct osubd *d, struct evhttp_request *req, int code, struct evbuffer *b);
+
+static void free_text(const void *data, size_t len, void *arg)
+{
+    (void)len;
+    (void)arg;
+    free((void *)data);
+}
+
+/* body's text, with a newline, as one piece (jansson's callback dump adds a piece per token) */
+static void add_json(struct evbuffer *b, json_t *body)
 {
     char *text = json_dumps(body, JSON_COMPACT);
-    json_decref(body);
-    struct evbuffer *b = evbuffer_new();
-    if (text != NULL) {
-        evbuffer_add(b, text, strlen(text));
-        evbuffer_add(b, "\n", 1);
+    if (text == NULL)
+        return;
+    size_t n = strlen(text);
+    char *t2 = realloc(text, n + 2);
+    if (t2 == NULL) {
+        free(text);
+        return;
     }
-    free(text);
+    t2[n] = '\n';
+    t2[n + 1] = '\0';
+    evbuffer_add_reference(b, t2, n + 1, free_text, NULL);
+}
+
+static void reply_json(struct osubd *d, struct evhttp_request *req, int code, json_t *body)
+{
+    struct evbuffer *b = evbuffer_new();
+    add_json(b, body);
+    json_decref(body);
+    reply_buf(d, req, code, b);
+}
+
+/* Sends b (taking it), or holds it while a command is not yet durable. */
+static void reply_buf(struct osubd *d, struct evhttp_request *req, int code, struct evbuffer *b)
+{
     evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
     const char *phrase = code == 200   ? "OK"
                          : code == 201 ? "Created"
@@ -297,7 +324,19 @@ static json_t *service_json(struct osubd *d, const char *id)
 static void h_pool(struct osubd *d, struct evhttp_request *req, enum evhttp_cmd_type m)
 {
     if (m == EVHTTP_REQ_GET) {
-        reply_json(d, req, 200, pool_json(d));
+        /* the pool changes only by commands: its text is kept until the next one */
+        if (d->pool_text == NULL || d->pool_text_version != d->state_version) {
+            free(d->pool_text);
+            json_t *p = pool_json(d);
+            d->pool_text = json_dumps(p, JSON_COMPACT);
+            json_decref(p);
+            d->pool_text_len = d->pool_text ? strlen(d->pool_text) : 0;
+            d->pool_text_version = d->state_version;
+        }
+        struct evbuffer *b = evbuffer_new();
+        evbuffer_add(b, d->pool_text, d->pool_text_len);
+        evbuffer_add(b, "\n", 1);
+        reply_buf(d, req, 200, b);
         return;
     }
     if (m != EVHTTP_REQ_PUT) {
@@ -484,10 +523,22 @@ static void h_services(struct osubd *d, struct evhttp_request *req, enum evhttp_
 {
     if (*rest == '\0') {
         if (m == EVHTTP_REQ_GET) {
-            json_t *arr = json_array();
-            for (size_t i = 0; i < osub_engine_service_count(d->e); i++)
-                json_array_append_new(arr, service_json(d, osub_engine_service_id(d->e, i)));
-            reply_json(d, req, 200, json_pack("{s:o}", "services", arr));
+            /* one service at a time into the buffer: 10,000 services never exist as one
+             * JSON tree */
+            struct evbuffer *b = evbuffer_new();
+            evbuffer_add_printf(b, "{\"services\":[");
+            for (size_t i = 0; i < osub_engine_service_count(d->e); i++) {
+                json_t *o = service_json(d, osub_engine_service_id(d->e, i));
+                char *text = json_dumps(o, JSON_COMPACT);
+                json_decref(o);
+                if (i > 0)
+                    evbuffer_add(b, ",", 1);
+                if (text != NULL)
+                    evbuffer_add(b, text, strlen(text));
+                free(text);
+            }
+            evbuffer_add_printf(b, "]}\n");
+            reply_buf(d, req, 200, b);
         } else if (m == EVHTTP_REQ_POST) {
             bool dry =
                 query != NULL && (strstr(query, "dry_run=1") || strstr(query, "dry_run=true"));

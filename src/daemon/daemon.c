@@ -94,6 +94,7 @@ int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *e
     if (err[0] != '\0' || dry)
         return rc; /* malformed, or a dry run: nothing reached the engine's state */
     d->last_engine_ms = now;
+    d->state_version++;
     /* log the command and its events before anyone hears of them */
     size_t n;
     const osub_event_t *ev = osub_engine_events(d->e, &n);
@@ -578,6 +579,7 @@ void osubd_stop(struct osubd *d)
     }
     if (d->writer_ev)
         event_free(d->writer_ev);
+    free(d->pool_text);
     if (d->store != NULL && d->e != NULL && !d->fatal)
         snapshot_now(d);
     if (d->tick_ev)

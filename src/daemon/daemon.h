@@ -57,6 +57,10 @@ struct osubd {
     uint64_t applied_ticket, durable_ticket;
     struct deferred *deferred_head, *deferred_tail;
     uint64_t commits, commit_items;
+    uint64_t state_version; /* counts the commands applied: cached answers key on it */
+    char *pool_text;        /* GET /v1/pool's body at pool_text_version */
+    size_t pool_text_len;
+    uint64_t pool_text_version;
     bool fatal;
     /* metrics */
     uint64_t http_requests[6]; /* by status class 1xx..5xx, index 0 unused */

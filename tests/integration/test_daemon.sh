@@ -75,6 +75,13 @@ expect "unknown endpoint" 404 "$(code "$(U /v2/things)")"
 expect "bad method" 405 "$(code -X DELETE "$(U /v1/pool)")"
 expect "dry run" 200 "$(code -X POST "$(U '/v1/services?dry_run=1')" -d '{"id":"probe","class":"online","vram":"40GiB"}')"
 expect "dry run changes nothing" 404 "$(code "$(U /v1/services/probe)")"
+# GET /v1/pool's text is cached between commands: a command must show at once
+g1=$(curl -s "$(U /v1/pool)" | json 'd["totals"]["granted_mib"]')
+curl -s -o /dev/null -X POST "$(U /v1/services)" -d '{"id":"cache-probe","class":"experiment","vram_mib":1000}'
+g2=$(curl -s "$(U /v1/pool)" | json 'd["totals"]["granted_mib"]')
+expect "pool follows a submit" 1000 "$((g2 - g1))"
+curl -s -o /dev/null -X DELETE "$(U /v1/services/cache-probe)"
+expect "pool follows a release" "$g1" "$(curl -s "$(U /v1/pool)" | json 'd["totals"]["granted_mib"]')"
 
 # ---- usage, ready, pending, ack ----
 expect "ready" 200 "$(code -X POST "$(U /v1/services/model-eval/ready)")"
@@ -192,6 +199,14 @@ for c in $(seq 1 8); do
     ) &
 done
 sleep 1.5
+# the writer groups the concurrent clients' commits
+curl -s "$(U /metrics)" >"$tmp/m2"
+expect "group commit counted" True "$(python3 -c "
+import re,sys
+t=open('$tmp/m2').read()
+c=int(re.search(r'^oversub_store_commits_total (\d+)', t, re.M).group(1))
+m=int(re.search(r'^oversub_store_commands_total (\d+)', t, re.M).group(1))
+print(c >= 1 and m >= c)")"
 kill -9 "$PID"
 wait 2>/dev/null
 start "$tmp/a" || exit 1
