@@ -103,7 +103,7 @@ for r in $(seq 1 "$runs"); do
     awk -v t="$total" -v s="$secs" -v n="${non2xx:-0}" 'BEGIN {printf "%.0f\n", (t-n)/s}' >>"$tmp/mut.ours"
     curl -s "http://127.0.0.1:$PORT/metrics" |
         awk '/^oversub_store_commits_total/ {c=$2} /^oversub_store_commands_total/ {m=$2} END {printf "%.1f\n", m/c}' >>"$tmp/mut.group"
-    [ "${non2xx:-0}" = 0 ] || echo "run $r: $non2xx responses were not 2xx" >&2
+    [ "${non2xx:-0}" = 0 ] || echo "run $r: $non2xx responses were not 2xx (left out; see mutations.lua)" >&2
     stop_daemon
     "$build/bench/bench_store" "$tmp/bare$r.db" 2000 | awk '{print $6}' >>"$tmp/mut.bare"
 done
