@@ -443,6 +443,12 @@ static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dr
     if (body == NULL)
         body = json_object();
     json_object_set_new(body, "decision", dec);
+    if (!dry) {
+        /* for the service's own calls: usage, ready, ack, exited */
+        char tok[65];
+        osubd_service_token(d, sp.id, tok);
+        json_object_set_new(body, "token", json_string(tok));
+    }
     int code = r.outcome == OSUB_SUBMIT_STARTED ? 201 : r.outcome == OSUB_SUBMIT_EXISTS ? 200 : 202;
     if (dry)
         code = 200;
@@ -820,6 +826,19 @@ static bool mutating(enum evhttp_cmd_type m)
            m == EVHTTP_REQ_DELETE;
 }
 
+/* Compares a presented secret with the right one in time that does not depend on where they
+ * differ. */
+static bool same_secret(const char *given, const char *want)
+{
+    size_t n = strlen(want);
+    if (strlen(given) != n)
+        return false;
+    unsigned char diff = 0;
+    for (size_t i = 0; i < n; i++)
+        diff |= (unsigned char)(given[i] ^ want[i]);
+    return diff == 0;
+}
+
 static void on_request(struct evhttp_request *req, void *arg)
 {
     struct osubd *d = arg;
@@ -835,9 +854,25 @@ static void on_request(struct evhttp_request *req, void *arg)
             evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
         char want[300];
         snprintf(want, sizeof(want), "Bearer %s", d->cfg.token);
-        if (auth == NULL || strcmp(auth, want) != 0) {
+        bool allowed = auth != NULL && same_secret(auth, want);
+        /* a service's own calls may carry its token instead */
+        const char *sid = strncmp(path, "/v1/services/", 13) == 0 ? path + 13 : NULL;
+        const char *slash = sid ? strchr(sid, '/') : NULL;
+        bool own = slash != NULL && slash - sid < 128 &&
+                   (strcmp(slash, "/usage") == 0 || strcmp(slash, "/ready") == 0 ||
+                    strcmp(slash, "/ack") == 0 || strcmp(slash, "/exited") == 0);
+        if (!allowed && own && auth != NULL && strncmp(auth, "Bearer ", 7) == 0) {
+            char id[129], tok[65];
+            memcpy(id, sid, (size_t)(slash - sid));
+            id[slash - sid] = '\0';
+            osubd_service_token(d, id, tok);
+            allowed = same_secret(auth + 7, tok);
+        }
+        if (!allowed) {
             reply_error(d, req, 401, "unauthorized",
-                        "this request needs Authorization: Bearer <the admin token>");
+                        own ? "this request needs Authorization: Bearer <the service's token "
+                              "(from its admission) or the admin token>"
+                            : "this request needs Authorization: Bearer <the admin token>");
             goto done;
         }
     }

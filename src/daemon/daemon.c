@@ -3,6 +3,7 @@
 #include "daemon.h"
 
 #include <errno.h>
+#include <sys/random.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 
 #include "command.h"
 #include "nvml.h"
+#include "sha256.h"
 #include "writer.h"
 #include "oversub/units.h"
 
@@ -357,6 +359,53 @@ static void on_poll(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+/* The key per-service tokens derive from: random, made with the state, kept in it (mode 0600),
+ * so tokens survive restarts. */
+static int load_service_key(struct osubd *d, char *err, size_t errlen)
+{
+    char *hexkey = NULL;
+    osub_store_meta_get(d->store, "service_key", &hexkey);
+    if (hexkey == NULL) {
+        uint8_t k[32];
+        if (getrandom(k, sizeof(k), 0) != (ssize_t)sizeof(k)) {
+            snprintf(err, errlen, "cannot read random bytes for the service key: %s",
+                     strerror(errno));
+            return -1;
+        }
+        char h[65];
+        for (int i = 0; i < 32; i++)
+            snprintf(h + 2 * i, 3, "%02x", k[i]);
+        if (osub_store_meta_set(d->store, "service_key", h) != 0) {
+            snprintf(err, errlen, "%s: %s", d->cfg.state_path, osub_store_error(d->store));
+            return -1;
+        }
+        memcpy(d->service_key, k, 32);
+        return 0;
+    }
+    bool ok = strlen(hexkey) == 64;
+    for (int i = 0; i < 32 && ok; i++) {
+        unsigned v;
+        ok = sscanf(hexkey + 2 * i, "%2x", &v) == 1;
+        d->service_key[i] = (uint8_t)v;
+    }
+    free(hexkey);
+    if (!ok) {
+        snprintf(err, errlen, "%s: the stored service key is damaged", d->cfg.state_path);
+        return -1;
+    }
+    return 0;
+}
+
+void osubd_service_token(const struct osubd *d, const char *id, char out[65])
+{
+    char msg[160];
+    int n = snprintf(msg, sizeof(msg), "oversub service token:%s", id);
+    uint8_t mac[32];
+    osub_hmac_sha256(d->service_key, 32, msg, (size_t)n, mac);
+    for (int i = 0; i < 32; i++)
+        snprintf(out + 2 * i, 3, "%02x", mac[i]);
+}
+
 /* The writer committed (or failed): send the replies it covers, wake long-polls. */
 static void on_writer(evutil_socket_t fd, short what, void *arg)
 {
@@ -401,6 +450,8 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
         snprintf(err, errlen, "%s", e2);
         return -1;
     }
+    if (load_service_key(d, err, errlen) != 0)
+        return -1;
     char *pool = NULL, *base = NULL;
     osub_store_meta_get(d->store, "pool", &pool);
     osub_store_meta_get(d->store, "base_unix_ms", &base);

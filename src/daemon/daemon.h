@@ -57,6 +57,7 @@ struct osubd {
     uint64_t applied_ticket, durable_ticket;
     struct deferred *deferred_head, *deferred_tail;
     uint64_t commits, commit_items;
+    uint8_t service_key[32]; /* per-service tokens: HMAC-SHA256(key, id) */
     uint64_t state_version; /* counts the commands applied: cached answers key on it */
     char *pool_text;        /* GET /v1/pool's body at pool_text_version */
     size_t pool_text_len;
@@ -82,6 +83,10 @@ void osubd_stop(struct osubd *d);
  * the command is durable. Wakes long-polls once the events are on disk. Returns the engine's code; *logged says whether it reached the engine.
  * OSUB_EINVAL with err for a malformed command. */
 int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *err, size_t errlen);
+
+/* The token a service's own calls (usage, ready, ack, exited) may carry instead of the admin
+ * token: 64 hex digits. */
+void osubd_service_token(const struct osubd *d, const char *id, char out[65]);
 
 /* Unix ms now, and its engine time. */
 int64_t osubd_unix_ms(void);

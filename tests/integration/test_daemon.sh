@@ -233,6 +233,21 @@ start "$tmp/b" --token-file "$tmp/token" || exit 1
 expect "no token" 401 "$(code -X POST "$(U /v1/services)" -d '{"id":"t","vram_mib":5}')"
 expect "reads need none" 200 "$(code "$(U /v1/pool)")"
 expect "token" 201 "$(code -X POST "$(U /v1/services)" -H 'Authorization: Bearer s3cret' -d '{"id":"t","vram_mib":5}')"
+ttok=$(json 'd["token"]' <"$tmp/body")
+expect "service token: 64 hex digits" 64 "$(echo -n "$ttok" | tr -cd '0-9a-f' | wc -c)"
+curl -s -X POST "$(U /v1/services)" -H 'Authorization: Bearer s3cret' -d '{"id":"u","vram_mib":5}' >"$tmp/u"
+utok=$(json 'd["token"]' <"$tmp/u")
+[ "$ttok" != "$utok" ] && ok || bad "two services got the same token"
+expect "own token: ready" 200 "$(code -X POST "$(U /v1/services/t/ready)" -H "Authorization: Bearer $ttok")"
+expect "own token: usage" 200 "$(code -X PUT "$(U /v1/services/t/usage)" -H "Authorization: Bearer $ttok" -d '{"vram_mib":3}')"
+expect "another service's token" 401 "$(code -X PUT "$(U /v1/services/t/usage)" -H "Authorization: Bearer $utok" -d '{"vram_mib":3}')"
+expect "no token for usage" 401 "$(code -X PUT "$(U /v1/services/t/usage)" -d '{"vram_mib":3}')"
+expect "service token cannot release" 401 "$(code -X DELETE "$(U /v1/services/t)" -H "Authorization: Bearer $ttok")"
+expect "admin token: usage" 200 "$(code -X PUT "$(U /v1/services/u/usage)" -H 'Authorization: Bearer s3cret' -d '{"vram_mib":2}')"
+expect "reads do not show tokens" False "$(curl -s "$(U /v1/services/t)" | json '"token" in d')"
+kill -TERM "$PID"; wait "$PID" 2>/dev/null
+start "$tmp/b" --token-file "$tmp/token" || exit 1
+expect "service token survives a restart" 200 "$(code -X PUT "$(U /v1/services/t/usage)" -H "Authorization: Bearer $ttok" -d '{"vram_mib":4}')"
 kill -TERM "$PID"; wait "$PID" 2>/dev/null
 "$bin" --listen 0.0.0.0:0 --state "$tmp/c.db" --socket "" >/dev/null 2>"$tmp/err3"
 expect "non-loopback without a token" 2 "$?"

@@ -11,6 +11,7 @@
 
 #include "command.h"
 #include "helpers.h"
+#include "sha256.h"
 #include "store.h"
 
 static char dir[] = "/tmp/osub-store-XXXXXX";
@@ -278,6 +279,46 @@ static int teardown(void **state)
     return system(cmd) == 0 ? 0 : -1;
 }
 
+static void hex(const uint8_t *b, char *out)
+{
+    for (int i = 0; i < 32; i++)
+        sprintf(out + 2 * i, "%02x", b[i]);
+}
+
+/* the per-service tokens' hash against FIPS 180-4's and RFC 4231's published vectors */
+static void test_sha256_vectors(void **state)
+{
+    (void)state;
+    uint8_t d[32];
+    char h[65];
+    osub_sha256("abc", 3, d);
+    hex(d, h);
+    assert_string_equal(h, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    osub_sha256("", 0, d);
+    hex(d, h);
+    assert_string_equal(h, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    const char *m56 = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+    osub_sha256(m56, strlen(m56), d);
+    hex(d, h);
+    assert_string_equal(h, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+    char *million = malloc(1000000);
+    assert_non_null(million);
+    memset(million, 'a', 1000000);
+    osub_sha256(million, 1000000, d);
+    free(million);
+    hex(d, h);
+    assert_string_equal(h, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+    osub_hmac_sha256("Jefe", 4, "what do ya want for nothing?", 28, d);
+    hex(d, h);
+    assert_string_equal(h, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+    uint8_t key[131];
+    memset(key, 0xaa, sizeof(key));
+    const char *big = "Test Using Larger Than Block-Size Key - Hash Key First";
+    osub_hmac_sha256(key, sizeof(key), big, strlen(big), d);
+    hex(d, h);
+    assert_string_equal(h, "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -285,6 +326,7 @@ int main(void)
         cmocka_unit_test(test_committed_survives_kill9),
         cmocka_unit_test(test_foreign_and_corrupt_refused),
         cmocka_unit_test(test_malformed_commands),
+        cmocka_unit_test(test_sha256_vectors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
