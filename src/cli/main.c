@@ -13,6 +13,7 @@
 
 #include "advise.h"
 #include "daemon_cmds.h"
+#include "demo.h"
 #include "oversub/units.h"
 #include "report.h"
 #include "sim.h"
@@ -30,6 +31,8 @@ static void usage_main(FILE *f)
             "Commands that talk to oversubd (its Unix socket var/oversub.sock when present, else\n"
             "--url or OVERSUB_URL, http://127.0.0.1:7070 by default; token from OVERSUB_TOKEN;\n"
             "--json for JSON):\n"
+            "  demo [--url URL]               DESIGN.md's worked scenario on a daemon of its own,\n"
+            "                                 narrated decision by decision\n"
             "  status                         GPUs and services, as a table\n"
             "  deploy ID --class C --vram S   submit a service ([--min-vram S] [--gpus N]\n"
             "                                 [--compute P] [--exclusive] [--resumable]\n"
@@ -547,6 +550,8 @@ int main(int argc, char **argv)
         return cli_daemon_cmd(argc - 1, argv + 1); /* global options first */
     if (strcmp(cmd, "simulate") == 0)
         return cmd_simulate(argc - 1, argv + 1);
+    if (strcmp(cmd, "demo") == 0)
+        return cli_demo(argc - 1, argv + 1);
     if (strcmp(cmd, "advise") == 0)
         return cmd_advise(argc - 1, argv + 1);
     static const char *const daemon_cmds[] = {"status", "deploy",  "resize", "release", "usage",

@@ -167,6 +167,22 @@ if [ -n "$cli" ]; then
     expect "cli release" 0 "$?"
     C queue >/dev/null
     expect "cli queue" 0 "$?"
+    # the demo: a daemon of its own in a temporary folder, the worked scenario, narrated
+    ls -d /tmp/oversub-demo.* 2>/dev/null | sort >"$tmp/demo.before"
+    OVERSUBD=$bin "$cli" demo >"$tmp/demo" 2>&1
+    expect "cli demo" 0 "$?"
+    grep -q "\[degrade\] degraded model-eval" "$tmp/demo" && ok || bad "demo: no degrade narrated: $(cat "$tmp/demo")"
+    grep -q "\[start\] started chat-3" "$tmp/demo" && ok || bad "demo: chat-3 did not start"
+    grep -q "held 471040 of 655360 MiB (71.9%)" "$tmp/demo" && ok || bad "demo: step 1's figures"
+    ls -d /tmp/oversub-demo.* 2>/dev/null | sort >"$tmp/demo.after"
+    expect "demo cleans up" "" "$(comm -13 "$tmp/demo.before" "$tmp/demo.after")"
+    "$cli" demo --bogus >/dev/null 2>&1
+    expect "demo bad flag" 2 "$?"
+    "$cli" demo --url http://127.0.0.1:1 >/dev/null 2>&1
+    expect "demo unreachable" 3 "$?"
+    OVERSUBD=/nonexistent/oversubd "$cli" demo >/dev/null 2>"$tmp/demo.err"
+    expect "demo without oversubd" 3 "$?"
+    grep -q "did not start" "$tmp/demo.err" && ok || bad "demo: no clear error when oversubd is missing"
 fi
 
 # ---- restart: clean, then the same state ----
