@@ -297,6 +297,9 @@ static json_t *service_json(struct osubd *d, const char *id)
                                             "held_mib", (json_int_t)si.slots[i].held_mib,
                                             "used_mib", (json_int_t)si.slots[i].used_mib));
     json_object_set_new(o, "placement", pl);
+    json_t *pid = json_object_get(d->pids, id);
+    if (pid != NULL)
+        json_object_set(o, "pid", pid);
     json_object_set_new(o, "since_unix_ms", json_integer(osubd_engine_to_unix(d, si.since_ms)));
     if (si.deadline_ms > 0)
         json_object_set_new(o, "deadline_unix_ms",
@@ -465,13 +468,32 @@ static void h_service_cmd(struct osubd *d, struct evhttp_request *req, const cha
     static const char *const f_ck[] = {"checkpoint", NULL};
     static const char *const f_none[] = {NULL};
     static const char *const f_resize[] = {"vram_mib", "min_vram_mib", "batch_size", NULL};
-    const char *const *allowed = strcmp(op, "usage") == 0                                 ? f_usage
-                                 : strcmp(op, "resize") == 0                              ? f_resize
-                                 : strcmp(op, "ready") == 0 || strcmp(op, "release") == 0 ? f_none
-                                                                                          : f_ck;
+    static const char *const f_ready[] = {"pid", NULL};
+    const char *const *allowed = strcmp(op, "usage") == 0     ? f_usage
+                                 : strcmp(op, "resize") == 0  ? f_resize
+                                 : strcmp(op, "ready") == 0   ? f_ready
+                                 : strcmp(op, "release") == 0 ? f_none
+                                                              : f_ck;
     if (!only_fields(d, req, j, allowed)) {
         json_decref(j);
         return;
+    }
+    /* ready may name the service's process: NVML's memory for that PID becomes its usage */
+    json_t *pid = json_object_get(j, "pid");
+    json_t *old_pid = NULL;
+    if (pid != NULL) {
+        if (!json_is_integer(pid) || json_integer_value(pid) < 1 ||
+            json_integer_value(pid) > 4194304) {
+            json_decref(j);
+            reply_error(d, req, 422, "invalid_argument", "\"pid\" must be a process id (1 to 4194304)");
+            return;
+        }
+        if (osub_engine_service_info(d->e, id, &(osub_service_info_t){0}) == 0) {
+            old_pid = json_incref(json_object_get(d->pids, id));
+            json_object_set(d->pids, id, pid);
+            d->pids_dirty = true;
+        }
+        json_object_del(j, "pid");
     }
     /* the per-GPU form takes objects {gpu, vram_mib}: turn it into the command's list */
     json_t *gpus = json_object_get(j, "gpus");
@@ -510,6 +532,14 @@ static void h_service_cmd(struct osubd *d, struct evhttp_request *req, const cha
     char err[256];
     int rc = osubd_apply(d, j, NULL, err, sizeof(err));
     json_decref(j);
+    if ((err[0] || rc != 0) && pid != NULL && json_object_get(d->pids, id) != NULL) {
+        /* refused: the process is not the service's after all */
+        if (old_pid != NULL)
+            json_object_set(d->pids, id, old_pid);
+        else
+            json_object_del(d->pids, id);
+    }
+    json_decref(old_pid);
     if (err[0]) {
         reply_error(d, req, 422, "invalid_argument", err);
         return;

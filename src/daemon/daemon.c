@@ -129,8 +129,13 @@ int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *e
             free(snap);
             return rc;
         }
-        d->applied_ticket =
-            osub_writer_add(d->writer, now, now + d->base_unix_ms, ctext, texts, n, snap);
+        char *pids = NULL;
+        if (d->pids_dirty) {
+            pids = json_dumps(d->pids, JSON_COMPACT | JSON_SORT_KEYS);
+            d->pids_dirty = pids == NULL;
+        }
+        d->applied_ticket = osub_writer_add(d->writer, now, now + d->base_unix_ms, ctext, texts,
+                                            n, snap, pids);
         return rc;
     }
     char **texts = calloc(n ? n : 1, sizeof(*texts));
@@ -144,6 +149,12 @@ int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *e
         ok = texts[i] != NULL;
         int lvl = ev[i].level >= 0 && ev[i].level < 3 ? ev[i].level : 3;
         d->ev_counts[ev[i].kind][lvl]++;
+    }
+    if (ok && d->pids_dirty) {
+        char *pids = json_dumps(d->pids, JSON_COMPACT | JSON_SORT_KEYS);
+        ok = pids != NULL && osub_store_meta_set(d->store, "service_pids", pids) == 0;
+        free(pids);
+        d->pids_dirty = !ok;
     }
     if (ok && osub_store_append_with_events(d->store, now, now + d->base_unix_ms, ctext,
                                             (const char *const *)texts, n, &d->last_seq, seqs) != 0)
@@ -315,6 +326,52 @@ static void check_gpus_found(struct osubd *d)
     free(stored);
 }
 
+/* Services that told their PID (POST .../ready {"pid"}): their processes' memory on each of
+ * their GPUs, from NVML, becomes their usage (a command only when it changed). PIDs of
+ * services that are gone are forgotten. */
+static void report_process_usage(struct osubd *d, const struct nvml_gpu *g, size_t k)
+{
+    const char *id;
+    json_t *pv;
+    void *tmp;
+    json_object_foreach_safe(d->pids, tmp, id, pv)
+    {
+        osub_service_info_t si;
+        if (osub_engine_service_info(d->e, id, &si) != 0) {
+            json_object_del(d->pids, id);
+            d->pids_dirty = true;
+            continue;
+        }
+        json_int_t pid = json_integer_value(pv);
+        json_t *per = json_array();
+        bool changed = false, seen = false;
+        for (int32_t s = 0; s < si.n_slots; s++) {
+            int64_t mib = 0;
+            const char *uuid = si.slots[s].gpu < d->n_uuids ? d->uuids[si.slots[s].gpu] : "";
+            for (size_t j = 0; j < k; j++) {
+                if (strcmp(g[j].uuid, uuid) != 0)
+                    continue;
+                for (int32_t p = 0; p < g[j].n_procs; p++)
+                    if ((json_int_t)g[j].procs[p].pid == pid) {
+                        mib += g[j].procs[p].used_mib;
+                        seen = true;
+                    }
+            }
+            changed = changed || mib != si.slots[s].used_mib;
+            json_array_append_new(per, json_integer(mib));
+        }
+        /* a process not (yet) on any GPU: nothing to say */
+        if (seen && changed) {
+            json_t *cmd = json_pack("{s:s, s:s, s:o}", "op", "usage", "id", id, "gpus", per);
+            char err[256];
+            osubd_apply(d, cmd, NULL, err, sizeof(err));
+            json_decref(cmd);
+        } else {
+            json_decref(per);
+        }
+    }
+}
+
 /* The monitor: NVML's view of each GPU. Memory in use that no service reports counts as
  * system (the driver, contexts, processes oversub does not know); a GPU that vanished is
  * lost. */
@@ -330,6 +387,7 @@ static void on_poll(evutil_socket_t fd, short what, void *arg)
         fprintf(stderr, "oversubd: NVML: %s\n", err);
         return;
     }
+    report_process_usage(d, g, k);
     for (int32_t i = 0; i < d->n_uuids; i++) {
         osub_gpu_info_t gi;
         if (osub_engine_gpu_info(d->e, i, &gi) != 0 || gi.lost)
@@ -452,6 +510,14 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
     }
     if (load_service_key(d, err, errlen) != 0)
         return -1;
+    char *pids = NULL;
+    osub_store_meta_get(d->store, "service_pids", &pids);
+    d->pids = pids ? json_loads(pids, 0, NULL) : NULL;
+    free(pids);
+    if (!json_is_object(d->pids)) {
+        json_decref(d->pids);
+        d->pids = json_object();
+    }
     char *pool = NULL, *base = NULL;
     osub_store_meta_get(d->store, "pool", &pool);
     osub_store_meta_get(d->store, "base_unix_ms", &base);
@@ -631,6 +697,7 @@ void osubd_stop(struct osubd *d)
     if (d->writer_ev)
         event_free(d->writer_ev);
     free(d->pool_text);
+    json_decref(d->pids);
     if (d->store != NULL && d->e != NULL && !d->fatal)
         snapshot_now(d);
     if (d->tick_ev)

@@ -57,6 +57,8 @@ struct osubd {
     uint64_t applied_ticket, durable_ticket;
     struct deferred *deferred_head, *deferred_tail;
     uint64_t commits, commit_items;
+    json_t *pids;    /* service id -> the PID of its process (NVML's memory per process) */
+    bool pids_dirty; /* changed since the last command handed to the store */
     uint8_t service_key[32]; /* per-service tokens: HMAC-SHA256(key, id) */
     uint64_t state_version; /* counts the commands applied: cached answers key on it */
     char *pool_text;        /* GET /v1/pool's body at pool_text_version */

@@ -16,6 +16,12 @@ struct nvml_memory {
 struct nvml_util {
     unsigned int gpu, memory;
 };
+struct nvml_process {
+    unsigned int pid;
+    unsigned long long used_bytes;
+    unsigned int gpu_instance, compute_instance;
+};
+#define NVML_INSUFFICIENT_SIZE 7
 
 struct osub_nvml {
     void *lib;
@@ -27,6 +33,7 @@ struct osub_nvml {
     nvml_ret (*uuid)(nvml_dev, char *, unsigned int);
     nvml_ret (*memory)(nvml_dev, struct nvml_memory *);
     nvml_ret (*util)(nvml_dev, struct nvml_util *);
+    nvml_ret (*procs)(nvml_dev, unsigned int *, struct nvml_process *); /* optional */
 };
 
 int osub_nvml_open(const char *path, osub_nvml_t **out, char *err, size_t errlen)
@@ -57,6 +64,9 @@ int osub_nvml_open(const char *path, osub_nvml_t **out, char *err, size_t errlen
     *(void **)&n->uuid = dlsym(n->lib, "nvmlDeviceGetUUID");
     *(void **)&n->memory = dlsym(n->lib, "nvmlDeviceGetMemoryInfo");
     *(void **)&n->util = dlsym(n->lib, "nvmlDeviceGetUtilizationRates");
+    *(void **)&n->procs = dlsym(n->lib, "nvmlDeviceGetComputeRunningProcesses_v3");
+    if (n->procs == NULL)
+        *(void **)&n->procs = dlsym(n->lib, "nvmlDeviceGetComputeRunningProcesses_v2");
     if (!n->init || !n->shutdown || !n->count || !n->handle || !n->name || !n->uuid ||
         !n->memory || !n->util) {
         snprintf(err, errlen, "%s lacks the NVML calls oversubd needs", path);
@@ -109,6 +119,21 @@ int osub_nvml_read(osub_nvml_t *n, struct nvml_gpu *gpus, size_t cap, size_t *n_
         g->total_mib = (int64_t)(m.total >> 20);
         g->used_mib = (int64_t)((m.used + (1u << 20) - 1) >> 20);
         g->util_pct = (int32_t)u.gpu;
+        g->n_procs = -1;
+        if (n->procs != NULL) {
+            struct nvml_process pr[OSUB_NVML_PROCS];
+            unsigned int np = OSUB_NVML_PROCS;
+            nvml_ret prc = n->procs(d, &np, pr);
+            if (prc == 0 || prc == NVML_INSUFFICIENT_SIZE) {
+                /* more processes than we keep: the rest count as system memory */
+                g->n_procs = 0;
+                for (unsigned int p = 0; prc == 0 && p < np && p < OSUB_NVML_PROCS; p++) {
+                    g->procs[p].pid = pr[p].pid;
+                    g->procs[p].used_mib = (int64_t)((pr[p].used_bytes + (1u << 20) - 1) >> 20);
+                    g->n_procs = (int32_t)p + 1;
+                }
+            }
+        }
         k++;
     }
     *n_out = k;

@@ -6,11 +6,21 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define OSUB_NVML_PROCS 32
+
+struct nvml_proc {
+    uint32_t pid;
+    int64_t used_mib;
+};
+
 struct nvml_gpu {
     char uuid[96];
     char name[96];
     int64_t total_mib, used_mib;
     int32_t util_pct;
+    /* compute processes and their memory (n_procs -1: this NVML cannot list them) */
+    struct nvml_proc procs[OSUB_NVML_PROCS];
+    int32_t n_procs;
 };
 
 typedef struct osub_nvml osub_nvml_t;

@@ -21,6 +21,7 @@ struct item {
     char **events;
     size_t n_events;
     char *snapshot;
+    char *pids;
 };
 
 struct osub_writer {
@@ -45,6 +46,7 @@ static void item_free(struct item *it)
     free(it->events);
     free(it->cmd);
     free(it->snapshot);
+    free(it->pids);
     free(it);
 }
 
@@ -77,6 +79,10 @@ static int commit_batch(osub_writer_t *w, struct item *batch, int64_t *log_seq, 
             *ev_seq = ev[it->n_events - 1];
         if (ev != seqs)
             free(ev);
+        if (it->pids != NULL && osub_store_meta_set(w->store, "service_pids", it->pids) != 0) {
+            osub_store_rollback(w->store);
+            return -1;
+        }
         if (it->snapshot != NULL) {
             if (osub_store_snapshot(w->store, it->snapshot, *log_seq) != 0) {
                 osub_store_rollback(w->store);
@@ -190,7 +196,7 @@ int osub_writer_fd(const osub_writer_t *w)
 }
 
 uint64_t osub_writer_add(osub_writer_t *w, int64_t engine_ms, int64_t unix_ms, char *cmd,
-                         char **events, size_t n, char *snapshot)
+                         char **events, size_t n, char *snapshot, char *pids)
 {
     struct item *it = calloc(1, sizeof(*it));
     pthread_mutex_lock(&w->mu);
@@ -204,6 +210,7 @@ uint64_t osub_writer_add(osub_writer_t *w, int64_t engine_ms, int64_t unix_ms, c
         free(events);
         free(cmd);
         free(snapshot);
+        free(pids);
     } else {
         it->engine_ms = engine_ms;
         it->unix_ms = unix_ms;
@@ -211,6 +218,7 @@ uint64_t osub_writer_add(osub_writer_t *w, int64_t engine_ms, int64_t unix_ms, c
         it->events = events;
         it->n_events = n;
         it->snapshot = snapshot;
+        it->pids = pids;
         if (w->tail != NULL)
             w->tail->next = it;
         else

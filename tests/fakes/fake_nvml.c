@@ -1,6 +1,7 @@
 /* fake_nvml.c - a stand-in for libnvidia-ml.so.1 for tests: GPUs and their memory come from a
  * script file (FAKE_NVML_FILE), read again on every call so a test can change them live.
- * Lines: "gpu UUID NAME TOTAL_MIB USED_MIB UTIL_PCT" (one per device, in index order).
+ * Lines: "gpu UUID NAME TOTAL_MIB USED_MIB UTIL_PCT" (one per device, in index order) and
+ * "proc UUID PID USED_MIB" (a compute process on that device).
  * Only the calls oversubd makes exist. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +22,15 @@ struct dev {
     unsigned int util;
 };
 
+struct proc {
+    char uuid[96];
+    unsigned int pid;
+    unsigned long long used_mib;
+};
+
 static struct dev devs[64];
+static struct proc procs[256];
+static unsigned int n_procs;
 static unsigned int n_devs;
 static int inited;
 
@@ -32,12 +41,17 @@ static int load(void)
     if (f == NULL)
         return -1;
     n_devs = 0;
+    n_procs = 0;
     char line[512];
-    while (fgets(line, sizeof(line), f) && n_devs < 64) {
-        struct dev *d = &devs[n_devs];
-        if (sscanf(line, "gpu %95s %95s %llu %llu %u", d->uuid, d->name, &d->total_mib,
-                   &d->used_mib, &d->util) == 5)
+    while (fgets(line, sizeof(line), f)) {
+        struct dev *d = &devs[n_devs < 64 ? n_devs : 63];
+        struct proc *p = &procs[n_procs < 256 ? n_procs : 255];
+        if (n_devs < 64 && sscanf(line, "gpu %95s %95s %llu %llu %u", d->uuid, d->name,
+                                  &d->total_mib, &d->used_mib, &d->util) == 5)
             n_devs++;
+        else if (n_procs < 256 &&
+                 sscanf(line, "proc %95s %u %llu", p->uuid, &p->pid, &p->used_mib) == 3)
+            n_procs++;
     }
     fclose(f);
     return 0;
@@ -126,4 +140,34 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t h, nvmlUtilization_t *u)
     u->gpu = d->util;
     u->memory = 0;
     return 0;
+}
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_t;
+
+/* NVML's contract: with too small a buffer, the count needed and NVML_ERROR_INSUFFICIENT_SIZE */
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t h, unsigned int *count,
+                                                     nvmlProcessInfo_t *infos);
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t h, unsigned int *count,
+                                                     nvmlProcessInfo_t *infos)
+{
+    struct dev *d = of(h);
+    if (d == NULL)
+        return 2;
+    unsigned int k = 0;
+    for (unsigned int i = 0; i < n_procs; i++)
+        if (strcmp(procs[i].uuid, d->uuid) == 0) {
+            if (k < *count) {
+                infos[k].pid = procs[i].pid;
+                infos[k].usedGpuMemory = procs[i].used_mib << 20;
+                infos[k].gpuInstanceId = infos[k].computeInstanceId = 0xFFFFFFFFu;
+            }
+            k++;
+        }
+    int enough = k <= *count;
+    *count = k;
+    return enough ? 0 : 7;
 }

@@ -79,6 +79,30 @@ expect "pressure degrades the batch service" True "$(json 'any(e["kind"] in ("de
 expect "healthz" 200 "$(curl -s -o /dev/null -w '%{http_code}' "$(U /healthz)")"
 setused "${uuids[$g]}" $((20480 + sys0))
 
+# ---- a service that names its process: NVML's memory for that PID is its usage ----
+expect "p1" 201 "$(curl -s -o /dev/null -w '%{http_code}' -X POST "$(U /v1/services)" -d '{"id":"p1","class":"online","vram":"20GiB"}')"
+gp=$(gpu_of p1)
+expect "ready with a bad pid" 422 "$(curl -s -o /dev/null -w '%{http_code}' -X POST "$(U /v1/services/p1/ready)" -d '{"pid":"abc"}')"
+expect "ready with pid" 200 "$(curl -s -o /dev/null -w '%{http_code}' -X POST "$(U /v1/services/p1/ready)" -d '{"pid":4242}')"
+expect "pid shown" 4242 "$(curl -s "$(U /v1/services/p1)" | json 'd["pid"]')"
+before=$(pool | json "d['gpus'][$gp]['used_mib']")
+sysb=$(pool | json "d['gpus'][$gp]['system_mib']")
+echo "proc ${uuids[$gp]} 4242 15000" >>"$FAKE_NVML_FILE"
+setused "${uuids[$gp]}" $((before + 15000))
+wait_for "d['gpus'][$gp]['used_mib'] == $((before + 15000))" && ok || bad "process memory not seen: $(pool | json "d['gpus'][$gp]")"
+expect "the process's memory is p1's usage" 15000 "$(curl -s "$(U /v1/services/p1)" | json 'd["used_mib"]')"
+expect "not system memory" "$sysb" "$(pool | json "d['gpus'][$gp]['system_mib']")"
+kill -TERM "$PID"
+wait "$PID" 2>/dev/null
+sed -i "s/^proc \(\S*\) 4242 15000/proc \1 4242 16000/" "$FAKE_NVML_FILE"
+setused "${uuids[$gp]}" $((before + 16000))
+start --gpus nvml --nvml-lib "$lib" || exit 1
+for _ in $(seq 1 50); do
+    [ "$(curl -s "$(U /v1/services/p1)" | json 'd["used_mib"]')" = 16000 ] && break
+    sleep 0.1
+done
+expect "the PID survives a restart" 16000 "$(curl -s "$(U /v1/services/p1)" | json 'd["used_mib"]')"
+
 # ---- a GPU that is gone after a restart is lost; its services go back to the queue ----
 expect "b2" 201 "$(curl -s -o /dev/null -w '%{http_code}' -X POST "$(U /v1/services)" -d '{"id":"b2","class":"batch","vram":"30GiB","resumable":true,"on_evict":"requeue"}')"
 g2=$(gpu_of b2)
