@@ -92,6 +92,27 @@ static int read_token(const char *path, struct osubd_config *c)
     return 0;
 }
 
+/* The line of the file where key is set (for messages; 0 when not found). */
+static int key_line(const char *path, const char *key)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    char line[1024];
+    size_t kl = strlen(key);
+    int n = 0, found = 0;
+    while (!found && fgets(line, sizeof(line), f)) {
+        n++;
+        const char *p = line;
+        while (*p == ' ' || *p == '\t')
+            p++;
+        if (strncmp(p, key, kl) == 0 && (p[kl] == ':' || p[kl] == ' '))
+            found = n;
+    }
+    fclose(f);
+    return found;
+}
+
 /* The configuration file: every key documented in oversub.yaml. */
 static int read_config(const char *path, struct osubd_config *c, char *token_file, size_t tlen)
 {
@@ -111,6 +132,8 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
     int rc = 0;
     json_object_foreach(root, key, v)
     {
+        char where[600];
+        snprintf(where, sizeof(where), "%s:%d", path, key_line(path, key));
         const char *sv = json_string_value(v);
         char num[64];
         if (sv == NULL && json_is_number(v)) {
@@ -118,13 +141,13 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
             sv = num;
         }
         if (sv == NULL) {
-            fprintf(stderr, "oversubd: %s: key '%s' must be a string or a number\n", path, key);
+            fprintf(stderr, "oversubd: %s: key '%s' must be a string or a number\n", where, key);
             rc = -1;
             break;
         }
         if (strcmp(key, "listen") == 0) {
             if (parse_listen(sv, c) != 0) {
-                fprintf(stderr, "oversubd: %s: key 'listen': '%s' is not HOST:PORT\n", path, sv);
+                fprintf(stderr, "oversubd: %s: key 'listen': '%s' is not HOST:PORT\n", where, sv);
                 rc = -1;
             }
         } else if (strcmp(key, "socket") == 0) {
@@ -136,14 +159,14 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
         } else if (strcmp(key, "ratio") == 0) {
             if (osub_parse_ratio(sv, &c->ratio_milli) != 0) {
                 fprintf(stderr, "oversubd: %s: key 'ratio': '%s' is not a ratio such as 1.3\n",
-                        path, sv);
+                        where, sv);
                 rc = -1;
             }
         } else if (strcmp(key, "events_keep") == 0 || strcmp(key, "events_days") == 0) {
             char *end;
             long long t = strtoll(sv, &end, 10);
             if (*end != '\0' || sv[0] == '\0' || t < 0 || t > 1000000000LL) {
-                fprintf(stderr, "oversubd: %s: key '%s' must be 0 to 1000000000\n", path, key);
+                fprintf(stderr, "oversubd: %s: key '%s' must be 0 to 1000000000\n", where, key);
                 rc = -1;
             }
             if (key[7] == 'k')
@@ -154,7 +177,7 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
             char *end;
             long t = strtol(sv, &end, 10);
             if (*end != '\0' || t < 10 || t > 60000) {
-                fprintf(stderr, "oversubd: %s: key 'poll_ms' must be 10 to 60000\n", path);
+                fprintf(stderr, "oversubd: %s: key 'poll_ms' must be 10 to 60000\n", where);
                 rc = -1;
             }
             c->poll_ms = t;
@@ -166,12 +189,12 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
             char *end;
             long t = strtol(sv, &end, 10);
             if (*end != '\0' || t < 10 || t > 60000) {
-                fprintf(stderr, "oversubd: %s: key 'tick_ms' must be 10 to 60000\n", path);
+                fprintf(stderr, "oversubd: %s: key 'tick_ms' must be 10 to 60000\n", where);
                 rc = -1;
             }
             c->tick_ms = t;
         } else {
-            fprintf(stderr, "oversubd: %s: unknown key '%s'\n", path, key);
+            fprintf(stderr, "oversubd: %s: unknown key '%s'\n", where, key);
             rc = -1;
         }
         if (rc != 0)
