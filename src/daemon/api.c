@@ -745,8 +745,10 @@ static void h_events(struct osubd *d, struct evhttp_request *req, const char *qu
 static const double lat_bounds[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
                                     0.01,   0.025,   0.05,   0.1,   0.5};
 
-static void h_metrics(struct osubd *d, struct evhttp_request *req)
+static void h_metrics(struct osubd *d, struct evhttp_request *req, const char *query)
 {
+    bool per_service = d->cfg.metrics_per_service ||
+                       (query != NULL && strstr(query, "per_service=1") != NULL);
     struct evbuffer *b = evbuffer_new();
     osub_pool_info_t p;
     osub_engine_pool_info(d->e, &p);
@@ -793,18 +795,39 @@ static void h_metrics(struct osubd *d, struct evhttp_request *req)
     const osub_class_t *cls = osub_engine_classes(d->e, &nc);
     evbuffer_add_printf(b, "# HELP oversub_services Services by class and state.\n"
                            "# TYPE oversub_services gauge\n");
-    for (size_t c = 0; c < nc; c++)
-        for (int st = 0; st <= (int)OSUB_STATE_RELEASED; st++) {
-            int n = 0;
+    /* one pass over the services (a scrape of 10,000 stays cheap) */
+    enum { MAXC = 16, NST = (int)OSUB_STATE_RELEASED + 1 };
+    int counts[MAXC][NST];
+    memset(counts, 0, sizeof(counts));
+    for (size_t i = 0; i < osub_engine_service_count(d->e); i++) {
+        osub_service_info_t si;
+        osub_engine_service_info(d->e, osub_engine_service_id(d->e, i), &si);
+        for (size_t c = 0; c < nc && c < MAXC; c++)
+            if (strcmp(si.spec->class_name, cls[c].name) == 0 && (int)si.state < NST)
+                counts[c][si.state]++;
+    }
+    for (size_t c = 0; c < nc && c < MAXC; c++)
+        for (int st = 0; st < NST; st++)
+            evbuffer_add_printf(b, "oversub_services{class=\"%s\",state=\"%s\"} %d\n",
+                                cls[c].name, osub_state_name((osub_state_t)st), counts[c][st]);
+    if (per_service) {
+        /* opt-in (?per_service=1 or metrics_per_service: true): one series per service */
+        static const char *const what[] = {"grant", "held", "used"};
+        for (int w = 0; w < 3; w++) {
+            evbuffer_add_printf(b,
+                                "# HELP oversub_service_%s_mib %s MiB of a service (opt-in).\n"
+                                "# TYPE oversub_service_%s_mib gauge\n",
+                                what[w], what[w], what[w]);
             for (size_t i = 0; i < osub_engine_service_count(d->e); i++) {
+                const char *id = osub_engine_service_id(d->e, i);
                 osub_service_info_t si;
-                osub_engine_service_info(d->e, osub_engine_service_id(d->e, i), &si);
-                if (si.state == (osub_state_t)st && strcmp(si.spec->class_name, cls[c].name) == 0)
-                    n++;
+                osub_engine_service_info(d->e, id, &si);
+                int64_t v = w == 0 ? si.grant_mib : w == 1 ? si.held_mib : si.used_mib;
+                evbuffer_add_printf(b, "oversub_service_%s_mib{service=\"%s\",class=\"%s\"} %lld\n",
+                                    what[w], id, si.spec->class_name, (long long)v);
             }
-            evbuffer_add_printf(b, "oversub_services{class=\"%s\",state=\"%s\"} %d\n", cls[c].name,
-                                osub_state_name((osub_state_t)st), n);
         }
+    }
     static const char *const lvl[] = {"online", "batch", "experiment", "none"};
     evbuffer_add_printf(b, "# HELP oversub_decisions_total Decisions and events by kind and the "
                            "level of the service.\n# TYPE oversub_decisions_total counter\n");
@@ -914,7 +937,7 @@ static void on_request(struct evhttp_request *req, void *arg)
         else
             reply_json(d, req, 500, json_pack("{s:s, s:s}", "status", "broken", "invariants", why));
     } else if (strcmp(path, "/metrics") == 0)
-        h_metrics(d, req);
+        h_metrics(d, req, query);
     else if (strcmp(path, "/v1/pool") == 0)
         h_pool(d, req, m);
     else if (strcmp(path, "/v1/services") == 0)

@@ -27,6 +27,7 @@ struct osubd_config {
     int64_t events_days; /* 0: no age limit */
     char nvml_lib[512]; /* "" = libnvidia-ml.so.1 or $OSUB_NVML_LIB */
     int64_t poll_ms;
+    bool metrics_per_service; /* per-service series on /metrics (cardinality: opt-in) */
 };
 
 struct waiter;   /* a long-polling GET /v1/events */

@@ -140,6 +140,8 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
             snprintf(num, sizeof(num), json_is_integer(v) ? "%.0f" : "%.6g", json_number_value(v));
             sv = num;
         }
+        if (sv == NULL && json_is_boolean(v))
+            sv = json_is_true(v) ? "true" : "false";
         if (sv == NULL) {
             fprintf(stderr, "oversubd: %s: key '%s' must be a string or a number\n", where, key);
             rc = -1;
@@ -173,6 +175,16 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
                 c->events_keep = t;
             else
                 c->events_days = t;
+        } else if (strcmp(key, "metrics_per_service") == 0) {
+            if (strcmp(sv, "true") == 0)
+                c->metrics_per_service = true;
+            else if (strcmp(sv, "false") == 0)
+                c->metrics_per_service = false;
+            else {
+                fprintf(stderr, "oversubd: %s: key 'metrics_per_service' must be true or false\n",
+                        where);
+                rc = -1;
+            }
         } else if (strcmp(key, "poll_ms") == 0) {
             char *end;
             long t = strtol(sv, &end, 10);
