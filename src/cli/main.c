@@ -12,6 +12,7 @@
 #include <jansson.h>
 
 #include "advise.h"
+#include "advise_daemon.h"
 #include "daemon_cmds.h"
 #include "demo.h"
 #include "oversub/units.h"
@@ -58,6 +59,7 @@ static void usage_simulate(FILE *f, const char *cmd)
     fprintf(
         f,
         "usage: oversub %s (--genai DIR | --services FILE --usage FILE) [options]\n"
+        "%s"
         "\n"
         "Input\n"
         "  --genai DIR          a folder laid out like shared/traces (genai_pod_vram.csv,\n"
@@ -81,7 +83,11 @@ static void usage_simulate(FILE *f, const char *cmd)
         "  --json               JSON on stdout instead of the table\n"
         "  --plot FILE.svg      used utilisation and events over time, and the ratio sweep\n"
         "  --quiet              no progress on stderr\n",
-        cmd);
+        cmd,
+        strcmp(cmd, "advise") == 0
+            ? "   or: oversub advise --from-daemon [--url URL] [--json]\n"
+              "       (the brief's rule on a running daemon's degrades and evictions)\n"
+            : "");
 }
 
 struct cli {
@@ -519,6 +525,9 @@ static int cmd_simulate(int argc, char **argv)
 
 static int cmd_advise(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--from-daemon") == 0)
+            return cli_advise_daemon(argc, argv);
     struct cli c;
     int rc = parse_common(argc, argv, &c, true);
     if (rc != 0)

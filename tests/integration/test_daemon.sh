@@ -173,6 +173,18 @@ if [ -n "$cli" ]; then
     expect "cli release" 0 "$?"
     C queue >/dev/null
     expect "cli queue" 0 "$?"
+    # advise from the daemon's decision log: one degrade so far (model-eval's)
+    "$cli" advise --from-daemon --url "http://127.0.0.1:$PORT" --json >"$tmp/adv" 2>"$tmp/adv.err"
+    expect "advise --from-daemon" 0 "$?"
+    expect "advise counts the degrade" True "$(json 'd["degrades"] >= 1 and d["source"] == "daemon"' <"$tmp/adv")"
+    expect "advise: under a week, prorated, said" True "$(json 'd["history_days"] < 7 and any("less than a week" in c for c in d["caveats"])' <"$tmp/adv")"
+    expect "advise: a ratio" True "$(json '1.0 <= d["recommended_ratio"] <= 1.8' <"$tmp/adv")"
+    "$cli" advise --from-daemon --url "http://127.0.0.1:$PORT" >"$tmp/adv2"
+    grep -q "^recommendation: " "$tmp/adv2" && ok || bad "advise table: $(cat "$tmp/adv2")"
+    "$cli" advise --from-daemon --url http://127.0.0.1:1 >/dev/null 2>&1
+    expect "advise --from-daemon unreachable" 3 "$?"
+    "$cli" advise --from-daemon --bogus >/dev/null 2>&1
+    expect "advise --from-daemon bad flag" 2 "$?"
     # the demo: a daemon of its own in a temporary folder, the worked scenario, narrated
     ls -d /tmp/oversub-demo.* 2>/dev/null | sort >"$tmp/demo.before"
     OVERSUBD=$bin "$cli" demo >"$tmp/demo" 2>&1
