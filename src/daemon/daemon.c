@@ -693,6 +693,14 @@ void osubd_stop(struct osubd *d)
             d->fatal = true;
         d->writer = NULL;
         d->last_seq = p.last_log_seq;
+        if (!d->fatal && d->base != NULL) {
+            /* everything handed over is durable now: the replies held for it go out before
+             * the connections close (new commands from here on commit directly) */
+            d->durable_ticket = p.durable;
+            osubd_api_flush(d);
+            for (int i = 0; i < 20; i++)
+                event_base_loop(d->base, EVLOOP_NONBLOCK);
+        }
     }
     if (d->writer_ev)
         event_free(d->writer_ev);
