@@ -122,6 +122,44 @@ expect "exited" 200 "$(code -X POST "$(U /v1/services/new-service/exited)")"
 expect "delete" 200 "$(code -X DELETE "$(U /v1/services/chat-2)")"
 expect "deleted" 404 "$(code "$(U /v1/services/chat-2)")"
 
+# ---- broken HTTP: refused with a 4xx/5xx, the daemon keeps serving ----
+python3 - "$PORT" >"$tmp/broken" 2>&1 <<'PY'
+import socket, sys
+port = int(sys.argv[1])
+def first_line(data):
+    s = socket.create_connection(("127.0.0.1", port)); s.settimeout(2.0)
+    s.sendall(data)
+    out = b""
+    try:
+        while b"\r\n" not in out:
+            b = s.recv(65536)
+            if not b: break
+            out += b
+    except socket.timeout:
+        pass
+    s.close()
+    return out.split(b"\r\n")[0].decode()
+cases = {
+    "garbage": b"HELLO\r\n\r\n",
+    "unknown method": b"FOO /v1/pool HTTP/1.1\r\nHost: x\r\n\r\n",
+    "huge header": b"GET /v1/pool HTTP/1.1\r\nHost: x\r\nX-A: " + b"a" * 200000 + b"\r\n\r\n",
+    "CL and TE": b"POST /v1/services HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    "two CL": b"POST /v1/services HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n{\"a\":",
+    "negative CL": b"POST /v1/services HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+    "bad chunk": b"POST /v1/services HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
+    "no version": b"GET /v1/pool\r\n\r\n",
+    "NUL in path": b"GET /v1/po\x00ol HTTP/1.1\r\nHost: x\r\n\r\n",
+}
+for name, data in cases.items():
+    line = first_line(data)
+    code = int(line.split()[1]) if line.startswith("HTTP/1.1 ") else 0
+    print(name, "ok" if 400 <= code < 600 else "BAD: " + repr(line))
+PY
+grep -q BAD "$tmp/broken" && bad "broken HTTP: $(grep BAD "$tmp/broken")" || ok
+expect "broken HTTP cases run" 9 "$(grep -c ' ok$' "$tmp/broken")"
+expect "alive after broken HTTP" 200 "$(code "$(U /healthz)")"
+[ "$(curl -s "$(U /v1/services/agent-online)" | json 'd["state"]')" != "" ] && ok || bad "state lost after broken HTTP"
+
 # ---- metrics ----
 curl -s "$(U /metrics)" >"$tmp/metrics"
 if command -v promtool >/dev/null; then
