@@ -18,6 +18,7 @@
 #include <event2/listener.h>
 
 #include "daemon.h"
+#include "gateway.h"
 #include "oversub/units.h"
 #include "spec_json.h"
 
@@ -125,6 +126,15 @@ static void reply_buf(struct osubd *d, struct evhttp_request *req, int code, str
     }
     evhttp_send_reply(req, code, phrase, b);
     evbuffer_free(b);
+}
+
+int osubd_bound_port(struct evhttp_bound_socket *h)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    getsockname(evhttp_bound_socket_get_fd(h), (struct sockaddr *)&ss, &sl);
+    return ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                    : ntohs(((struct sockaddr_in *)&ss)->sin_port);
 }
 
 void osubd_api_flush(struct osubd *d)
@@ -300,6 +310,10 @@ static json_t *service_json(struct osubd *d, const char *id)
     json_t *pid = json_object_get(d->pids, id);
     if (pid != NULL)
         json_object_set(o, "pid", pid);
+    json_t *route = json_object_get(d->routes, id);
+    const char *rk;
+    json_t *rv;
+    json_object_foreach(route, rk, rv) json_object_set(o, rk, rv);
     json_object_set_new(o, "since_unix_ms", json_integer(osubd_engine_to_unix(d, si.since_ms)));
     if (si.deadline_ms > 0)
         json_object_set_new(o, "deadline_unix_ms",
@@ -395,10 +409,24 @@ static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dr
         return;
     osub_spec_t sp;
     char err[300];
+    json_t *route = NULL;
+    if (osubd_gateway_take(spec, &route, err, sizeof(err)) != 0) {
+        json_decref(spec);
+        reply_error(d, req, 422, "invalid_spec", err);
+        return;
+    }
     if (osub_spec_from_json(spec, &sp, err, sizeof(err)) != 0) {
         json_decref(spec);
+        json_decref(route);
         reply_error(d, req, strstr(err, "unknown field") ? 400 : 422, "invalid_spec", err);
         return;
+    }
+    /* the gateway's settings go with the command that admits the service */
+    json_t *old_route = NULL;
+    if (route != NULL && !dry) {
+        old_route = json_incref(json_object_get(d->routes, sp.id));
+        json_object_set(d->routes, sp.id, route);
+        d->routes_dirty = true;
     }
     json_t *cmd = json_pack("{s:s, s:O, s:b}", "op", "submit", "spec", spec, "dry_run", dry);
     json_decref(spec);
@@ -406,6 +434,14 @@ static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dr
     memset(&r, 0, sizeof(r));
     int rc = osubd_apply(d, cmd, &r, err, sizeof(err));
     json_decref(cmd);
+    if (route != NULL && !dry && (err[0] || (rc != 0 && r.outcome == OSUB_SUBMIT_REJECTED))) {
+        if (old_route != NULL)
+            json_object_set(d->routes, sp.id, old_route);
+        else
+            json_object_del(d->routes, sp.id);
+    }
+    json_decref(old_route);
+    json_decref(route);
     if (err[0]) {
         reply_error(d, req, 422, "invalid_spec", err);
         return;
@@ -841,6 +877,7 @@ static void h_metrics(struct osubd *d, struct evhttp_request *req, const char *q
     for (int c = 1; c <= 5; c++)
         evbuffer_add_printf(b, "oversub_http_requests_total{code=\"%dxx\"} %llu\n", c,
                             (unsigned long long)d->http_requests[c]);
+    osubd_gateway_metrics(d, b);
     evbuffer_add_printf(b,
                         "# HELP oversub_store_commits_total Durable transactions of the writer.\n"
                         "# TYPE oversub_store_commits_total counter\n"
@@ -1027,11 +1064,7 @@ int osubd_api_init(struct osubd *d, char *err, size_t errlen)
                  d->cfg.listen_port, strerror(errno));
         return -1;
     }
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof(ss);
-    getsockname(evhttp_bound_socket_get_fd(h), (struct sockaddr *)&ss, &sl);
-    int port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
-                                        : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    int port = osubd_bound_port(h);
     d->cfg.listen_port = port;
     if (d->cfg.socket_path[0] && bind_unix(d, err, errlen) != 0)
         return -1;

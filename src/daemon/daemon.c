@@ -15,6 +15,7 @@
 #include "command.h"
 #include "nvml.h"
 #include "sha256.h"
+#include "gateway.h"
 #include "writer.h"
 #include "oversub/units.h"
 
@@ -85,6 +86,22 @@ static int snapshot_now(struct osubd *d)
     return rc;
 }
 
+/* The daemon's own maps (service PIDs, gateway routes) as the writer's meta object. */
+static char *daemon_meta(const struct osubd *d)
+{
+    char *pids = json_dumps(d->pids, JSON_COMPACT | JSON_SORT_KEYS);
+    char *routes = json_dumps(d->routes, JSON_COMPACT | JSON_SORT_KEYS);
+    char *out = NULL;
+    if (pids != NULL && routes != NULL) {
+        json_t *m = json_pack("{s:s, s:s}", "service_pids", pids, "gateway_routes", routes);
+        out = json_dumps(m, JSON_COMPACT);
+        json_decref(m);
+    }
+    free(pids);
+    free(routes);
+    return out;
+}
+
 int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *err, size_t errlen)
 {
     int64_t now = osubd_unix_ms() - d->base_unix_ms;
@@ -129,13 +146,11 @@ int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *e
             free(snap);
             return rc;
         }
-        char *pids = NULL;
-        if (d->pids_dirty) {
-            pids = json_dumps(d->pids, JSON_COMPACT | JSON_SORT_KEYS);
-            d->pids_dirty = pids == NULL;
-        }
+        char *meta = d->pids_dirty || d->routes_dirty ? daemon_meta(d) : NULL;
+        if (meta != NULL)
+            d->pids_dirty = d->routes_dirty = false;
         d->applied_ticket = osub_writer_add(d->writer, now, now + d->base_unix_ms, ctext, texts,
-                                            n, snap, pids);
+                                            n, snap, meta);
         return rc;
     }
     char **texts = calloc(n ? n : 1, sizeof(*texts));
@@ -150,11 +165,15 @@ int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *e
         int lvl = ev[i].level >= 0 && ev[i].level < 3 ? ev[i].level : 3;
         d->ev_counts[ev[i].kind][lvl]++;
     }
-    if (ok && d->pids_dirty) {
+    if (ok && (d->pids_dirty || d->routes_dirty)) {
         char *pids = json_dumps(d->pids, JSON_COMPACT | JSON_SORT_KEYS);
-        ok = pids != NULL && osub_store_meta_set(d->store, "service_pids", pids) == 0;
+        char *routes = json_dumps(d->routes, JSON_COMPACT | JSON_SORT_KEYS);
+        ok = pids != NULL && routes != NULL &&
+             osub_store_meta_set(d->store, "service_pids", pids) == 0 &&
+             osub_store_meta_set(d->store, "gateway_routes", routes) == 0;
         free(pids);
-        d->pids_dirty = !ok;
+        free(routes);
+        d->pids_dirty = d->routes_dirty = !ok;
     }
     if (ok && osub_store_append_with_events(d->store, now, now + d->base_unix_ms, ctext,
                                             (const char *const *)texts, n, &d->last_seq, seqs) != 0)
@@ -417,6 +436,20 @@ static void on_poll(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+/* A JSON object kept in the state's meta table (an empty one when absent or damaged). */
+static json_t *meta_object(struct osubd *d, const char *key)
+{
+    char *text = NULL;
+    osub_store_meta_get(d->store, key, &text);
+    json_t *o = text ? json_loads(text, 0, NULL) : NULL;
+    free(text);
+    if (!json_is_object(o)) {
+        json_decref(o);
+        o = json_object();
+    }
+    return o;
+}
+
 /* The key per-service tokens derive from: random, made with the state, kept in it (mode 0600),
  * so tokens survive restarts. */
 static int load_service_key(struct osubd *d, char *err, size_t errlen)
@@ -510,14 +543,8 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
     }
     if (load_service_key(d, err, errlen) != 0)
         return -1;
-    char *pids = NULL;
-    osub_store_meta_get(d->store, "service_pids", &pids);
-    d->pids = pids ? json_loads(pids, 0, NULL) : NULL;
-    free(pids);
-    if (!json_is_object(d->pids)) {
-        json_decref(d->pids);
-        d->pids = json_object();
-    }
+    d->pids = meta_object(d, "service_pids");
+    d->routes = meta_object(d, "gateway_routes");
     char *pool = NULL, *base = NULL;
     osub_store_meta_get(d->store, "pool", &pool);
     osub_store_meta_get(d->store, "base_unix_ms", &base);
@@ -657,6 +684,8 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
     }
     if (osubd_api_init(d, err, errlen) != 0)
         return -1;
+    if (osubd_gateway_init(d, err, errlen) != 0)
+        return -1;
     struct timeval tv = {(time_t)(d->cfg.tick_ms / 1000),
                          (suseconds_t)(d->cfg.tick_ms % 1000) * 1000};
     d->tick_ev = event_new(d->base, -1, EV_PERSIST, on_tick, d);
@@ -704,8 +733,10 @@ void osubd_stop(struct osubd *d)
     }
     if (d->writer_ev)
         event_free(d->writer_ev);
+    osubd_gateway_free(d);
     free(d->pool_text);
     json_decref(d->pids);
+    json_decref(d->routes);
     if (d->store != NULL && d->e != NULL && !d->fatal)
         snapshot_now(d);
     if (d->tick_ev)

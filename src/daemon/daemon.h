@@ -28,11 +28,14 @@ struct osubd_config {
     char nvml_lib[512]; /* "" = libnvidia-ml.so.1 or $OSUB_NVML_LIB */
     int64_t poll_ms;
     bool metrics_per_service; /* per-service series on /metrics (cardinality: opt-in) */
+    char gateway_host[256];   /* "" = no gateway */
+    int gateway_port;
 };
 
 struct waiter;   /* a long-polling GET /v1/events */
 struct deferred; /* a reply held until the writer made its command durable */
 struct osub_writer;
+struct osub_gateway;
 struct osub_nvml;
 
 struct osubd {
@@ -60,6 +63,9 @@ struct osubd {
     uint64_t commits, commit_items;
     json_t *pids;    /* service id -> the PID of its process (NVML's memory per process) */
     bool pids_dirty; /* changed since the last command handed to the store */
+    json_t *routes;  /* service id -> its gateway settings (backends, limits) */
+    struct osub_gateway *gw;
+    bool routes_dirty;
     uint8_t service_key[32]; /* per-service tokens: HMAC-SHA256(key, id) */
     uint64_t state_version; /* counts the commands applied: cached answers key on it */
     char *pool_text;        /* GET /v1/pool's body at pool_text_version */
@@ -98,6 +104,8 @@ int64_t osubd_engine_to_unix(const struct osubd *d, int64_t engine_ms);
 /* api.c */
 int osubd_api_init(struct osubd *d, char *err, size_t errlen);
 void osubd_api_events_ready(struct osubd *d);
+/* The port a bound socket got (port 0: the one the OS picked). */
+int osubd_bound_port(struct evhttp_bound_socket *h);
 /* Sends the held replies whose commands are now durable. */
 void osubd_api_flush(struct osubd *d);
 

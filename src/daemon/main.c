@@ -25,6 +25,8 @@ static void usage(FILE *f)
             "\n"
             "  --config FILE        a YAML configuration (see oversub.yaml)\n"
             "  --listen HOST:PORT   the control API (127.0.0.1:7070; port 0: the OS picks)\n"
+            "  --gateway HOST:PORT  the entry for services' traffic, a reverse proxy with\n"
+            "                       overload protection (off by default; oversub.yaml: :8080)\n"
             "  --socket PATH        the control API on a Unix socket, mode 0600\n"
             "                       (var/oversub.sock; \"\" for none)\n"
             "  --state PATH         the SQLite state (var/oversub.db)\n"
@@ -38,19 +40,33 @@ static void usage(FILE *f)
             "  --help, --version\n");
 }
 
-static int parse_listen(const char *s, struct osubd_config *c)
+static int parse_hostport(const char *s, char *host, size_t hostlen, int *port_out)
 {
     const char *colon = strrchr(s, ':');
-    if (colon == NULL || colon == s || (size_t)(colon - s) >= sizeof(c->listen_host))
+    if (colon == NULL || colon == s || (size_t)(colon - s) >= hostlen)
         return -1;
     char *end;
     long port = strtol(colon + 1, &end, 10);
     if (*end != '\0' || port < 0 || port > 65535 || colon[1] == '\0')
         return -1;
-    memcpy(c->listen_host, s, (size_t)(colon - s));
-    c->listen_host[colon - s] = '\0';
-    c->listen_port = (int)port;
+    memcpy(host, s, (size_t)(colon - s));
+    host[colon - s] = '\0';
+    *port_out = (int)port;
     return 0;
+}
+
+static int parse_gateway(const char *s, struct osubd_config *c)
+{
+    if (s[0] == '\0') {
+        c->gateway_host[0] = '\0';
+        return 0;
+    }
+    return parse_hostport(s, c->gateway_host, sizeof(c->gateway_host), &c->gateway_port);
+}
+
+static int parse_listen(const char *s, struct osubd_config *c)
+{
+    return parse_hostport(s, c->listen_host, sizeof(c->listen_host), &c->listen_port);
 }
 
 static bool loopback(const char *host)
@@ -152,6 +168,12 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
                 fprintf(stderr, "oversubd: %s: key 'listen': '%s' is not HOST:PORT\n", where, sv);
                 rc = -1;
             }
+        } else if (strcmp(key, "gateway") == 0) {
+            if (parse_gateway(sv, c) != 0) {
+                fprintf(stderr, "oversubd: %s: key 'gateway': '%s' is not HOST:PORT or \"\"\n",
+                        where, sv);
+                rc = -1;
+            }
         } else if (strcmp(key, "socket") == 0) {
             snprintf(c->socket_path, sizeof(c->socket_path), "%s", sv);
         } else if (strcmp(key, "state") == 0) {
@@ -230,6 +252,7 @@ int main(int argc, char **argv)
                                          {"token-file", required_argument, NULL, 't'},
                                          {"tick-ms", required_argument, NULL, 'T'},
                                          {"nvml-lib", required_argument, NULL, 'N'},
+                                         {"gateway", required_argument, NULL, 'G'},
                                          {"help", no_argument, NULL, 'h'},
                                          {"version", no_argument, NULL, 'v'},
                                          {NULL, 0, NULL, 0}};
@@ -275,6 +298,13 @@ int main(int argc, char **argv)
             break;
         case 't':
             snprintf(token_file, sizeof(token_file), "%s", optarg);
+            break;
+        case 'G':
+            if (parse_gateway(optarg, &d.cfg) != 0) {
+                fprintf(stderr, "oversubd: --gateway: '%s' is not HOST:PORT (or \"\" for none)\n",
+                        optarg);
+                return 2;
+            }
             break;
         case 'N':
             snprintf(d.cfg.nvml_lib, sizeof(d.cfg.nvml_lib), "%s", optarg);

@@ -12,6 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "store.h"
 
 struct item {
@@ -21,7 +23,7 @@ struct item {
     char **events;
     size_t n_events;
     char *snapshot;
-    char *pids;
+    char *meta; /* {"key": "value", ...} for the meta table, in the same transaction */
 };
 
 struct osub_writer {
@@ -46,7 +48,7 @@ static void item_free(struct item *it)
     free(it->events);
     free(it->cmd);
     free(it->snapshot);
-    free(it->pids);
+    free(it->meta);
     free(it);
 }
 
@@ -55,6 +57,21 @@ static int64_t unix_ms_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int set_meta(osub_store_t *s, const char *text)
+{
+    json_t *m = json_loads(text, 0, NULL);
+    const char *k;
+    json_t *v;
+    int rc = json_is_object(m) ? 0 : -1;
+    json_object_foreach(m, k, v)
+    {
+        if (rc == 0 && json_is_string(v))
+            rc = osub_store_meta_set(s, k, json_string_value(v));
+    }
+    json_decref(m);
+    return rc;
 }
 
 /* One transaction for the whole batch. Returns 0 or -1 (rolled back). */
@@ -79,7 +96,7 @@ static int commit_batch(osub_writer_t *w, struct item *batch, int64_t *log_seq, 
             *ev_seq = ev[it->n_events - 1];
         if (ev != seqs)
             free(ev);
-        if (it->pids != NULL && osub_store_meta_set(w->store, "service_pids", it->pids) != 0) {
+        if (it->meta != NULL && set_meta(w->store, it->meta) != 0) {
             osub_store_rollback(w->store);
             return -1;
         }
@@ -196,7 +213,7 @@ int osub_writer_fd(const osub_writer_t *w)
 }
 
 uint64_t osub_writer_add(osub_writer_t *w, int64_t engine_ms, int64_t unix_ms, char *cmd,
-                         char **events, size_t n, char *snapshot, char *pids)
+                         char **events, size_t n, char *snapshot, char *meta)
 {
     struct item *it = calloc(1, sizeof(*it));
     pthread_mutex_lock(&w->mu);
@@ -210,7 +227,7 @@ uint64_t osub_writer_add(osub_writer_t *w, int64_t engine_ms, int64_t unix_ms, c
         free(events);
         free(cmd);
         free(snapshot);
-        free(pids);
+        free(meta);
     } else {
         it->engine_ms = engine_ms;
         it->unix_ms = unix_ms;
@@ -218,7 +235,7 @@ uint64_t osub_writer_add(osub_writer_t *w, int64_t engine_ms, int64_t unix_ms, c
         it->events = events;
         it->n_events = n;
         it->snapshot = snapshot;
-        it->pids = pids;
+        it->meta = meta;
         if (w->tail != NULL)
             w->tail->next = it;
         else

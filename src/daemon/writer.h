@@ -19,11 +19,11 @@ int osub_writer_start(const char *path, int64_t last_log_seq, int64_t events_kee
 /* The pipe's read end: readable when commits completed (or the writer failed). */
 int osub_writer_fd(const osub_writer_t *w);
 
-/* Hands one command over (cmd, the n event texts, snapshot and pids, all malloc'd, become the
- * writer's; snapshot and pids may be NULL; pids, when given, replaces the stored map of
- * service processes in the same transaction). Returns its ticket, counting from 1. */
+/* Hands one command over (cmd, the n event texts, snapshot and meta, all malloc'd, become the
+ * writer's; snapshot and meta may be NULL; meta, a JSON object of strings, sets those keys of
+ * the state's meta table in the same transaction). Returns its ticket, counting from 1. */
 uint64_t osub_writer_add(osub_writer_t *w, int64_t engine_ms, int64_t unix_ms, char *cmd,
-                         char **events, size_t n, char *snapshot, char *pids);
+                         char **events, size_t n, char *snapshot, char *meta);
 
 struct osub_writer_progress {
     uint64_t durable;        /* every ticket up to this one is on disk */

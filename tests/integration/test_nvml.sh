@@ -7,16 +7,7 @@
 set -u
 bin=$(realpath "$1")
 lib=$(realpath "$2")
-tmp=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null && wait "$p" 2>/dev/null; done; rm -rf "$tmp"; }
-trap cleanup EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
-expect() { if [ "$2" = "$3" ]; then ok; else bad "$1: got '$3', want '$2'"; fi; }
-json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+. "$(dirname "$0")/lib.sh"
 export FAKE_NVML_FILE=$tmp/gpus
 printf 'poll_ms: 100\ntick_ms: 100\n' >"$tmp/conf.yaml"
 

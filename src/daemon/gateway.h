@@ -1,0 +1,26 @@
+/* gateway.h - the entry's overload protection: an HTTP/1.1 reverse proxy in front of each
+ * service's backends, with a concurrency limit and a bounded priority queue per service, and
+ * 429 + Retry-After beyond them */
+#ifndef OSUB_DAEMON_GATEWAY_H
+#define OSUB_DAEMON_GATEWAY_H
+
+#include <stddef.h>
+
+#include <event2/buffer.h>
+#include <jansson.h>
+
+struct osubd;
+
+/* Takes the gateway's fields (backends, max_inflight, max_queue, queue_timeout_ms) out of a
+ * submitted spec. *route: a new object, or NULL when none was given. Returns 0, or -1 with a
+ * sentence in err (the field and why). */
+int osubd_gateway_take(json_t *spec, json_t **route, char *err, size_t errlen);
+
+/* Listens on cfg.gateway_host:gateway_port (nothing when gateway_host is ""). */
+int osubd_gateway_init(struct osubd *d, char *err, size_t errlen);
+void osubd_gateway_free(struct osubd *d);
+
+/* The gateway's series for /metrics. */
+void osubd_gateway_metrics(struct osubd *d, struct evbuffer *b);
+
+#endif

@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""backend.py - a test backend for the gateway: prints "port N" once it listens.
+  /echo            the path and headers it got, as JSON
+  /slow?ms=N&tag=T records T in arrival order, waits N ms, answers T
+  /order           the tags in arrival order, as JSON
+  /stream          a chunked body: "first", then (once the file named by FLAG exists, at
+                   most 5 s later) "after-flag" or "timeout"
+"""
+import json, os, sys, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlparse, parse_qs
+
+order = []
+lock = threading.Lock()
+
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a):
+        pass
+    def send(self, code, body, ctype="application/json"):
+        b = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(n).decode()
+        self.send(200, json.dumps({"path": self.path, "body": body}))
+    def do_GET(self):
+        u = urlparse(self.path)
+        q = parse_qs(u.query)
+        if u.path == "/echo":
+            self.send(200, json.dumps({"path": self.path, "headers": dict(self.headers)}))
+        elif u.path == "/slow":
+            tag = q.get("tag", ["?"])[0]
+            with lock:
+                order.append(tag)
+            time.sleep(int(q.get("ms", ["100"])[0]) / 1000.0)
+            self.send(200, tag, "text/plain")
+        elif u.path == "/order":
+            with lock:
+                self.send(200, json.dumps(order))
+        elif u.path == "/stream":
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            def chunk(s):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(s), s))
+                self.wfile.flush()
+            chunk(b"first\n")
+            flag = os.environ.get("FLAG", "/nonexistent")
+            t = time.time()
+            while not os.path.exists(flag) and time.time() - t < 5:
+                time.sleep(0.02)
+            chunk(b"after-flag\n" if os.path.exists(flag) else b"timeout\n")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        else:
+            self.send(404, json.dumps({"error": "no such path"}))
+
+s = ThreadingHTTPServer(("127.0.0.1", 0), H)
+s.daemon_threads = True
+print("port", s.server_address[1], flush=True)
+s.serve_forever()

@@ -1,0 +1,12 @@
+# lib.sh - what the integration tests share: a temporary folder, processes killed at exit,
+# pass/fail counting. Source it after setting nothing; it sets tmp, pids, pass, fail.
+tmp=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null && wait "$p" 2>/dev/null; done; rm -rf "$tmp"; }
+trap cleanup EXIT
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+expect() { if [ "$2" = "$3" ]; then ok; else bad "$1: got '$3', want '$2'"; fi; }
+json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }

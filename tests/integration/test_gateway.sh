@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# test_gateway.sh - the gateway on loopback with real sockets, asserting behaviour: routing with
+# the prefix stripped, X-Forwarded-For, streaming (the client has the first chunk before the
+# backend sends the last), the concurrency limit and the bounded queue (429 + Retry-After),
+# priority order in the queue, deadlines, a service not running yet (503), a dead backend (502),
+# bad input, metrics (promtool).
+# Usage: test_gateway.sh PATH/TO/oversubd
+set -u
+bin=$(realpath "$1")
+here=$(cd "$(dirname "$0")" && pwd)
+. "$(dirname "$0")/lib.sh"
+waitline() { # file, pattern -> the port
+    for _ in $(seq 1 100); do
+        p=$(grep -o "$2[0-9]*" "$1" 2>/dev/null | head -1 | sed 's/.*[: ]//')
+        [ -n "$p" ] && { echo "$p"; return 0; }
+        sleep 0.05
+    done
+    return 1
+}
+
+FLAG=$tmp/flag python3 "$here/backend.py" >"$tmp/backend.out" 2>&1 &
+pids+=($!)
+BPORT=$(waitline "$tmp/backend.out" "port ") || { echo "backend did not start"; exit 1; }
+"$bin" --listen 127.0.0.1:0 --gateway 127.0.0.1:0 --socket "" --state "$tmp/state.db" \
+    --gpus sim:8x81920 --ratio 1.5 --tick-ms 100 >"$tmp/out" 2>"$tmp/err" &
+pids+=($!)
+PORT=$(waitline "$tmp/out" "listening on http://127.0.0.1:") || { echo "oversubd did not start: $(cat "$tmp/err")"; exit 1; }
+GW=$(waitline "$tmp/out" "gateway on http://127.0.0.1:") || { echo "no gateway line: $(cat "$tmp/out")"; exit 1; }
+A="http://127.0.0.1:$PORT"
+G="http://127.0.0.1:$GW"
+B="http://127.0.0.1:$BPORT"
+submit() { curl -s -o "$tmp/sub" -w '%{http_code}' -X POST "$A/v1/services" -d "$1"; }
+
+# ---- bad gateway fields ----
+expect "backends not URLs" 422 "$(submit '{"id":"x1","class":"online","vram":"1GiB","backends":["ftp://a"]}')"
+expect "limit out of range" 422 "$(submit "{\"id\":\"x2\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"$B\"],\"max_inflight\":0}")"
+expect "limits without backends" 422 "$(submit '{"id":"x3","class":"online","vram":"1GiB","max_queue":3}')"
+
+# ---- routing ----
+expect "submit chat" 201 "$(submit "{\"id\":\"chat\",\"class\":\"online\",\"vram\":\"10GiB\",\"backends\":[\"$B\"],\"max_inflight\":1,\"max_queue\":2,\"queue_timeout_ms\":4000}")"
+curl -s -X POST "$A/v1/services/chat/ready" >/dev/null
+curl -s "$G/chat/echo?x=1" >"$tmp/echo"
+expect "prefix stripped" "/echo?x=1" "$(json 'd["path"]' <"$tmp/echo")"
+expect "X-Forwarded-For" 127.0.0.1 "$(json 'd["headers"].get("X-Forwarded-For")' <"$tmp/echo")"
+expect "POST body passes" '{"q": 1}' "$(curl -s -X POST "$G/chat/gen" -d '{"q": 1}' | json 'd["body"]')"
+expect "unknown service" 404 "$(curl -s -o /dev/null -w '%{http_code}' "$G/nobody/x")"
+expect "bad X-Priority" 400 "$(curl -s -o /dev/null -w '%{http_code}' -H 'X-Priority: vip' "$G/chat/echo")"
+
+# ---- streaming: the first chunk arrives while the backend still holds the last ----
+python3 - "$GW" "$tmp/flag" >"$tmp/stream" <<'PY'
+import socket, sys, os
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"GET /chat/stream HTTP/1.1\r\nHost: x\r\n\r\n")
+data = b""
+while b"first" not in data:
+    b = s.recv(4096)
+    if not b: break
+    data += b
+open(sys.argv[2], "w").close()   # only now may the backend send the rest
+s.settimeout(10)
+while b"0\r\n\r\n" not in data and b"after-flag" not in data and b"timeout" not in data:
+    b = s.recv(4096)
+    if not b: break
+    data += b
+print("after-flag" if b"after-flag" in data else "buffered")
+PY
+expect "streamed" after-flag "$(cat "$tmp/stream")"
+
+# ---- the limit, the queue, 429 with Retry-After ----
+python3 - "$GW" >"$tmp/burst" <<'PY'
+import http.client, sys, threading, time
+port = int(sys.argv[1]); res = []
+def one(tag):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    c.request("GET", "/chat/slow?ms=800&tag=" + tag)
+    r = c.getresponse(); body = r.read()
+    res.append((tag, r.status, r.getheader("Retry-After"), body))
+ts = []
+for i in range(4):
+    t = threading.Thread(target=one, args=("b%d" % i,)); t.start(); ts.append(t); time.sleep(0.1)
+for t in ts: t.join()
+codes = sorted(s for _, s, _, _ in res)
+print("codes", " ".join(map(str, codes)))
+for tag, st, ra, body in res:
+    if st == 429:
+        print("retry_after", ra)
+        print("reason", __import__("json").loads(body)["error"]["reason"])
+PY
+expect "one in flight, two queued, one refused" "codes 200 200 200 429" "$(grep codes "$tmp/burst")"
+ra=$(grep retry_after "$tmp/burst" | awk '{print $2}')
+[ -n "$ra" ] && [ "$ra" -ge 1 ] && ok || bad "429 without Retry-After >= 1: '$ra'"
+expect "reason" "reason queue_full" "$(grep reason "$tmp/burst")"
+
+# ---- priority order in the queue ----
+python3 - "$GW" "$BPORT" >"$tmp/prio" <<'PY'
+import http.client, json, sys, threading, time
+gw, bp = int(sys.argv[1]), int(sys.argv[2])
+def one(tag, prio=None):
+    c = http.client.HTTPConnection("127.0.0.1", gw, timeout=20)
+    h = {"X-Priority": prio} if prio else {}
+    c.request("GET", "/chat/slow?ms=300&tag=" + tag, headers=h)
+    c.getresponse().read()
+c = http.client.HTTPConnection("127.0.0.1", bp); c.request("GET", "/order"); before = len(json.loads(c.getresponse().read()))
+ts = [threading.Thread(target=one, args=("p-busy",))]
+ts[0].start(); time.sleep(0.1)
+ts.append(threading.Thread(target=one, args=("p-low", "experiment"))); ts[1].start(); time.sleep(0.1)
+ts.append(threading.Thread(target=one, args=("p-high",))); ts[2].start()
+for t in ts: t.join()
+c = http.client.HTTPConnection("127.0.0.1", bp); c.request("GET", "/order")
+print(" ".join(json.loads(c.getresponse().read())[before:]))
+PY
+expect "online before experiment in the queue" "p-busy p-high p-low" "$(cat "$tmp/prio")"
+
+# ---- a deadline in the queue ----
+python3 - "$GW" >"$tmp/dl" <<'PY'
+import http.client, json, sys, threading, time
+gw = int(sys.argv[1])
+def busy():
+    c = http.client.HTTPConnection("127.0.0.1", gw, timeout=20); c.request("GET", "/chat/slow?ms=1500&tag=d-busy"); c.getresponse().read()
+t = threading.Thread(target=busy); t.start(); time.sleep(0.1)
+c = http.client.HTTPConnection("127.0.0.1", gw, timeout=20)
+c.request("GET", "/chat/slow?ms=10&tag=d-late", headers={"X-Request-Deadline-Ms": "200"})
+r = c.getresponse(); b = json.loads(r.read())
+print(r.status, b["error"]["reason"], r.getheader("Retry-After"))
+t.join()
+PY
+expect "deadline passed in the queue" "429 deadline" "$(awk '{print $1, $2}' "$tmp/dl")"
+
+# ---- not running yet: queued, then 503 ----
+expect "submit cold" 201 "$(submit "{\"id\":\"cold\",\"class\":\"batch\",\"vram\":\"2GiB\",\"backends\":[\"$B\"]}")"
+st=$(curl -s -o "$tmp/cold" -w '%{http_code}' -H 'X-Request-Deadline-Ms: 200' "$G/cold/echo")
+expect "loading service: 503" 503 "$st"
+expect "503 reason" not_running "$(json 'd["error"]["reason"]' <"$tmp/cold")"
+curl -s -X POST "$A/v1/services/cold/ready" >/dev/null
+expect "ready: served" 200 "$(curl -s -o /dev/null -w '%{http_code}' "$G/cold/echo")"
+
+# ---- a dead backend ----
+expect "submit dead" 201 "$(submit '{"id":"dead","class":"online","vram":"1GiB","backends":["http://127.0.0.1:1"]}')"
+curl -s -X POST "$A/v1/services/dead/ready" >/dev/null
+expect "dead backend: 502" 502 "$(curl -s -o /dev/null -w '%{http_code}' "$G/dead/x")"
+
+# ---- metrics ----
+curl -s "$A/metrics" >"$tmp/metrics"
+grep -q 'oversub_gateway_requests_total{service="chat",outcome="queue_full"} 1' "$tmp/metrics" && ok || bad "gateway metrics: $(grep gateway "$tmp/metrics" | head -5)"
+if command -v promtool >/dev/null; then
+    promtool check metrics <"$tmp/metrics" >"$tmp/pt" 2>&1 && ok || bad "promtool: $(cat "$tmp/pt")"
+fi
+expect "control API alive" 200 "$(curl -s -o /dev/null -w '%{http_code}' "$A/healthz")"
+
+# ---- the routes survive a restart ----
+kill -TERM "${pids[1]}"; wait "${pids[1]}" 2>/dev/null
+"$bin" --listen 127.0.0.1:0 --gateway 127.0.0.1:0 --socket "" --state "$tmp/state.db" \
+    --tick-ms 100 >"$tmp/out2" 2>"$tmp/err2" &
+pids+=($!)
+GW=$(waitline "$tmp/out2" "gateway on http://127.0.0.1:") || { bad "restart: $(cat "$tmp/err2")"; }
+expect "route after restart" "/echo" "$(curl -s "http://127.0.0.1:$GW/chat/echo" | json 'd["path"]')"
+
+echo "test_gateway: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
