@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,7 +58,8 @@ struct gw_svc {
     struct gw_conn conns[GW_CONNS];
     int32_t n_conns;
     uint32_t rr;
-    uint64_t admitted, completed, rej_full, rej_deadline, rej_unavailable, backend_errors;
+    uint64_t admitted, completed, rej_full, rej_deadline, rej_unavailable, rej_shed,
+        backend_errors;
     double rate, last_done; /* completions a second (moving average), and when the last was */
 };
 
@@ -207,6 +209,39 @@ static int32_t max_queue_of(const struct osubd *d, const char *id, int32_t limit
 {
     json_t *m = json_object_get(route_of(d, id), "max_queue");
     return m ? (int32_t)json_integer_value(m) : 2 * limit;
+}
+
+/* Shedding: while a GPU the service runs on is above the high watermark (held, or used where
+ * that is more), requests at the lowest priority are refused first; past halfway from there
+ * to full, every level but the highest. The highest level (online) is never shed. Returns the
+ * level from which requests are shed (INT32_MAX: none). */
+static int32_t shed_from(const struct osubd *d, const osub_service_info_t *si)
+{
+    osub_pool_config_t cfg;
+    osub_engine_config(d->e, &cfg);
+    size_t nc;
+    const osub_class_t *cls = osub_engine_classes(d->e, &nc);
+    int32_t lowest = 0;
+    for (size_t c = 0; c < nc; c++)
+        if (cls[c].level > lowest)
+            lowest = cls[c].level;
+    int64_t worst = 0; /* held in thousandths of usable, over the service's GPUs */
+    for (int32_t i = 0; i < si->n_slots; i++) {
+        osub_gpu_info_t g;
+        if (osub_engine_gpu_info(d->e, si->slots[i].gpu, &g) != 0 || g.usable_mib <= 0)
+            continue;
+        /* what is really in use counts, even where a service is over its grant */
+        int64_t in_use = g.held_mib > g.used_mib ? g.held_mib : g.used_mib;
+        int64_t per_mille = in_use * 1000 / g.usable_mib;
+        if (per_mille > worst)
+            worst = per_mille;
+    }
+    int64_t high = cfg.high_watermark_pct * 10;
+    if (worst <= high || lowest == 0)
+        return INT32_MAX;
+    if (worst <= high + (1000 - high) / 2)
+        return lowest;
+    return 1;
 }
 
 static bool serving(const osub_service_info_t *si)
@@ -551,6 +586,14 @@ static void on_request(struct evhttp_request *req, void *arg)
         if (v < deadline)
             deadline = v;
     }
+    if (prio >= shed_from(d, &si)) {
+        s->rej_shed++;
+        reply(req, 429, "Too Many Requests", "overloaded", "shed",
+              "the service's GPUs are above their high watermark: lower-priority requests are "
+              "turned away first",
+              retry_after(s));
+        return;
+    }
     int32_t lim = limit_of(d, id, &si);
     int32_t maxq = max_queue_of(d, id, lim);
     struct gw_req *r = calloc(1, sizeof(*r));
@@ -673,11 +716,11 @@ void osubd_gateway_metrics(struct osubd *d, struct evbuffer *b)
     evbuffer_add_printf(b, "# HELP oversub_gateway_requests_total Requests by outcome.\n"
                            "# TYPE oversub_gateway_requests_total counter\n");
     for (struct gw_svc *s = g->svcs; s; s = s->next) {
-        static const char *const what[] = {"admitted", "queue_full", "deadline", "not_running",
-                                           "backend_error"};
-        uint64_t v[] = {s->admitted, s->rej_full, s->rej_deadline, s->rej_unavailable,
-                        s->backend_errors};
-        for (int i = 0; i < 5; i++)
+        static const char *const what[] = {"admitted",    "queue_full", "deadline",
+                                           "not_running", "shed",       "backend_error"};
+        uint64_t v[] = {s->admitted,        s->rej_full, s->rej_deadline,
+                        s->rej_unavailable, s->rej_shed, s->backend_errors};
+        for (int i = 0; i < 6; i++)
             evbuffer_add_printf(b,
                                 "oversub_gateway_requests_total{service=\"%s\",outcome=\"%s\"} "
                                 "%llu\n",

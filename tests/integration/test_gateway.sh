@@ -155,5 +155,34 @@ pids+=($!)
 GW=$(waitline "$tmp/out2" "gateway on http://127.0.0.1:") || { bad "restart: $(cat "$tmp/err2")"; }
 expect "route after restart" "/echo" "$(curl -s "http://127.0.0.1:$GW/chat/echo" | json 'd["path"]')"
 
+# ---- shedding on one GPU: experiment first, then batch, never online ----
+"$bin" --listen 127.0.0.1:0 --gateway 127.0.0.1:0 --socket "" --state "$tmp/shed.db" \
+    --gpus sim:1x81920 --ratio 1.5 --tick-ms 100 >"$tmp/out3" 2>"$tmp/err3" &
+pids+=($!)
+PORT=$(waitline "$tmp/out3" "listening on http://127.0.0.1:") || bad "shed daemon: $(cat "$tmp/err3")"
+GW=$(waitline "$tmp/out3" "gateway on http://127.0.0.1:") || bad "shed daemon gateway"
+A="http://127.0.0.1:$PORT"
+G="http://127.0.0.1:$GW"
+for sv in o:online x:experiment b:batch; do
+    id=${sv%%:*}
+    expect "submit $id" 201 "$(submit "{\"id\":\"$id\",\"class\":\"${sv#*:}\",\"vram\":\"20GiB\",\"min_vram\":\"20GiB\",\"backends\":[\"$B\"]}")"
+    curl -s -X POST "$A/v1/services/$id/ready" >/dev/null
+done
+st() { curl -s -o /dev/null -w '%{http_code}' "$G/$1/echo"; }
+expect "no pressure: all served" "200 200 200" "$(st o) $(st b) $(st x)"
+use() { curl -s -o /dev/null -X PUT "$A/v1/services/$1/usage" -d "{\"vram_mib\":$2}"; }
+# 78000 of 81920 held: above the 95% high watermark, below halfway to full
+use o 30000; use b 25000; use x 23000
+expect "above the watermark: experiment shed" "200 200 429" "$(st o) $(st b) $(st x)"
+curl -s "$G/x/echo" | json 'd["error"]["reason"]' >"$tmp/shed.reason"
+expect "shed reason" shed "$(cat "$tmp/shed.reason")"
+# 81000: past halfway to full: batch shed too, online still served
+use o 33000
+expect "near full: batch shed too, online served" "200 429 429" "$(st o) $(st b) $(st x)"
+expect "an online client asking for experiment priority is shed" 429 "$(curl -s -o /dev/null -w '%{http_code}' -H 'X-Priority: experiment' "$G/o/echo")"
+use o 10000
+expect "pressure gone: all served" "200 200 200" "$(st o) $(st b) $(st x)"
+curl -s "$A/metrics" | grep -q 'oversub_gateway_requests_total{service="x",outcome="shed"} [1-9]' && ok || bad "shed not counted"
+
 echo "test_gateway: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
