@@ -6,7 +6,7 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build run scenario test test-unit test-asan bench bench-engine bench-sim bench-daemon format format-check clean help
+.PHONY: all deps build run scenario test test-unit test-asan bench bench-engine bench-sim bench-daemon bench-gateway format format-check clean help
 
 all: build
 
@@ -17,6 +17,8 @@ help:
 	@echo "make bench      run the benchmarks (bench/): engine throughput, latency, instructions, memory"
 	@echo "make bench-sim  the simulator's replay rate (a synthetic week, the GenAI trace)"
 	@echo "make bench-daemon  oversubd on loopback: GET /v1/pool vs nginx, durable mutations vs bare SQLite, RSS"
+	@echo "make bench-gateway the gateway vs nginx and haproxy on one backend, and its rejection path"
+	@echo "make bench-gateway the gateway vs nginx and haproxy on one backend, and its rejection path"
 	@echo "make format     clang-format every C file in place"
 	@echo "make clean      remove the build folders"
 
@@ -55,7 +57,13 @@ test-asan: deps $(ASAN_BUILD)/CMakeCache.txt
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		ctest --output-on-failure -j $(JOBS)
 
-bench: bench-engine bench-sim bench-daemon
+bench: bench-engine bench-sim bench-daemon bench-gateway
+
+bench-gateway:
+	@scripts/install-deps.sh bench
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS) --target oversubd bench_backend
+	./bench/run-gateway.sh $(BUILD)
 
 bench-daemon:
 	@scripts/install-deps.sh bench

@@ -45,6 +45,7 @@ struct gw_conn {
     struct evhttp_connection *evcon;
     int backend;
     bool busy;
+    char host[300]; /* the Host header for this backend */
 };
 
 struct osub_gateway;
@@ -156,14 +157,10 @@ static void reply(struct evhttp_request *req, int code, const char *phrase, cons
         snprintf(ra, sizeof(ra), "%d", retry_after);
         evhttp_add_header(h, "Retry-After", ra);
     }
-    json_t *j = json_pack("{s:{s:s, s:s, s:s}}", "error", "code", ecode, "reason", reason,
-                          "message", msg);
-    char *text = json_dumps(j, JSON_COMPACT);
-    json_decref(j);
+    /* the strings are ours, none needs escaping: no JSON library on the rejection path */
     struct evbuffer *b = evbuffer_new();
-    if (text != NULL)
-        evbuffer_add_printf(b, "%s\n", text);
-    free(text);
+    evbuffer_add_printf(b, "{\"error\":{\"code\":\"%s\",\"reason\":\"%s\",\"message\":\"%s\"}}\n",
+                        ecode, reason, msg);
     evhttp_send_reply(req, code, phrase, b);
     evbuffer_free(b);
 }
@@ -373,6 +370,10 @@ static struct gw_conn *conn_for(struct gw_svc *s, int backend, const char *url)
         return NULL;
     evhttp_connection_set_timeout(c->evcon, 60);
     c->backend = backend;
+    snprintf(c->host, sizeof(c->host), "%s", url + (strncmp(url, "http://", 7) == 0 ? 7 : 0));
+    char *slash = strchr(c->host, '/');
+    if (slash != NULL)
+        *slash = '\0';
     c->busy = false;
     return c;
 }
@@ -407,13 +408,7 @@ static void dispatch(struct osub_gateway *g, struct gw_req *r)
         if (!hop_by_hop(h->key, in) && strcasecmp(h->key, "Host") != 0 &&
             strcasecmp(h->key, "X-Forwarded-For") != 0)
             evhttp_add_header(out, h->key, h->value);
-    struct evhttp_uri *u = evhttp_uri_parse(json_string_value(json_array_get(backends, (size_t)b)));
-    char host[300];
-    snprintf(host, sizeof(host), "%s:%d", u ? evhttp_uri_get_host(u) : "backend",
-             u ? evhttp_uri_get_port(u) : 80);
-    if (u)
-        evhttp_uri_free(u);
-    evhttp_add_header(out, "Host", host);
+    evhttp_add_header(out, "Host", c->host);
     char *peer = NULL;
     ev_uint16_t port = 0;
     evhttp_connection_get_peer(evhttp_request_get_connection(r->req), &peer, &port);
@@ -586,7 +581,7 @@ static void on_request(struct evhttp_request *req, void *arg)
         if (v < deadline)
             deadline = v;
     }
-    if (prio >= shed_from(d, &si)) {
+    if (prio > 0 && prio >= shed_from(d, &si)) {
         s->rej_shed++;
         reply(req, 429, "Too Many Requests", "overloaded", "shed",
               "the service's GPUs are above their high watermark: lower-priority requests are "

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# run-gateway.sh - oversub's gateway against nginx and haproxy in one run, same backend
+# (bench_backend), one worker each, keep-alive on both sides; the proxy on core 0, wrk and the
+# backend on core 1 (when there are two). Then the rejection path: every request answered 429.
+# Usage: bench/run-gateway.sh [BUILD_DIR]   (make bench-gateway)
+set -euo pipefail
+build=$(realpath "${1:-build}")
+runs=${RUNS:-3}
+dur=${DURATION:-4}
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/oversub-gw.XXXXXX")
+procs=()
+cleanup() { for p in "${procs[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+if [ "$(nproc)" -ge 2 ]; then P0="taskset -c 0"; P1="taskset -c 1"; else P0=""; P1=""; fi
+waitfor() { for _ in $(seq 1 100); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done; return 1; }
+
+$P1 "$build/bench/bench_backend" >"$tmp/backend.out" &
+procs+=($!)
+waitfor "$tmp/backend.out" "port " || { echo "backend did not start"; exit 1; }
+bport=$(awk '{print $2}' "$tmp/backend.out")
+
+# oversub: one event loop (its writer thread sleeps: no commands during the run)
+$P0 "$build/oversubd" --listen 127.0.0.1:0 --gateway 127.0.0.1:0 --socket "" \
+    --state "$tmp/state.db" --gpus sim:8x81920 --ratio 1.5 --tick-ms 1000 >"$tmp/o.out" 2>"$tmp/o.err" &
+procs+=($!)
+waitfor "$tmp/o.out" "gateway on" || { echo "oversubd did not start: $(cat "$tmp/o.err")"; exit 1; }
+api=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$tmp/o.out" | head -1 | sed 's/.*://')
+gw=$(grep -o 'gateway on http://127.0.0.1:[0-9]*' "$tmp/o.out" | sed 's/.*://')
+curl -s -o /dev/null -X POST "http://127.0.0.1:$api/v1/services" \
+    -d "{\"id\":\"bench\",\"class\":\"online\",\"vram\":\"10GiB\",\"backends\":[\"http://127.0.0.1:$bport\"],\"max_inflight\":64,\"max_queue\":1024}"
+curl -s -o /dev/null -X POST "http://127.0.0.1:$api/v1/services/bench/ready"
+curl -s -o /dev/null -X POST "http://127.0.0.1:$api/v1/services" \
+    -d "{\"id\":\"full\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"http://127.0.0.1:$bport\"],\"max_inflight\":1,\"max_queue\":0}"
+curl -s -o /dev/null -X POST "http://127.0.0.1:$api/v1/services/full/ready"
+
+nport=$(free_port)
+mkdir -p "$tmp/n"
+cat >"$tmp/nginx.conf" <<NG
+daemon off; master_process off; worker_processes 1;
+error_log $tmp/nginx.err; pid $tmp/nginx.pid;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $tmp/n/b; proxy_temp_path $tmp/n/p; fastcgi_temp_path $tmp/n/f;
+    uwsgi_temp_path $tmp/n/u; scgi_temp_path $tmp/n/s;
+    upstream backend { server 127.0.0.1:$bport; keepalive 64; }
+    server {
+        listen 127.0.0.1:$nport;
+        location /bench/ {
+            proxy_pass http://backend/;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+}
+NG
+$P0 nginx -c "$tmp/nginx.conf" -p "$tmp" &
+procs+=($!)
+hport=$(free_port)
+cat >"$tmp/haproxy.cfg" <<HA
+global
+    nbthread 1
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+    http-reuse always
+frontend fe
+    bind 127.0.0.1:$hport
+    http-request set-path %[path,regsub(^/bench/,/)]
+    default_backend be
+backend be
+    server b1 127.0.0.1:$bport
+HA
+$P0 haproxy -f "$tmp/haproxy.cfg" -q &
+procs+=($!)
+sleep 0.5
+for p in "$gw" "$nport" "$hport"; do
+    c=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$p/bench/x")
+    [ "$c" = 200 ] || { echo "proxy on $p answers $c"; exit 1; }
+done
+
+echo "machine: $(nproc) CPUs; proxies on core 0, wrk and the backend on core 1; $runs runs x ${dur}s; wrk -t1 -c64"
+for name in oversub:$gw nginx:$nport haproxy:$hport; do
+    : >"$tmp/rps.${name%%:*}"
+    : >"$tmp/lat.${name%%:*}"
+done
+for r in $(seq 1 "$runs"); do
+    for name in oversub:$gw nginx:$nport haproxy:$hport; do
+        $P1 wrk -t1 -c64 -d"${dur}s" --latency "http://127.0.0.1:${name#*:}/bench/x" >"$tmp/w"
+        awk '/^Requests\/sec:/ {print $2}' "$tmp/w" >>"$tmp/rps.${name%%:*}"
+        awk '/^ +50%/ {p50=$2} /^ +99%/ {p99=$2} END {print p50, p99}' "$tmp/w" >>"$tmp/lat.${name%%:*}"
+    done
+done
+ours=$(median <"$tmp/rps.oversub")
+for name in oversub nginx haproxy; do
+    m=$(median <"$tmp/rps.$name")
+    printf '%-8s %s -> median %s req/s; p50 p99 of the runs: %s; ours/%s %.2f\n' "$name" \
+        "$(tr '\n' ' ' <"$tmp/rps.$name")" "$m" "$(tr '\n' ';' <"$tmp/lat.$name")" "$name" \
+        "$(awk -v a="$ours" -v b="$m" 'BEGIN {print a/b}')"
+done
+
+# the rejection path: the only slot is held by a request that never ends, the queue is 0
+curl -s -o /dev/null -m 600 "http://127.0.0.1:$gw/full/hang" &
+procs+=($!)
+sleep 0.3
+c=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$gw/full/x")
+[ "$c" = 429 ] || { echo "rejection path answers $c, not 429"; exit 1; }
+: >"$tmp/rps.reject"
+for r in $(seq 1 "$runs"); do
+    $P1 wrk -t1 -c64 -d"${dur}s" "http://127.0.0.1:$gw/full/x" | awk '/^Requests\/sec:/ {print $2}' >>"$tmp/rps.reject"
+done
+rej=$(median <"$tmp/rps.reject")
+echo "rejection path (every request 429): $(tr '\n' ' ' <"$tmp/rps.reject")-> median $rej req/s; $(awk -v a="$rej" -v b="$ours" 'BEGIN {printf "%.2f", a/b}')x our proxied rate (target >= 3x)"
+echo "(target: oversub >= 1.0x nginx)"
+[ -n "${PERF_PAUSE:-}" ] && sleep "$PERF_PAUSE"
