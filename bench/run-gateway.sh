@@ -116,4 +116,3 @@ done
 rej=$(median <"$tmp/rps.reject")
 echo "rejection path (every request 429): $(tr '\n' ' ' <"$tmp/rps.reject")-> median $rej req/s; $(awk -v a="$rej" -v b="$ours" 'BEGIN {printf "%.2f", a/b}')x our proxied rate (target >= 3x)"
 echo "(target: oversub >= 1.0x nginx)"
-[ -n "${PERF_PAUSE:-}" ] && sleep "$PERF_PAUSE"
