@@ -33,7 +33,8 @@ int main(int argc, char **argv)
     struct event_base *base = event_base_new();
     struct evhttp *http = evhttp_new(base);
     evhttp_set_gencb(http, on_request, NULL);
-    struct evhttp_bound_socket *h = evhttp_bind_socket_with_handle(http, "127.0.0.1", (uint16_t)port);
+    struct evhttp_bound_socket *h =
+        evhttp_bind_socket_with_handle(http, "127.0.0.1", (uint16_t)port);
     if (h == NULL) {
         fprintf(stderr, "bench_backend: cannot listen\n");
         return 1;

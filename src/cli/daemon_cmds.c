@@ -86,15 +86,14 @@ static int cmd_status(void)
         return ex;
     }
     if (as_json) {
-        json_t *all = json_pack("{s:O, s:O}", "pool", pool, "services",
-                                json_object_get(svcs, "services"));
+        json_t *all =
+            json_pack("{s:O, s:O}", "pool", pool, "services", json_object_get(svcs, "services"));
         print_json(all);
         json_decref(all);
     } else {
         json_t *u = json_object_get(pool, "utilization");
         printf("ratio %s   used %.1f%%   held %.1f%%   logical %.1f%%%s\n\n",
-               gets_(pool, "ratio_text"),
-               100 * json_number_value(json_object_get(u, "used")),
+               gets_(pool, "ratio_text"), 100 * json_number_value(json_object_get(u, "used")),
                100 * json_number_value(json_object_get(u, "held")),
                100 * json_number_value(json_object_get(u, "logical")),
                json_is_true(json_object_get(pool, "overcommitted")) ? "   OVER-COMMITTED" : "");
@@ -111,8 +110,8 @@ static int cmd_status(void)
                    json_is_true(json_object_get(g, "cordoned")) ? "cordoned " : "",
                    json_is_true(json_object_get(g, "lost")) ? "lost" : "");
         }
-        printf("\n%-24s %-10s %-9s %9s %9s %9s  %s\n", "SERVICE", "CLASS", "STATE", "grant",
-               "held", "used", "GPUs");
+        printf("\n%-24s %-10s %-9s %9s %9s %9s  %s\n", "SERVICE", "CLASS", "STATE", "grant", "held",
+               "used", "GPUs");
         json_t *s;
         json_array_foreach(json_object_get(svcs, "services"), i, s)
         {
@@ -149,11 +148,11 @@ static int size_arg(const char *opt, const char *v, int64_t *out)
 static int cmd_deploy(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"class", required_argument, NULL, 'c'},   {"vram", required_argument, NULL, 'v'},
-        {"min-vram", required_argument, NULL, 'm'}, {"gpus", required_argument, NULL, 'g'},
-        {"compute", required_argument, NULL, 'C'}, {"exclusive", no_argument, NULL, 'x'},
-        {"no-queue", no_argument, NULL, 'n'},      {"dry-run", no_argument, NULL, 'd'},
-        {"resumable", no_argument, NULL, 'r'},     {"batch", required_argument, NULL, 'b'},
+        {"class", required_argument, NULL, 'c'},     {"vram", required_argument, NULL, 'v'},
+        {"min-vram", required_argument, NULL, 'm'},  {"gpus", required_argument, NULL, 'g'},
+        {"compute", required_argument, NULL, 'C'},   {"exclusive", no_argument, NULL, 'x'},
+        {"no-queue", no_argument, NULL, 'n'},        {"dry-run", no_argument, NULL, 'd'},
+        {"resumable", no_argument, NULL, 'r'},       {"batch", required_argument, NULL, 'b'},
         {"min-batch", required_argument, NULL, 'B'}, {NULL, 0, NULL, 0}};
     if (argc < 2 || argv[1][0] == '-') {
         fprintf(stderr, "usage: oversub deploy ID --class CLASS --vram 120GiB [--min-vram 60GiB] "
@@ -290,8 +289,8 @@ static int cmd_events(int argc, char **argv)
                 localtime_r(&t, &tm);
                 char ts[32];
                 strftime(ts, sizeof(ts), "%H:%M:%S", &tm);
-                printf("%6lld %s %-9s %-14s %s\n", (long long)geti(e, "seq"), ts,
-                       gets_(e, "kind"), gets_(e, "reason"), gets_(e, "message"));
+                printf("%6lld %s %-9s %-14s %s\n", (long long)geti(e, "seq"), ts, gets_(e, "kind"),
+                       gets_(e, "reason"), gets_(e, "message"));
             }
         }
         fflush(stdout);

@@ -349,8 +349,7 @@ int cli_demo(int argc, char **argv)
         }
     } else {
         if (mkdtemp(dir) == NULL) {
-            fprintf(stderr, "oversub demo: cannot make a temporary folder: %s\n",
-                    strerror(errno));
+            fprintf(stderr, "oversub demo: cannot make a temporary folder: %s\n", strerror(errno));
             return 3;
         }
         pid = start_daemon(dir);

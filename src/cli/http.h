@@ -12,8 +12,8 @@ struct http_target {
 };
 
 struct http_resp {
-    int status;   /* 0 when the daemon could not be reached */
-    char *body;   /* malloc'd, NUL-terminated */
+    int status; /* 0 when the daemon could not be reached */
+    char *body; /* malloc'd, NUL-terminated */
     size_t len;
 };
 

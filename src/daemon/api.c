@@ -521,7 +521,8 @@ static void h_service_cmd(struct osubd *d, struct evhttp_request *req, const cha
         if (!json_is_integer(pid) || json_integer_value(pid) < 1 ||
             json_integer_value(pid) > 4194304) {
             json_decref(j);
-            reply_error(d, req, 422, "invalid_argument", "\"pid\" must be a process id (1 to 4194304)");
+            reply_error(d, req, 422, "invalid_argument",
+                        "\"pid\" must be a process id (1 to 4194304)");
             return;
         }
         if (osub_engine_service_info(d->e, id, &(osub_service_info_t){0}) == 0) {
@@ -783,8 +784,8 @@ static const double lat_bounds[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.00
 
 static void h_metrics(struct osubd *d, struct evhttp_request *req, const char *query)
 {
-    bool per_service = d->cfg.metrics_per_service ||
-                       (query != NULL && strstr(query, "per_service=1") != NULL);
+    bool per_service =
+        d->cfg.metrics_per_service || (query != NULL && strstr(query, "per_service=1") != NULL);
     struct evbuffer *b = evbuffer_new();
     osub_pool_info_t p;
     osub_engine_pool_info(d->e, &p);
@@ -844,8 +845,8 @@ static void h_metrics(struct osubd *d, struct evhttp_request *req, const char *q
     }
     for (size_t c = 0; c < nc && c < MAXC; c++)
         for (int st = 0; st < NST; st++)
-            evbuffer_add_printf(b, "oversub_services{class=\"%s\",state=\"%s\"} %d\n",
-                                cls[c].name, osub_state_name((osub_state_t)st), counts[c][st]);
+            evbuffer_add_printf(b, "oversub_services{class=\"%s\",state=\"%s\"} %d\n", cls[c].name,
+                                osub_state_name((osub_state_t)st), counts[c][st]);
     if (per_service) {
         /* opt-in (?per_service=1 or metrics_per_service: true): one series per service */
         static const char *const what[] = {"grant", "held", "used"};

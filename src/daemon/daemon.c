@@ -78,10 +78,9 @@ static int snapshot_now(struct osubd *d)
     free(snap);
     if (rc == 0) {
         d->since_snapshot = 0;
-        osub_store_trim_events(d->store, d->cfg.events_keep,
-                               d->cfg.events_days > 0
-                                   ? osubd_unix_ms() - d->cfg.events_days * 86400000LL
-                                   : 0);
+        osub_store_trim_events(
+            d->store, d->cfg.events_keep,
+            d->cfg.events_days > 0 ? osubd_unix_ms() - d->cfg.events_days * 86400000LL : 0);
     }
     return rc;
 }
@@ -149,8 +148,8 @@ int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *e
         char *meta = d->pids_dirty || d->routes_dirty ? daemon_meta(d) : NULL;
         if (meta != NULL)
             d->pids_dirty = d->routes_dirty = false;
-        d->applied_ticket = osub_writer_add(d->writer, now, now + d->base_unix_ms, ctext, texts,
-                                            n, snap, meta);
+        d->applied_ticket =
+            osub_writer_add(d->writer, now, now + d->base_unix_ms, ctext, texts, n, snap, meta);
         return rc;
     }
     char **texts = calloc(n ? n : 1, sizeof(*texts));
@@ -254,17 +253,15 @@ static int replay_cb(void *arg, int64_t seq, int64_t engine_ms, int64_t unix_ms,
 /* The pool: NVML's GPUs ("auto" when a driver answers, "nvml"), else simulated ("auto",
  * "sim:8x81920"). names and d->uuids are filled for NVML. */
 static int pool_from(struct osubd *d, const char *gpus, int64_t *vram, char (*names)[96],
-                     size_t cap, size_t *n, char *desc, size_t desclen, char *err,
-                     size_t errlen)
+                     size_t cap, size_t *n, char *desc, size_t desclen, char *err, size_t errlen)
 {
     const char *spec = gpus;
     for (size_t i = 0; i < cap; i++)
         names[i][0] = '\0';
     if (strcmp(gpus, "auto") == 0 || strcmp(gpus, "nvml") == 0) {
         char nerr[300];
-        if (d->nvml == NULL &&
-            osub_nvml_open(d->cfg.nvml_lib[0] ? d->cfg.nvml_lib : NULL, &d->nvml, nerr,
-                           sizeof(nerr)) != 0) {
+        if (d->nvml == NULL && osub_nvml_open(d->cfg.nvml_lib[0] ? d->cfg.nvml_lib : NULL, &d->nvml,
+                                              nerr, sizeof(nerr)) != 0) {
             if (strcmp(gpus, "nvml") == 0) {
                 snprintf(err, errlen, "--gpus nvml: %s", nerr);
                 return -1;
@@ -289,8 +286,8 @@ static int pool_from(struct osubd *d, const char *gpus, int64_t *vram, char (*na
             }
             *n = k < cap ? k : cap;
             d->n_uuids = (int32_t)*n;
-            snprintf(desc, desclen, "%zu GPU(s) from NVML (the first: %s, %lld MiB)", k,
-                     g[0].name, (long long)g[0].total_mib);
+            snprintf(desc, desclen, "%zu GPU(s) from NVML (the first: %s, %lld MiB)", k, g[0].name,
+                     (long long)g[0].total_mib);
             return 0;
         }
     } else if (strncmp(gpus, "sim:", 4) == 0) {
@@ -324,8 +321,7 @@ static void check_gpus_found(struct osubd *d)
     int32_t i = 0;
     char *save = NULL;
     d->n_uuids = 0;
-    for (char *u = strtok_r(stored, ",", &save); u && i < 64;
-         u = strtok_r(NULL, ",", &save), i++) {
+    for (char *u = strtok_r(stored, ",", &save); u && i < 64; u = strtok_r(NULL, ",", &save), i++) {
         snprintf(d->uuids[i], sizeof(d->uuids[i]), "%s", u);
         d->n_uuids = i + 1;
         bool found = false;
@@ -646,9 +642,8 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
                     pool, d->cfg.gpus);
         if (pool != NULL && strcmp(pool, "nvml") == 0) {
             char nerr[300];
-            if (d->nvml == NULL &&
-                osub_nvml_open(d->cfg.nvml_lib[0] ? d->cfg.nvml_lib : NULL, &d->nvml, nerr,
-                               sizeof(nerr)) != 0) {
+            if (d->nvml == NULL && osub_nvml_open(d->cfg.nvml_lib[0] ? d->cfg.nvml_lib : NULL,
+                                                  &d->nvml, nerr, sizeof(nerr)) != 0) {
                 /* marking every GPU lost would throw the services out: refuse instead */
                 snprintf(err, errlen,
                          "%s holds the state of NVML GPUs, but NVML does not answer (%s); "
@@ -686,7 +681,8 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
     if (osub_writer_start(d->cfg.state_path, d->last_seq, d->cfg.events_keep, d->cfg.events_days,
                           &d->writer, err, errlen) != 0)
         return -1;
-    d->writer_ev = event_new(d->base, osub_writer_fd(d->writer), EV_READ | EV_PERSIST, on_writer, d);
+    d->writer_ev =
+        event_new(d->base, osub_writer_fd(d->writer), EV_READ | EV_PERSIST, on_writer, d);
     if (d->writer_ev == NULL || event_add(d->writer_ev, NULL) != 0) {
         snprintf(err, errlen, "cannot watch the writer");
         return -1;

@@ -25,7 +25,7 @@ struct osubd_config {
     int64_t snapshot_every; /* commands between snapshots */
     int64_t events_keep;
     int64_t events_days; /* 0: no age limit */
-    char nvml_lib[512]; /* "" = libnvidia-ml.so.1 or $OSUB_NVML_LIB */
+    char nvml_lib[512];  /* "" = libnvidia-ml.so.1 or $OSUB_NVML_LIB */
     int64_t poll_ms;
     bool metrics_per_service; /* per-service series on /metrics (cardinality: opt-in) */
     char gateway_host[256];   /* "" = no gateway */
@@ -67,8 +67,8 @@ struct osubd {
     struct osub_gateway *gw;
     bool routes_dirty;
     uint8_t service_key[32]; /* per-service tokens: HMAC-SHA256(key, id) */
-    uint64_t state_version; /* counts the commands applied: cached answers key on it */
-    char *pool_text;        /* GET /v1/pool's body at pool_text_version */
+    uint64_t state_version;  /* counts the commands applied: cached answers key on it */
+    char *pool_text;         /* GET /v1/pool's body at pool_text_version */
     size_t pool_text_len;
     uint64_t pool_text_version;
     bool fatal;
@@ -89,8 +89,8 @@ void osubd_stop(struct osubd *d);
 
 /* Applies a command at the current time and logs it with its events: before returning (no
  * writer yet, at start-up), or through the writer, in which case every reply is held until
- * the command is durable. Wakes long-polls once the events are on disk. Returns the engine's code; *logged says whether it reached the engine.
- * OSUB_EINVAL with err for a malformed command. */
+ * the command is durable. Wakes long-polls once the events are on disk. Returns the engine's code;
+ * *logged says whether it reached the engine. OSUB_EINVAL with err for a malformed command. */
 int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *err, size_t errlen);
 
 /* The token a service's own calls (usage, ready, ack, exited) may carry instead of the admin

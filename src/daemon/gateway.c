@@ -59,9 +59,11 @@ struct gw_svc {
     struct gw_conn conns[GW_CONNS];
     int32_t n_conns;
     uint32_t rr;
-    uint64_t admitted, completed, rej_full, rej_deadline, rej_unavailable, rej_shed,
-        backend_errors;
+    uint64_t admitted, completed, rej_full, rej_deadline, rej_unavailable, rej_shed, backend_errors;
     double rate, last_done; /* completions a second (moving average), and when the last was */
+    /* a backend that failed is out of rotation until down_until; the first request after
+     * that probes it (failing again doubles the wait, up to 30 s) */
+    double down_until[16], backoff[16];
 };
 
 struct osub_gateway {
@@ -105,8 +107,8 @@ int osubd_gateway_take(json_t *spec, json_t **route, char *err, size_t errlen)
             if (uri)
                 evhttp_uri_free(uri);
             if (!ok) {
-                snprintf(err, errlen,
-                         "field 'backends': entry %zu is not an http://HOST:PORT URL", i);
+                snprintf(err, errlen, "field 'backends': entry %zu is not an http://HOST:PORT URL",
+                         i);
                 json_decref(r);
                 return -1;
             }
@@ -117,7 +119,8 @@ int osubd_gateway_take(json_t *spec, json_t **route, char *err, size_t errlen)
     static const struct {
         const char *name;
         json_int_t lo, hi;
-    } ints[] = {{"max_inflight", 1, GW_CONNS}, {"max_queue", 0, 100000}, {"queue_timeout_ms", 1, 600000}};
+    } ints[] = {
+        {"max_inflight", 1, GW_CONNS}, {"max_queue", 0, 100000}, {"queue_timeout_ms", 1, 600000}};
     for (size_t k = 0; k < sizeof(ints) / sizeof(ints[0]); k++) {
         json_t *v = json_object_get(spec, ints[k].name);
         if (v == NULL)
@@ -185,16 +188,18 @@ static int32_t limit_of(const struct osubd *d, const char *id, const osub_servic
 {
     json_t *r = route_of(d, id);
     json_t *m = json_object_get(r, "max_inflight");
-    int32_t base = m ? (int32_t)json_integer_value(m)
-                     : si->spec->batch_size > 0 ? si->spec->batch_size : 8;
+    int32_t base = m                          ? (int32_t)json_integer_value(m)
+                   : si->spec->batch_size > 0 ? si->spec->batch_size
+                                              : 8;
     if (base > GW_CONNS)
         base = GW_CONNS;
     if (si->state == OSUB_STATE_DEGRADED) {
         /* for a continuous-batching server the in-flight count is the batch */
         int32_t mb = si->spec->min_batch_size;
-        int32_t lim = mb > 0 ? mb : (si->batch_size > 0 && si->spec->batch_size > 0
-                                         ? base * si->batch_size / si->spec->batch_size
-                                         : base / 2);
+        int32_t lim = mb > 0 ? mb
+                             : (si->batch_size > 0 && si->spec->batch_size > 0
+                                    ? base * si->batch_size / si->spec->batch_size
+                                    : base / 2);
         if (lim < 1)
             lim = 1;
         return lim < base ? lim : base;
@@ -250,9 +255,14 @@ static bool serving(const osub_service_info_t *si)
 
 static bool hop_by_hop(const char *name, const struct evkeyvalq *in)
 {
-    static const char *const hop[] = {"Connection",        "Keep-Alive", "Proxy-Connection",
-                                      "TE",                "Trailer",    "Transfer-Encoding",
-                                      "Upgrade",           "Proxy-Authenticate",
+    static const char *const hop[] = {"Connection",
+                                      "Keep-Alive",
+                                      "Proxy-Connection",
+                                      "TE",
+                                      "Trailer",
+                                      "Transfer-Encoding",
+                                      "Upgrade",
+                                      "Proxy-Authenticate",
                                       "Proxy-Authorization"};
     for (size_t i = 0; i < sizeof(hop) / sizeof(hop[0]); i++)
         if (strcasecmp(name, hop[i]) == 0)
@@ -312,8 +322,14 @@ static void on_backend_done(struct evhttp_request *breq, void *arg)
     struct gw_req *r = arg;
     struct gw_svc *s = r->svc;
     int code = breq ? evhttp_request_get_response_code(breq) : 0;
+    int bi = r->conn != NULL ? r->conn->backend : -1;
     if (code == 0 || r->error >= 0) {
         s->backend_errors++;
+        if (bi >= 0 && bi < 16) {
+            s->backoff[bi] =
+                s->backoff[bi] > 0 ? (s->backoff[bi] * 2 > 30 ? 30 : s->backoff[bi] * 2) : 1;
+            s->down_until[bi] = now_s() + s->backoff[bi];
+        }
         if (r->started) {
             evhttp_send_reply_end(r->req); /* the body stops short: the client sees it */
         } else if (r->error == EVREQ_HTTP_TIMEOUT) {
@@ -329,12 +345,17 @@ static void on_backend_done(struct evhttp_request *breq, void *arg)
             r->conn->evcon = NULL;
         }
     } else if (r->started) {
+        if (bi >= 0 && bi < 16)
+            s->backoff[bi] = 0;
         evhttp_send_reply_end(r->req);
     } else {
+        if (bi >= 0 && bi < 16)
+            s->backoff[bi] = 0;
         r->breq = breq;
         copy_response_head(r);
         const char *phrase = evhttp_request_get_response_code_line(breq);
-        evhttp_send_reply(r->req, code, phrase ? phrase : "OK", evhttp_request_get_input_buffer(breq));
+        evhttp_send_reply(r->req, code, phrase ? phrase : "OK",
+                          evhttp_request_get_input_buffer(breq));
     }
     double t = now_s();
     if (s->last_done > 0) {
@@ -384,8 +405,11 @@ static void dispatch(struct osub_gateway *g, struct gw_req *r)
     json_t *backends = json_object_get(route_of(g->d, s->id), "backends");
     size_t nb = json_array_size(backends);
     int b = nb ? (int)(s->rr++ % nb) : 0;
-    struct gw_conn *c = nb ? conn_for(s, b, json_string_value(json_array_get(backends, (size_t)b)))
-                           : NULL;
+    double t = now_s();
+    for (size_t k = 0; k < nb && s->down_until[b] > t; k++)
+        b = (int)(s->rr++ % nb); /* skip backends out of rotation (all out: probe one) */
+    struct gw_conn *c =
+        nb ? conn_for(s, b, json_string_value(json_array_get(backends, (size_t)b))) : NULL;
     if (c == NULL) {
         s->backend_errors++;
         reply(r->req, 502, "Bad Gateway", "backend_unavailable", "no_backend",
@@ -615,8 +639,7 @@ static void on_request(struct evhttp_request *req, void *arg)
         } else {
             s->rej_full++;
             reply(req, 429, "Too Many Requests", "overloaded", "queue_full",
-                  "the service is at its concurrency limit and its queue is full",
-                  retry_after(s));
+                  "the service is at its concurrency limit and its queue is full", retry_after(s));
         }
         return;
     }
@@ -647,11 +670,11 @@ int osubd_gateway_init(struct osubd *d, char *err, size_t errlen)
     evhttp_set_max_body_size(g->http, 64 * 1024 * 1024);
     evhttp_set_timeout(g->http, 30);
     evhttp_set_allowed_methods(g->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
-                                            EVHTTP_REQ_DELETE | EVHTTP_REQ_PATCH |
-                                            EVHTTP_REQ_HEAD | EVHTTP_REQ_OPTIONS);
+                                            EVHTTP_REQ_DELETE | EVHTTP_REQ_PATCH | EVHTTP_REQ_HEAD |
+                                            EVHTTP_REQ_OPTIONS);
     evhttp_set_gencb(g->http, on_request, g);
-    struct evhttp_bound_socket *h = evhttp_bind_socket_with_handle(
-        g->http, d->cfg.gateway_host, (uint16_t)d->cfg.gateway_port);
+    struct evhttp_bound_socket *h =
+        evhttp_bind_socket_with_handle(g->http, d->cfg.gateway_host, (uint16_t)d->cfg.gateway_port);
     if (h == NULL) {
         snprintf(err, errlen, "--gateway %s:%d: cannot listen there", d->cfg.gateway_host,
                  d->cfg.gateway_port);
@@ -702,8 +725,7 @@ void osubd_gateway_metrics(struct osubd *d, struct evbuffer *b)
     evbuffer_add_printf(b, "# HELP oversub_gateway_inflight Requests in flight to a service.\n"
                            "# TYPE oversub_gateway_inflight gauge\n");
     for (struct gw_svc *s = g->svcs; s; s = s->next)
-        evbuffer_add_printf(b, "oversub_gateway_inflight{service=\"%s\"} %d\n", s->id,
-                            s->inflight);
+        evbuffer_add_printf(b, "oversub_gateway_inflight{service=\"%s\"} %d\n", s->id, s->inflight);
     evbuffer_add_printf(b, "# HELP oversub_gateway_queued Requests waiting in a service's queue.\n"
                            "# TYPE oversub_gateway_queued gauge\n");
     for (struct gw_svc *s = g->svcs; s; s = s->next)

@@ -67,8 +67,8 @@ int osub_nvml_open(const char *path, osub_nvml_t **out, char *err, size_t errlen
     *(void **)&n->procs = dlsym(n->lib, "nvmlDeviceGetComputeRunningProcesses_v3");
     if (n->procs == NULL)
         *(void **)&n->procs = dlsym(n->lib, "nvmlDeviceGetComputeRunningProcesses_v2");
-    if (!n->init || !n->shutdown || !n->count || !n->handle || !n->name || !n->uuid ||
-        !n->memory || !n->util) {
+    if (!n->init || !n->shutdown || !n->count || !n->handle || !n->name || !n->uuid || !n->memory ||
+        !n->util) {
         snprintf(err, errlen, "%s lacks the NVML calls oversubd needs", path);
         dlclose(n->lib);
         free(n);
@@ -76,8 +76,8 @@ int osub_nvml_open(const char *path, osub_nvml_t **out, char *err, size_t errlen
     }
     nvml_ret rc = n->init();
     if (rc != 0) {
-        snprintf(err, errlen, "%s: nvmlInit failed (error %d): is the NVIDIA driver loaded?",
-                 path, rc);
+        snprintf(err, errlen, "%s: nvmlInit failed (error %d): is the NVIDIA driver loaded?", path,
+                 rc);
         dlclose(n->lib);
         free(n);
         return -1;
@@ -111,7 +111,8 @@ int osub_nvml_read(osub_nvml_t *n, struct nvml_gpu *gpus, size_t cap, size_t *n_
         struct nvml_gpu *g = &gpus[k];
         memset(g, 0, sizeof(*g));
         if (n->handle(i, &d) != 0 || n->memory(d, &m) != 0 ||
-            n->uuid(d, g->uuid, sizeof(g->uuid)) != 0 || n->name(d, g->name, sizeof(g->name)) != 0) {
+            n->uuid(d, g->uuid, sizeof(g->uuid)) != 0 ||
+            n->name(d, g->name, sizeof(g->name)) != 0) {
             snprintf(err, errlen, "NVML cannot read GPU %u", i);
             return -1;
         }

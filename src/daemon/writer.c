@@ -83,10 +83,9 @@ static int commit_batch(osub_writer_t *w, struct item *batch, int64_t *log_seq, 
     for (struct item *it = batch; it != NULL; it = it->next) {
         int64_t seqs[64];
         int64_t *ev = it->n_events <= 64 ? seqs : malloc(it->n_events * sizeof(*ev));
-        if (ev == NULL ||
-            osub_store_append_with_events(w->store, it->engine_ms, it->unix_ms, it->cmd,
-                                          (const char *const *)it->events, it->n_events, log_seq,
-                                          ev) != 0) {
+        if (ev == NULL || osub_store_append_with_events(w->store, it->engine_ms, it->unix_ms,
+                                                        it->cmd, (const char *const *)it->events,
+                                                        it->n_events, log_seq, ev) != 0) {
             if (ev != seqs)
                 free(ev);
             osub_store_rollback(w->store);
@@ -247,8 +246,7 @@ uint64_t osub_writer_add(osub_writer_t *w, int64_t engine_ms, int64_t unix_ms, c
     return ticket;
 }
 
-int osub_writer_progress(osub_writer_t *w, struct osub_writer_progress *p, char *err,
-                         size_t errlen)
+int osub_writer_progress(osub_writer_t *w, struct osub_writer_progress *p, char *err, size_t errlen)
 {
     char buf[256];
     while (read(w->pipe_rd, buf, sizeof(buf)) > 0)

@@ -139,6 +139,13 @@ expect "submit dead" 201 "$(submit '{"id":"dead","class":"online","vram":"1GiB",
 curl -s -X POST "$A/v1/services/dead/ready" >/dev/null
 expect "dead backend: 502" 502 "$(curl -s -o /dev/null -w '%{http_code}' "$G/dead/x")"
 
+# ---- a failing backend leaves the rotation ----
+expect "submit two" 201 "$(submit "{\"id\":\"two\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"http://127.0.0.1:1\",\"$B\"]}")"
+curl -s -X POST "$A/v1/services/two/ready" >/dev/null
+codes=""
+for i in 1 2 3 4 5 6; do codes="$codes $(curl -s -o /dev/null -w '%{http_code}' "$G/two/echo")"; done
+expect "one 502, then the live backend only" " 502 200 200 200 200 200" "$codes"
+
 # ---- metrics ----
 curl -s "$A/metrics" >"$tmp/metrics"
 grep -q 'oversub_gateway_requests_total{service="chat",outcome="queue_full"} 1' "$tmp/metrics" && ok || bad "gateway metrics: $(grep gateway "$tmp/metrics" | head -5)"
