@@ -37,6 +37,7 @@ struct gw_req {
     uint64_t seq;
     struct event *timer;
     bool started; /* the reply's head went out: the body streams */
+    bool by_host; /* routed by Host: the path is forwarded whole */
     int error;    /* from the backend request's error callback, -1 none */
     double t0;
 };
@@ -447,7 +448,9 @@ static void dispatch(struct osub_gateway *g, struct gw_req *r)
     const char *rest = strchr(uri + 1, '/');
     const char *q = strchr(uri, '?');
     char path[4096];
-    if (rest == NULL || (q != NULL && q < rest))
+    if (r->by_host)
+        snprintf(path, sizeof(path), "%s", uri);
+    else if (rest == NULL || (q != NULL && q < rest))
         snprintf(path, sizeof(path), "/%s", q ? q : "");
     else
         snprintf(path, sizeof(path), "%s", rest);
@@ -559,12 +562,31 @@ static void on_request(struct evhttp_request *req, void *arg)
         n++;
     memcpy(id, p, n);
     id[n] = '\0';
+    bool by_host = false;
+    if (n == 0 || route_of(d, id) == NULL) {
+        /* by Host: its first label names the service (chat.example.com, chat:8080), and
+         * the whole path goes to the backend */
+        const char *host = evhttp_find_header(evhttp_request_get_input_headers(req), "Host");
+        size_t k = 0;
+        while (host != NULL && host[k] && host[k] != '.' && host[k] != ':' && k < OSUB_ID_MAX)
+            k++;
+        if (k > 0) {
+            char hid[OSUB_ID_MAX + 1];
+            memcpy(hid, host, k);
+            hid[k] = '\0';
+            if (route_of(d, hid) != NULL) {
+                memcpy(id, hid, k + 1);
+                n = k;
+                by_host = true;
+            }
+        }
+    }
     osub_service_info_t si;
     if (n == 0 || route_of(d, id) == NULL || osub_engine_service_info(d->e, id, &si) != 0) {
         g->no_route++;
         reply(req, 404, "Not Found", "unknown_service", "no_route",
-              "no service with backends at this path: /{service}/... reaches a service "
-              "submitted with \"backends\"",
+              "no service with backends at this path or Host: /{service}/... (or Host: "
+              "{service}...) reaches a service submitted with \"backends\"",
               0);
         return;
     }
@@ -622,6 +644,7 @@ static void on_request(struct evhttp_request *req, void *arg)
     }
     r->svc = s;
     r->req = req;
+    r->by_host = by_host;
     r->prio = prio;
     r->seq = ++g->seq;
     r->t0 = now_s();
