@@ -194,5 +194,36 @@ use o 10000
 expect "pressure gone: all served" "200 200 200" "$(st o) $(st b) $(st x)"
 curl -s "$A/metrics" | grep -q 'oversub_gateway_requests_total{service="x",outcome="shed"} [1-9]' && ok || bad "shed not counted"
 
+# ---- a degrade shrinks the limit live (to min_batch_size) ----
+"$bin" --listen 127.0.0.1:0 --gateway 127.0.0.1:0 --socket "" --state "$tmp/deg.db" \
+    --gpus sim:1x81920 --ratio 1.5 --tick-ms 100 >"$tmp/out4" 2>"$tmp/err4" &
+pids+=($!)
+PORT=$(waitline "$tmp/out4" "listening on http://127.0.0.1:") || bad "degrade daemon: $(cat "$tmp/err4")"
+GW=$(waitline "$tmp/out4" "gateway on http://127.0.0.1:") || bad "degrade daemon gateway"
+A="http://127.0.0.1:$PORT"
+expect "submit d1" 201 "$(submit "{\"id\":\"d1\",\"class\":\"batch\",\"vram\":\"40GiB\",\"min_vram\":\"20GiB\",\"batch_size\":8,\"min_batch_size\":2,\"backends\":[\"$B\"],\"max_inflight\":4,\"max_queue\":0}")"
+curl -s -X POST "$A/v1/services/d1/ready" >/dev/null
+curl -s -o /dev/null -X PUT "$A/v1/services/d1/usage" -d '{"vram_mib":40960}'
+burst() { # N concurrent slow requests: the sorted status codes
+    python3 - "$GW" "$1" <<'PY'
+import http.client, sys, threading, time
+gw, n = int(sys.argv[1]), int(sys.argv[2]); res = []
+def one(i):
+    c = http.client.HTTPConnection("127.0.0.1", gw, timeout=20)
+    c.request("GET", "/d1/slow?ms=600&tag=deg%d" % i); r = c.getresponse(); r.read(); res.append(r.status)
+ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+for t in ts: t.start(); time.sleep(0.03)
+for t in ts: t.join()
+print(" ".join(map(str, sorted(res))))
+PY
+}
+expect "running: 4 at once" "200 200 200 200" "$(burst 4)"
+expect "running: the 5th refused" "200 200 200 200 429" "$(burst 5)"
+expect "an online service needs the room" 202 "$(submit '{"id":"big","class":"online","vram":"45GiB"}')"
+expect "d1 degraded" degraded "$(curl -s "$A/v1/services/d1" | json 'd["state"]')"
+# d1 shrinks (its usage report acknowledges): the GPU is back under the watermark, nothing shed
+curl -s -o /dev/null -X PUT "$A/v1/services/d1/usage" -d '{"vram_mib":20480}'
+expect "degraded: 2 at once (min_batch_size)" "200 200 429" "$(burst 3)"
+
 echo "test_gateway: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
