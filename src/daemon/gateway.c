@@ -36,10 +36,11 @@ struct gw_req {
     int32_t prio; /* a class level: 0 first */
     uint64_t seq;
     struct event *timer;
-    bool started; /* the reply's head went out: the body streams */
-    bool by_host; /* routed by Host: the path is forwarded whole */
-    int error;    /* from the backend request's error callback, -1 none */
-    double t0;
+    bool started;  /* the reply's head went out: the body streams */
+    bool by_host;  /* routed by Host: the path is forwarded whole */
+    int error;     /* from the backend request's error callback, -1 none */
+    double t0;     /* arrival */
+    double t_sent; /* dispatched to a backend */
 };
 
 struct gw_conn {
@@ -48,6 +49,24 @@ struct gw_conn {
     bool busy;
     char host[300]; /* the Host header for this backend */
 };
+
+#define GW_BUCKETS 12
+static const double gw_bounds[GW_BUCKETS] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                             0.25,  0.5,   1,    2.5,   5,    10};
+
+struct hist {
+    uint64_t count[GW_BUCKETS + 1]; /* the last: above every bound */
+    double sum;
+};
+
+static void observe(struct hist *h, double v)
+{
+    int i = 0;
+    while (i < GW_BUCKETS && v > gw_bounds[i])
+        i++;
+    h->count[i]++;
+    h->sum += v;
+}
 
 struct osub_gateway;
 
@@ -65,6 +84,7 @@ struct gw_svc {
     /* a backend that failed is out of rotation until down_until; the first request after
      * that probes it (failing again doubles the wait, up to 30 s) */
     double down_until[16], backoff[16];
+    struct hist queue_wait, upstream; /* seconds */
 };
 
 struct osub_gateway {
@@ -359,6 +379,7 @@ static void on_backend_done(struct evhttp_request *breq, void *arg)
                           evhttp_request_get_input_buffer(breq));
     }
     double t = now_s();
+    observe(&s->upstream, t - r->t_sent);
     if (s->last_done > 0) {
         double dt = t - s->last_done;
         double inst = dt > 1e-6 ? 1.0 / dt : 1e6;
@@ -421,6 +442,8 @@ static void dispatch(struct osub_gateway *g, struct gw_req *r)
     c->busy = true;
     r->conn = c;
     r->error = -1;
+    r->t_sent = now_s();
+    observe(&s->queue_wait, r->t_sent - r->t0);
     s->inflight++;
     s->admitted++;
     struct evhttp_request *breq = evhttp_request_new(on_backend_done, r);
@@ -753,6 +776,33 @@ void osubd_gateway_metrics(struct osubd *d, struct evbuffer *b)
                            "# TYPE oversub_gateway_queued gauge\n");
     for (struct gw_svc *s = g->svcs; s; s = s->next)
         evbuffer_add_printf(b, "oversub_gateway_queued{service=\"%s\"} %d\n", s->id, s->n_queued);
+    static const char *const hn[] = {"queue_wait", "upstream"};
+    static const char *const hh[] = {"Time a request waited in the service's queue.",
+                                     "Time from sending to a backend to its last byte."};
+    for (int k = 0; k < 2; k++) {
+        evbuffer_add_printf(
+            b,
+            "# HELP oversub_gateway_%s_seconds %s\n# TYPE oversub_gateway_%s_seconds histogram\n",
+            hn[k], hh[k], hn[k]);
+        for (struct gw_svc *s = g->svcs; s; s = s->next) {
+            const struct hist *h = k == 0 ? &s->queue_wait : &s->upstream;
+            uint64_t cum = 0;
+            for (int i = 0; i < GW_BUCKETS; i++) {
+                cum += h->count[i];
+                evbuffer_add_printf(
+                    b, "oversub_gateway_%s_seconds_bucket{service=\"%s\",le=\"%g\"} %llu\n", hn[k],
+                    s->id, gw_bounds[i], (unsigned long long)cum);
+            }
+            cum += h->count[GW_BUCKETS];
+            evbuffer_add_printf(
+                b,
+                "oversub_gateway_%s_seconds_bucket{service=\"%s\",le=\"+Inf\"} %llu\n"
+                "oversub_gateway_%s_seconds_sum{service=\"%s\"} %.6f\n"
+                "oversub_gateway_%s_seconds_count{service=\"%s\"} %llu\n",
+                hn[k], s->id, (unsigned long long)cum, hn[k], s->id, h->sum, hn[k], s->id,
+                (unsigned long long)cum);
+        }
+    }
     evbuffer_add_printf(b, "# HELP oversub_gateway_requests_total Requests by outcome.\n"
                            "# TYPE oversub_gateway_requests_total counter\n");
     for (struct gw_svc *s = g->svcs; s; s = s->next) {

@@ -152,6 +152,18 @@ expect "one 502, then the live backend only" " 502 200 200 200 200 200" "$codes"
 # ---- metrics ----
 curl -s "$A/metrics" >"$tmp/metrics"
 grep -q 'oversub_gateway_requests_total{service="chat",outcome="queue_full"} 1' "$tmp/metrics" && ok || bad "gateway metrics: $(grep gateway "$tmp/metrics" | head -5)"
+# the queue-wait histogram saw the queued requests wait (some over 0.25 s), upstream the slow ones
+python3 - "$tmp/metrics" >"$tmp/hist" <<'PY'
+import re, sys
+t = open(sys.argv[1]).read()
+def get(name, le):
+    m = re.search(r'^%s_bucket\{service="chat",le="%s"\} (\d+)' % (name, re.escape(le)), t, re.M)
+    return int(m.group(1)) if m else -1
+qw_all, qw_fast = get("oversub_gateway_queue_wait_seconds", "+Inf"), get("oversub_gateway_queue_wait_seconds", "0.25")
+up_all, up_fast = get("oversub_gateway_upstream_seconds", "+Inf"), get("oversub_gateway_upstream_seconds", "0.25")
+print(qw_all > 0 and qw_fast < qw_all and up_all > 0 and up_fast < up_all)
+PY
+expect "histograms" True "$(cat "$tmp/hist")"
 if command -v promtool >/dev/null; then
     promtool check metrics <"$tmp/metrics" >"$tmp/pt" 2>&1 && ok || bad "promtool: $(cat "$tmp/pt")"
 fi
