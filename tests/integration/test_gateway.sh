@@ -237,5 +237,29 @@ expect "d1 degraded" degraded "$(curl -s "$A/v1/services/d1" | json 'd["state"]'
 curl -s -o /dev/null -X PUT "$A/v1/services/d1/usage" -d '{"vram_mib":20480}'
 expect "degraded: 2 at once (min_batch_size)" "200 200 429" "$(burst 3)"
 
+# ---- the Azure LLM trace at 3x capacity: online never refused, the others shed with 429 ----
+trace=$(cd "$here/../.." && pwd)/../shared/traces/azure_llm_conv_2023.csv
+if [ -f "$trace" ]; then
+    "$bin" --listen 127.0.0.1:0 --gateway 127.0.0.1:0 --socket "" --state "$tmp/az.db" \
+        --gpus sim:8x81920 --ratio 1.5 --tick-ms 100 >"$tmp/out5" 2>"$tmp/err5" &
+    pids+=($!)
+    PORT=$(waitline "$tmp/out5" "listening on http://127.0.0.1:") || bad "azure daemon: $(cat "$tmp/err5")"
+    GW=$(waitline "$tmp/out5" "gateway on http://127.0.0.1:") || bad "azure daemon gateway"
+    A="http://127.0.0.1:$PORT"
+    for sv in on:online:16 ba:batch:2 ex:experiment:2; do
+        IFS=: read -r id cls lim <<<"$sv"
+        submit "{\"id\":\"$id\",\"class\":\"$cls\",\"vram\":\"10GiB\",\"backends\":[\"$B\"],\"max_inflight\":$lim,\"max_queue\":$((2 * lim)),\"queue_timeout_ms\":3000}" >/dev/null
+        curl -s -o /dev/null -X POST "$A/v1/services/$id/ready"
+    done
+    python3 "$here/replay_azure.py" "$trace" "$GW" 1200 16 2 2 >"$tmp/az" 2>"$tmp/az.err"
+    echo "azure replay: $(cat "$tmp/az")"
+    expect "offered about 3x capacity" True "$(json '2.5 <= d["offered_over_capacity"] <= 3.5 and d["online_over_online_capacity"] < 0.8' <"$tmp/az")"
+    expect "no online request refused" "0 0" "$(json 'str(d["results"]["online"]["429"]) + " " + str(d["results"]["online"]["other"])' <"$tmp/az")"
+    expect "lower classes admitted and refused" True "$(json 'all(d["results"][c]["2xx"] > 0 and d["results"][c]["429"] > 0 for c in ("batch", "experiment"))' <"$tmp/az")"
+    expect "every rejection a 429 with Retry-After" True "$(json 'd["retry_after_ok"] and all(d["results"][c]["other"] == 0 for c in d["results"])' <"$tmp/az")"
+else
+    echo "azure replay skipped: $trace is missing"
+fi
+
 echo "test_gateway: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
