@@ -62,7 +62,7 @@ bench: bench-engine bench-sim bench-daemon bench-gateway
 bench-gateway:
 	@scripts/install-deps.sh bench
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
-	cmake --build $(BUILD) -j $(JOBS) --target oversubd bench_backend
+	cmake --build $(BUILD) -j $(JOBS) --target oversubd bench_backend bench_openloop
 	./bench/run-gateway.sh $(BUILD)
 
 bench-daemon:

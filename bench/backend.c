@@ -15,11 +15,8 @@
 
 static const char body[] = "{\"text\":\"a fixed answer from the benchmark's backend....\"}\n";
 
-static void on_request(struct evhttp_request *req, void *arg)
+static void answer(struct evhttp_request *req)
 {
-    (void)arg;
-    if (strcmp(evhttp_request_get_uri(req), "/hang") == 0)
-        return; /* never answered: the connection stays busy */
     struct evbuffer *b = evbuffer_new();
     evbuffer_add_reference(b, body, sizeof(body) - 1, NULL, NULL);
     evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
@@ -27,12 +24,47 @@ static void on_request(struct evhttp_request *req, void *arg)
     evbuffer_free(b);
 }
 
+struct later {
+    struct evhttp_request *req;
+    struct event *ev;
+};
+
+static void on_later(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct later *l = arg;
+    answer(l->req);
+    event_free(l->ev);
+    free(l);
+}
+
+static void on_request(struct evhttp_request *req, void *arg)
+{
+    struct event_base *base = arg;
+    const char *uri = evhttp_request_get_uri(req);
+    if (strcmp(uri, "/hang") == 0)
+        return; /* never answered: the connection stays busy */
+    if (strncmp(uri, "/sleep?ms=", 10) == 0) {
+        long ms = strtol(uri + 10, NULL, 10);
+        struct later *l = malloc(sizeof(*l));
+        if (l != NULL) {
+            l->req = req;
+            l->ev = evtimer_new(base, on_later, l);
+            struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+            evtimer_add(l->ev, &tv);
+            return;
+        }
+    }
+    answer(req);
+}
+
 int main(int argc, char **argv)
 {
     int port = argc > 1 ? atoi(argv[1]) : 0;
     struct event_base *base = event_base_new();
     struct evhttp *http = evhttp_new(base);
-    evhttp_set_gencb(http, on_request, NULL);
+    evhttp_set_gencb(http, on_request, base);
     struct evhttp_bound_socket *h =
         evhttp_bind_socket_with_handle(http, "127.0.0.1", (uint16_t)port);
     if (h == NULL) {

@@ -9,7 +9,7 @@ runs=${RUNS:-3}
 dur=${DURATION:-4}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/oversub-gw.XXXXXX")
 procs=()
-cleanup() { for p in "${procs[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$tmp"; }
+cleanup() { for p in "${procs[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
 trap cleanup EXIT
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -116,3 +116,36 @@ done
 rej=$(median <"$tmp/rps.reject")
 echo "rejection path (every request 429): $(tr '\n' ' ' <"$tmp/rps.reject")-> median $rej req/s; $(awk -v a="$rej" -v b="$ours" 'BEGIN {printf "%.2f", a/b}')x our proxied rate (target >= 3x)"
 echo "(target: oversub >= 1.0x nginx)"
+
+# ---- overload: an open-loop generator at 5x capacity ----
+# three services on the same backend, 100 ms of service time each request (/sleep?ms=100):
+# capacity = (64 + 8 + 8) / 0.1 s = 800 requests/s; offered 4,000/s, 2:9:9 online:batch:
+# experiment, so online gets 400/s against its own 640.
+secs=${OVERLOAD_SECONDS:-60}
+for sv in on:online:64 ba:batch:8 ex:experiment:8; do
+    IFS=: read -r id cls lim <<<"$sv"
+    curl -s -o /dev/null -X POST "http://127.0.0.1:$api/v1/services" \
+        -d "{\"id\":\"$id\",\"class\":\"$cls\",\"vram\":\"10GiB\",\"backends\":[\"http://127.0.0.1:$bport\"],\"max_inflight\":$lim,\"max_queue\":$((2 * lim)),\"queue_timeout_ms\":2000}"
+    curl -s -o /dev/null -X POST "http://127.0.0.1:$api/v1/services/$id/ready"
+done
+opid=${procs[1]} # oversubd (taskset execs it in place)
+$P1 "$build/bench/bench_openloop" 127.0.0.1 "$gw" 4000 "$secs" \
+    "/on/sleep?ms=100:2" "/ba/sleep?ms=100:9" "/ex/sleep?ms=100:9" >"$tmp/ol" &
+olp=$!
+sleep 5
+rss0=$(awk '/^VmRSS/ {print $2}' "/proc/$opid/status")
+wait "$olp"
+rss1=$(awk '/^VmRSS/ {print $2}' "/proc/$opid/status")
+echo
+echo "overload: open loop at 4,000 requests/s = 5x capacity for ${secs}s (bench_openloop)"
+python3 - "$tmp/ol" "$rss0" "$rss1" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1])); r0, r1 = int(sys.argv[2]), int(sys.argv[3])
+for p in d["paths"]:
+    ok = p["2xx"] / p["sent"] if p["sent"] else 0
+    print("  %-22s sent %7d  2xx %7d (%.2f%%)  429 %7d  other %5d  p50 %5.0f ms  p99 %5.0f ms"
+          % (p["path"], p["sent"], p["2xx"], 100 * ok, p["429"], p["other"], p["p50_ms"], p["p99_ms"]))
+on = d["paths"][0]
+print("online success: %.2f%% (target >= 99%%)" % (100.0 * on["2xx"] / max(1, on["sent"])))
+print("RSS: %d KiB after 5 s, %d KiB at the end: %+.1f%% (target <= +10%%)" % (r0, r1, 100.0 * (r1 - r0) / r0))
+PY
