@@ -175,11 +175,11 @@ int main(int argc, char **argv)
     printf("{\"rate\": %.0f, \"seconds\": %.0f, \"paths\": [", rate, seconds);
     for (int i = 0; i < n_classes; i++) {
         const struct cls *c = &classes[i];
-        printf("%s{\"path\": \"%s\", \"sent\": %llu, \"2xx\": %llu, \"429\": %llu, \"other\": %llu, "
-               "\"p50_ms\": %.0f, \"p99_ms\": %.0f}",
-               i ? ", " : "", c->path, (unsigned long long)c->sent, (unsigned long long)c->ok,
-               (unsigned long long)c->r429, (unsigned long long)c->other, pct(c, 0.5),
-               pct(c, 0.99));
+        printf(
+            "%s{\"path\": \"%s\", \"sent\": %llu, \"2xx\": %llu, \"429\": %llu, \"other\": %llu, "
+            "\"p50_ms\": %.0f, \"p99_ms\": %.0f}",
+            i ? ", " : "", c->path, (unsigned long long)c->sent, (unsigned long long)c->ok,
+            (unsigned long long)c->r429, (unsigned long long)c->other, pct(c, 0.5), pct(c, 0.99));
     }
     printf("]}\n");
     event_free(tick);

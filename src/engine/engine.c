@@ -2475,14 +2475,7 @@ const char *osub_engine_queue_at(const osub_engine_t *e, size_t pos)
 
 /* ---- dump and invariant check (for tests and debugging) ------------------------------ */
 
-struct sbuf {
-    char *p;
-    size_t n, cap;
-    bool oom;
-};
-
-OSUB_PRINTF(2, 3)
-static void sb_printf(struct sbuf *b, const char *fmt, ...)
+void osub_sb_printf(struct osub_sbuf *b, const char *fmt, ...)
 {
     if (b->oom)
         return;
@@ -2512,35 +2505,36 @@ static void sb_printf(struct sbuf *b, const char *fmt, ...)
 
 char *osub_engine_dump(const osub_engine_t *e)
 {
-    struct sbuf b = {.p = malloc(4096), .cap = 4096};
+    struct osub_sbuf b = {.p = malloc(4096), .cap = 4096};
     if (b.p == NULL)
         return NULL;
     b.p[0] = '\0';
     const osub_pool_config_t *c = &e->cfg;
-    sb_printf(&b, "now %lld ratio %d compute_ratio %d margin %lld wm %d/%d over %d seq %llu\n",
-              (long long)e->now, c->ratio_milli, c->compute_ratio_milli, (long long)c->margin_mib,
-              c->high_watermark_pct, c->low_watermark_pct, e->overcommitted,
-              (unsigned long long)e->next_seq);
-    sb_printf(&b, "counters adm %llu rej %llu deg %llu evi %llu res %llu rsm %llu\n",
-              (unsigned long long)e->admissions, (unsigned long long)e->rejections,
-              (unsigned long long)e->degrades, (unsigned long long)e->evictions,
-              (unsigned long long)e->restores, (unsigned long long)e->resumes);
+    osub_sb_printf(&b, "now %lld ratio %d compute_ratio %d margin %lld wm %d/%d over %d seq %llu\n",
+                   (long long)e->now, c->ratio_milli, c->compute_ratio_milli,
+                   (long long)c->margin_mib, c->high_watermark_pct, c->low_watermark_pct,
+                   e->overcommitted, (unsigned long long)e->next_seq);
+    osub_sb_printf(&b, "counters adm %llu rej %llu deg %llu evi %llu res %llu rsm %llu\n",
+                   (unsigned long long)e->admissions, (unsigned long long)e->rejections,
+                   (unsigned long long)e->degrades, (unsigned long long)e->evictions,
+                   (unsigned long long)e->restores, (unsigned long long)e->resumes);
     for (int32_t i = 0; i < e->n_gpus; i++) {
         const struct gpu *g = &e->gpus[i];
-        sb_printf(&b,
-                  "gpu %d %s vram %lld usable %lld logical %lld granted %lld backed %lld held %lld "
-                  "used %lld system %lld compute %d/%d/%d cordoned %d lost %d excl %s svcs",
-                  i, g->name, (long long)g->vram, (long long)g->usable, (long long)g->logical,
-                  (long long)g->granted, (long long)g->backed, (long long)g->held,
-                  (long long)g->used, (long long)g->system, g->compute_all, g->compute_backed,
-                  g->compute_measured, g->cordoned, g->lost, g->excl ? g->excl->spec.id : "-");
+        osub_sb_printf(
+            &b,
+            "gpu %d %s vram %lld usable %lld logical %lld granted %lld backed %lld held %lld "
+            "used %lld system %lld compute %d/%d/%d cordoned %d lost %d excl %s svcs",
+            i, g->name, (long long)g->vram, (long long)g->usable, (long long)g->logical,
+            (long long)g->granted, (long long)g->backed, (long long)g->held, (long long)g->used,
+            (long long)g->system, g->compute_all, g->compute_backed, g->compute_measured,
+            g->cordoned, g->lost, g->excl ? g->excl->spec.id : "-");
         for (int32_t j = 0; j < g->nsvc; j++)
-            sb_printf(&b, " %s", g->svcs[j]->spec.id);
-        sb_printf(&b, "\n");
+            osub_sb_printf(&b, " %s", g->svcs[j]->spec.id);
+        osub_sb_printf(&b, "\n");
     }
     for (const struct svc *s = e->head; s; s = s->next) {
         const osub_spec_t *p = &s->spec;
-        sb_printf(
+        osub_sb_printf(
             &b,
             "svc %s class %s vram %lld min %lld gpus %d compute %d batch %d/%d excl %d "
             "pre %d res %d onev %d rc %lld q %d grace %lld | seq %llu state %s load %d "
@@ -2558,22 +2552,22 @@ char *osub_engine_dump(const osub_engine_t *e)
             (long long)s->timer_at[0], (long long)s->timer_at[1], s->compute_used,
             s->batch_degraded);
         for (int32_t i = 0; i < s->n_slots; i++)
-            sb_printf(&b, " [%d g%lld hg%lld u%lld h%lld]", s->slots[i].gpu,
-                      (long long)s->slots[i].grant, (long long)s->slots[i].held_grant,
-                      (long long)s->slots[i].used, (long long)s->slots[i].held);
+            osub_sb_printf(&b, " [%d g%lld hg%lld u%lld h%lld]", s->slots[i].gpu,
+                           (long long)s->slots[i].grant, (long long)s->slots[i].held_grant,
+                           (long long)s->slots[i].used, (long long)s->slots[i].held);
         if (s->state == OSUB_STATE_PENDING)
             for (int32_t i = 0; i < s->n_waits; i++)
-                sb_printf(&b, " wait(%s,%d,%lld)", s->waits[i].service, s->waits[i].evict,
-                          (long long)s->waits[i].deadline_ms);
-        sb_printf(&b, "\n");
+                osub_sb_printf(&b, " wait(%s,%d,%lld)", s->waits[i].service, s->waits[i].evict,
+                               (long long)s->waits[i].deadline_ms);
+        osub_sb_printf(&b, "\n");
     }
-    sb_printf(&b, "queue");
+    osub_sb_printf(&b, "queue");
     for (size_t i = 0; i < e->n_queue; i++)
-        sb_printf(&b, " %s", e->queue[i]->spec.id);
-    sb_printf(&b, "\npending");
+        osub_sb_printf(&b, " %s", e->queue[i]->spec.id);
+    osub_sb_printf(&b, "\npending");
     for (size_t i = 0; i < e->n_pending; i++)
-        sb_printf(&b, " %s", e->pending[i]->spec.id);
-    sb_printf(&b, "\n");
+        osub_sb_printf(&b, " %s", e->pending[i]->spec.id);
+    osub_sb_printf(&b, "\n");
     if (b.oom) {
         free(b.p);
         return NULL;

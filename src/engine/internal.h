@@ -288,4 +288,13 @@ static inline void osub__gpu_touch(struct osub_engine *e, struct gpu *g)
     }
 }
 
+/* A growing string (engine.c): dumps and snapshots print into it; oom once set stays set. */
+struct osub_sbuf {
+    char *p;
+    size_t n, cap;
+    bool oom;
+};
+OSUB_PRINTF(2, 3)
+void osub_sb_printf(struct osub_sbuf *b, const char *fmt, ...);
+
 #endif

@@ -12,67 +12,31 @@
 
 /* ---- writing ----------------------------------------------------------------------- */
 
-struct out {
-    char *p;
-    size_t n, cap;
-    bool oom;
-};
-
-OSUB_PRINTF(2, 3)
-static void put(struct out *o, const char *fmt, ...)
+static void put_str(struct osub_sbuf *o, const char *key, const char *s)
 {
-    if (o->oom)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int w = vsnprintf(o->p + o->n, o->cap - o->n, fmt, ap);
-        va_end(ap);
-        if (w < 0) {
-            o->oom = true;
-            return;
-        }
-        if ((size_t)w < o->cap - o->n) {
-            o->n += (size_t)w;
-            return;
-        }
-        size_t cap = (o->cap + (size_t)w + 1) * 2;
-        char *np = realloc(o->p, cap);
-        if (np == NULL) {
-            o->oom = true;
-            return;
-        }
-        o->p = np;
-        o->cap = cap;
-    }
-}
-
-/* Strings are written percent-encoded: no space, '=', '%' or control character survives raw;
- * the empty string is "%". */
-static void put_str(struct out *o, const char *key, const char *s)
-{
-    put(o, " %s=", key);
+    osub_sb_printf(o, " %s=", key);
     if (*s == '\0') {
-        put(o, "%%");
+        osub_sb_printf(o, "%%");
         return;
     }
     for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
         if (*c <= ' ' || *c == '=' || *c == '%' || *c >= 0x7f)
-            put(o, "%%%02X", *c);
+            osub_sb_printf(o, "%%%02X", *c);
         else
-            put(o, "%c", *c);
+            osub_sb_printf(o, "%c", *c);
     }
 }
 
 char *osub_engine_save(const osub_engine_t *e)
 {
-    struct out o = {.p = malloc(8192), .cap = 8192};
+    struct osub_sbuf o = {.p = malloc(8192), .cap = 8192};
     if (o.p == NULL)
         return NULL;
     o.p[0] = '\0';
     const osub_pool_config_t *c = &e->cfg;
-    put(&o, "%s\n", SNAP_MAGIC);
-    put(&o,
+    osub_sb_printf(&o, "%s\n", SNAP_MAGIC);
+    osub_sb_printf(
+        &o,
         "config ratio=%d compute_ratio=%d margin=%lld high=%d low=%d hysteresis=%lld ack=%lld "
         "grace=%lld min_runtime=%lld window=%lld restart=%lld aging=%lld\n",
         c->ratio_milli, c->compute_ratio_milli, (long long)c->margin_mib, c->high_watermark_pct,
@@ -80,43 +44,47 @@ char *osub_engine_save(const osub_engine_t *e)
         (long long)c->grace_ms, (long long)c->min_runtime_ms, (long long)c->history_window_ms,
         (long long)c->restart_cost_ms, (long long)c->queue_aging_ms);
     for (size_t i = 0; i < e->n_classes; i++) {
-        put(&o, "class");
+        osub_sb_printf(&o, "class");
         put_str(&o, "name", e->classes[i].name);
-        put(&o, " level=%d preemptible=%d grace=%lld\n", e->classes[i].level,
-            e->classes[i].preemptible, (long long)e->classes[i].grace_ms);
+        osub_sb_printf(&o, " level=%d preemptible=%d grace=%lld\n", e->classes[i].level,
+                       e->classes[i].preemptible, (long long)e->classes[i].grace_ms);
     }
     for (int32_t i = 0; i < e->n_gpus; i++) {
         const struct gpu *g = &e->gpus[i];
-        put(&o, "gpu");
+        osub_sb_printf(&o, "gpu");
         put_str(&o, "name", g->name);
-        put(&o, " vram=%lld cordoned=%d lost=%d system=%lld hist_minute=%lld hist_peak=%lld hist=",
+        osub_sb_printf(
+            &o, " vram=%lld cordoned=%d lost=%d system=%lld hist_minute=%lld hist_peak=%lld hist=",
             (long long)g->vram, g->cordoned, g->lost, (long long)g->system,
             (long long)g->hist_minute, (long long)g->hist_peak);
         for (int32_t h = 0; h < e->hist_n; h++)
-            put(&o, h ? ",%lld" : "%lld", (long long)g->hist[h]);
-        put(&o, "\n");
+            osub_sb_printf(&o, h ? ",%lld" : "%lld", (long long)g->hist[h]);
+        osub_sb_printf(&o, "\n");
     }
-    put(&o,
-        "engine now=%lld next_seq=%llu overcommitted=%d dirty=%d pending_check=%d "
-        "admissions=%llu rejections=%llu degrades=%llu evictions=%llu restores=%llu "
-        "resumes=%llu\n",
-        (long long)e->now, (unsigned long long)e->next_seq, e->overcommitted, e->dirty,
-        e->pending_check, (unsigned long long)e->admissions, (unsigned long long)e->rejections,
-        (unsigned long long)e->degrades, (unsigned long long)e->evictions,
-        (unsigned long long)e->restores, (unsigned long long)e->resumes);
+    osub_sb_printf(&o,
+                   "engine now=%lld next_seq=%llu overcommitted=%d dirty=%d pending_check=%d "
+                   "admissions=%llu rejections=%llu degrades=%llu evictions=%llu restores=%llu "
+                   "resumes=%llu\n",
+                   (long long)e->now, (unsigned long long)e->next_seq, e->overcommitted, e->dirty,
+                   e->pending_check, (unsigned long long)e->admissions,
+                   (unsigned long long)e->rejections, (unsigned long long)e->degrades,
+                   (unsigned long long)e->evictions, (unsigned long long)e->restores,
+                   (unsigned long long)e->resumes);
     for (const struct svc *s = e->head; s; s = s->next) {
         const osub_spec_t *p = &s->spec;
-        put(&o, "svc");
+        osub_sb_printf(&o, "svc");
         put_str(&o, "id", p->id);
         put_str(&o, "class", p->class_name);
-        put(&o,
+        osub_sb_printf(
+            &o,
             " vram=%lld gpus=%d compute=%d min_vram=%lld batch_size=%d min_batch=%d "
             "exclusive=%d preemptible=%d resumable=%d on_evict=%d restart_cost=%lld queue=%d "
             "grace=%lld",
             (long long)p->vram_mib, p->gpus, p->compute_pct, (long long)p->min_vram_mib,
             p->batch_size, p->min_batch_size, p->exclusive, (int)p->preemptible, p->resumable,
             (int)p->on_evict, (long long)p->restart_cost_ms, (int)p->queue, (long long)p->grace_ms);
-        put(&o,
+        osub_sb_printf(
+            &o,
             " seq=%llu state=%d loading=%d ack_pending=%d used_capped=%d resumed=%d "
             "evicted_before=%d adopted=%d batch=%d compute_used=%d batch_degraded=%d "
             "batch_room_since=%lld submit=%lld since=%lld start=%lld resume=%lld deadline=%lld "
@@ -130,33 +98,33 @@ char *osub_engine_save(const osub_engine_t *e)
             s->preemptor_level, (long long)s->timer_at[T_LOAD], (long long)s->timer_at[T_DEADLINE]);
         put_str(&o, "checkpoint", s->checkpoint);
         put_str(&o, "preemptor", s->preemptor);
-        put(&o, " slots=");
+        osub_sb_printf(&o, " slots=");
         for (int32_t i = 0; i < s->n_slots; i++)
-            put(&o, "%s%d:%lld:%lld:%lld", i ? "," : "", s->slots[i].gpu,
-                (long long)s->slots[i].grant, (long long)s->slots[i].held_grant,
-                (long long)s->slots[i].used);
+            osub_sb_printf(&o, "%s%d:%lld:%lld:%lld", i ? "," : "", s->slots[i].gpu,
+                           (long long)s->slots[i].grant, (long long)s->slots[i].held_grant,
+                           (long long)s->slots[i].used);
         if (s->n_slots == 0)
-            put(&o, "-");
-        put(&o, "\n");
+            osub_sb_printf(&o, "-");
+        osub_sb_printf(&o, "\n");
         for (int32_t i = 0; i < s->n_waits && s->state == OSUB_STATE_PENDING; i++) {
-            put(&o, "wait");
+            osub_sb_printf(&o, "wait");
             put_str(&o, "of", s->spec.id);
             put_str(&o, "victim", s->waits[i].service);
-            put(&o, " evict=%d deadline=%lld\n", s->waits[i].evict,
-                (long long)s->waits[i].deadline_ms);
+            osub_sb_printf(&o, " evict=%d deadline=%lld\n", s->waits[i].evict,
+                           (long long)s->waits[i].deadline_ms);
         }
     }
     for (size_t i = 0; i < e->n_queue; i++) {
-        put(&o, "queued");
+        osub_sb_printf(&o, "queued");
         put_str(&o, "id", e->queue[i]->spec.id);
-        put(&o, "\n");
+        osub_sb_printf(&o, "\n");
     }
     for (size_t i = 0; i < e->n_pending; i++) {
-        put(&o, "pending");
+        osub_sb_printf(&o, "pending");
         put_str(&o, "id", e->pending[i]->spec.id);
-        put(&o, "\n");
+        osub_sb_printf(&o, "\n");
     }
-    put(&o, "end\n");
+    osub_sb_printf(&o, "end\n");
     if (o.oom) {
         free(o.p);
         return NULL;
