@@ -210,6 +210,19 @@ static void note_wait(struct acc *a, struct run_svc *rs, int64_t t)
     rs->wait_since = -1;
 }
 
+/* The end of a replay: who never started, who is still waiting, then the figures. */
+static void end_run(const struct trace *tr, const struct sim_budget *b, struct acc *a,
+                    struct run_svc *rs, struct sim_result *r, bool timeline)
+{
+    for (size_t i = 0; i < tr->n; i++) {
+        if (!rs[i].started_once)
+            r->never_started++;
+        if (rs[i].wait_since >= 0)
+            note_wait(a, &rs[i], tr->t1 + tr->step_s);
+    }
+    finish(tr, b, a, r, timeline);
+}
+
 /* Reads the last command's events: counts decisions, queues follow-ups (victims comply at
  * once: a degraded service acknowledges, an evicted one checkpoints and exits). */
 static void read_events(osub_engine_t *e, const struct idmap *m, struct sim_result *r,
@@ -426,13 +439,7 @@ static int sim_engine(const struct trace *tr, const struct sim_opts *o, const st
         ev_before = evs;
         a.steps++;
     }
-    for (size_t i = 0; i < tr->n; i++) {
-        if (!rs[i].started_once)
-            r->never_started++;
-        if (rs[i].wait_since >= 0)
-            note_wait(&a, &rs[i], tr->t1 + tr->step_s);
-    }
-    finish(tr, b, &a, r, o->timeline);
+    end_run(tr, b, &a, rs, r, o->timeline);
     idmap_free(&m);
     free(order);
     free(oom_step);
@@ -538,13 +545,7 @@ static int sim_brief(const struct trace *tr, const struct sim_opts *o, const str
         a.events[k] = evs;
         a.steps++;
     }
-    for (size_t i = 0; i < tr->n; i++) {
-        if (!rs[i].started_once)
-            r->never_started++;
-        if (rs[i].wait_since >= 0)
-            note_wait(&a, &rs[i], tr->t1 + tr->step_s);
-    }
-    finish(tr, b, &a, r, o->timeline);
+    end_run(tr, b, &a, rs, r, o->timeline);
     idmap_free(&m);
     free(rs);
     brief_free(p);
