@@ -37,6 +37,8 @@ run: build
 	@echo "try:  curl -s localhost:7070/v1/pool"
 	@echo "      curl -s -X POST localhost:7070/v1/services -d '{\"id\":\"chat\",\"class\":\"online\",\"vram\":\"40GiB\"}'"
 	@echo "      curl -s localhost:7070/metrics | head"
+	@echo "      build/oversub demo     (the worked scenario on a daemon of its own)"
+	@echo "gateway: services submitted with \"backends\" answer on localhost:8080/{service}/..."
 	./$(BUILD)/oversubd --config oversub.yaml
 
 scenario: build
