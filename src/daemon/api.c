@@ -940,6 +940,11 @@ static void on_request(struct evhttp_request *req, void *arg)
     const char *query = uri ? evhttp_uri_get_query(uri) : NULL;
     if (path == NULL)
         path = "/";
+    if (osubd_http_ambiguous_length(req)) {
+        reply_error(d, req, 400, "bad_request",
+                    "two Content-Length headers, or Content-Length with Transfer-Encoding");
+        goto done;
+    }
     if (d->cfg.token[0] && mutating(m)) {
         const char *auth =
             evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");

@@ -573,10 +573,32 @@ static struct gw_svc *svc_of(struct osub_gateway *g, const char *id)
 
 /* ---- the entry ----------------------------------------------------------------------------- */
 
+/* Request smuggling: a message whose length two headers could disagree on is refused, and
+ * the connection closed (what follows it cannot be trusted to be a request). */
+bool osubd_http_ambiguous_length(struct evhttp_request *req)
+{
+    struct evkeyvalq *in = evhttp_request_get_input_headers(req);
+    int n_cl = 0, n_te = 0;
+    for (struct evkeyval *h = in->tqh_first; h != NULL; h = h->next.tqe_next) {
+        n_cl += strcasecmp(h->key, "Content-Length") == 0;
+        n_te += strcasecmp(h->key, "Transfer-Encoding") == 0;
+    }
+    if (n_cl > 1 || (n_cl > 0 && n_te > 0)) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+        return true;
+    }
+    return false;
+}
+
 static void on_request(struct evhttp_request *req, void *arg)
 {
     struct osub_gateway *g = arg;
     struct osubd *d = g->d;
+    if (osubd_http_ambiguous_length(req)) {
+        reply(req, 400, "Bad Request", "bad_request", "ambiguous_length",
+              "two Content-Length headers, or Content-Length with Transfer-Encoding", 0);
+        return;
+    }
     const char *uri = evhttp_request_get_uri(req);
     char id[OSUB_ID_MAX + 1];
     size_t n = 0;

@@ -4,6 +4,7 @@
 #ifndef OSUB_DAEMON_GATEWAY_H
 #define OSUB_DAEMON_GATEWAY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include <event2/buffer.h>
@@ -19,6 +20,11 @@ int osubd_gateway_take(json_t *spec, json_t **route, char *err, size_t errlen);
 /* Listens on cfg.gateway_host:gateway_port (nothing when gateway_host is ""). */
 int osubd_gateway_init(struct osubd *d, char *err, size_t errlen);
 void osubd_gateway_free(struct osubd *d);
+
+/* True (and the reply set to close the connection) when a request's length is ambiguous:
+ * two Content-Length headers, or one with Transfer-Encoding (request smuggling). */
+struct evhttp_request;
+bool osubd_http_ambiguous_length(struct evhttp_request *req);
 
 /* The gateway's series for /metrics. */
 void osubd_gateway_metrics(struct osubd *d, struct evbuffer *b);

@@ -149,6 +149,7 @@ cases = {
     "bad chunk": b"POST /v1/services HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
     "no version": b"GET /v1/pool\r\n\r\n",
     "NUL in path": b"GET /v1/po\x00ol HTTP/1.1\r\nHost: x\r\n\r\n",
+    "two equal CL, valid body": b"POST /v1/services HTTP/1.1\r\nHost: x\r\nContent-Length: 26\r\nContent-Length: 26\r\n\r\n{\"id\":\"smug\",\"vram_mib\":5}",
 }
 for name, data in cases.items():
     line = first_line(data)
@@ -156,7 +157,8 @@ for name, data in cases.items():
     print(name, "ok" if 400 <= code < 600 else "BAD: " + repr(line))
 PY
 grep -q BAD "$tmp/broken" && bad "broken HTTP: $(grep BAD "$tmp/broken")" || ok
-expect "broken HTTP cases run" 9 "$(grep -c ' ok$' "$tmp/broken")"
+expect "broken HTTP cases run" 10 "$(grep -c ' ok$' "$tmp/broken")"
+expect "nothing smuggled into the state" 404 "$(code "$(U /v1/services/smug)")"
 expect "alive after broken HTTP" 200 "$(code "$(U /healthz)")"
 [ "$(curl -s "$(U /v1/services/agent-online)" | json 'd["state"]')" != "" ] && ok || bad "state lost after broken HTTP"
 
