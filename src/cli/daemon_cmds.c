@@ -147,17 +147,27 @@ static int size_arg(const char *opt, const char *v, int64_t *out)
 
 static int cmd_deploy(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"class", required_argument, NULL, 'c'},     {"vram", required_argument, NULL, 'v'},
-        {"min-vram", required_argument, NULL, 'm'},  {"gpus", required_argument, NULL, 'g'},
-        {"compute", required_argument, NULL, 'C'},   {"exclusive", no_argument, NULL, 'x'},
-        {"no-queue", no_argument, NULL, 'n'},        {"dry-run", no_argument, NULL, 'd'},
-        {"resumable", no_argument, NULL, 'r'},       {"batch", required_argument, NULL, 'b'},
-        {"min-batch", required_argument, NULL, 'B'}, {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"class", required_argument, NULL, 'c'},
+                                         {"vram", required_argument, NULL, 'v'},
+                                         {"min-vram", required_argument, NULL, 'm'},
+                                         {"gpus", required_argument, NULL, 'g'},
+                                         {"compute", required_argument, NULL, 'C'},
+                                         {"exclusive", no_argument, NULL, 'x'},
+                                         {"no-queue", no_argument, NULL, 'n'},
+                                         {"dry-run", no_argument, NULL, 'd'},
+                                         {"resumable", no_argument, NULL, 'r'},
+                                         {"batch", required_argument, NULL, 'b'},
+                                         {"min-batch", required_argument, NULL, 'B'},
+                                         {"backend", required_argument, NULL, 'k'},
+                                         {"max-inflight", required_argument, NULL, 'I'},
+                                         {"max-queue", required_argument, NULL, 'Q'},
+                                         {"queue-timeout", required_argument, NULL, 'T'},
+                                         {NULL, 0, NULL, 0}};
     if (argc < 2 || argv[1][0] == '-') {
         fprintf(stderr, "usage: oversub deploy ID --class CLASS --vram 120GiB [--min-vram 60GiB] "
                         "[--gpus N] [--compute 80] [--exclusive] [--resumable] [--no-queue] "
-                        "[--dry-run]\n");
+                        "[--dry-run] [--backend URL]... [--max-inflight N] [--max-queue N] "
+                        "[--queue-timeout MS]\n");
         return EX_USAGE;
     }
     json_t *spec = json_pack("{s:s}", "id", argv[1]);
@@ -176,10 +186,23 @@ static int cmd_deploy(int argc, char **argv)
                 goto usage;
             json_object_set_new(spec, ch == 'v' ? "vram_mib" : "min_vram_mib", json_integer(v));
             break;
+        case 'k': {
+            /* the gateway's backends, repeatable */
+            json_t *list = json_object_get(spec, "backends");
+            if (list == NULL) {
+                list = json_array();
+                json_object_set_new(spec, "backends", list);
+            }
+            json_array_append_new(list, json_string(optarg));
+            break;
+        }
         case 'g':
         case 'C':
         case 'b':
-        case 'B': {
+        case 'B':
+        case 'I':
+        case 'Q':
+        case 'T': {
             char *end;
             long n = strtol(optarg, &end, 10);
             if (*end != '\0' || n < 0 || n > 1000000) {
@@ -190,7 +213,10 @@ static int cmd_deploy(int argc, char **argv)
                                 ch == 'g'   ? "gpus"
                                 : ch == 'C' ? "compute_pct"
                                 : ch == 'b' ? "batch_size"
-                                            : "min_batch_size",
+                                : ch == 'B' ? "min_batch_size"
+                                : ch == 'I' ? "max_inflight"
+                                : ch == 'Q' ? "max_queue"
+                                            : "queue_timeout_ms",
                                 json_integer(n));
             break;
         }
