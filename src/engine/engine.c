@@ -618,7 +618,7 @@ static size_t queue_pos(const osub_engine_t *e, const struct svc *s)
 
 /* ---- service lifetime ----------------------------------------------------------------- */
 
-static void svc_free(struct svc *s)
+void osub_svc_free(struct svc *s)
 {
     if (s == NULL)
         return;
@@ -651,7 +651,7 @@ static void svc_destroy(osub_engine_t *e, struct svc *s)
     if (s->state == OSUB_STATE_PENDING)
         vec_remove(e->pending, &e->n_pending, s);
     svc_unlink(e, s);
-    svc_free(s);
+    osub_svc_free(s);
 }
 
 static void set_state(osub_engine_t *e, struct svc *s, osub_state_t st)
@@ -922,7 +922,7 @@ void osub_engine_free(osub_engine_t *e)
     struct svc *s = e->head;
     while (s) {
         struct svc *n = s->next;
-        svc_free(s);
+        osub_svc_free(s);
         s = n;
     }
     if (e->gpus)
@@ -1364,7 +1364,7 @@ int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms
     sv->k = s.gpus;
     sv->slots = calloc((size_t)sv->k, sizeof(*sv->slots));
     if (sv->slots == NULL) {
-        svc_free(sv);
+        osub_svc_free(sv);
         return OSUB_ENOMEM;
     }
     sv->seq = e->next_seq;
@@ -1418,7 +1418,7 @@ int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms
             res->outcome = OSUB_SUBMIT_REJECTED;
             res->rc = blocked ? OSUB_EOVERCOMMITTED : OSUB_ENO_ROOM;
         }
-        svc_free(sv);
+        osub_svc_free(sv);
         return res->outcome == OSUB_SUBMIT_REJECTED ? res->rc : 0;
     }
 
@@ -1434,7 +1434,7 @@ int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms
         snprintf(ev->service, sizeof(ev->service), "%s", s.id);
         ev->level = sv->level;
         ev->gpu = p.check_gpu;
-        svc_free(sv);
+        osub_svc_free(sv);
         res->outcome = OSUB_SUBMIT_REJECTED;
         res->rc = rc;
         return rc;
@@ -1442,7 +1442,7 @@ int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms
     /* reserve everything that can fail, then commit */
     if (tab_reserve(e) != 0 || vec_reserve(&e->queue, &e->cap_queue, e->n_queue + 1) != 0 ||
         (p.ok && admit_reserve(e, sv, &p) != 0)) {
-        svc_free(sv);
+        osub_svc_free(sv);
         return OSUB_ENOMEM;
     }
     e->next_seq++;

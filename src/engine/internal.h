@@ -288,6 +288,9 @@ static inline void osub__gpu_touch(struct osub_engine *e, struct gpu *g)
     }
 }
 
+/* Frees a service record and what it owns (engine.c); NULL is fine. */
+void osub_svc_free(struct svc *s);
+
 /* A growing string (engine.c): dumps and snapshots print into it; oom once set stays set. */
 struct osub_sbuf {
     char *p;

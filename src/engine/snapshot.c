@@ -245,16 +245,6 @@ static bool get_str(const struct line *l, const char *key, char *buf, size_t len
     return true;
 }
 
-static void free_svc(struct svc *s)
-{
-    if (s == NULL)
-        return;
-    free(s->slots);
-    free(s->slot_info);
-    free(s->waits);
-    free(s);
-}
-
 /* Rebuilds a service's derived fields from its spec, as the engine did at submit/resize. */
 static bool derive(const osub_engine_t *e, struct svc *s)
 {
@@ -321,7 +311,7 @@ static struct svc *read_svc(const osub_engine_t *e, const struct line *l)
          ndg >= 0 && pre >= -1 && pre <= 1 && q >= -1 && q <= 1 && onev >= 0 && onev <= 2 &&
          state >= 0 && state <= (int32_t)OSUB_STATE_RELEASED && seq > 0;
     if (!ok) {
-        free_svc(s);
+        osub_svc_free(s);
         return NULL;
     }
     p->preemptible = (osub_tri_t)pre;
@@ -332,17 +322,17 @@ static struct svc *read_svc(const osub_engine_t *e, const struct line *l)
     s->n_evictions = (uint32_t)nev;
     s->n_degrades = (uint32_t)ndg;
     if (!derive(e, s)) {
-        free_svc(s);
+        osub_svc_free(s);
         return NULL;
     }
     s->slots = calloc((size_t)s->k, sizeof(*s->slots));
     if (s->slots == NULL) {
-        free_svc(s);
+        osub_svc_free(s);
         return NULL;
     }
     const char *sl = get(l, "slots");
     if (sl == NULL) {
-        free_svc(s);
+        osub_svc_free(s);
         return NULL;
     }
     if (strcmp(sl, "-") != 0) {
@@ -353,7 +343,7 @@ static struct svc *read_svc(const osub_engine_t *e, const struct line *l)
             if (s->n_slots == s->k ||
                 sscanf(c, "%lld:%lld:%lld:%lld%n", &gpu, &grant, &hg, &used, &used_chars) != 4 ||
                 gpu < 0 || gpu >= e->n_gpus || grant < 0 || hg < 0 || used < 0) {
-                free_svc(s);
+                osub_svc_free(s);
                 return NULL;
             }
             s->slots[s->n_slots++] = (struct slot){(int32_t)gpu, grant, hg, used, 0};
@@ -361,7 +351,7 @@ static struct svc *read_svc(const osub_engine_t *e, const struct line *l)
             if (*c == ',')
                 c++;
             else if (*c != '\0') {
-                free_svc(s);
+                osub_svc_free(s);
                 return NULL;
             }
         }
@@ -511,21 +501,21 @@ int osub_engine_load(const char *text, osub_engine_t **out, size_t *err_line)
                 goto fail;
             struct svc *s = read_svc(e, &l);
             if (s == NULL || osub__lookup(e, s->spec.id) != NULL) {
-                free_svc(s);
+                osub_svc_free(s);
                 goto fail;
             }
             if (n_svcs == cap_svcs) {
                 cap_svcs = cap_svcs ? cap_svcs * 2 : 64;
                 struct svc **n = realloc(svcs, cap_svcs * sizeof(*n));
                 if (n == NULL) {
-                    free_svc(s);
+                    osub_svc_free(s);
                     rc = OSUB_ENOMEM;
                     goto fail;
                 }
                 svcs = n;
             }
             if (osub__restore_service(e, s) != 0) {
-                free_svc(s);
+                osub_svc_free(s);
                 rc = OSUB_ENOMEM;
                 goto fail;
             }

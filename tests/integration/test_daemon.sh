@@ -123,22 +123,7 @@ expect "delete" 200 "$(code -X DELETE "$(U /v1/services/chat-2)")"
 expect "deleted" 404 "$(code "$(U /v1/services/chat-2)")"
 
 # ---- broken HTTP: refused with a 4xx/5xx, the daemon keeps serving ----
-python3 - "$PORT" >"$tmp/broken" 2>&1 <<'PY'
-import socket, sys
-port = int(sys.argv[1])
-def first_line(data):
-    s = socket.create_connection(("127.0.0.1", port)); s.settimeout(2.0)
-    s.sendall(data)
-    out = b""
-    try:
-        while b"\r\n" not in out:
-            b = s.recv(65536)
-            if not b: break
-            out += b
-    except socket.timeout:
-        pass
-    s.close()
-    return out.split(b"\r\n")[0].decode()
+cat >"$tmp/broken.cases" <<'PY'
 cases = {
     "garbage": b"HELLO\r\n\r\n",
     "unknown method": b"FOO /v1/pool HTTP/1.1\r\nHost: x\r\n\r\n",
@@ -151,11 +136,8 @@ cases = {
     "NUL in path": b"GET /v1/po\x00ol HTTP/1.1\r\nHost: x\r\n\r\n",
     "two equal CL, valid body": b"POST /v1/services HTTP/1.1\r\nHost: x\r\nContent-Length: 26\r\nContent-Length: 26\r\n\r\n{\"id\":\"smug\",\"vram_mib\":5}",
 }
-for name, data in cases.items():
-    line = first_line(data)
-    code = int(line.split()[1]) if line.startswith("HTTP/1.1 ") else 0
-    print(name, "ok" if 400 <= code < 600 else "BAD: " + repr(line))
 PY
+python3 "$(dirname "$0")/rawhttp.py" "$PORT" "$tmp/broken.cases" >"$tmp/broken" 2>&1
 grep -q BAD "$tmp/broken" && bad "broken HTTP: $(grep BAD "$tmp/broken")" || ok
 expect "broken HTTP cases run" 10 "$(grep -c ' ok$' "$tmp/broken")"
 expect "nothing smuggled into the state" 404 "$(code "$(U /v1/services/smug)")"
