@@ -18,6 +18,7 @@
 #include <event2/listener.h>
 
 #include "daemon.h"
+#include "actuator.h"
 #include "gateway.h"
 #include "oversub/units.h"
 #include "spec_json.h"
@@ -314,6 +315,7 @@ static json_t *service_json(struct osubd *d, const char *id)
     const char *rk;
     json_t *rv;
     json_object_foreach(route, rk, rv) json_object_set(o, rk, rv);
+    osubd_act_describe(d, id, o);
     json_object_set_new(o, "since_unix_ms", json_integer(osubd_engine_to_unix(d, si.since_ms)));
     if (si.deadline_ms > 0)
         json_object_set_new(o, "deadline_unix_ms",
@@ -415,13 +417,35 @@ static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dr
         reply_error(d, req, 422, "invalid_spec", err);
         return;
     }
+    /* running a program is for the Unix socket, or for the admin token (with a token set,
+     * every submit over TCP carries it) */
+    json_t *exec = NULL;
+    if (osubd_act_take(d, spec, d->req_trusted || d->cfg.token[0] != '\0', &exec, err,
+                       sizeof(err)) != 0) {
+        json_decref(spec);
+        json_decref(route);
+        bool forbidden = strstr(err, "Unix socket") != NULL;
+        reply_error(d, req, forbidden ? 403 : 422, forbidden ? "forbidden" : "invalid_spec", err);
+        return;
+    }
     if (osub_spec_from_json(spec, &sp, err, sizeof(err)) != 0) {
         json_decref(spec);
         json_decref(route);
+        json_decref(exec);
         reply_error(d, req, strstr(err, "unknown field") ? 400 : 422, "invalid_spec", err);
         return;
     }
+    /* a live service keeps how it runs: a submit of the same spec again is a retry */
+    osub_service_info_t live;
+    if (exec != NULL && osub_engine_service_info(d->e, sp.id, &live) == 0) {
+        json_decref(exec);
+        exec = NULL;
+    }
     /* the gateway's settings go with the command that admits the service */
+    if (exec != NULL && !dry) {
+        json_object_set(d->execs, sp.id, exec);
+        d->act_dirty = true;
+    }
     json_t *old_route = NULL;
     if (route != NULL && !dry) {
         old_route = json_incref(json_object_get(d->routes, sp.id));
@@ -440,6 +464,9 @@ static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dr
         else
             json_object_del(d->routes, sp.id);
     }
+    if (exec != NULL && !dry && (err[0] || (rc != 0 && r.outcome == OSUB_SUBMIT_REJECTED)))
+        json_object_del(d->execs, sp.id);
+    json_decref(exec);
     json_decref(old_route);
     json_decref(route);
     if (err[0]) {
@@ -647,7 +674,9 @@ static void h_services(struct osubd *d, struct evhttp_request *req, enum evhttp_
         }
         return;
     }
-    if (strcmp(action, "usage") == 0 && m == EVHTTP_REQ_PUT)
+    if (strcmp(action, "directives") == 0 && m == EVHTTP_REQ_GET)
+        osubd_act_directives(d, req, id, query);
+    else if (strcmp(action, "usage") == 0 && m == EVHTTP_REQ_PUT)
         h_service_cmd(d, req, id, "usage");
     else if ((strcmp(action, "ready") == 0 || strcmp(action, "ack") == 0 ||
               strcmp(action, "exited") == 0) &&
@@ -930,6 +959,17 @@ static bool same_secret(const char *given, const char *want)
     return diff == 0;
 }
 
+static void on_request(struct evhttp_request *req, void *arg);
+
+/* The Unix socket's requests: its mode (0600) already says who may connect. */
+static void on_request_unix(struct evhttp_request *req, void *arg)
+{
+    struct osubd *d = arg;
+    d->req_trusted = true;
+    on_request(req, arg);
+    d->req_trusted = false;
+}
+
 static void on_request(struct evhttp_request *req, void *arg)
 {
     struct osubd *d = arg;
@@ -1042,7 +1082,7 @@ static int bind_unix(struct osubd *d, char *err, size_t errlen)
         return -1;
     }
     chmod(path, 0600);
-    if (evhttp_accept_socket(d->http, fd) != 0) {
+    if (evhttp_accept_socket(d->http_unix, fd) != 0) {
         snprintf(err, errlen, "%s: cannot accept", path);
         close(fd);
         return -1;
@@ -1050,19 +1090,28 @@ static int bind_unix(struct osubd *d, char *err, size_t errlen)
     return 0;
 }
 
+static struct evhttp *api_http(struct osubd *d, void (*cb)(struct evhttp_request *, void *))
+{
+    struct evhttp *h = evhttp_new(d->base);
+    if (h == NULL)
+        return NULL;
+    evhttp_set_max_body_size(h, BODY_MAX);
+    evhttp_set_max_headers_size(h, 16 * 1024);
+    evhttp_set_timeout(h, 90); /* a long-poll waits up to 60 s */
+    evhttp_set_allowed_methods(h, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
+                                      EVHTTP_REQ_PATCH | EVHTTP_REQ_DELETE);
+    evhttp_set_gencb(h, cb, d);
+    return h;
+}
+
 int osubd_api_init(struct osubd *d, char *err, size_t errlen)
 {
-    d->http = evhttp_new(d->base);
-    if (d->http == NULL) {
+    d->http = api_http(d, on_request);
+    d->http_unix = api_http(d, on_request_unix);
+    if (d->http == NULL || d->http_unix == NULL) {
         snprintf(err, errlen, "cannot create the HTTP server");
         return -1;
     }
-    evhttp_set_max_body_size(d->http, BODY_MAX);
-    evhttp_set_max_headers_size(d->http, 16 * 1024);
-    evhttp_set_timeout(d->http, 60);
-    evhttp_set_allowed_methods(d->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
-                                            EVHTTP_REQ_PATCH | EVHTTP_REQ_DELETE);
-    evhttp_set_gencb(d->http, on_request, d);
     struct evhttp_bound_socket *h =
         evhttp_bind_socket_with_handle(d->http, d->cfg.listen_host, (uint16_t)d->cfg.listen_port);
     if (h == NULL) {

@@ -47,6 +47,8 @@ int osub_cmd_apply(osub_engine_t *e, const json_t *cmd, int64_t now_ms, osub_sub
         osub_submit_result_t tmp;
         return osub_engine_submit(e, &spec, now_ms, flags, res ? res : &tmp);
     }
+    if (strcmp(op, "note") == 0)
+        return 0; /* the daemon's own event (a process started, exited...): nothing to apply */
     if (strcmp(op, "tick") == 0)
         return osub_engine_tick(e, now_ms);
     if (strcmp(op, "ratio") == 0) {

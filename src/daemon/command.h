@@ -14,8 +14,9 @@
  * {id}, resize {id, vram_mib?, min_vram_mib?, batch_size?}, usage {id, vram_mib,
  * compute_pct?} or {id, gpus: [MiB...]}, system {gpu, vram_mib}, ready {id}, ack {id,
  * checkpoint?}, exited {id, checkpoint?}, fail {id, why?}, ratio {ratio_milli}, cordon {gpu,
- * on}, drain {gpu}, lost {gpu}, tick {}. The same object is applied live and replayed from the
- * log at start-up: the engine being deterministic, a replay ends in exactly the same state.
+ * on}, drain {gpu}, lost {gpu}, tick {}, note {id, kind} (the daemon's own event: no-op). The same
+ * object is applied live and replayed from the log at start-up: the engine being deterministic, a
+ * replay ends in exactly the same state.
  */
 
 /* Applies cmd (borrowed) at now_ms. Returns the engine's code (0 or OSUB_E*), or

@@ -3,6 +3,7 @@
 #include "daemon.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <sys/random.h>
 #include <signal.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "actuator.h"
 #include "command.h"
 #include "nvml.h"
 #include "sha256.h"
@@ -32,6 +34,8 @@ void osubd_config_default(struct osubd_config *c)
     c->snapshot_every = 1000;
     c->events_keep = 100000;
     c->poll_ms = 1000;
+    c->service_log_max = 10 * 1024 * 1024;
+    osub_pool_config_default(&c->engine);
 }
 
 int64_t osubd_unix_ms(void)
@@ -85,56 +89,50 @@ static int snapshot_now(struct osubd *d)
     return rc;
 }
 
-/* The daemon's own maps (service PIDs, gateway routes) as the writer's meta object. */
-static char *daemon_meta(const struct osubd *d)
+/* The daemon's own maps (service PIDs, gateway routes, the actuators') as the writer's meta
+ * object: key -> JSON text. */
+static char *daemon_meta(struct osubd *d)
 {
-    char *pids = json_dumps(d->pids, JSON_COMPACT | JSON_SORT_KEYS);
-    char *routes = json_dumps(d->routes, JSON_COMPACT | JSON_SORT_KEYS);
-    char *out = NULL;
-    if (pids != NULL && routes != NULL) {
-        json_t *m = json_pack("{s:s, s:s}", "service_pids", pids, "gateway_routes", routes);
-        out = json_dumps(m, JSON_COMPACT);
-        json_decref(m);
-    }
-    free(pids);
-    free(routes);
+    json_t *m = json_object();
+    osubd_meta_put(m, "service_pids", d->pids);
+    osubd_meta_put(m, "gateway_routes", d->routes);
+    osubd_act_meta(d, m);
+    char *out = json_dumps(m, JSON_COMPACT);
+    json_decref(m);
     return out;
 }
 
-int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *err, size_t errlen)
+void osubd_meta_put(json_t *meta, const char *key, const json_t *value)
 {
-    int64_t now = osubd_unix_ms() - d->base_unix_ms;
-    if (now < d->last_engine_ms)
-        now = d->last_engine_ms; /* the wall clock stepped back: the engine's time may not */
-    bool dry = json_is_true(json_object_get(cmd, "dry_run"));
-    err[0] = '\0';
-    int rc = osub_cmd_apply(d->e, cmd, now, res, err, errlen);
-    if (err[0] != '\0' || dry)
-        return rc; /* malformed, or a dry run: nothing reached the engine's state */
-    d->last_engine_ms = now;
-    d->state_version++;
-    /* log the command and its events before anyone hears of them */
-    size_t n;
-    const osub_event_t *ev = osub_engine_events(d->e, &n);
+    char *text = json_dumps(value, JSON_COMPACT | JSON_SORT_KEYS);
+    if (text != NULL)
+        json_object_set_new(meta, key, json_string(text));
+    free(text);
+}
+
+/* Logs a command and its events (objs, n, consumed) at engine time now: through the writer
+ * (its replies then wait for the commit), or at once while there is no writer (start-up). */
+static void log_command(struct osubd *d, int64_t now, const json_t *cmd, json_t **objs, size_t n)
+{
+    char **texts = calloc(n ? n : 1, sizeof(*texts));
+    char *ctext = json_dumps(cmd, JSON_COMPACT | JSON_SORT_KEYS);
+    bool ok = texts != NULL && ctext != NULL;
+    for (size_t i = 0; i < n && ok; i++) {
+        texts[i] = json_dumps(objs[i], JSON_COMPACT);
+        ok = texts[i] != NULL;
+    }
+    for (size_t i = 0; i < n; i++)
+        json_decref(objs[i]);
+    bool dirty = d->pids_dirty || d->routes_dirty || d->act_dirty;
     if (d->writer != NULL) {
-        char **texts = calloc(n ? n : 1, sizeof(*texts));
-        char *ctext = json_dumps(cmd, JSON_COMPACT | JSON_SORT_KEYS);
-        bool ok = texts != NULL && ctext != NULL;
-        for (size_t i = 0; i < n && ok; i++) {
-            json_t *o = event_json(d, &ev[i]);
-            texts[i] = json_dumps(o, JSON_COMPACT);
-            json_decref(o);
-            ok = texts[i] != NULL;
-            int lvl = ev[i].level >= 0 && ev[i].level < 3 ? ev[i].level : 3;
-            d->ev_counts[ev[i].kind][lvl]++;
-        }
         char *snap = NULL;
         if (ok && ++d->since_snapshot >= d->cfg.snapshot_every) {
             snap = osub_engine_save(d->e);
             ok = snap != NULL;
             d->since_snapshot = 0;
         }
-        if (!ok) {
+        char *meta = ok && dirty ? daemon_meta(d) : NULL;
+        if (!ok || (dirty && meta == NULL)) {
             fprintf(stderr, "oversubd: out of memory logging a command: stopping\n");
             d->fatal = true;
             event_base_loopbreak(d->base);
@@ -143,36 +141,27 @@ int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *e
             free(texts);
             free(ctext);
             free(snap);
-            return rc;
+            free(meta);
+            return;
         }
-        char *meta = d->pids_dirty || d->routes_dirty ? daemon_meta(d) : NULL;
-        if (meta != NULL)
-            d->pids_dirty = d->routes_dirty = false;
+        d->pids_dirty = d->routes_dirty = d->act_dirty = false;
         d->applied_ticket =
             osub_writer_add(d->writer, now, now + d->base_unix_ms, ctext, texts, n, snap, meta);
-        return rc;
+        return;
     }
-    char **texts = calloc(n ? n : 1, sizeof(*texts));
     int64_t *seqs = calloc(n ? n : 1, sizeof(*seqs));
-    json_t **objs = calloc(n ? n : 1, sizeof(*objs));
-    char *ctext = json_dumps(cmd, JSON_COMPACT | JSON_SORT_KEYS);
-    bool ok = texts && seqs && objs && ctext;
-    for (size_t i = 0; i < n && ok; i++) {
-        objs[i] = event_json(d, &ev[i]);
-        texts[i] = json_dumps(objs[i], JSON_COMPACT);
-        ok = texts[i] != NULL;
-        int lvl = ev[i].level >= 0 && ev[i].level < 3 ? ev[i].level : 3;
-        d->ev_counts[ev[i].kind][lvl]++;
-    }
-    if (ok && (d->pids_dirty || d->routes_dirty)) {
-        char *pids = json_dumps(d->pids, JSON_COMPACT | JSON_SORT_KEYS);
-        char *routes = json_dumps(d->routes, JSON_COMPACT | JSON_SORT_KEYS);
-        ok = pids != NULL && routes != NULL &&
-             osub_store_meta_set(d->store, "service_pids", pids) == 0 &&
-             osub_store_meta_set(d->store, "gateway_routes", routes) == 0;
-        free(pids);
-        free(routes);
-        d->pids_dirty = d->routes_dirty = !ok;
+    ok = ok && seqs != NULL;
+    if (ok && dirty) {
+        char *meta = daemon_meta(d);
+        json_t *m = meta ? json_loads(meta, 0, NULL) : NULL;
+        const char *k;
+        json_t *v;
+        ok = m != NULL;
+        json_object_foreach(m, k, v) ok =
+            ok && osub_store_meta_set(d->store, k, json_string_value(v)) == 0;
+        json_decref(m);
+        free(meta);
+        d->pids_dirty = d->routes_dirty = d->act_dirty = !ok;
     }
     if (ok && osub_store_append_with_events(d->store, now, now + d->base_unix_ms, ctext,
                                             (const char *const *)texts, n, &d->last_seq, seqs) != 0)
@@ -191,15 +180,71 @@ int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *e
         if (++d->since_snapshot >= d->cfg.snapshot_every)
             snapshot_now(d);
     }
-    for (size_t i = 0; i < n && objs; i++) {
-        json_decref(objs[i]);
-        free(texts ? texts[i] : NULL);
-    }
+    for (size_t i = 0; i < n && texts; i++)
+        free(texts[i]);
     free(texts);
     free(seqs);
-    free(objs);
     free(ctext);
+}
+
+static int64_t engine_now(struct osubd *d)
+{
+    int64_t now = osubd_unix_ms() - d->base_unix_ms;
+    return now < d->last_engine_ms ? d->last_engine_ms : now; /* the clock may step back */
+}
+
+int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *err, size_t errlen)
+{
+    int64_t now = engine_now(d);
+    bool dry = json_is_true(json_object_get(cmd, "dry_run"));
+    err[0] = '\0';
+    int rc = osub_cmd_apply(d->e, cmd, now, res, err, errlen);
+    if (err[0] != '\0' || dry)
+        return rc; /* malformed, or a dry run: nothing reached the engine's state */
+    d->last_engine_ms = now;
+    d->state_version++;
+    /* log the command and its events before anyone hears of them */
+    size_t n;
+    const osub_event_t *ev = osub_engine_events(d->e, &n);
+    json_t **objs = calloc(n ? n : 1, sizeof(*objs));
+    if (objs == NULL) {
+        fprintf(stderr, "oversubd: out of memory logging a command: stopping\n");
+        d->fatal = true;
+        event_base_loopbreak(d->base);
+        return rc;
+    }
+    for (size_t i = 0; i < n; i++) {
+        objs[i] = event_json(d, &ev[i]);
+        int lvl = ev[i].level >= 0 && ev[i].level < 3 ? ev[i].level : 3;
+        d->ev_counts[ev[i].kind][lvl]++;
+    }
+    log_command(d, now, cmd, objs, n);
+    osubd_act_events(d, ev, n); /* acted on once the command is durable */
+    free(objs);
     return rc;
+}
+
+void osubd_note(struct osubd *d, const char *id, const char *kind, const char *reason,
+                const char *fmt, ...)
+{
+    char msg[OSUB_EVENT_MSG_MAX + 200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "oversubd: %s\n", msg);
+    int64_t now = engine_now(d);
+    json_t *o =
+        json_pack("{s:I, s:s, s:s, s:s, s:s}", "time_unix_ms", (json_int_t)(now + d->base_unix_ms),
+                  "kind", kind, "reason", reason, "service", id, "message", msg);
+    json_t *cmd = json_pack("{s:s, s:s, s:s}", "op", "note", "id", id, "kind", kind);
+    if (o == NULL || cmd == NULL) {
+        json_decref(o);
+        json_decref(cmd);
+        return;
+    }
+    log_command(d, now, cmd, &o, 1);
+    json_decref(cmd);
 }
 
 static void on_tick(evutil_socket_t fd, short what, void *arg)
@@ -513,10 +558,52 @@ static void on_writer(evutil_socket_t fd, short what, void *arg)
     d->commits = p.commits;
     d->commit_items = p.items;
     osubd_api_flush(d);
+    osubd_act_events(d, NULL, 0); /* directives and signals wait for their decisions' commit */
     if (p.last_event_seq > d->last_event_seq) {
         d->last_event_seq = p.last_event_seq;
         osubd_api_events_ready(d);
     }
+}
+
+/* The engine's settings of a new state, kept with it: a state without a snapshot yet replays
+ * its log on exactly that engine. */
+static const char *engine_config_text(const osub_pool_config_t *c)
+{
+    static char t[400];
+    snprintf(t, sizeof(t), "%d %d %lld %d %d %lld %lld %lld %lld %lld %lld %lld", c->ratio_milli,
+             c->compute_ratio_milli, (long long)c->margin_mib, c->high_watermark_pct,
+             c->low_watermark_pct, (long long)c->hysteresis_ms, (long long)c->ack_timeout_ms,
+             (long long)c->grace_ms, (long long)c->min_runtime_ms, (long long)c->history_window_ms,
+             (long long)c->restart_cost_ms, (long long)c->queue_aging_ms);
+    return t;
+}
+
+static void engine_config_stored(struct osubd *d, osub_pool_config_t *c)
+{
+    osub_pool_config_default(c);
+    c->ratio_milli = d->cfg.ratio_milli;
+    char *t = NULL;
+    osub_store_meta_get(d->store, "engine_config", &t);
+    long long v[12];
+    if (t != NULL &&
+        sscanf(t, "%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld", &v[0], &v[1],
+               &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11]) == 12) {
+        c->ratio_milli = (int32_t)v[0];
+        c->compute_ratio_milli = (int32_t)v[1];
+        c->margin_mib = v[2];
+        c->high_watermark_pct = (int32_t)v[3];
+        c->low_watermark_pct = (int32_t)v[4];
+        c->hysteresis_ms = v[5];
+        c->ack_timeout_ms = v[6];
+        c->grace_ms = v[7];
+        c->min_runtime_ms = v[8];
+        c->history_window_ms = v[9];
+        c->restart_cost_ms = v[10];
+        c->queue_aging_ms = v[11];
+    } else if (d->nvml != NULL) {
+        c->margin_mib = 1024; /* a state from before engine_config was kept */
+    }
+    free(t);
 }
 
 int osubd_start(struct osubd *d, char *err, size_t errlen)
@@ -541,6 +628,8 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
         return -1;
     d->pids = meta_object(d, "service_pids");
     d->routes = meta_object(d, "gateway_routes");
+    d->execs = meta_object(d, "service_exec");
+    d->procs = meta_object(d, "managed_procs");
     char *pool = NULL, *base = NULL;
     osub_store_meta_get(d->store, "pool", &pool);
     osub_store_meta_get(d->store, "base_unix_ms", &base);
@@ -564,11 +653,14 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
         d->base_unix_ms = osubd_unix_ms();
         char b[32];
         snprintf(b, sizeof(b), "%lld", (long long)d->base_unix_ms);
-        osub_pool_config_t cfg;
-        osub_pool_config_default(&cfg);
+        osub_pool_config_t cfg = d->cfg.engine;
         cfg.ratio_milli = d->cfg.ratio_milli;
         if (d->nvml != NULL)
             cfg.margin_mib = 1024; /* DESIGN.md: the driver's own memory under NVML */
+        if (osub_store_meta_set(d->store, "engine_config", engine_config_text(&cfg)) != 0) {
+            snprintf(err, errlen, "%s: %s", d->cfg.state_path, osub_store_error(d->store));
+            goto fail;
+        }
         const char *np[64];
         for (size_t i = 0; i < n; i++)
             np[i] = names[i][0] ? names[i] : NULL;
@@ -600,9 +692,8 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
                 goto fail;
             }
         } else {
+            /* no snapshot yet: the log replays on the engine as it was made */
             osub_pool_config_t cfg;
-            osub_pool_config_default(&cfg);
-            cfg.ratio_milli = d->cfg.ratio_milli;
             static int64_t pv[64];
             static char pnames[64][96];
             size_t pn = 0;
@@ -610,8 +701,7 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
             if (pool_from(d, pool ? pool : "auto", pv, pnames, 64, &pn, pd, sizeof(pd), err,
                           errlen) != 0)
                 goto fail;
-            if (d->nvml != NULL)
-                cfg.margin_mib = 1024;
+            engine_config_stored(d, &cfg);
             const char *np[64];
             for (size_t i = 0; i < pn; i++)
                 np[i] = pnames[i][0] ? pnames[i] : NULL;
@@ -691,6 +781,8 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
         return -1;
     if (osubd_gateway_init(d, err, errlen) != 0)
         return -1;
+    if (osubd_act_start(d, err, errlen) != 0)
+        return -1;
     struct timeval tv = {(time_t)(d->cfg.tick_ms / 1000),
                          (suseconds_t)(d->cfg.tick_ms % 1000) * 1000};
     d->tick_ev = event_new(d->base, -1, EV_PERSIST, on_tick, d);
@@ -739,6 +831,7 @@ void osubd_stop(struct osubd *d)
     if (d->writer_ev)
         event_free(d->writer_ev);
     osubd_gateway_free(d);
+    osubd_act_free(d);
     free(d->pool_text);
     json_decref(d->pids);
     json_decref(d->routes);
@@ -755,6 +848,8 @@ void osubd_stop(struct osubd *d)
     osub_nvml_close(d->nvml);
     if (d->http)
         evhttp_free(d->http);
+    if (d->http_unix)
+        evhttp_free(d->http_unix);
     if (d->base)
         event_base_free(d->base);
     osub_engine_free(d->e);

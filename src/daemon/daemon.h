@@ -30,6 +30,9 @@ struct osubd_config {
     bool metrics_per_service; /* per-service series on /metrics (cardinality: opt-in) */
     char gateway_host[256];   /* "" = no gateway */
     int gateway_port;
+    bool allow_root_services;  /* managed commands may run as root */
+    int64_t service_log_max;   /* bytes per service log before it is rotated */
+    osub_pool_config_t engine; /* timings and watermarks of a new state */
 };
 
 struct waiter;   /* a long-polling GET /v1/events */
@@ -37,6 +40,8 @@ struct deferred; /* a reply held until the writer made its command durable */
 struct osub_writer;
 struct osub_gateway;
 struct osub_nvml;
+struct osub_proc;  /* a managed service's process */
+struct act_waiter; /* a long-polling GET .../directives */
 
 struct osubd {
     struct osubd_config cfg;
@@ -72,6 +77,19 @@ struct osubd {
     size_t pool_text_len;
     uint64_t pool_text_version;
     bool fatal;
+    /* actuators (actuator.c) */
+    struct evhttp *http_unix; /* the API on the Unix socket: trusted to run programs */
+    bool req_trusted;         /* the request being handled came over the Unix socket */
+    json_t *execs;            /* service id -> how to run it (command, env, ...) */
+    json_t *procs;            /* service id -> {pid, starttime, restarts}: for adoption */
+    json_t *directives;       /* service id -> its latest directives (in memory) */
+    bool act_dirty;
+    int64_t directive_seq;
+    struct osub_proc *proc_list;
+    struct act_waiter *act_waiters;
+    void *act_q; /* events waiting for the actuators, each with its command's ticket */
+    size_t act_n, act_cap;
+    struct event *act_ev, *sigchld_ev, *watch_ev;
     /* metrics */
     uint64_t http_requests[6]; /* by status class 1xx..5xx, index 0 unused */
     uint64_t latency_buckets[12];
@@ -92,6 +110,14 @@ void osubd_stop(struct osubd *d);
  * the command is durable. Wakes long-polls once the events are on disk. Returns the engine's code;
  * *logged says whether it reached the engine. OSUB_EINVAL with err for a malformed command. */
 int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *err, size_t errlen);
+
+/* Logs an event of the daemon's own (kind, e.g. "process"; reason, e.g. "exit") for a service,
+ * with a "note" command that the engine ignores, and prints it. */
+void osubd_note(struct osubd *d, const char *id, const char *kind, const char *reason,
+                const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* Sets meta[key] to value's JSON text. */
+void osubd_meta_put(json_t *meta, const char *key, const json_t *value);
 
 /* The token a service's own calls (usage, ready, ack, exited) may carry instead of the admin
  * token: 64 hex digits. */

@@ -129,6 +129,36 @@ static int key_line(const char *path, const char *key)
     return found;
 }
 
+/* Integer settings: the engine's timings and watermarks (for a new state; a state keeps the
+ * ones it was made with), and the size of a service's log. */
+struct engine_key {
+    const char *name;
+    int64_t *i64;
+    int32_t *i32;
+    long long lo, hi;
+};
+
+static const struct engine_key *engine_key(const char *name, struct osubd_config *c)
+{
+    static struct engine_key keys[9];
+    const struct engine_key all[] = {
+        {"ack_timeout_ms", &c->engine.ack_timeout_ms, NULL, 100, 3600000},
+        {"grace_ms", &c->engine.grace_ms, NULL, 0, 86400000},
+        {"hysteresis_ms", &c->engine.hysteresis_ms, NULL, 0, 86400000},
+        {"min_runtime_ms", &c->engine.min_runtime_ms, NULL, 0, 86400000},
+        {"restart_cost_ms", &c->engine.restart_cost_ms, NULL, 0, 86400000},
+        {"high_watermark_pct", NULL, &c->engine.high_watermark_pct, 1, 100},
+        {"low_watermark_pct", NULL, &c->engine.low_watermark_pct, 1, 100},
+        {"service_log_max", &c->service_log_max, NULL, 4096, 1LL << 40},
+    };
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        if (strcmp(all[i].name, name) == 0) {
+            keys[i] = all[i];
+            return &keys[i];
+        }
+    return NULL;
+}
+
 /* The configuration file: every key documented in oversub.yaml. */
 static int read_config(const char *path, struct osubd_config *c, char *token_file, size_t tlen)
 {
@@ -197,15 +227,30 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
                 c->events_keep = t;
             else
                 c->events_days = t;
-        } else if (strcmp(key, "metrics_per_service") == 0) {
+        } else if (strcmp(key, "metrics_per_service") == 0 ||
+                   strcmp(key, "allow_root_services") == 0) {
+            bool *b = key[0] == 'm' ? &c->metrics_per_service : &c->allow_root_services;
             if (strcmp(sv, "true") == 0)
-                c->metrics_per_service = true;
+                *b = true;
             else if (strcmp(sv, "false") == 0)
-                c->metrics_per_service = false;
+                *b = false;
             else {
-                fprintf(stderr, "oversubd: %s: key 'metrics_per_service' must be true or false\n",
-                        where);
+                fprintf(stderr, "oversubd: %s: key '%s' must be true or false\n", where, key);
                 rc = -1;
+            }
+        } else if (engine_key(key, c) != NULL) {
+            const struct engine_key *k = engine_key(key, c);
+            char *end;
+            errno = 0;
+            long long t = strtoll(sv, &end, 10);
+            if (*end != '\0' || sv[0] == '\0' || errno != 0 || t < k->lo || t > k->hi) {
+                fprintf(stderr, "oversubd: %s: key '%s' must be an integer from %lld to %lld\n",
+                        where, key, k->lo, k->hi);
+                rc = -1;
+            } else if (k->i64 != NULL) {
+                *k->i64 = t;
+            } else {
+                *k->i32 = (int32_t)t;
             }
         } else if (strcmp(key, "poll_ms") == 0) {
             char *end;

@@ -1,0 +1,1375 @@
+/* actuator.c - makes services obey the engine: managed processes, directives, webhooks, logs */
+#define _GNU_SOURCE
+#include "actuator.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <sys/queue.h>
+
+#include "daemon.h"
+
+extern char **environ;
+
+#define DIRECTIVES_KEPT 8
+#define FAST_EXIT_MS 2000   /* a process that dies sooner "exits at once" */
+#define WATCH_MS 200        /* adopted processes are checked this often */
+#define HOOK_TIMEOUT_S 2    /* one webhook attempt */
+#define HOOK_ATTEMPTS 4     /* then the directive waits for a long-poll */
+#define MAX_ARGS 64
+#define MAX_ENV 64
+
+/* A managed service's process: the leader of its own process group (setsid). */
+struct osub_proc {
+    struct osub_proc *next;
+    char id[OSUB_ID_MAX + 1];
+    pid_t pid;                    /* 0: none now */
+    unsigned long long starttime; /* /proc/PID/stat's starttime: a reused PID is not ours */
+    bool child;                   /* ours to wait for; false when adopted after a restart */
+    bool term_sent;
+    bool failed; /* gave up on it: no more starts until it is submitted again */
+    int64_t spawned_unix_ms;
+    int64_t kill_at_unix_ms; /* the grace end */
+    int restarts;
+    struct event *kill_ev;    /* SIGKILL to the group when the grace period ends */
+    struct event *restart_ev; /* a restart waiting out its backoff */
+    struct osubd *d;
+};
+
+struct act_waiter {
+    struct act_waiter *next;
+    struct osubd *d;
+    struct evhttp_request *req;
+    char id[OSUB_ID_MAX + 1];
+    int64_t after;
+    struct event *timer;
+};
+
+/* ---- the spec's actuation fields ------------------------------------------------------ */
+
+static bool is_http_url(const char *s)
+{
+    struct evhttp_uri *u = s ? evhttp_uri_parse(s) : NULL;
+    bool ok = u != NULL && evhttp_uri_get_scheme(u) != NULL &&
+              strcmp(evhttp_uri_get_scheme(u), "http") == 0 && evhttp_uri_get_host(u) != NULL;
+    if (u)
+        evhttp_uri_free(u);
+    return ok;
+}
+
+static bool env_name_ok(const char *k)
+{
+    if (k[0] == '\0' || (k[0] >= '0' && k[0] <= '9') || strlen(k) > 128)
+        return false;
+    for (const char *p = k; *p; p++)
+        if (!((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') ||
+              *p == '_'))
+            return false;
+    return true;
+}
+
+int osubd_act_take(const struct osubd *d, json_t *spec, bool trusted, json_t **exec, char *err,
+                   size_t errlen)
+{
+    *exec = NULL;
+    json_t *x = json_object();
+    json_t *v;
+#define FAIL(...)                                                                                  \
+    do {                                                                                           \
+        snprintf(err, errlen, __VA_ARGS__);                                                        \
+        json_decref(x);                                                                            \
+        return -1;                                                                                 \
+    } while (0)
+    if ((v = json_object_get(spec, "command")) != NULL) {
+        if (!json_is_array(v) || json_array_size(v) == 0 || json_array_size(v) > MAX_ARGS)
+            FAIL("field 'command' must be an array of 1 to %d strings (argv; no shell)", MAX_ARGS);
+        size_t i;
+        json_t *a;
+        json_array_foreach(v, i, a)
+        {
+            if (!json_is_string(a) || json_string_length(a) > 4096 ||
+                strlen(json_string_value(a)) != json_string_length(a))
+                FAIL("field 'command': entry %zu must be a string (no NUL, at most 4096 bytes)", i);
+        }
+        if (json_string_length(json_array_get(v, 0)) == 0)
+            FAIL("field 'command': the program (entry 0) is empty");
+        json_object_set(x, "command", v);
+    }
+    if ((v = json_object_get(spec, "env")) != NULL) {
+        if (!json_is_object(v) || json_object_size(v) > MAX_ENV)
+            FAIL("field 'env' must be an object of at most %d NAME: \"value\" pairs", MAX_ENV);
+        const char *k;
+        json_t *ev;
+        json_object_foreach(v, k, ev)
+        {
+            if (!env_name_ok(k))
+                FAIL("field 'env': '%.64s' is not a variable name ([A-Za-z_][A-Za-z0-9_]*)", k);
+            if (strncmp(k, "OVERSUB_", 8) == 0 || strcmp(k, "CUDA_VISIBLE_DEVICES") == 0 ||
+                strcmp(k, "CUDA_DEVICE_ORDER") == 0)
+                FAIL("field 'env': %s is set by oversubd", k);
+            if (!json_is_string(ev) || json_string_length(ev) > 8192 ||
+                strlen(json_string_value(ev)) != json_string_length(ev))
+                FAIL("field 'env': the value of %s must be a string (no NUL, at most 8192 bytes)",
+                     k);
+        }
+        json_object_set(x, "env", v);
+    }
+    static const char *const paths[] = {"workdir", "checkpoint_dir", "user", "control_url"};
+    for (size_t k = 0; k < sizeof(paths) / sizeof(paths[0]); k++) {
+        if ((v = json_object_get(spec, paths[k])) == NULL)
+            continue;
+        const char *s = json_string_value(v);
+        if (s == NULL || s[0] == '\0' || strlen(s) > 1024)
+            FAIL("field '%s' must be a non-empty string", paths[k]);
+        if (k < 2 && s[0] != '/')
+            FAIL("field '%s' must be an absolute path", paths[k]);
+        if (k == 3 && !is_http_url(s))
+            FAIL("field 'control_url' must be an http:// URL");
+        json_object_set(x, paths[k], v);
+    }
+    if ((v = json_object_get(spec, "restart")) != NULL) {
+        const char *s = json_string_value(v);
+        if (s == NULL || (strcmp(s, "never") != 0 && strcmp(s, "on-failure") != 0))
+            FAIL("field 'restart' must be \"never\" or \"on-failure\"");
+        json_object_set(x, "restart", v);
+    }
+    if ((v = json_object_get(spec, "max_restarts")) != NULL) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 100)
+            FAIL("field 'max_restarts' must be an integer from 0 to 100");
+        json_object_set(x, "max_restarts", v);
+    }
+    static const char *const all[] = {"command",        "env",     "workdir",      "user",
+                                      "checkpoint_dir", "restart", "max_restarts", "control_url"};
+    for (size_t k = 0; k < sizeof(all) / sizeof(all[0]); k++)
+        json_object_del(spec, all[k]);
+    if (json_object_size(x) == 0) {
+        json_decref(x);
+        return 0;
+    }
+    bool runs = json_object_get(x, "command") != NULL;
+    if (!runs && json_object_size(x) > (json_object_get(x, "control_url") ? 1u : 0u))
+        FAIL("fields env, workdir, user, checkpoint_dir, restart and max_restarts need 'command'");
+    if (runs && !trusted)
+        FAIL("a spec with 'command' makes oversubd run a program: send it over the Unix socket "
+             "or with the admin token");
+    if (runs) {
+        const char *user = json_string_value(json_object_get(x, "user"));
+        uid_t uid = geteuid();
+        if (user != NULL) {
+            struct passwd *pw = getpwnam(user);
+            if (pw == NULL)
+                FAIL("field 'user': no such user '%.64s'", user);
+            if (pw->pw_uid != geteuid() && geteuid() != 0)
+                FAIL("field 'user': oversubd runs as uid %u and cannot run programs as '%.64s'",
+                     (unsigned)geteuid(), user);
+            uid = pw->pw_uid;
+        }
+        if (uid == 0 && !d->cfg.allow_root_services)
+            FAIL("the command would run as root: give 'user', or set allow_root_services: true "
+                 "in oversubd's configuration");
+    }
+#undef FAIL
+    *exec = x;
+    return 0;
+}
+
+/* ---- small helpers ---------------------------------------------------------------------- */
+
+static struct osub_proc *proc_find(struct osubd *d, const char *id)
+{
+    for (struct osub_proc *p = d->proc_list; p; p = p->next)
+        if (strcmp(p->id, id) == 0)
+            return p;
+    return NULL;
+}
+
+static struct osub_proc *proc_get(struct osubd *d, const char *id)
+{
+    struct osub_proc *p = proc_find(d, id);
+    if (p != NULL)
+        return p;
+    p = calloc(1, sizeof(*p));
+    if (p == NULL)
+        return NULL;
+    snprintf(p->id, sizeof(p->id), "%s", id);
+    p->d = d;
+    p->next = d->proc_list;
+    d->proc_list = p;
+    return p;
+}
+
+static void proc_drop(struct osubd *d, struct osub_proc *p)
+{
+    for (struct osub_proc **pp = &d->proc_list; *pp; pp = &(*pp)->next)
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    if (p->kill_ev)
+        event_free(p->kill_ev);
+    if (p->restart_ev)
+        event_free(p->restart_ev);
+    free(p);
+}
+
+/* Field 22 of /proc/PID/stat (clock ticks after boot), 0 when the process is gone. */
+static unsigned long long proc_starttime(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+    if (p == NULL)
+        return 0;
+    p += 2; /* field 3, the state */
+    if (*p == 'Z' || *p == 'X')
+        return 0; /* a zombie holds no memory */
+    for (int field = 3; field < 22 && p; field++) {
+        p = strchr(p, ' ');
+        if (p)
+            p++;
+    }
+    return p ? strtoull(p, NULL, 10) : 0;
+}
+
+static void state_dir(const struct osubd *d, char *out, size_t len)
+{
+    snprintf(out, len, "%s", d->cfg.state_path);
+    char *slash = strrchr(out, '/');
+    if (slash != NULL)
+        *slash = '\0';
+    else
+        snprintf(out, len, ".");
+    if (out[0] == '\0')
+        snprintf(out, len, "/");
+}
+
+static void log_path(const struct osubd *d, const char *id, char *out, size_t len)
+{
+    char dir[512];
+    state_dir(d, dir, sizeof(dir));
+    snprintf(out, len, "%s/logs/%s.log", dir, id);
+}
+
+static void checkpoint_dir(const struct osubd *d, const char *id, char *out, size_t len)
+{
+    const char *cd = json_string_value(json_object_get(json_object_get(d->execs, id),
+                                                       "checkpoint_dir"));
+    if (cd != NULL) {
+        snprintf(out, len, "%s", cd);
+        return;
+    }
+    char dir[512];
+    state_dir(d, dir, sizeof(dir));
+    snprintf(out, len, "%s/checkpoints/%s", dir, id);
+}
+
+static int mkdirs(const char *path, mode_t mode)
+{
+    char tmp[1024];
+    snprintf(tmp, sizeof(tmp), "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(tmp, mode) != 0 && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    return mkdir(tmp, mode) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+static void save_proc(struct osubd *d, struct osub_proc *p)
+{
+    if (p->pid > 0)
+        json_object_set_new(d->procs, p->id,
+                            json_pack("{s:i, s:I, s:i}", "pid", (int)p->pid, "starttime",
+                                      (json_int_t)p->starttime, "restarts", p->restarts));
+    else
+        json_object_del(d->procs, p->id);
+    /* NVML's memory for that PID is the service's usage */
+    if (p->pid > 0)
+        json_object_set_new(d->pids, p->id, json_integer(p->pid));
+    else
+        json_object_del(d->pids, p->id);
+    d->act_dirty = d->pids_dirty = true;
+}
+
+static void apply(struct osubd *d, json_t *cmd)
+{
+    char err[256];
+    int rc = osubd_apply(d, cmd, NULL, err, sizeof(err));
+    if (err[0] || rc != 0)
+        fprintf(stderr, "oversubd: %s for %s: %s\n",
+                json_string_value(json_object_get(cmd, "op")),
+                json_string_value(json_object_get(cmd, "id")),
+                err[0] ? err : osub_strerror(rc));
+    json_decref(cmd);
+}
+
+static void apply_fail(struct osubd *d, struct osub_proc *p, const char *why)
+{
+    p->failed = true;
+    apply(d, json_pack("{s:s, s:s, s:s}", "op", "fail", "id", p->id, "why", why));
+}
+
+static bool live_state(osub_state_t s)
+{
+    return s == OSUB_STATE_LOADING || s == OSUB_STATE_RUNNING || s == OSUB_STATE_DEGRADED;
+}
+
+static bool draining_state(osub_state_t s)
+{
+    return s == OSUB_STATE_DRAINING || s == OSUB_STATE_OVERDUE;
+}
+
+/* ---- signals ------------------------------------------------------------------------------ */
+
+static void on_kill(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct osub_proc *p = arg;
+    if (p->pid <= 0)
+        return;
+    int64_t left = p->kill_at_unix_ms - osubd_unix_ms();
+    if (left > 0) {
+        /* the timer's clock and the wall clock differ by a hair: never before the grace end */
+        struct timeval tv = {(time_t)(left / 1000), (suseconds_t)(left % 1000) * 1000};
+        evtimer_add(p->kill_ev, &tv);
+        return;
+    }
+    kill(-p->pid, SIGKILL);
+    osubd_note(p->d, p->id, "process", "kill",
+               "%s's grace period ended with its process %d still alive: killed its process "
+               "group with SIGKILL",
+               p->id, (int)p->pid);
+}
+
+/* SIGTERM to the group now, SIGKILL at deadline_unix_ms. */
+static void terminate(struct osubd *d, struct osub_proc *p, int64_t deadline_unix_ms,
+                      const char *why)
+{
+    if (p->pid <= 0)
+        return;
+    if (!p->term_sent) {
+        kill(-p->pid, SIGTERM);
+        p->term_sent = true;
+        osubd_note(d, p->id, "process", "term", "sent SIGTERM to %s's process group %d (%s)",
+                   p->id, (int)p->pid, why);
+    }
+    if (p->kill_ev == NULL)
+        p->kill_ev = evtimer_new(d->base, on_kill, p);
+    p->kill_at_unix_ms = deadline_unix_ms;
+    int64_t left = deadline_unix_ms - osubd_unix_ms();
+    if (left < 0)
+        left = 0;
+    struct timeval tv = {(time_t)(left / 1000), (suseconds_t)(left % 1000) * 1000};
+    if (p->kill_ev)
+        evtimer_add(p->kill_ev, &tv);
+}
+
+/* ---- starting a managed process ---------------------------------------------------------- */
+
+/* The program's path: as given when it holds a '/', else the first executable in PATH. */
+static int resolve(const char *prog, char *out, size_t len)
+{
+    if (strchr(prog, '/') != NULL) {
+        snprintf(out, len, "%s", prog);
+        return 0;
+    }
+    const char *path = getenv("PATH");
+    if (path == NULL)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    while (*path) {
+        const char *colon = strchr(path, ':');
+        size_t n = colon ? (size_t)(colon - path) : strlen(path);
+        snprintf(out, len, "%.*s/%s", (int)n, path, prog);
+        if (access(out, X_OK) == 0)
+            return 0;
+        path += n + (colon ? 1 : 0);
+    }
+    return -1;
+}
+
+struct envb {
+    char *v[256];
+    size_t n;
+};
+
+static void env_set(struct envb *e, const char *k, const char *val)
+{
+    size_t kl = strlen(k);
+    for (size_t i = 0; i < e->n; i++)
+        if (strncmp(e->v[i], k, kl) == 0 && e->v[i][kl] == '=') {
+            free(e->v[i]);
+            e->v[i] = NULL;
+            if (asprintf(&e->v[i], "%s=%s", k, val) < 0)
+                e->v[i] = NULL;
+            return;
+        }
+    if (e->n + 1 < sizeof(e->v) / sizeof(e->v[0]) && asprintf(&e->v[e->n], "%s=%s", k, val) >= 0)
+        e->n++;
+}
+
+static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_t *si)
+{
+    json_t *x = json_object_get(d->execs, p->id);
+    json_t *cmd = json_object_get(x, "command");
+    const char *prog = json_string_value(json_array_get(cmd, 0));
+    char path[PATH_MAX + 1];
+    char why[PATH_MAX + 200];
+    if (resolve(prog, path, sizeof(path)) != 0) {
+        snprintf(why, sizeof(why), "command '%.200s' was not found in PATH", prog);
+        apply_fail(d, p, why);
+        return;
+    }
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode) || access(path, X_OK) != 0) {
+        snprintf(why, sizeof(why), "command '%.200s' %s", path,
+                 stat(path, &st) != 0 ? "does not exist"
+                 : !S_ISREG(st.st_mode) ? "is not a file"
+                                        : "is not executable");
+        apply_fail(d, p, why);
+        return;
+    }
+    /* everything the child needs is made before fork: after it, only async-signal-safe calls */
+    const char *user = json_string_value(json_object_get(x, "user"));
+    uid_t uid = geteuid();
+    gid_t gid = getegid();
+    if (user != NULL) {
+        struct passwd *pw = getpwnam(user);
+        if (pw == NULL) {
+            snprintf(why, sizeof(why), "user '%.64s' no longer exists", user);
+            apply_fail(d, p, why);
+            return;
+        }
+        uid = pw->pw_uid;
+        gid = pw->pw_gid;
+    }
+    if (uid == 0 && !d->cfg.allow_root_services) {
+        apply_fail(d, p, "it would run as root and allow_root_services is not set");
+        return;
+    }
+    char ckdir[1024], logf[1024], dir[1024];
+    checkpoint_dir(d, p->id, ckdir, sizeof(ckdir));
+    log_path(d, p->id, logf, sizeof(logf));
+    snprintf(dir, sizeof(dir), "%s", logf);
+    *strrchr(dir, '/') = '\0';
+    if (mkdirs(ckdir, 0700) != 0 || mkdirs(dir, 0700) != 0) {
+        snprintf(why, sizeof(why), "cannot make %s: %s", ckdir, strerror(errno));
+        apply_fail(d, p, why);
+        return;
+    }
+    if (user != NULL && chown(ckdir, uid, gid) != 0) {
+        snprintf(why, sizeof(why), "cannot give %s to user %s: %s", ckdir, user, strerror(errno));
+        apply_fail(d, p, why);
+        return;
+    }
+    int logfd = open(logf, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    int nullfd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (logfd < 0 || nullfd < 0) {
+        snprintf(why, sizeof(why), "cannot open its log %s: %s", logf, strerror(errno));
+        if (logfd >= 0)
+            close(logfd);
+        if (nullfd >= 0)
+            close(nullfd);
+        apply_fail(d, p, why);
+        return;
+    }
+    char *argv[MAX_ARGS + 1];
+    size_t argc = json_array_size(cmd);
+    for (size_t i = 0; i < argc; i++)
+        argv[i] = (char *)json_string_value(json_array_get(cmd, i));
+    argv[argc] = NULL;
+    struct envb env = {.n = 0};
+    for (char **e = environ; *e && env.n + 1 < 200; e++)
+        if (strncmp(*e, "OVERSUB_", 8) != 0)
+            env.v[env.n++] = strdup(*e);
+    const char *k;
+    json_t *ev;
+    json_object_foreach(json_object_get(x, "env"), k, ev) env_set(&env, k, json_string_value(ev));
+    char buf[1024], num[32], gpus[1024] = "";
+    for (int32_t i = 0; i < si->n_slots; i++) {
+        int32_t g = si->slots[i].gpu;
+        size_t l = strlen(gpus);
+        if (g < d->n_uuids && d->uuids[g][0])
+            snprintf(gpus + l, sizeof(gpus) - l, "%s%s", i ? "," : "", d->uuids[g]);
+        else
+            snprintf(gpus + l, sizeof(gpus) - l, "%s%d", i ? "," : "", g);
+    }
+    env_set(&env, "CUDA_DEVICE_ORDER", "PCI_BUS_ID");
+    env_set(&env, "CUDA_VISIBLE_DEVICES", gpus);
+    env_set(&env, "OVERSUB_SERVICE", p->id);
+    snprintf(num, sizeof(num), "%lld", (long long)si->grant_mib);
+    env_set(&env, "OVERSUB_VRAM_MIB", num);
+    snprintf(num, sizeof(num), "%d", si->batch_size);
+    env_set(&env, "OVERSUB_BATCH_SIZE", num);
+    const char *host = d->cfg.listen_host;
+    if (strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0 || host[0] == '\0')
+        host = "127.0.0.1";
+    snprintf(buf, sizeof(buf), strchr(host, ':') ? "http://[%s]:%d" : "http://%s:%d", host,
+             d->cfg.listen_port);
+    env_set(&env, "OVERSUB_CONTROL_URL", buf);
+    char tok[65];
+    osubd_service_token(d, p->id, tok);
+    env_set(&env, "OVERSUB_TOKEN", tok);
+    env_set(&env, "OVERSUB_CHECKPOINT_DIR", ckdir);
+    if (si->checkpoint[0])
+        env_set(&env, "OVERSUB_RESUME_FROM", si->checkpoint);
+    env.v[env.n] = NULL;
+    const char *workdir = json_string_value(json_object_get(x, "workdir"));
+    int pipefd[2];
+    if (pipe2(pipefd, O_CLOEXEC) != 0) {
+        snprintf(why, sizeof(why), "pipe: %s", strerror(errno));
+        goto failed;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        snprintf(why, sizeof(why), "fork: %s", strerror(errno));
+        close(pipefd[0]);
+        close(pipefd[1]);
+        goto failed;
+    }
+    if (pid == 0) {
+        /* the child: its own session and process group, default signals, then exec */
+        int stage = 0;
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        signal(SIGPIPE, SIG_DFL);
+        if (setsid() < 0)
+            goto child_fail;
+        stage = 1;
+        if (dup2(nullfd, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
+            goto child_fail;
+        stage = 2;
+        if (workdir != NULL && chdir(workdir) != 0)
+            goto child_fail;
+        stage = 3;
+        if (user != NULL && (setgroups(1, &gid) != 0 || setgid(gid) != 0 || setuid(uid) != 0))
+            goto child_fail;
+        stage = 4;
+        execve(path, argv, env.v);
+    child_fail:;
+        int msg[2] = {stage, errno};
+        ssize_t w = write(pipefd[1], msg, sizeof(msg));
+        (void)w;
+        _exit(127);
+    }
+    close(pipefd[1]);
+    int msg[2];
+    ssize_t r;
+    do
+        r = read(pipefd[0], msg, sizeof(msg));
+    while (r < 0 && errno == EINTR);
+    close(pipefd[0]);
+    close(logfd);
+    close(nullfd);
+    for (size_t i = 0; i < env.n; i++)
+        free(env.v[i]);
+    if (r == (ssize_t)sizeof(msg)) {
+        /* exec failed: the child is gone (reaped by SIGCHLD as a stranger) */
+        static const char *const stages[] = {"setsid", "redirect its output", "chdir",
+                                             "switch user", "exec"};
+        waitpid(pid, NULL, 0);
+        snprintf(why, sizeof(why), "cannot start '%.200s': %s failed: %s", path,
+                 stages[msg[0] >= 0 && msg[0] <= 4 ? msg[0] : 4], strerror(msg[1]));
+        apply_fail(d, p, why);
+        return;
+    }
+    p->pid = pid;
+    p->child = true;
+    p->term_sent = false;
+    p->spawned_unix_ms = osubd_unix_ms();
+    p->starttime = proc_starttime(pid);
+    save_proc(d, p);
+    osubd_note(d, p->id, "process", "spawn",
+               "started %s: process %d (%s) on GPU(s) %s with %lld MiB, batch %d%s%s; log %s",
+               p->id, (int)pid, path, gpus, (long long)si->grant_mib, si->batch_size,
+               si->checkpoint[0] ? ", resuming from " : "", si->checkpoint, logf);
+    return;
+failed:
+    close(logfd);
+    close(nullfd);
+    for (size_t i = 0; i < env.n; i++)
+        free(env.v[i]);
+    apply_fail(d, p, why);
+}
+
+/* ---- directives ----------------------------------------------------------------------- */
+
+struct hook {
+    struct osubd *d;
+    char id[OSUB_ID_MAX + 1];
+    char *url, *body;
+    int attempt;
+    int64_t seq;
+    struct event *timer;
+};
+
+static void hook_send(struct hook *h);
+
+static void hook_free(struct hook *h)
+{
+    if (h->timer)
+        event_free(h->timer);
+    free(h->url);
+    free(h->body);
+    free(h);
+}
+
+static void hook_retry(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    hook_send(arg);
+}
+
+static void hook_done(struct evhttp_request *req, void *arg)
+{
+    struct hook *h = arg;
+    int code = req ? evhttp_request_get_response_code(req) : 0;
+    if (code >= 200 && code < 300) {
+        hook_free(h);
+        return;
+    }
+    if (++h->attempt >= HOOK_ATTEMPTS) {
+        osubd_note(h->d, h->id, "directive", "webhook_failed",
+                   "directive %lld for %s could not be delivered to %s after %d attempts (last: "
+                   "%s%d); it stays available at GET /v1/services/%s/directives",
+                   (long long)h->seq, h->id, h->url, HOOK_ATTEMPTS,
+                   code ? "HTTP " : "no answer, ", code, h->id);
+        hook_free(h);
+        return;
+    }
+    if (h->timer == NULL)
+        h->timer = evtimer_new(h->d->base, hook_retry, h);
+    int64_t ms = 250LL << h->attempt; /* 0.5 s, 1 s, 2 s */
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+    if (h->timer == NULL || evtimer_add(h->timer, &tv) != 0)
+        hook_free(h);
+}
+
+static void hook_send(struct hook *h)
+{
+    struct evhttp_uri *u = evhttp_uri_parse(h->url);
+    struct evhttp_connection *c = NULL;
+    struct evhttp_request *req = NULL;
+    if (u != NULL) {
+        int port = evhttp_uri_get_port(u);
+        c = evhttp_connection_base_new(h->d->base, NULL, evhttp_uri_get_host(u),
+                                       (uint16_t)(port > 0 ? port : 80));
+    }
+    if (c != NULL) {
+        evhttp_connection_set_timeout(c, HOOK_TIMEOUT_S);
+        evhttp_connection_free_on_completion(c);
+        req = evhttp_request_new(hook_done, h);
+    }
+    if (req != NULL) {
+        char host[300];
+        int port = evhttp_uri_get_port(u);
+        snprintf(host, sizeof(host), port > 0 ? "%s:%d" : "%s", evhttp_uri_get_host(u), port);
+        struct evkeyvalq *hd = evhttp_request_get_output_headers(req);
+        evhttp_add_header(hd, "Host", host);
+        evhttp_add_header(hd, "Content-Type", "application/json");
+        evbuffer_add(evhttp_request_get_output_buffer(req), h->body, strlen(h->body));
+        const char *path = evhttp_uri_get_path(u);
+        if (evhttp_make_request(c, req, EVHTTP_REQ_POST, path && path[0] ? path : "/") != 0) {
+            req = NULL; /* freed by libevent */
+            evhttp_connection_free(c);
+            c = NULL;
+        }
+    } else if (c != NULL) {
+        evhttp_connection_free(c);
+        c = NULL;
+    }
+    if (u)
+        evhttp_uri_free(u);
+    if (c == NULL) {
+        h->attempt = HOOK_ATTEMPTS - 1;
+        hook_done(NULL, h);
+    }
+}
+
+/* A directive as the service sees it, remaining_ms computed now. New reference. */
+static json_t *directive_view(const json_t *dir)
+{
+    json_t *o = json_deep_copy(dir);
+    json_int_t dl = json_integer_value(json_object_get(o, "deadline_unix_ms"));
+    if (dl > 0) {
+        int64_t left = dl - osubd_unix_ms();
+        json_object_set_new(o, "remaining_ms", json_integer(left > 0 ? left : 0));
+    }
+    return o;
+}
+
+static void waiter_reply(struct act_waiter *w, bool only_new);
+
+static void waiter_free(struct osubd *d, struct act_waiter *w)
+{
+    for (struct act_waiter **pp = &d->act_waiters; *pp; pp = &(*pp)->next)
+        if (*pp == w) {
+            *pp = w->next;
+            break;
+        }
+    if (w->timer)
+        event_free(w->timer);
+    free(w);
+}
+
+static void post_directive(struct osubd *d, const osub_event_t *ev, const char *action)
+{
+    json_t *dir = json_pack("{s:I, s:s, s:s, s:I, s:i, s:s, s:s}", "seq",
+                            (json_int_t)++d->directive_seq, "action", action, "service",
+                            ev->service, "vram_mib", (json_int_t)ev->vram_mib, "batch_size",
+                            ev->batch_size, "reason", osub_reason_name(ev->reason), "message",
+                            ev->msg);
+    if (dir == NULL)
+        return;
+    if (ev->deadline_ms > 0)
+        json_object_set_new(dir, "deadline_unix_ms",
+                            json_integer(osubd_engine_to_unix(d, ev->deadline_ms)));
+    osub_service_info_t si;
+    if (osub_engine_service_info(d->e, ev->service, &si) == 0 && si.checkpoint[0])
+        json_object_set_new(dir, "checkpoint", json_string(si.checkpoint));
+    json_t *x = json_object_get(d->execs, ev->service);
+    if (json_object_get(x, "command") != NULL) {
+        char ck[1024];
+        checkpoint_dir(d, ev->service, ck, sizeof(ck));
+        json_object_set_new(dir, "checkpoint_dir", json_string(ck));
+    }
+    json_t *list = json_object_get(d->directives, ev->service);
+    if (list == NULL) {
+        list = json_array();
+        json_object_set_new(d->directives, ev->service, list);
+    }
+    json_array_append(list, dir);
+    while (json_array_size(list) > DIRECTIVES_KEPT)
+        json_array_remove(list, 0);
+    /* the long-polls of that service */
+    for (struct act_waiter *w = d->act_waiters, *next; w; w = next) {
+        next = w->next;
+        if (strcmp(w->id, ev->service) == 0)
+            waiter_reply(w, true);
+    }
+    const char *url = json_string_value(json_object_get(x, "control_url"));
+    if (url != NULL) {
+        struct hook *h = calloc(1, sizeof(*h));
+        json_t *view = directive_view(dir);
+        if (h != NULL) {
+            h->d = d;
+            snprintf(h->id, sizeof(h->id), "%s", ev->service);
+            h->url = strdup(url);
+            h->body = json_dumps(view, JSON_COMPACT);
+            h->seq = (int64_t)json_integer_value(json_object_get(dir, "seq"));
+            if (h->url && h->body)
+                hook_send(h);
+            else
+                hook_free(h);
+        }
+        json_decref(view);
+    }
+    json_decref(dir);
+}
+
+static void send_json(struct evhttp_request *req, int code, json_t *body)
+{
+    struct evbuffer *b = evbuffer_new();
+    char *text = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    if (text != NULL)
+        evbuffer_add(b, text, strlen(text));
+    evbuffer_add(b, "\n", 1);
+    free(text);
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
+    evhttp_send_reply(req, code, code == 200 ? "OK" : code == 404 ? "Not Found" : "Bad Request",
+                      b);
+    evbuffer_free(b);
+}
+
+/* Answers w with the directives after w->after (none: only when !only_new) and frees it. */
+static void waiter_reply(struct act_waiter *w, bool only_new)
+{
+    struct osubd *d = w->d;
+    json_t *out = json_array();
+    size_t i;
+    json_t *dir;
+    json_array_foreach(json_object_get(d->directives, w->id), i, dir)
+    {
+        if (json_integer_value(json_object_get(dir, "seq")) > w->after)
+            json_array_append_new(out, directive_view(dir));
+    }
+    if (only_new && json_array_size(out) == 0) {
+        json_decref(out);
+        return;
+    }
+    evhttp_connection_set_closecb(evhttp_request_get_connection(w->req), NULL, NULL);
+    osub_service_info_t si;
+    const char *state = osub_engine_service_info(d->e, w->id, &si) == 0
+                            ? osub_state_name(si.state)
+                            : "released";
+    send_json(w->req, 200,
+              json_pack("{s:o, s:s, s:I}", "directives", out, "state", state, "last_seq",
+                        (json_int_t)d->directive_seq));
+    waiter_free(d, w);
+}
+
+static void waiter_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    waiter_reply(arg, false);
+}
+
+static void waiter_gone(struct evhttp_connection *c, void *arg)
+{
+    (void)c;
+    struct act_waiter *w = arg;
+    waiter_free(w->d, w);
+}
+
+static int64_t query_int(const char *query, const char *key, int64_t dflt, bool *bad)
+{
+    struct evkeyvalq q;
+    TAILQ_INIT(&q);
+    int64_t v = dflt;
+    if (query != NULL && evhttp_parse_query_str(query, &q) == 0) {
+        const char *s = evhttp_find_header(&q, key);
+        if (s != NULL) {
+            char *end;
+            errno = 0;
+            long long x = strtoll(s, &end, 10);
+            if (*s == '\0' || *end != '\0' || errno != 0 || x < 0)
+                *bad = true;
+            else
+                v = x;
+        }
+    }
+    evhttp_clear_headers(&q);
+    return v;
+}
+
+void osubd_act_directives(struct osubd *d, struct evhttp_request *req, const char *id,
+                          const char *query)
+{
+    bool bad = false;
+    int64_t wait = query_int(query, "wait", 0, &bad);
+    int64_t after = query_int(query, "after", 0, &bad);
+    if (bad || wait > 60) {
+        send_json(req, 400,
+                  json_pack("{s:{s:s, s:s}}", "error", "code", "invalid_argument", "message",
+                            "wait is 0 to 60 seconds, after a directive's seq (0 or more)"));
+        return;
+    }
+    osub_service_info_t si;
+    if (osub_engine_service_info(d->e, id, &si) != 0 &&
+        json_object_get(d->directives, id) == NULL) {
+        send_json(req, 404,
+                  json_pack("{s:{s:s, s:s}}", "error", "code", "unknown_service", "message",
+                            "no such service"));
+        return;
+    }
+    struct act_waiter *w = calloc(1, sizeof(*w));
+    if (w == NULL) {
+        evhttp_send_error(req, 500, "out of memory");
+        return;
+    }
+    w->d = d;
+    w->req = req;
+    w->after = after;
+    snprintf(w->id, sizeof(w->id), "%s", id);
+    w->next = d->act_waiters;
+    d->act_waiters = w;
+    bool fresh = false;
+    size_t i;
+    json_t *dir;
+    json_array_foreach(json_object_get(d->directives, id), i, dir)
+    {
+        fresh = fresh || json_integer_value(json_object_get(dir, "seq")) > after;
+    }
+    if (wait == 0 || fresh) {
+        waiter_reply(w, false);
+        return;
+    }
+    w->timer = evtimer_new(d->base, waiter_timeout, w);
+    struct timeval tv = {(time_t)wait, 0};
+    if (w->timer == NULL || evtimer_add(w->timer, &tv) != 0) {
+        waiter_reply(w, false);
+        return;
+    }
+    evhttp_connection_set_closecb(evhttp_request_get_connection(req), waiter_gone, w);
+}
+
+/* ---- exits -------------------------------------------------------------------------------- */
+
+static void on_restart(evutil_socket_t fd, short what, void *arg);
+
+static void exited_cmd(struct osubd *d, const char *id)
+{
+    apply(d, json_pack("{s:s, s:s}", "op", "exited", "id", id));
+}
+
+/* The process of p ended; status is waitpid's, or -1 when unknown (adopted, or found gone). */
+static void on_exit_of(struct osubd *d, struct osub_proc *p, int status, const char *how)
+{
+    pid_t pid = p->pid;
+    int64_t ran = osubd_unix_ms() - p->spawned_unix_ms;
+    kill(-pid, SIGKILL); /* what it left behind in its group holds GPU memory too */
+    p->pid = 0;
+    p->term_sent = false;
+    if (p->kill_ev)
+        evtimer_del(p->kill_ev);
+    save_proc(d, p);
+    char desc[160];
+    bool failure;
+    if (how != NULL) {
+        snprintf(desc, sizeof(desc), "%s", how);
+        failure = true;
+    } else if (WIFEXITED(status)) {
+        snprintf(desc, sizeof(desc), "exited with code %d", WEXITSTATUS(status));
+        failure = WEXITSTATUS(status) != 0;
+    } else {
+        snprintf(desc, sizeof(desc), "was killed by signal %d (%s)", WTERMSIG(status),
+                 strsignal(WTERMSIG(status)));
+        failure = true;
+    }
+    char logf[1024];
+    log_path(d, p->id, logf, sizeof(logf));
+    osub_service_info_t si;
+    bool known = osub_engine_service_info(d->e, p->id, &si) == 0;
+    osubd_note(d, p->id, "process", "exit", "%s's process %d %s after %lld ms%s%s (log %s)",
+               p->id, (int)pid, desc, (long long)(ran > 0 ? ran : 0),
+               known ? " while " : "", known ? osub_state_name(si.state) : "", logf);
+    if (!known)
+        return;
+    if (draining_state(si.state)) {
+        exited_cmd(d, p->id);
+        return;
+    }
+    if (!live_state(si.state))
+        return;
+    if (!failure) {
+        exited_cmd(d, p->id);
+        return;
+    }
+    json_t *x = json_object_get(d->execs, p->id);
+    const char *restart = json_string_value(json_object_get(x, "restart"));
+    bool on_failure = restart != NULL && strcmp(restart, "on-failure") == 0;
+    int max = json_is_integer(json_object_get(x, "max_restarts"))
+                  ? (int)json_integer_value(json_object_get(x, "max_restarts"))
+                  : 5;
+    char why[1400];
+    if (on_failure && p->restarts < max) {
+        p->restarts++;
+        int64_t ms = 1000LL << (p->restarts - 1 < 5 ? p->restarts - 1 : 5);
+        if (ms > 30000)
+            ms = 30000;
+        if (p->restart_ev == NULL)
+            p->restart_ev = evtimer_new(d->base, on_restart, p);
+        struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+        if (p->restart_ev != NULL && evtimer_add(p->restart_ev, &tv) == 0) {
+            osubd_note(d, p->id, "process", "restart",
+                       "restarting %s in %lld ms (restart %d of at most %d)", p->id,
+                       (long long)ms, p->restarts, max);
+            return;
+        }
+    }
+    if (on_failure) {
+        snprintf(why, sizeof(why), "its process kept failing: it %s, after %d restart(s); see %s",
+                 desc, p->restarts, logf);
+        apply_fail(d, p, why);
+    } else if (ran < FAST_EXIT_MS) {
+        snprintf(why, sizeof(why), "its process %s at once (after %lld ms); see %s", desc,
+                 (long long)ran, logf);
+        apply_fail(d, p, why);
+    } else {
+        exited_cmd(d, p->id);
+    }
+}
+
+static void reconcile(struct osubd *d);
+
+static void on_restart(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct osub_proc *p = arg;
+    reconcile(p->d);
+}
+
+static void on_sigchld(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct osubd *d = arg;
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        for (struct osub_proc *p = d->proc_list; p; p = p->next)
+            if (p->pid == pid && p->child) {
+                on_exit_of(d, p, status, NULL);
+                break;
+            }
+    }
+    reconcile(d);
+}
+
+/* Keeps a service's log under its cap: copied to .1, then emptied in place (the process keeps
+ * its descriptor, opened for appending, and goes on writing at the new end). */
+static void rotate_log(struct osubd *d, const char *id)
+{
+    char logf[1024], old[1100];
+    log_path(d, id, logf, sizeof(logf));
+    struct stat st;
+    if (stat(logf, &st) != 0 || st.st_size <= d->cfg.service_log_max)
+        return;
+    snprintf(old, sizeof(old), "%s.1", logf);
+    int in = open(logf, O_RDONLY | O_CLOEXEC);
+    int out = open(old, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    char buf[65536];
+    ssize_t n;
+    bool ok = in >= 0 && out >= 0;
+    while (ok && (n = read(in, buf, sizeof(buf))) > 0)
+        ok = write(out, buf, (size_t)n) == n;
+    if (in >= 0)
+        close(in);
+    if (out >= 0)
+        close(out);
+    if (ok && truncate(logf, 0) == 0)
+        return;
+    fprintf(stderr, "oversubd: cannot rotate %s: %s\n", logf, strerror(errno));
+}
+
+static void on_watch(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct osubd *d = arg;
+    static unsigned rounds;
+    rounds++;
+    for (struct osub_proc *p = d->proc_list, *next; p; p = next) {
+        next = p->next;
+        if (p->pid <= 0)
+            continue;
+        if (!p->child && proc_starttime(p->pid) != p->starttime)
+            on_exit_of(d, p, -1, "ended (an adopted process: its exit status is unknown)");
+        else if (rounds % 5 == 0)
+            rotate_log(d, p->id);
+    }
+    /* external services that gave their PID: draining and gone means exited */
+    const char *id;
+    json_t *pv;
+    void *tmp;
+    json_object_foreach_safe(d->pids, tmp, id, pv)
+    {
+        struct osub_proc *p = proc_find(d, id);
+        if (p != NULL && (p->pid > 0 || json_object_get(json_object_get(d->execs, id),
+                                                        "command") != NULL))
+            continue;
+        osub_service_info_t si;
+        pid_t pid = (pid_t)json_integer_value(pv);
+        if (osub_engine_service_info(d->e, id, &si) == 0 && draining_state(si.state) &&
+            kill(pid, 0) != 0 && errno == ESRCH) {
+            osubd_note(d, id, "process", "gone", "%s's process %d is gone while %s", id,
+                       (int)pid, osub_state_name(si.state));
+            exited_cmd(d, id);
+        }
+    }
+    reconcile(d);
+}
+
+/* ---- reconciling processes with the engine's states -------------------------------------- */
+
+static void reconcile(struct osubd *d)
+{
+    const char *id;
+    json_t *x;
+    void *tmp;
+    osub_pool_config_t cfg;
+    osub_engine_config(d->e, &cfg);
+    json_object_foreach_safe(d->execs, tmp, id, x)
+    {
+        osub_service_info_t si;
+        bool known = osub_engine_service_info(d->e, id, &si) == 0;
+        struct osub_proc *p = proc_find(d, id);
+        bool alive = p != NULL && p->pid > 0;
+        if (json_object_get(x, "command") == NULL) {
+            if (!known) {
+                json_object_del(d->execs, id);
+                d->act_dirty = true;
+            }
+            continue;
+        }
+        if (known && live_state(si.state)) {
+            bool waiting = p != NULL && p->restart_ev != NULL &&
+                           evtimer_pending(p->restart_ev, NULL);
+            if (!alive && !waiting && (p == NULL || !p->failed) &&
+                (p = proc_get(d, id)) != NULL)
+                spawn(d, p, &si);
+            continue;
+        }
+        if (known && draining_state(si.state)) {
+            if (alive && !p->term_sent)
+                terminate(d, p, osubd_engine_to_unix(d, si.deadline_ms), "it is evicted");
+            continue;
+        }
+        if (p != NULL && p->restart_ev != NULL)
+            evtimer_del(p->restart_ev);
+        if (alive) {
+            if (!p->term_sent)
+                terminate(d, p, osubd_unix_ms() + cfg.grace_ms,
+                          known ? "it is no longer running" : "it was released");
+            continue;
+        }
+        if (!known) {
+            json_object_del(d->execs, id);
+            json_object_del(d->procs, id);
+            d->act_dirty = true;
+            if (p != NULL)
+                proc_drop(d, p);
+        }
+    }
+}
+
+/* ---- the events of the engine --------------------------------------------------------- */
+
+struct act_item {
+    osub_event_t ev;
+    uint64_t ticket;
+};
+
+static void on_act(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct osubd *d = arg;
+    struct act_item *q = d->act_q;
+    size_t done = 0;
+    /* a directive or a signal only once its decision is on disk */
+    while (done < d->act_n && q[done].ticket <= d->durable_ticket) {
+        osub_event_t ev = q[done++].ev;
+        json_t *x = json_object_get(d->execs, ev.service);
+        bool managed = json_object_get(x, "command") != NULL;
+        switch (ev.kind) {
+        case OSUB_EV_DEGRADE:
+            post_directive(d, &ev, "degrade");
+            break;
+        case OSUB_EV_RESTORE:
+            post_directive(d, &ev, "restore");
+            break;
+        case OSUB_EV_EVICT: {
+            post_directive(d, &ev, "evict");
+            struct osub_proc *p = proc_find(d, ev.service);
+            if (managed && p != NULL && p->pid > 0)
+                terminate(d, p, osubd_engine_to_unix(d, ev.deadline_ms), "it is evicted");
+            break;
+        }
+        case OSUB_EV_RESUME:
+            if (!managed)
+                post_directive(d, &ev, "resume");
+            break;
+        default:
+            break;
+        }
+    }
+    memmove(q, q + done, (d->act_n - done) * sizeof(*q));
+    d->act_n -= done;
+    reconcile(d);
+}
+
+void osubd_act_events(struct osubd *d, const osub_event_t *ev, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (ev[i].service[0] == '\0')
+            continue;
+        osub_event_kind_t k = ev[i].kind;
+        if (k != OSUB_EV_DEGRADE && k != OSUB_EV_RESTORE && k != OSUB_EV_EVICT &&
+            k != OSUB_EV_RESUME && k != OSUB_EV_START && k != OSUB_EV_RELEASE &&
+            k != OSUB_EV_REQUEUE && k != OSUB_EV_FAIL)
+            continue;
+        if (d->act_n == d->act_cap) {
+            size_t cap = d->act_cap ? d->act_cap * 2 : 16;
+            void *nq = realloc(d->act_q, cap * sizeof(struct act_item));
+            if (nq == NULL) {
+                fprintf(stderr, "oversubd: out of memory queueing an action for %s\n",
+                        ev[i].service);
+                continue;
+            }
+            d->act_q = nq;
+            d->act_cap = cap;
+        }
+        struct act_item *q = d->act_q;
+        q[d->act_n].ev = ev[i];
+        q[d->act_n].ticket = d->applied_ticket;
+        d->act_n++;
+    }
+    if (d->act_ev != NULL && (d->act_n > 0 || n == 0))
+        event_active(d->act_ev, EV_TIMEOUT, 0);
+}
+
+/* ---- what the API shows, what the state keeps ------------------------------------------- */
+
+void osubd_act_describe(struct osubd *d, const char *id, json_t *o)
+{
+    json_t *x = json_object_get(d->execs, id);
+    const char *k;
+    json_t *v;
+    json_object_foreach(x, k, v)
+    {
+        if (strcmp(k, "env") != 0) {
+            json_object_set(o, k, v);
+            continue;
+        }
+        /* env's values may be secrets: only its names are shown */
+        json_t *names = json_array();
+        const char *ek;
+        json_t *ev;
+        json_object_foreach(v, ek, ev) json_array_append_new(names, json_string(ek));
+        json_object_set_new(o, "env_keys", names);
+    }
+    if (json_object_get(x, "command") == NULL)
+        return;
+    char logf[1024], ck[1024];
+    log_path(d, id, logf, sizeof(logf));
+    checkpoint_dir(d, id, ck, sizeof(ck));
+    struct osub_proc *p = proc_find(d, id);
+    json_t *proc = json_pack("{s:s, s:s, s:i, s:b}", "log", logf, "checkpoint_dir", ck, "restarts",
+                             p ? p->restarts : 0, "alive", p != NULL && p->pid > 0);
+    if (p != NULL && p->pid > 0)
+        json_object_set_new(proc, "pid", json_integer(p->pid));
+    json_object_set_new(o, "process", proc);
+}
+
+void osubd_act_meta(struct osubd *d, json_t *meta)
+{
+    osubd_meta_put(meta, "service_exec", d->execs);
+    osubd_meta_put(meta, "managed_procs", d->procs);
+}
+
+/* ---- start and stop ----------------------------------------------------------------------- */
+
+int osubd_act_start(struct osubd *d, char *err, size_t errlen)
+{
+    d->directives = json_object();
+    d->directive_seq = osubd_unix_ms(); /* directive numbers keep rising across restarts */
+    d->act_ev = event_new(d->base, -1, 0, on_act, d);
+    d->sigchld_ev = evsignal_new(d->base, SIGCHLD, on_sigchld, d);
+    d->watch_ev = event_new(d->base, -1, EV_PERSIST, on_watch, d);
+    struct timeval tv = {0, WATCH_MS * 1000};
+    if (d->directives == NULL || d->act_ev == NULL || d->sigchld_ev == NULL ||
+        d->watch_ev == NULL || event_add(d->sigchld_ev, NULL) != 0 ||
+        event_add(d->watch_ev, &tv) != 0) {
+        snprintf(err, errlen, "cannot set up the actuators");
+        return -1;
+    }
+    /* the directives that were outstanding, again: a service long-polling after our restart
+     * still learns what it must do, with the same deadlines */
+    for (size_t i = 0; i < osub_engine_service_count(d->e); i++) {
+        const char *id = osub_engine_service_id(d->e, i);
+        osub_service_info_t si;
+        if (osub_engine_service_info(d->e, id, &si) != 0)
+            continue;
+        bool deg = si.state == OSUB_STATE_DEGRADED && si.ack_pending;
+        if (!deg && !draining_state(si.state))
+            continue;
+        osub_event_t ev;
+        memset(&ev, 0, sizeof(ev));
+        snprintf(ev.service, sizeof(ev.service), "%s", id);
+        ev.kind = deg ? OSUB_EV_DEGRADE : OSUB_EV_EVICT;
+        ev.reason = OSUB_R_PREEMPTION;
+        ev.vram_mib = deg ? si.grant_mib : 0;
+        ev.batch_size = deg ? si.batch_size : 0;
+        ev.deadline_ms = si.deadline_ms;
+        snprintf(ev.msg, sizeof(ev.msg), "%s is still %s (directive repeated after oversubd "
+                 "restarted)", id, deg ? "to acknowledge its degrade" : "evicted");
+        post_directive(d, &ev, deg ? "degrade" : "evict");
+    }
+    /* adopt the managed processes that lived through our restart */
+    const char *id;
+    json_t *rec;
+    void *tmp;
+    json_object_foreach_safe(d->procs, tmp, id, rec)
+    {
+        pid_t pid = (pid_t)json_integer_value(json_object_get(rec, "pid"));
+        unsigned long long st =
+            (unsigned long long)json_integer_value(json_object_get(rec, "starttime"));
+        struct osub_proc *p = proc_get(d, id);
+        if (p == NULL || pid <= 0)
+            continue;
+        p->restarts = (int)json_integer_value(json_object_get(rec, "restarts"));
+        p->pid = pid;
+        p->child = false;
+        p->starttime = st;
+        p->spawned_unix_ms = osubd_unix_ms();
+        if (st != 0 && proc_starttime(pid) == st) {
+            osubd_note(d, id, "process", "adopt",
+                       "adopted %s's process %d, alive across oversubd's restart", id, (int)pid);
+            osub_service_info_t si;
+            if (osub_engine_service_info(d->e, id, &si) == 0 && draining_state(si.state)) {
+                /* it was told before; the SIGKILL at the same deadline is ours to send */
+                p->term_sent = true;
+                terminate(d, p, osubd_engine_to_unix(d, si.deadline_ms), "it is evicted");
+            }
+            continue;
+        }
+        /* died while we were away: exited, whatever its restart policy */
+        osubd_note(d, id, "process", "exit",
+                   "%s's process %d ended while oversubd was down: treated as exited", id,
+                   (int)pid);
+        p->pid = 0;
+        save_proc(d, p);
+        osub_service_info_t si;
+        if (osub_engine_service_info(d->e, id, &si) == 0 &&
+            (live_state(si.state) || draining_state(si.state))) {
+            p->failed = true; /* not started again by the reconcile below */
+            exited_cmd(d, id);
+            p->failed = false;
+        }
+    }
+    reconcile(d);
+    return 0;
+}
+
+void osubd_act_free(struct osubd *d)
+{
+    /* managed processes keep running: the next oversubd adopts them */
+    while (d->proc_list != NULL)
+        proc_drop(d, d->proc_list);
+    while (d->act_waiters != NULL) {
+        struct act_waiter *w = d->act_waiters;
+        evhttp_connection_set_closecb(evhttp_request_get_connection(w->req), NULL, NULL);
+        waiter_free(d, w);
+    }
+    if (d->act_ev)
+        event_free(d->act_ev);
+    if (d->sigchld_ev)
+        event_free(d->sigchld_ev);
+    if (d->watch_ev)
+        event_free(d->watch_ev);
+    free(d->act_q);
+    json_decref(d->directives);
+    json_decref(d->execs);
+    json_decref(d->procs);
+}
