@@ -127,8 +127,7 @@ int main(int argc, char **argv)
     }
     if (next <= units) {
         /* stopped: tell oversubd where to resume from, then go */
-        osx_log("batch-job: stopped after %ld unit(s) in this run; next unit %ld", done_here,
-                next);
+        osx_log("batch-job: stopped after %ld unit(s) in this run; next unit %ld", done_here, next);
         if (env.control_url != NULL && ck[0]) {
             char path[256], body[4200];
             snprintf(path, sizeof(path), "/v1/services/%s/ack", env.service);

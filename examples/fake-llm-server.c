@@ -69,8 +69,7 @@ static void ctl_done(struct evhttp_request *req, void *arg)
 }
 
 /* A call to oversubd's control API on the kept connection (answers are not waited for). */
-static void ctl_send(enum evhttp_cmd_type m, const char *what,
-                     const char *body)
+static void ctl_send(enum evhttp_cmd_type m, const char *what, const char *body)
 {
     if (S.ctl == NULL)
         return;
@@ -286,7 +285,8 @@ static void on_directives(struct evhttp_request *req, void *arg)
 static void poll_directives(void)
 {
     /* a connection of its own: the long-poll must not hold up usage reports */
-    struct evhttp_connection *c = evhttp_connection_base_new(S.base, NULL, S.host, (uint16_t)S.port);
+    struct evhttp_connection *c =
+        evhttp_connection_base_new(S.base, NULL, S.host, (uint16_t)S.port);
     struct evhttp_request *req = c ? evhttp_request_new(on_directives, NULL) : NULL;
     if (req == NULL) {
         if (c)

@@ -162,12 +162,25 @@ static int cmd_deploy(int argc, char **argv)
                                          {"max-inflight", required_argument, NULL, 'I'},
                                          {"max-queue", required_argument, NULL, 'Q'},
                                          {"queue-timeout", required_argument, NULL, 'T'},
+                                         {"env", required_argument, NULL, 'e'},
+                                         {"user", required_argument, NULL, 'u'},
+                                         {"workdir", required_argument, NULL, 'w'},
+                                         {"checkpoint-dir", required_argument, NULL, 'K'},
+                                         {"restart", required_argument, NULL, 'R'},
+                                         {"max-restarts", required_argument, NULL, 'M'},
+                                         {"control-url", required_argument, NULL, 'U'},
+                                         {"grace", required_argument, NULL, 'G'},
                                          {NULL, 0, NULL, 0}};
     if (argc < 2 || argv[1][0] == '-') {
-        fprintf(stderr, "usage: oversub deploy ID --class CLASS --vram 120GiB [--min-vram 60GiB] "
-                        "[--gpus N] [--compute 80] [--exclusive] [--resumable] [--no-queue] "
-                        "[--dry-run] [--backend URL]... [--max-inflight N] [--max-queue N] "
-                        "[--queue-timeout MS]\n");
+        fprintf(stderr,
+                "usage: oversub deploy ID --class CLASS --vram 120GiB [--min-vram 60GiB] "
+                "[--gpus N] [--compute 80] [--exclusive] [--resumable] [--no-queue] "
+                "[--dry-run] [--backend URL]... [--max-inflight N] [--max-queue N] "
+                "[--queue-timeout MS] [--grace MS] [--control-url URL]\n"
+                "       [--env NAME=VALUE]... [--user U] [--workdir DIR] "
+                "[--checkpoint-dir DIR] [--restart never|on-failure] [--max-restarts N]\n"
+                "       [-- PROGRAM ARG...]   (a managed service: oversubd runs it; over the\n"
+                "                              Unix socket or with the admin token)\n");
         return EX_USAGE;
     }
     json_t *spec = json_pack("{s:s}", "id", argv[1]);
@@ -186,6 +199,35 @@ static int cmd_deploy(int argc, char **argv)
                 goto usage;
             json_object_set_new(spec, ch == 'v' ? "vram_mib" : "min_vram_mib", json_integer(v));
             break;
+        case 'e': {
+            const char *eq = strchr(optarg, '=');
+            if (eq == NULL || eq == optarg) {
+                fprintf(stderr, "oversub: --env wants NAME=VALUE, not '%s'\n", optarg);
+                goto usage;
+            }
+            json_t *env = json_object_get(spec, "env");
+            if (env == NULL) {
+                env = json_object();
+                json_object_set_new(spec, "env", env);
+            }
+            char name[256];
+            snprintf(name, sizeof(name), "%.*s", (int)(eq - optarg), optarg);
+            json_object_set_new(env, name, json_string(eq + 1));
+            break;
+        }
+        case 'u':
+        case 'w':
+        case 'K':
+        case 'R':
+        case 'U':
+            json_object_set_new(spec,
+                                ch == 'u'   ? "user"
+                                : ch == 'w' ? "workdir"
+                                : ch == 'K' ? "checkpoint_dir"
+                                : ch == 'R' ? "restart"
+                                            : "control_url",
+                                json_string(optarg));
+            break;
         case 'k': {
             /* the gateway's backends, repeatable */
             json_t *list = json_object_get(spec, "backends");
@@ -202,10 +244,12 @@ static int cmd_deploy(int argc, char **argv)
         case 'B':
         case 'I':
         case 'Q':
+        case 'M':
+        case 'G':
         case 'T': {
             char *end;
             long n = strtol(optarg, &end, 10);
-            if (*end != '\0' || n < 0 || n > 1000000) {
+            if (*end != '\0' || n < 0 || n > 86400000) {
                 fprintf(stderr, "oversub: '%s' is not a number\n", optarg);
                 goto usage;
             }
@@ -216,6 +260,8 @@ static int cmd_deploy(int argc, char **argv)
                                 : ch == 'B' ? "min_batch_size"
                                 : ch == 'I' ? "max_inflight"
                                 : ch == 'Q' ? "max_queue"
+                                : ch == 'M' ? "max_restarts"
+                                : ch == 'G' ? "grace_ms"
                                             : "queue_timeout_ms",
                                 json_integer(n));
             break;
@@ -235,6 +281,13 @@ static int cmd_deploy(int argc, char **argv)
         default:
             goto usage;
         }
+    }
+    if (optind < argc) {
+        /* after --: the managed service's argv */
+        json_t *cmdv = json_array();
+        for (int i = optind; i < argc; i++)
+            json_array_append_new(cmdv, json_string(argv[i]));
+        json_object_set_new(spec, "command", cmdv);
     }
     if (json_object_get(spec, "vram_mib") == NULL) {
         fprintf(stderr, "oversub: deploy needs --vram\n");
@@ -369,13 +422,112 @@ static int cmd_explain(const char *id)
     return EX_OK;
 }
 
+/* "3m12s" for a duration in ms */
+static void fmt_dur(int64_t ms, char *out, size_t len)
+{
+    if (ms < 0)
+        ms = 0;
+    int64_t s = ms / 1000;
+    if (s < 60)
+        snprintf(out, len, "%llds", (long long)s);
+    else if (s < 3600)
+        snprintf(out, len, "%lldm%02llds", (long long)(s / 60), (long long)(s % 60));
+    else
+        snprintf(out, len, "%lldh%02lldm", (long long)(s / 3600), (long long)(s % 3600 / 60));
+}
+
+/* Who waits: queued services in queue order (what they need, since when, resumed from what),
+ * then pending ones with the victims they wait for and those victims' deadlines. */
+static int cmd_queue(void)
+{
+    int ex;
+    json_t *r = call("GET", "/v1/services", NULL, &ex);
+    if (r == NULL || ex)
+        return ex;
+    json_t *queued = json_array(), *pending = json_array();
+    size_t i;
+    json_t *s;
+    json_array_foreach(json_object_get(r, "services"), i, s)
+    {
+        if (strcmp(gets_(s, "state"), "queued") == 0) {
+            /* in queue order */
+            size_t at = 0;
+            while (at < json_array_size(queued) &&
+                   geti(json_array_get(queued, at), "queue_position") < geti(s, "queue_position"))
+                at++;
+            json_array_insert(queued, at, s);
+        } else if (strcmp(gets_(s, "state"), "pending") == 0) {
+            json_array_append(pending, s);
+        }
+    }
+    if (as_json) {
+        json_t *o = json_pack("{s:O, s:O}", "queued", queued, "pending", pending);
+        print_json(o);
+        json_decref(o);
+        json_decref(queued);
+        json_decref(pending);
+        json_decref(r);
+        return EX_OK;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    if (json_array_size(queued) + json_array_size(pending) == 0)
+        printf("nobody waits\n");
+    if (json_array_size(queued) > 0) {
+        printf("%-4s %-24s %-10s %10s  %-20s %8s  %s\n", "POS", "SERVICE", "CLASS", "NEEDS",
+               "WAITING SINCE", "FOR", "NOTE");
+        json_array_foreach(queued, i, s)
+        {
+            char when[32], dur[32];
+            time_t t = (time_t)(geti(s, "since_unix_ms") / 1000);
+            struct tm tm;
+            localtime_r(&t, &tm);
+            strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &tm);
+            fmt_dur(now - geti(s, "since_unix_ms"), dur, sizeof(dur));
+            char note[200] = "";
+            if (geti(s, "evictions") > 0)
+                snprintf(
+                    note, sizeof(note), "evicted %lld time(s)%s%s", (long long)geti(s, "evictions"),
+                    gets_(s, "checkpoint")[0] ? "; resumes from " : "", gets_(s, "checkpoint"));
+            printf("%-4lld %-24s %-10s %6lld MiB  %-20s %8s  %s\n",
+                   (long long)geti(s, "queue_position"), gets_(s, "id"), gets_(s, "class"),
+                   (long long)geti(s, "vram_mib"), when, dur, note);
+        }
+    }
+    json_array_foreach(pending, i, s)
+    {
+        printf("%s%s (%s, %lld MiB) is placed and waits for:\n",
+               i == 0 && json_array_size(queued) ? "\n" : "", gets_(s, "id"), gets_(s, "class"),
+               (long long)geti(s, "vram_mib"));
+        size_t k;
+        json_t *w;
+        json_array_foreach(json_object_get(s, "waiting_for"), k, w)
+        {
+            char dur[32];
+            fmt_dur(geti(w, "deadline_unix_ms") - now, dur, sizeof(dur));
+            printf("  the %s of %s (deadline in %s)\n", gets_(w, "action"), gets_(w, "service"),
+                   dur);
+        }
+    }
+    json_decref(queued);
+    json_decref(pending);
+    json_decref(r);
+    return EX_OK;
+}
+
 int cli_daemon_cmd(int argc, char **argv)
 {
     /* global options before the command's own: --url, --json */
     const char *url = NULL;
     int w = 0;
+    bool rest = false; /* after "--": a managed service's argv, left alone */
     for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--url") == 0 && i + 1 < argc)
+        if (strcmp(argv[i], "--") == 0)
+            rest = true;
+        if (rest)
+            argv[w++] = argv[i];
+        else if (strcmp(argv[i], "--url") == 0 && i + 1 < argc)
             url = argv[++i];
         else if (strcmp(argv[i], "--json") == 0)
             as_json = true;
@@ -469,23 +621,8 @@ int cli_daemon_cmd(int argc, char **argv)
         json_decref(r);
         return ex;
     }
-    if (strcmp(cmd, "queue") == 0 && argc == 1) {
-        int ex;
-        json_t *r = call("GET", "/v1/services", NULL, &ex);
-        if (r == NULL || ex)
-            return ex;
-        size_t i;
-        json_t *s;
-        json_array_foreach(json_object_get(r, "services"), i, s)
-        {
-            if (strcmp(gets_(s, "state"), "queued") == 0)
-                printf("%3lld  %-24s %-10s %9lld MiB  since %lld\n",
-                       (long long)geti(s, "queue_position"), gets_(s, "id"), gets_(s, "class"),
-                       (long long)geti(s, "vram_mib"), (long long)geti(s, "since_unix_ms"));
-        }
-        json_decref(r);
-        return EX_OK;
-    }
+    if (strcmp(cmd, "queue") == 0 && argc == 1)
+        return cmd_queue();
     fprintf(stderr, "oversub: '%s': wrong arguments (see 'oversub --help')\n", cmd);
     return EX_USAGE;
 }

@@ -26,10 +26,10 @@
 extern char **environ;
 
 #define DIRECTIVES_KEPT 8
-#define FAST_EXIT_MS 2000   /* a process that dies sooner "exits at once" */
-#define WATCH_MS 200        /* adopted processes are checked this often */
-#define HOOK_TIMEOUT_S 2    /* one webhook attempt */
-#define HOOK_ATTEMPTS 4     /* then the directive waits for a long-poll */
+#define FAST_EXIT_MS 2000 /* a process that dies sooner "exits at once" */
+#define WATCH_MS 200      /* adopted processes are checked this often */
+#define HOOK_TIMEOUT_S 2  /* one webhook attempt */
+#define HOOK_ATTEMPTS 4   /* then the directive waits for a long-poll */
 #define MAX_ARGS 64
 #define MAX_ENV 64
 
@@ -274,8 +274,8 @@ static void log_path(const struct osubd *d, const char *id, char *out, size_t le
 
 static void checkpoint_dir(const struct osubd *d, const char *id, char *out, size_t len)
 {
-    const char *cd = json_string_value(json_object_get(json_object_get(d->execs, id),
-                                                       "checkpoint_dir"));
+    const char *cd =
+        json_string_value(json_object_get(json_object_get(d->execs, id), "checkpoint_dir"));
     if (cd != NULL) {
         snprintf(out, len, "%s", cd);
         return;
@@ -321,10 +321,8 @@ static void apply(struct osubd *d, json_t *cmd)
     char err[256];
     int rc = osubd_apply(d, cmd, NULL, err, sizeof(err));
     if (err[0] || rc != 0)
-        fprintf(stderr, "oversubd: %s for %s: %s\n",
-                json_string_value(json_object_get(cmd, "op")),
-                json_string_value(json_object_get(cmd, "id")),
-                err[0] ? err : osub_strerror(rc));
+        fprintf(stderr, "oversubd: %s for %s: %s\n", json_string_value(json_object_get(cmd, "op")),
+                json_string_value(json_object_get(cmd, "id")), err[0] ? err : osub_strerror(rc));
     json_decref(cmd);
 }
 
@@ -376,8 +374,8 @@ static void terminate(struct osubd *d, struct osub_proc *p, int64_t deadline_uni
     if (!p->term_sent) {
         kill(-p->pid, SIGTERM);
         p->term_sent = true;
-        osubd_note(d, p->id, "process", "term", "sent SIGTERM to %s's process group %d (%s)",
-                   p->id, (int)p->pid, why);
+        osubd_note(d, p->id, "process", "term", "sent SIGTERM to %s's process group %d (%s)", p->id,
+                   (int)p->pid, why);
     }
     if (p->kill_ev == NULL)
         p->kill_ev = evtimer_new(d->base, on_kill, p);
@@ -448,7 +446,7 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
     struct stat st;
     if (stat(path, &st) != 0 || !S_ISREG(st.st_mode) || access(path, X_OK) != 0) {
         snprintf(why, sizeof(why), "command '%.200s' %s", path,
-                 stat(path, &st) != 0 ? "does not exist"
+                 stat(path, &st) != 0   ? "does not exist"
                  : !S_ISREG(st.st_mode) ? "is not a file"
                                         : "is not executable");
         apply_fail(d, p, why);
@@ -659,8 +657,8 @@ static void hook_done(struct evhttp_request *req, void *arg)
         osubd_note(h->d, h->id, "directive", "webhook_failed",
                    "directive %lld for %s could not be delivered to %s after %d attempts (last: "
                    "%s%d); it stays available at GET /v1/services/%s/directives",
-                   (long long)h->seq, h->id, h->url, HOOK_ATTEMPTS,
-                   code ? "HTTP " : "no answer, ", code, h->id);
+                   (long long)h->seq, h->id, h->url, HOOK_ATTEMPTS, code ? "HTTP " : "no answer, ",
+                   code, h->id);
         hook_free(h);
         return;
     }
@@ -741,11 +739,10 @@ static void waiter_free(struct osubd *d, struct act_waiter *w)
 
 static void post_directive(struct osubd *d, const osub_event_t *ev, const char *action)
 {
-    json_t *dir = json_pack("{s:I, s:s, s:s, s:I, s:i, s:s, s:s}", "seq",
-                            (json_int_t)++d->directive_seq, "action", action, "service",
-                            ev->service, "vram_mib", (json_int_t)ev->vram_mib, "batch_size",
-                            ev->batch_size, "reason", osub_reason_name(ev->reason), "message",
-                            ev->msg);
+    json_t *dir = json_pack(
+        "{s:I, s:s, s:s, s:I, s:i, s:s, s:s}", "seq", (json_int_t)++d->directive_seq, "action",
+        action, "service", ev->service, "vram_mib", (json_int_t)ev->vram_mib, "batch_size",
+        ev->batch_size, "reason", osub_reason_name(ev->reason), "message", ev->msg);
     if (dir == NULL)
         return;
     if (ev->deadline_ms > 0)
@@ -804,8 +801,7 @@ static void send_json(struct evhttp_request *req, int code, json_t *body)
     evbuffer_add(b, "\n", 1);
     free(text);
     evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
-    evhttp_send_reply(req, code, code == 200 ? "OK" : code == 404 ? "Not Found" : "Bad Request",
-                      b);
+    evhttp_send_reply(req, code, code == 200 ? "OK" : code == 404 ? "Not Found" : "Bad Request", b);
     evbuffer_free(b);
 }
 
@@ -827,9 +823,8 @@ static void waiter_reply(struct act_waiter *w, bool only_new)
     }
     evhttp_connection_set_closecb(evhttp_request_get_connection(w->req), NULL, NULL);
     osub_service_info_t si;
-    const char *state = osub_engine_service_info(d->e, w->id, &si) == 0
-                            ? osub_state_name(si.state)
-                            : "released";
+    const char *state =
+        osub_engine_service_info(d->e, w->id, &si) == 0 ? osub_state_name(si.state) : "released";
     send_json(w->req, 200,
               json_pack("{s:o, s:s, s:I}", "directives", out, "state", state, "last_seq",
                         (json_int_t)d->directive_seq));
@@ -959,9 +954,9 @@ static void on_exit_of(struct osubd *d, struct osub_proc *p, int status, const c
     log_path(d, p->id, logf, sizeof(logf));
     osub_service_info_t si;
     bool known = osub_engine_service_info(d->e, p->id, &si) == 0;
-    osubd_note(d, p->id, "process", "exit", "%s's process %d %s after %lld ms%s%s (log %s)",
-               p->id, (int)pid, desc, (long long)(ran > 0 ? ran : 0),
-               known ? " while " : "", known ? osub_state_name(si.state) : "", logf);
+    osubd_note(d, p->id, "process", "exit", "%s's process %d %s after %lld ms%s%s (log %s)", p->id,
+               (int)pid, desc, (long long)(ran > 0 ? ran : 0), known ? " while " : "",
+               known ? osub_state_name(si.state) : "", logf);
     if (!known)
         return;
     if (draining_state(si.state)) {
@@ -991,8 +986,8 @@ static void on_exit_of(struct osubd *d, struct osub_proc *p, int status, const c
         struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
         if (p->restart_ev != NULL && evtimer_add(p->restart_ev, &tv) == 0) {
             osubd_note(d, p->id, "process", "restart",
-                       "restarting %s in %lld ms (restart %d of at most %d)", p->id,
-                       (long long)ms, p->restarts, max);
+                       "restarting %s in %lld ms (restart %d of at most %d)", p->id, (long long)ms,
+                       p->restarts, max);
             return;
         }
     }
@@ -1079,21 +1074,23 @@ static void on_watch(evutil_socket_t fd, short what, void *arg)
             rotate_log(d, p->id);
     }
     /* external services that gave their PID: draining and gone means exited */
-    const char *id;
+    const char *key;
     json_t *pv;
     void *tmp;
-    json_object_foreach_safe(d->pids, tmp, id, pv)
+    json_object_foreach_safe(d->pids, tmp, key, pv)
     {
+        char id[OSUB_ID_MAX + 1];
+        snprintf(id, sizeof(id), "%s", key);
         struct osub_proc *p = proc_find(d, id);
-        if (p != NULL && (p->pid > 0 || json_object_get(json_object_get(d->execs, id),
-                                                        "command") != NULL))
+        if (p != NULL &&
+            (p->pid > 0 || json_object_get(json_object_get(d->execs, id), "command") != NULL))
             continue;
         osub_service_info_t si;
         pid_t pid = (pid_t)json_integer_value(pv);
         if (osub_engine_service_info(d->e, id, &si) == 0 && draining_state(si.state) &&
             kill(pid, 0) != 0 && errno == ESRCH) {
-            osubd_note(d, id, "process", "gone", "%s's process %d is gone while %s", id,
-                       (int)pid, osub_state_name(si.state));
+            osubd_note(d, id, "process", "gone", "%s's process %d is gone while %s", id, (int)pid,
+                       osub_state_name(si.state));
             exited_cmd(d, id);
         }
     }
@@ -1117,16 +1114,17 @@ static void reconcile(struct osubd *d)
         bool alive = p != NULL && p->pid > 0;
         if (json_object_get(x, "command") == NULL) {
             if (!known) {
-                json_object_del(d->execs, id);
+                char gone[OSUB_ID_MAX + 1];
+                snprintf(gone, sizeof(gone), "%s", id);
+                json_object_del(d->execs, gone);
                 d->act_dirty = true;
             }
             continue;
         }
         if (known && live_state(si.state)) {
-            bool waiting = p != NULL && p->restart_ev != NULL &&
-                           evtimer_pending(p->restart_ev, NULL);
-            if (!alive && !waiting && (p == NULL || !p->failed) &&
-                (p = proc_get(d, id)) != NULL)
+            bool waiting =
+                p != NULL && p->restart_ev != NULL && evtimer_pending(p->restart_ev, NULL);
+            if (!alive && !waiting && (p == NULL || !p->failed) && (p = proc_get(d, id)) != NULL)
                 spawn(d, p, &si);
             continue;
         }
@@ -1144,8 +1142,10 @@ static void reconcile(struct osubd *d)
             continue;
         }
         if (!known) {
-            json_object_del(d->execs, id);
-            json_object_del(d->procs, id);
+            char gone[OSUB_ID_MAX + 1];
+            snprintf(gone, sizeof(gone), "%s", id); /* id is the key deleted next */
+            json_object_del(d->execs, gone);
+            json_object_del(d->procs, gone);
             d->act_dirty = true;
             if (p != NULL)
                 proc_drop(d, p);
@@ -1194,8 +1194,10 @@ static void on_act(evutil_socket_t fd, short what, void *arg)
             break;
         }
     }
-    memmove(q, q + done, (d->act_n - done) * sizeof(*q));
-    d->act_n -= done;
+    if (done > 0) {
+        memmove(q, q + done, (d->act_n - done) * sizeof(*q));
+        d->act_n -= done;
+    }
     reconcile(d);
 }
 
@@ -1302,16 +1304,20 @@ int osubd_act_start(struct osubd *d, char *err, size_t errlen)
         ev.vram_mib = deg ? si.grant_mib : 0;
         ev.batch_size = deg ? si.batch_size : 0;
         ev.deadline_ms = si.deadline_ms;
-        snprintf(ev.msg, sizeof(ev.msg), "%s is still %s (directive repeated after oversubd "
-                 "restarted)", id, deg ? "to acknowledge its degrade" : "evicted");
+        snprintf(ev.msg, sizeof(ev.msg),
+                 "%s is still %s (directive repeated after oversubd "
+                 "restarted)",
+                 id, deg ? "to acknowledge its degrade" : "evicted");
         post_directive(d, &ev, deg ? "degrade" : "evict");
     }
     /* adopt the managed processes that lived through our restart */
-    const char *id;
+    const char *key;
     json_t *rec;
     void *tmp;
-    json_object_foreach_safe(d->procs, tmp, id, rec)
+    json_object_foreach_safe(d->procs, tmp, key, rec)
     {
+        char id[OSUB_ID_MAX + 1];
+        snprintf(id, sizeof(id), "%s", key); /* the entry may be replaced below */
         pid_t pid = (pid_t)json_integer_value(json_object_get(rec, "pid"));
         unsigned long long st =
             (unsigned long long)json_integer_value(json_object_get(rec, "starttime"));

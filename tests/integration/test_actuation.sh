@@ -6,10 +6,11 @@
 # exits becoming overdue; restore after the hysteresis window without flapping; a daemon
 # restarted while a service drains; who may run commands, env kept secret, commands that cannot
 # start; webhooks.
-# Usage: test_actuation.sh PATH/TO/oversubd PATH/TO/examples-dir
+# Usage: test_actuation.sh PATH/TO/oversubd PATH/TO/examples-dir PATH/TO/oversub
 set -u
 bin=$(realpath "$1")
 ex=$(realpath "$2")
+cli=$(realpath "$3")
 . "$(dirname "$0")/lib.sh"
 LLM=$ex/fake-llm-server
 JOB=$ex/batch-job
@@ -145,7 +146,10 @@ kill "$DPID"; wait "$DPID" 2>/dev/null
 
 echo "== 3. a batch job preempted twice resumes from its checkpoints, with exactly the right total"
 start_d s3 1x81920 1.0 "allow_root_services: true"
-expect "job starts" 201 "$(code POST /v1/services "{\"id\":\"job\",\"class\":\"batch\",\"vram\":\"50GiB\",\"resumable\":true,\"command\":[\"$JOB\",\"--units\",\"40\",\"--unit-ms\",\"60\",\"--result\",\"$D/result\"]}")"
+"$cli" --url "unix:$S" deploy job --class batch --vram 50GiB --resumable --env JOB_NOTE=x \
+    -- "$JOB" --units 40 --unit-ms 60 --result "$D/result" >"$tmp/deploy" 2>&1
+expect "job deployed by the CLI" "job: started" "$(head -1 "$tmp/deploy")"
+expect "its command" "$JOB --units 40 --unit-ms 60 --result $D/result" "$(field job '["command"]' | python3 -c 'import ast,sys; print(" ".join(ast.literal_eval(sys.stdin.read())))')"
 wait_for 10 test -s "$D/st/checkpoints/job/state" || bad "no checkpoint from the job"
 for round in 1 2; do
     # the job's memory in use is small: big starts at once, the job is evicted
@@ -155,6 +159,8 @@ for round in 1 2; do
     wait_state big loading 5 || bad "big did not start ($round)"
     expect "checkpoint kept ($round)" "$D/st/checkpoints/job/state" "$(field job '["checkpoint"]')"
     expect "queue position ($round)" 1 "$(field job '["queue_position"]')"
+    "$cli" --url "unix:$S" queue >"$tmp/queue"
+    grep -q "^1 *job *batch *51200 MiB .*evicted $round time(s); resumes from $D/st/checkpoints/job/state" "$tmp/queue" || bad "oversub queue ($round): $(cat "$tmp/queue")"
     api DELETE /v1/services/big >/dev/null
     wait_for 10 sh -c "grep -c 'resuming from' '$D/st/logs/job.log' | grep -qx $round" || bad "no resume $round: $(tail -3 "$D/st/logs/job.log")"
     if [ $round = 1 ]; then
@@ -351,5 +357,8 @@ wait_for 5 sh -c "curl -s --unix-socket '$S' http://x/v1/services/tok1 | grep -q
 api DELETE /v1/services/tok1 >/dev/null
 kill "$DPID"; wait "$DPID" 2>/dev/null
 
+if [ "$fail" -gt 0 ]; then
+    for e in "$tmp"/*/err; do echo "--- $e"; tail -25 "$e"; done
+fi
 echo "test_actuation: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
