@@ -120,6 +120,13 @@ static void start_next(void)
     report_usage();
 }
 
+static void sent_last(struct evhttp_request *req, void *arg)
+{
+    (void)req;
+    (void)arg;
+    checkpoint_and_exit();
+}
+
 static void finish(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -130,14 +137,15 @@ static void finish(evutil_socket_t fd, short what, void *arg)
                         S.batch, S.env.service ? S.env.service : "");
     evhttp_add_header(evhttp_request_get_output_headers(p->req), "Content-Type",
                       "application/json");
+    S.inflight--;
+    S.served++;
+    bool last = S.draining && S.inflight == 0;
+    if (last) /* leave once the last answer is out, not merely queued */
+        evhttp_request_set_on_complete_cb(p->req, sent_last, NULL);
     evhttp_send_reply(p->req, 200, "OK", b);
     evbuffer_free(b);
     free(p);
-    S.inflight--;
-    S.served++;
-    if (S.draining && S.inflight == 0)
-        checkpoint_and_exit();
-    else
+    if (!last)
         start_next();
 }
 

@@ -598,6 +598,7 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
         return;
     }
     p->pid = pid;
+    d->proc_starts++;
     p->child = true;
     p->term_sent = false;
     p->spawned_unix_ms = osubd_unix_ms();
@@ -654,6 +655,7 @@ static void hook_done(struct evhttp_request *req, void *arg)
         return;
     }
     if (++h->attempt >= HOOK_ATTEMPTS) {
+        h->d->webhook_failures++;
         osubd_note(h->d, h->id, "directive", "webhook_failed",
                    "directive %lld for %s could not be delivered to %s after %d attempts (last: "
                    "%s%d); it stays available at GET /v1/services/%s/directives",
@@ -745,6 +747,10 @@ static void post_directive(struct osubd *d, const osub_event_t *ev, const char *
         ev->batch_size, "reason", osub_reason_name(ev->reason), "message", ev->msg);
     if (dir == NULL)
         return;
+    static const char *const actions[] = {"degrade", "restore", "evict", "resume"};
+    for (int i = 0; i < 4; i++)
+        if (strcmp(action, actions[i]) == 0)
+            d->directives_sent[i]++;
     if (ev->deadline_ms > 0)
         json_object_set_new(dir, "deadline_unix_ms",
                             json_integer(osubd_engine_to_unix(d, ev->deadline_ms)));
@@ -942,10 +948,13 @@ static void on_exit_of(struct osubd *d, struct osub_proc *p, int status, const c
     if (how != NULL) {
         snprintf(desc, sizeof(desc), "%s", how);
         failure = true;
+        d->proc_exits[1]++;
     } else if (WIFEXITED(status)) {
         snprintf(desc, sizeof(desc), "exited with code %d", WEXITSTATUS(status));
         failure = WEXITSTATUS(status) != 0;
+        d->proc_exits[failure ? 1 : 0]++;
     } else {
+        d->proc_exits[2]++;
         snprintf(desc, sizeof(desc), "was killed by signal %d (%s)", WTERMSIG(status),
                  strsignal(WTERMSIG(status)));
         failure = true;
@@ -1262,6 +1271,40 @@ void osubd_act_describe(struct osubd *d, const char *id, json_t *o)
     if (p != NULL && p->pid > 0)
         json_object_set_new(proc, "pid", json_integer(p->pid));
     json_object_set_new(o, "process", proc);
+}
+
+void osubd_act_metrics(struct osubd *d, struct evbuffer *b)
+{
+    int alive = 0;
+    for (struct osub_proc *p = d->proc_list; p; p = p->next)
+        alive += p->pid > 0;
+    evbuffer_add_printf(
+        b,
+        "# HELP oversub_managed_processes Managed services' processes alive now.\n"
+        "# TYPE oversub_managed_processes gauge\n"
+        "oversub_managed_processes %d\n"
+        "# HELP oversub_process_starts_total Managed processes started (starts and restarts).\n"
+        "# TYPE oversub_process_starts_total counter\n"
+        "oversub_process_starts_total %llu\n"
+        "# HELP oversub_process_exits_total Managed processes that ended, by how.\n"
+        "# TYPE oversub_process_exits_total counter\n"
+        "oversub_process_exits_total{how=\"code_zero\"} %llu\n"
+        "oversub_process_exits_total{how=\"failed\"} %llu\n"
+        "oversub_process_exits_total{how=\"signal\"} %llu\n"
+        "# HELP oversub_directives_total Directives issued to services, by action.\n"
+        "# TYPE oversub_directives_total counter\n"
+        "oversub_directives_total{action=\"degrade\"} %llu\n"
+        "oversub_directives_total{action=\"restore\"} %llu\n"
+        "oversub_directives_total{action=\"evict\"} %llu\n"
+        "oversub_directives_total{action=\"resume\"} %llu\n"
+        "# HELP oversub_webhook_failures_total Directives a webhook could not deliver.\n"
+        "# TYPE oversub_webhook_failures_total counter\n"
+        "oversub_webhook_failures_total %llu\n",
+        alive, (unsigned long long)d->proc_starts, (unsigned long long)d->proc_exits[0],
+        (unsigned long long)d->proc_exits[1], (unsigned long long)d->proc_exits[2],
+        (unsigned long long)d->directives_sent[0], (unsigned long long)d->directives_sent[1],
+        (unsigned long long)d->directives_sent[2], (unsigned long long)d->directives_sent[3],
+        (unsigned long long)d->webhook_failures);
 }
 
 void osubd_act_meta(struct osubd *d, json_t *meta)

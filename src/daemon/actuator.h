@@ -38,6 +38,10 @@ void osubd_act_describe(struct osubd *d, const char *id, json_t *o);
 void osubd_act_directives(struct osubd *d, struct evhttp_request *req, const char *id,
                           const char *query);
 
+/* The actuators' series for /metrics. */
+struct evbuffer;
+void osubd_act_metrics(struct osubd *d, struct evbuffer *b);
+
 /* A JSON object of the actuators' persistent maps for the writer's meta (service_exec,
  * managed_procs): each value a JSON text. */
 void osubd_act_meta(struct osubd *d, json_t *meta);

@@ -908,6 +908,7 @@ static void h_metrics(struct osubd *d, struct evhttp_request *req, const char *q
         evbuffer_add_printf(b, "oversub_http_requests_total{code=\"%dxx\"} %llu\n", c,
                             (unsigned long long)d->http_requests[c]);
     osubd_gateway_metrics(d, b);
+    osubd_act_metrics(d, b);
     evbuffer_add_printf(b,
                         "# HELP oversub_store_commits_total Durable transactions of the writer.\n"
                         "# TYPE oversub_store_commits_total counter\n"

@@ -420,6 +420,19 @@ static void report_process_usage(struct osubd *d, const struct nvml_gpu *g, size
             changed = changed || mib != si.slots[s].used_mib;
             json_array_append_new(per, json_integer(mib));
         }
+        /* an external service evicted whose process holds no GPU memory any more has
+         * exited, as far as memory goes (managed ones are watched as processes) */
+        if (!seen && (si.state == OSUB_STATE_DRAINING || si.state == OSUB_STATE_OVERDUE) &&
+            json_object_get(json_object_get(d->execs, id), "command") == NULL) {
+            json_decref(per);
+            fprintf(stderr, "oversubd: NVML shows no memory of %s's process %lld: exited\n", id,
+                    (long long)pid);
+            json_t *cmd = json_pack("{s:s, s:s}", "op", "exited", "id", id);
+            char err[256];
+            osubd_apply(d, cmd, NULL, err, sizeof(err));
+            json_decref(cmd);
+            continue;
+        }
         /* a process not (yet) on any GPU: nothing to say */
         if (seen && changed) {
             json_t *cmd = json_pack("{s:s, s:s, s:o}", "op", "usage", "id", id, "gpus", per);

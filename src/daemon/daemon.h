@@ -90,6 +90,9 @@ struct osubd {
     void *act_q; /* events waiting for the actuators, each with its command's ticket */
     size_t act_n, act_cap;
     struct event *act_ev, *sigchld_ev, *watch_ev;
+    uint64_t proc_starts, proc_exits[3]; /* exits: code 0, other code, signal */
+    uint64_t directives_sent[4];         /* degrade, restore, evict, resume */
+    uint64_t webhook_failures;
     /* metrics */
     uint64_t http_requests[6]; /* by status class 1xx..5xx, index 0 unused */
     uint64_t latency_buckets[12];

@@ -99,10 +99,17 @@ expect "exp degraded" degraded "$(state exp)"
 expect "exp batch" 2 "$(field exp '["batch"]')"
 grep -q "directive .*: degrade (batch 2" "$D/st/logs/exp.log" || bad "the server did not see the degrade: $(cat "$D/st/logs/exp.log")"
 expect "exp acknowledged" 1 "$(count_ev exp ack)"
+# a request in flight when the eviction comes is finished before the server leaves
+curl -s -o "$tmp/inflight" -w '%{http_code}' "http://127.0.0.1:$P1/v1/completions?tokens=300" >"$tmp/inflight.code" &
+CURLP=$!
+sleep 0.3
 expect "chat2 needs an eviction" 201 "$(code POST /v1/services '{"id":"chat2","class":"online","vram":"30GiB"}')"
 expect "victim action 2" evict "$(json 'd["decision"]["victims"][0]["action"]' <"$tmp/body")"
 wait_state chat2 loading 10 || bad "chat2 did not start after the eviction: $(state chat2)"
-expect "exp released (not resumable)" unknown_service "$(state exp)"
+wait_state exp unknown_service 10 || bad "exp not released (it is not resumable): $(state exp)"
+wait "$CURLP"
+expect "in-flight request finished" 200 "$(cat "$tmp/inflight.code")"
+expect "its answer" 300 "$(json 'd["tokens"]' <"$tmp/inflight")"
 alive "$EXPPID" && bad "exp's process still alive"
 # in this order (a usage report at or under the new grant acknowledges the degrade)
 evs exp | python3 -c "
@@ -117,6 +124,12 @@ evs exp degrade | grep -q "to make room for chat1" || bad "degrade reason: $(evs
 evs exp evict | grep -q "to make room for chat2" || bad "evict reason: $(evs exp evict)"
 grep -q "checkpoint .*served reported" "$D/st/logs/exp.log" || bad "no checkpoint on evict: $(tail -3 "$D/st/logs/exp.log")"
 
+curl -s "http://127.0.0.1:$PORT/metrics" >"$tmp/metrics"
+grep -q '^oversub_directives_total{action="degrade"} 1$' "$tmp/metrics" || bad "degrade directives metric: $(grep directives "$tmp/metrics")"
+grep -q '^oversub_process_exits_total{how="code_zero"} 1$' "$tmp/metrics" || bad "exits metric: $(grep exits "$tmp/metrics")"
+if command -v promtool >/dev/null; then
+    promtool check metrics <"$tmp/metrics" >"$tmp/promtool" 2>&1 || bad "promtool: $(cat "$tmp/promtool")"
+fi
 kill "$DPID"; wait "$DPID" 2>/dev/null
 
 echo "== 2. grace: SIGTERM at once, the whole grace period, then SIGKILL to the group"
@@ -347,14 +360,22 @@ wait_for 5 sh -c "! kill -0 $WPID 2>/dev/null" || bad "a released service's proc
 kill "$DPID"; wait "$DPID" 2>/dev/null
 
 echo "== 8. the admin token may run commands over TCP"
-start_d s8 1x81920 1.3 "allow_root_services: true"
+start_d s8 1x81920 1.3 "allow_root_services: true" "service_log_max: 8192"
 kill "$DPID"; wait "$DPID" 2>/dev/null
 echo secret-admin >"$D/tok"
 echo "token_file: $D/tok" >>"$D/c.yaml"
 restart_d 1x81920 1.3
 expect "with the admin token" 201 "$(curl -s -o "$tmp/body" -w '%{http_code}' -X POST -H 'Authorization: Bearer secret-admin' "http://127.0.0.1:$PORT/v1/services" -d '{"id":"tok1","class":"batch","vram":"1GiB","command":["/bin/sleep","30"]}')"
 wait_for 5 sh -c "curl -s --unix-socket '$S' http://x/v1/services/tok1 | grep -q '\"alive\":true'" || bad "tok1 not running"
-api DELETE /v1/services/tok1 >/dev/null
+curl -s --unix-socket "$S" -H 'Authorization: Bearer secret-admin' -X DELETE http://x/v1/services/tok1 >/dev/null
+# a chatty service's log is kept under its cap: copied to .1 and emptied in place
+expect "chatty" 201 "$(curl -s -o "$tmp/body" -w '%{http_code}' --unix-socket "$S" -H 'Authorization: Bearer secret-admin' -X POST http://x/v1/services -d '{"id":"chatty","class":"batch","vram":"1GiB","command":["/bin/sh","-c","while :; do echo 0123456789012345678901234567890123456789012345678901234567890123456789; sleep 0.002; done"]}')"
+wait_for 10 test -s "$D/st/logs/chatty.log.1" || bad "the log was not rotated"
+sleep 0.5
+sz=$(stat -c %s "$D/st/logs/chatty.log")
+[ "$sz" -lt 200000 ] || bad "the log grew past its cap: $sz bytes"
+grep -q 0123456789 "$D/st/logs/chatty.log.1" || bad "the rotated log lost its lines"
+curl -s --unix-socket "$S" -H 'Authorization: Bearer secret-admin' -X DELETE http://x/v1/services/chatty >/dev/null
 kill "$DPID"; wait "$DPID" 2>/dev/null
 
 if [ "$fail" -gt 0 ]; then

@@ -94,6 +94,30 @@ for _ in $(seq 1 50); do
 done
 expect "the PID survives a restart" 16000 "$(curl -s "$(U /v1/services/p1)" | json 'd["used_mib"]')"
 
+# ---- an external service evicted: exited once NVML shows its process's memory gone ----
+expect "e1" 201 "$(curl -s -o /dev/null -w '%{http_code}' -X POST "$(U /v1/services)" -d '{"id":"e1","class":"batch","vram":"5GiB"}')"
+ge=$(gpu_of e1)
+curl -s -X POST "$(U /v1/services/e1/ready)" -d "{\"pid\":$$}" >/dev/null
+beforee=$(pool | json "d['gpus'][$ge]['used_mib']")
+echo "proc ${uuids[$ge]} $$ 3000" >>"$FAKE_NVML_FILE"
+setused "${uuids[$ge]}" $((beforee + 3000))
+for _ in $(seq 1 50); do
+    [ "$(curl -s "$(U /v1/services/e1)" | json 'd["used_mib"]')" = 3000 ] && break
+    sleep 0.1
+done
+expect "e1's memory seen" 3000 "$(curl -s "$(U /v1/services/e1)" | json 'd["used_mib"]')"
+curl -s -X POST "$(U /v1/gpus/$ge/cordon)" >/dev/null
+curl -s -X POST "$(U /v1/gpus/$ge/drain)" >/dev/null
+expect "e1 draining" draining "$(curl -s "$(U /v1/services/e1)" | json 'd["state"]')"
+sed -i "/^proc \S* $$ 3000/d" "$FAKE_NVML_FILE"
+setused "${uuids[$ge]}" "$beforee"
+for _ in $(seq 1 50); do
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "$(U /v1/services/e1)")" = 404 ] && break
+    sleep 0.1
+done
+expect "e1 exited (its process still lives, its memory is gone)" 404 "$(curl -s -o /dev/null -w '%{http_code}' "$(U /v1/services/e1)")"
+curl -s -X POST "$(U /v1/gpus/$ge/uncordon)" >/dev/null
+
 # ---- a GPU that is gone after a restart is lost; its services go back to the queue ----
 expect "b2" 201 "$(curl -s -o /dev/null -w '%{http_code}' -X POST "$(U /v1/services)" -d '{"id":"b2","class":"batch","vram":"30GiB","resumable":true,"on_evict":"requeue"}')"
 g2=$(gpu_of b2)
