@@ -220,6 +220,9 @@ if [ -n "$cli" ]; then
     grep -q "\[degrade\] degraded model-eval" "$tmp/demo" && ok || bad "demo: no degrade narrated: $(cat "$tmp/demo")"
     grep -q "\[start\] started chat-3" "$tmp/demo" && ok || bad "demo: chat-3 did not start"
     grep -q "held 471040 of 655360 MiB (71.9%)" "$tmp/demo" && ok || bad "demo: step 1's figures"
+    # step 6: the example batch-job, a real process, evicted and resumed from its checkpoint
+    grep -q "\[resume\] resumed nightly .* from checkpoint" "$tmp/demo" && ok || bad "demo: no resume of the job"
+    grep -q "the job's result: total=465 units=30" "$tmp/demo" && ok || bad "demo: the job's total"
     ls -d /tmp/oversub-demo.* 2>/dev/null | sort >"$tmp/demo.after"
     expect "demo cleans up" "" "$(comm -13 "$tmp/demo.before" "$tmp/demo.after")"
     "$cli" demo --bogus >/dev/null 2>&1

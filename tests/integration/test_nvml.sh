@@ -173,5 +173,27 @@ grep -q "NVML does not answer" "$tmp/err2" && ok || bad "no clear error: $(cat "
 start --gpus nvml --nvml-lib "$lib" || exit 1
 expect "the service survived" 200 "$(curl -s -o /dev/null -w '%{http_code}' "$(U /v1/services/keep)")"
 
+# ---- a managed service sees its GPUs by UUID ----
+kill -TERM "$PID"
+wait "$PID" 2>/dev/null
+printf 'gpu GPU-m0 A100 81920 0 0\ngpu GPU-m1 A100 81920 0 0\n' >"$FAKE_NVML_FILE"
+printf 'allow_root_services: true\ntick_ms: 100\n' >"$tmp/conf2.yaml"
+("$bin" --config "$tmp/conf2.yaml" --listen 127.0.0.1:0 --state "$tmp/m.db" --socket "$tmp/m.sock" \
+    --gpus nvml --nvml-lib "$lib" >"$tmp/mout" 2>"$tmp/merr") &
+MPID=$!
+pids+=("$MPID")
+for _ in $(seq 1 100); do [ -S "$tmp/m.sock" ] && break; sleep 0.05; done
+curl -s --unix-socket "$tmp/m.sock" -X POST http://x/v1/services -d '{"id":"m1","class":"batch","vram":"100GiB","gpus":2,"command":["/bin/sleep","30"]}' >/dev/null
+mp=""
+for _ in $(seq 1 50); do
+    mp=$(curl -s --unix-socket "$tmp/m.sock" http://x/v1/services/m1 | json 'd.get("process", {}).get("pid", "")')
+    [ -n "$mp" ] && break
+    sleep 0.1
+done
+expect "CUDA_VISIBLE_DEVICES holds the UUIDs" "CUDA_VISIBLE_DEVICES=GPU-m0,GPU-m1" "$(tr '\0' '\n' <"/proc/$mp/environ" 2>/dev/null | grep ^CUDA_VISIBLE_DEVICES=)"
+curl -s --unix-socket "$tmp/m.sock" -X DELETE http://x/v1/services/m1 >/dev/null
+kill -TERM "$MPID"
+wait "$MPID" 2>/dev/null
+
 echo "test_nvml: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
