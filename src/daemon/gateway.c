@@ -1,53 +1,125 @@
-/* gateway.c - the entry's overload protection (see gateway.h). One service's state: requests
- * in flight to its backends (at most its limit, which shrinks while it is degraded) and a
- * queue ordered by priority then arrival, each request with a deadline. Beyond the queue, or
- * past the deadline: 429 with Retry-After from the measured drain rate. */
-#define _POSIX_C_SOURCE 200809L
+/* gateway.c - the entry's overload protection (see gateway.h): an HTTP/1.1 reverse proxy of our
+ * own on non-blocking sockets. One service's state: requests in flight to its backends (at most
+ * its limit, which shrinks while it is degraded) and a queue ordered by priority then arrival,
+ * each request with a deadline. Beyond the queue, or past the deadline: 429 with Retry-After
+ * from the measured drain rate.
+ *
+ * HTTP handling is ours rather than evhttp's: a request's head is parsed in place from one
+ * buffer, nothing is allocated per header, a rejection is one prebuilt write(), and backend
+ * connections are kept alive in a pool per service and backend. Bodies stream both ways
+ * (Content-Length, chunked passed through as framed, or until close for responses). */
+#define _GNU_SOURCE
 #include "gateway.h"
 
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
+#include <unistd.h>
 
+#include <event2/buffer.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <arpa/inet.h>
+#include <event2/listener.h>
 
 #include "daemon.h"
 
-#define GW_CONNS 64
+#define GW_CONNS 64                   /* most requests in flight per service */
+#define HEAD_MAX (16 * 1024)          /* a request's head: beyond it, 431 */
+#define LINE_MAX_ (8 * 1024)          /* the request line: beyond it, 414 */
+#define BODY_MAX (64LL * 1024 * 1024) /* a request's body: beyond it, 413 */
+#define MAX_HEADERS 100
+#define HEAD_TIMEOUT_S 10          /* a request's head must arrive within this */
+#define IDLE_TIMEOUT_S 60          /* a kept-alive client may idle this long */
+#define BODY_TIMEOUT_S 30          /* between two reads of a request's body */
+#define BACKEND_TIMEOUT_S 60       /* a backend's answer, between two reads */
+#define CONNS_PER_CLIENT 256       /* connections one client address may hold */
+#define OUT_HIGH (4 * 1024 * 1024) /* a client's unsent bytes that pause its backend */
+#define IDLE_PER_BACKEND 64        /* kept-alive backend connections */
 
 struct gw_svc;
+struct gw_client;
+struct gw_bconn;
 
+struct hdr {
+    const char *name, *value;
+    size_t nlen, vlen;
+};
+
+/* One request, from its head's arrival to its answer's last byte. */
 struct gw_req {
     struct gw_req *next; /* in the queue */
     struct gw_svc *svc;
-    struct evhttp_request *req;  /* the client's */
-    struct evhttp_request *breq; /* to the backend, while in flight */
-    struct gw_conn *conn;
-    int32_t prio; /* a class level: 0 first */
+    struct gw_client *cl;
+    struct gw_bconn *bc; /* while in flight */
+    char *head;          /* the head as received (malloc'd), parsed in place */
+    const char *method, *uri;
+    size_t mlen, ulen;
+    struct hdr h[MAX_HEADERS];
+    int nh;
+    bool http10, keepalive, is_head, by_host;
+    bool chunked_body;
+    int64_t body_left; /* Content-Length bytes still to pass on */
+    struct chunk_scan {
+        int st; /* 0 size, 1 size ext, 2 size LF, 3 data, 4 data CR, 5 data LF, 6 trailer, 7 done */
+        int64_t left;
+        bool line_empty;
+    } cs;
+    bool body_done;
+    int32_t prio;
     uint64_t seq;
     struct event *timer;
-    bool started;  /* the reply's head went out: the body streams */
-    bool by_host;  /* routed by Host: the path is forwarded whole */
-    int error;     /* from the backend request's error callback, -1 none */
-    double t0;     /* arrival */
-    double t_sent; /* dispatched to a backend */
+    bool started; /* the answer's head went out: the body streams */
+    double t0, t_sent;
 };
 
-struct gw_conn {
-    struct evhttp_connection *evcon;
+struct gw_client {
+    struct osub_gateway *g;
+    int fd;
+    struct event *rev, *wev, *timer;
+    struct evbuffer *in, *out;
+    struct gw_req *cur; /* the request being answered; pipelined ones wait in `in` */
+    char peer[INET6_ADDRSTRLEN];
+    struct peer_count *pc;
+    bool closing;   /* close once out is sent */
+    bool paused_bc; /* its backend's reads wait for out to drain */
+    bool in_head;   /* a head is arriving */
+};
+
+struct gw_bconn {
+    struct gw_bconn *next; /* idle list */
+    struct gw_svc *svc;
     int backend;
-    bool busy;
-    char host[300]; /* the Host header for this backend */
+    int fd;
+    struct event *rev, *wev, *timer;
+    struct evbuffer *in, *out;
+    struct gw_req *r;
+    bool connected;
+    int st; /* 0 head, 1 body by length, 2 chunked, 3 until close, 4 done */
+    int64_t left;
+    struct chunk_scan cs;
+    bool keepalive;
+    int code;
+    bool got_bytes; /* something came back: a failure now is not a refusal */
+};
+
+struct peer_count {
+    struct peer_count *next;
+    char addr[INET6_ADDRSTRLEN];
+    int n;
 };
 
 #define GW_BUCKETS 12
@@ -76,24 +148,29 @@ struct gw_svc {
     char id[OSUB_ID_MAX + 1];
     struct gw_req *queue;
     int32_t n_queued, inflight;
-    struct gw_conn conns[GW_CONNS];
-    int32_t n_conns;
+    struct gw_bconn *idle[16]; /* per backend */
+    int n_idle[16];
     uint32_t rr;
     uint64_t admitted, completed, rej_full, rej_deadline, rej_unavailable, rej_shed, backend_errors;
     double rate, last_done; /* completions a second (moving average), and when the last was */
     /* a backend that failed is out of rotation until down_until; the first request after
      * that probes it (failing again doubles the wait, up to 30 s) */
     double down_until[16], backoff[16];
+    char bhost[16][300]; /* each backend's Host header */
+    struct sockaddr_storage baddr[16];
+    socklen_t baddr_len[16];
+    char baddr_url[16][300];          /* the URL baddr was resolved from */
     struct hist queue_wait, upstream; /* seconds */
 };
 
 struct osub_gateway {
     struct osubd *d;
-    struct evhttp *http;
+    struct evconnlistener *lis;
     struct event *pump;
     struct gw_svc *svcs;
+    struct peer_count *peers;
     uint64_t seq;
-    uint64_t no_route;
+    uint64_t no_route, bad_requests, refused_conns;
 };
 
 static double now_s(void)
@@ -169,25 +246,7 @@ int osubd_gateway_take(json_t *spec, json_t **route, char *err, size_t errlen)
     return 0;
 }
 
-/* ---- replies ----------------------------------------------------------------------------- */
-
-static void reply(struct evhttp_request *req, int code, const char *phrase, const char *ecode,
-                  const char *reason, const char *msg, int retry_after)
-{
-    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    evhttp_add_header(h, "Content-Type", "application/json");
-    if (retry_after > 0) {
-        char ra[16];
-        snprintf(ra, sizeof(ra), "%d", retry_after);
-        evhttp_add_header(h, "Retry-After", ra);
-    }
-    /* the strings are ours, none needs escaping: no JSON library on the rejection path */
-    struct evbuffer *b = evbuffer_new();
-    evbuffer_add_printf(b, "{\"error\":{\"code\":\"%s\",\"reason\":\"%s\",\"message\":\"%s\"}}\n",
-                        ecode, reason, msg);
-    evhttp_send_reply(req, code, phrase, b);
-    evbuffer_free(b);
-}
+/* ---- the service's limit and the drain rate ---------------------------------------- */
 
 /* Whole seconds until the queue ahead has likely drained, at least 1. */
 static int retry_after(const struct gw_svc *s)
@@ -272,9 +331,179 @@ static bool serving(const osub_service_info_t *si)
     return si->state == OSUB_STATE_RUNNING || si->state == OSUB_STATE_DEGRADED;
 }
 
-/* ---- forwarding ---------------------------------------------------------------------------- */
+/* ---- small I/O helpers ------------------------------------------------------------------------
+ */
 
-static bool hop_by_hop(const char *name, const struct evkeyvalq *in)
+static void set_nodelay(int fd)
+{
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+/* Sends at once what the socket takes and keeps the rest for its write event. false: the peer is
+ * gone. */
+static bool send_bytes(int fd, struct evbuffer *out, struct event *wev, const char *p, size_t n)
+{
+    if (n == 0)
+        return true;
+    if (evbuffer_get_length(out) == 0) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+                return false;
+            w = 0;
+        }
+        p += w;
+        n -= (size_t)w;
+        if (n == 0)
+            return true;
+    }
+    evbuffer_add(out, p, n);
+    event_add(wev, NULL);
+    return true;
+}
+
+static bool send_buffer(int fd, struct evbuffer *out, struct event *wev, struct evbuffer *b)
+{
+    if (evbuffer_get_length(out) == 0) {
+        while (evbuffer_get_length(b) > 0) {
+            int w = evbuffer_write(b, fd);
+            if (w < 0) {
+                if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+                    return false;
+                break;
+            }
+            if (w == 0)
+                break;
+        }
+        if (evbuffer_get_length(b) == 0)
+            return true;
+    }
+    evbuffer_add_buffer(out, b);
+    event_add(wev, NULL);
+    return true;
+}
+
+/* Chunked framing, scanned as it passes (the bytes are forwarded as they are). Returns how many
+ * of p's n bytes belong to the message; cs->st is 7 once its end was reached, -1 on bad framing. */
+static size_t chunk_feed(struct chunk_scan *cs, const char *p, size_t n)
+{
+    size_t i = 0;
+    while (i < n && cs->st != 7 && cs->st >= 0) {
+        char ch = p[i];
+        switch (cs->st) {
+        case 0: {
+            int v = ch >= '0' && ch <= '9'   ? ch - '0'
+                    : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+                    : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
+                                             : -1;
+            if (v >= 0) {
+                if (cs->left > (1LL << 40)) {
+                    cs->st = -1;
+                    break;
+                }
+                cs->left = cs->left * 16 + v;
+            } else if (ch == ';' || ch == ' ' || ch == '\t') {
+                cs->st = 1;
+            } else if (ch == '\r') {
+                cs->st = 2;
+            } else if (ch == '\n') {
+                cs->st = cs->left > 0 ? 3 : 6;
+                cs->line_empty = true;
+            } else {
+                cs->st = -1;
+                break;
+            }
+            i++;
+            break;
+        }
+        case 1:
+            if (ch == '\r')
+                cs->st = 2;
+            else if (ch == '\n') {
+                cs->st = cs->left > 0 ? 3 : 6;
+                cs->line_empty = true;
+            }
+            i++;
+            break;
+        case 2:
+            if (ch != '\n') {
+                cs->st = -1;
+                break;
+            }
+            cs->st = cs->left > 0 ? 3 : 6;
+            cs->line_empty = true;
+            i++;
+            break;
+        case 3: {
+            size_t k = n - i < (size_t)cs->left ? n - i : (size_t)cs->left;
+            i += k;
+            cs->left -= (int64_t)k;
+            if (cs->left == 0)
+                cs->st = 4;
+            break;
+        }
+        case 4:
+            if (ch == '\r')
+                cs->st = 5;
+            else if (ch == '\n')
+                cs->st = 0;
+            else {
+                cs->st = -1;
+                break;
+            }
+            i++;
+            break;
+        case 5:
+            if (ch != '\n') {
+                cs->st = -1;
+                break;
+            }
+            cs->st = 0;
+            i++;
+            break;
+        case 6:
+            if (ch == '\n') {
+                if (cs->line_empty)
+                    cs->st = 7;
+                cs->line_empty = true;
+            } else if (ch != '\r') {
+                cs->line_empty = false;
+            }
+            i++;
+            break;
+        }
+    }
+    return i;
+}
+
+static const struct hdr *hfind(const struct hdr *h, int nh, const char *name)
+{
+    size_t n = strlen(name);
+    for (int i = 0; i < nh; i++)
+        if (h[i].nlen == n && strncasecmp(h[i].name, name, n) == 0)
+            return &h[i];
+    return NULL;
+}
+
+/* Does the comma-separated list (a Connection header) hold token? */
+static bool list_has(const char *v, size_t vlen, const char *token, size_t tlen)
+{
+    size_t i = 0;
+    while (i < vlen) {
+        while (i < vlen && (v[i] == ' ' || v[i] == ',' || v[i] == '\t'))
+            i++;
+        size_t s = i;
+        while (i < vlen && v[i] != ',' && v[i] != ' ' && v[i] != '\t')
+            i++;
+        if (i - s == tlen && strncasecmp(v + s, token, tlen) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* Hop-by-hop: RFC 9110's list, and whatever the message's Connection header names. */
+static bool hop_by_hop(const char *name, size_t n, const struct hdr *conn)
 {
     static const char *const hop[] = {"Connection",
                                       "Keep-Alive",
@@ -286,139 +515,939 @@ static bool hop_by_hop(const char *name, const struct evkeyvalq *in)
                                       "Proxy-Authenticate",
                                       "Proxy-Authorization"};
     for (size_t i = 0; i < sizeof(hop) / sizeof(hop[0]); i++)
-        if (strcasecmp(name, hop[i]) == 0)
+        if (strlen(hop[i]) == n && strncasecmp(name, hop[i], n) == 0)
             return true;
-    /* and whatever the Connection header names (RFC 9110, 7.6.1) */
-    const char *c = in ? evhttp_find_header(in, "Connection") : NULL;
-    if (c != NULL) {
-        size_t n = strlen(name);
-        for (const char *p = c; *p;) {
-            while (*p == ' ' || *p == ',')
-                p++;
-            const char *e = p;
-            while (*e && *e != ',' && *e != ' ')
-                e++;
-            if ((size_t)(e - p) == n && strncasecmp(p, name, n) == 0)
-                return true;
-            p = e;
-        }
-    }
-    return false;
+    return conn != NULL && list_has(conn->value, conn->vlen, name, n);
 }
 
-static void finish(struct gw_req *r);
+/* ---- clients ------------------------------------------------------------------------------ */
+
+static void cl_close(struct gw_client *c);
+static void cl_process(struct gw_client *c);
+static void bc_close(struct gw_bconn *bc);
 static void pump(struct osub_gateway *g, struct gw_svc *s);
+static void forward_body(struct gw_req *r);
 
-static void copy_response_head(struct gw_req *r)
+static void req_free(struct gw_req *r)
 {
-    struct evkeyvalq *in = evhttp_request_get_input_headers(r->breq);
-    struct evkeyvalq *out = evhttp_request_get_output_headers(r->req);
-    for (struct evkeyval *h = in->tqh_first; h != NULL; h = h->next.tqe_next)
-        if (!hop_by_hop(h->key, in))
-            evhttp_add_header(out, h->key, h->value);
+    if (r->timer)
+        event_free(r->timer);
+    free(r->head);
+    free(r);
 }
 
-static void on_backend_chunk(struct evhttp_request *breq, void *arg)
+/* The client is done with r (answered, or gone): the next request may be read. */
+static void req_detach(struct gw_req *r)
 {
-    struct gw_req *r = arg;
-    r->breq = breq;
-    if (!r->started) {
-        copy_response_head(r);
-        int code = evhttp_request_get_response_code(breq);
-        const char *phrase = evhttp_request_get_response_code_line(breq);
-        evhttp_send_reply_start(r->req, code, phrase ? phrase : "OK");
-        r->started = true;
+    if (r->cl != NULL && r->cl->cur == r)
+        r->cl->cur = NULL;
+    req_free(r);
+}
+
+static void cl_send(struct gw_client *c, const char *p, size_t n)
+{
+    if (!send_bytes(c->fd, c->out, c->wev, p, n)) {
+        c->closing = true; /* the client is gone */
+        evbuffer_drain(c->out, evbuffer_get_length(c->out));
     }
-    evhttp_send_reply_chunk(r->req, evhttp_request_get_input_buffer(breq));
 }
 
-static void on_backend_error(enum evhttp_request_error e, void *arg)
+/* After an answer: close when asked to and all is sent, else read on (pipelined requests). */
+static void cl_after(struct gw_client *c)
 {
-    struct gw_req *r = arg;
-    r->error = (int)e;
+    if (c->closing) {
+        if (evbuffer_get_length(c->out) == 0 && c->cur == NULL)
+            cl_close(c);
+        return;
+    }
+    cl_process(c);
 }
 
-static void on_backend_done(struct evhttp_request *breq, void *arg)
+/* An answer of the gateway's own: JSON, one write. */
+static void reply(struct gw_req *r, int code, const char *phrase, const char *ecode,
+                  const char *reason, const char *msg, int retry_after)
 {
-    struct gw_req *r = arg;
-    struct gw_svc *s = r->svc;
-    int code = breq ? evhttp_request_get_response_code(breq) : 0;
-    int bi = r->conn != NULL ? r->conn->backend : -1;
-    if (code == 0 || r->error >= 0) {
-        s->backend_errors++;
-        if (bi >= 0 && bi < 16) {
-            s->backoff[bi] =
-                s->backoff[bi] > 0 ? (s->backoff[bi] * 2 > 30 ? 30 : s->backoff[bi] * 2) : 1;
-            s->down_until[bi] = now_s() + s->backoff[bi];
+    struct gw_client *c = r->cl;
+    if (c == NULL) {
+        req_free(r);
+        return;
+    }
+    /* a body we will not read: the connection cannot carry another request */
+    bool close_it = !r->keepalive || !r->body_done;
+    char body[768], buf[1280];
+    int bl = snprintf(body, sizeof(body),
+                      "{\"error\":{\"code\":\"%s\",\"reason\":\"%s\",\"message\":\"%s\"}}\n", ecode,
+                      reason, msg);
+    char ra[40] = "";
+    if (retry_after > 0)
+        snprintf(ra, sizeof(ra), "Retry-After: %d\r\n", retry_after);
+    int n = snprintf(buf, sizeof(buf),
+                     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                     "%s%s\r\n%s",
+                     code, phrase, bl, ra, close_it ? "Connection: close\r\n" : "",
+                     r->is_head ? "" : body);
+    if (close_it)
+        c->closing = true;
+    req_detach(r);
+    cl_send(c, buf, (size_t)n);
+}
+
+/* A request that never became one (bad head): answer and close. */
+static void reply_bad(struct gw_client *c, int code, const char *phrase, const char *reason,
+                      const char *msg)
+{
+    char body[512], buf[1024];
+    int bl =
+        snprintf(body, sizeof(body),
+                 "{\"error\":{\"code\":\"bad_request\",\"reason\":\"%s\",\"message\":\"%s\"}}\n",
+                 reason, msg);
+    int n = snprintf(buf, sizeof(buf),
+                     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                     "Connection: close\r\n\r\n%s",
+                     code, phrase, bl, body);
+    c->g->bad_requests++;
+    c->closing = true;
+    evbuffer_drain(c->in, evbuffer_get_length(c->in));
+    cl_send(c, buf, (size_t)n);
+}
+
+static void cl_arm(struct gw_client *c, int seconds)
+{
+    struct timeval tv = {seconds, 0};
+    event_add(c->timer, &tv);
+}
+
+static void cl_on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct gw_client *c = arg;
+    if (c->cur != NULL && c->cur->bc == NULL && c->cur->timer != NULL)
+        return; /* queued: its own deadline answers it */
+    if (c->in_head && evbuffer_get_length(c->in) > 0 && c->cur == NULL) {
+        /* a head that did not arrive in time (slowloris): 408 and close */
+        char buf[] =
+            "HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        send(c->fd, buf, sizeof(buf) - 1, MSG_NOSIGNAL);
+    }
+    cl_close(c);
+}
+
+static void cl_on_write(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    struct gw_client *c = arg;
+    while (evbuffer_get_length(c->out) > 0) {
+        int w = evbuffer_write(c->out, fd);
+        if (w < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+                return;
+            cl_close(c);
+            return;
         }
-        if (r->started) {
-            evhttp_send_reply_end(r->req); /* the body stops short: the client sees it */
-        } else if (r->error == EVREQ_HTTP_TIMEOUT) {
-            reply(r->req, 504, "Gateway Timeout", "backend_timeout", "timeout",
-                  "the service's backend did not answer in time", 0);
-        } else {
-            reply(r->req, 502, "Bad Gateway", "backend_unavailable", "connection",
-                  "the service's backend refused or dropped the connection", 0);
+        if (w == 0)
+            return;
+    }
+    event_del(c->wev);
+    if (c->paused_bc && c->cur != NULL && c->cur->bc != NULL) {
+        c->paused_bc = false;
+        event_add(c->cur->bc->rev, NULL);
+    }
+    if (c->closing && c->cur == NULL)
+        cl_close(c);
+}
+
+static void cl_on_read(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    struct gw_client *c = arg;
+    int n = evbuffer_read(c->in, fd, 65536);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        cl_close(c);
+        return;
+    }
+    if (n < 0)
+        return;
+    if (c->closing) {
+        evbuffer_drain(c->in, evbuffer_get_length(c->in));
+        return;
+    }
+    cl_process(c);
+}
+
+static int parse_head(struct gw_req *r, size_t len, int *code, const char **phrase,
+                      const char **why)
+{
+    char *p = r->head, *end = r->head + len;
+    *code = 400;
+    *phrase = "Bad Request";
+    /* request line */
+    char *eol = memchr(p, '\n', (size_t)(end - p));
+    if (eol == NULL) {
+        *why = "no request line";
+        return -1;
+    }
+    if (eol - p > LINE_MAX_) {
+        *code = 414;
+        *phrase = "URI Too Long";
+        *why = "the request line is over 8 KiB";
+        return -1;
+    }
+    char *sp1 = memchr(p, ' ', (size_t)(eol - p));
+    char *sp2 = sp1 ? memchr(sp1 + 1, ' ', (size_t)(eol - sp1 - 1)) : NULL;
+    if (sp1 == NULL || sp2 == NULL || sp1 == p || sp1 - p > 16 || sp2 == sp1 + 1) {
+        *why = "the request line is not METHOD URI HTTP/1.x";
+        return -1;
+    }
+    for (char *q = p; q < sp1; q++)
+        if (*q < 'A' || *q > 'Z') {
+            *why = "the method is not a token";
+            return -1;
         }
-        if (r->conn != NULL && r->conn->evcon != NULL) {
-            /* a broken connection is not reused */
-            evhttp_connection_free_on_completion(r->conn->evcon);
-            r->conn->evcon = NULL;
+    r->method = p;
+    r->mlen = (size_t)(sp1 - p);
+    r->uri = sp1 + 1;
+    r->ulen = (size_t)(sp2 - sp1 - 1);
+    if (r->uri[0] != '/') {
+        *why = "the request target must be a path (/...)";
+        return -1;
+    }
+    for (size_t i = 0; i < r->ulen; i++)
+        if ((unsigned char)r->uri[i] <= ' ' || r->uri[i] == 0x7f) {
+            *why = "the request target holds a control character or a space";
+            return -1;
         }
-    } else if (r->started) {
-        if (bi >= 0 && bi < 16)
-            s->backoff[bi] = 0;
-        evhttp_send_reply_end(r->req);
+    char *ver = sp2 + 1;
+    size_t vl = (size_t)(eol - ver) - (eol > ver && eol[-1] == '\r' ? 1 : 0);
+    if (vl == 8 && memcmp(ver, "HTTP/1.1", 8) == 0) {
+        r->http10 = false;
+    } else if (vl == 8 && memcmp(ver, "HTTP/1.0", 8) == 0) {
+        r->http10 = true;
+    } else if (vl >= 5 && memcmp(ver, "HTTP/", 5) == 0) {
+        *code = 505;
+        *phrase = "HTTP Version Not Supported";
+        *why = "only HTTP/1.0 and HTTP/1.1";
+        return -1;
     } else {
-        if (bi >= 0 && bi < 16)
-            s->backoff[bi] = 0;
-        r->breq = breq;
-        copy_response_head(r);
-        const char *phrase = evhttp_request_get_response_code_line(breq);
-        evhttp_send_reply(r->req, code, phrase ? phrase : "OK",
-                          evhttp_request_get_input_buffer(breq));
+        *why = "the request line does not end in HTTP/1.x";
+        return -1;
     }
-    double t = now_s();
-    observe(&s->upstream, t - r->t_sent);
-    if (s->last_done > 0) {
-        double dt = t - s->last_done;
-        double inst = dt > 1e-6 ? 1.0 / dt : 1e6;
-        s->rate = s->rate > 0 ? 0.9 * s->rate + 0.1 * inst : inst;
+    r->is_head = r->mlen == 4 && memcmp(r->method, "HEAD", 4) == 0;
+    /* headers */
+    p = eol + 1;
+    int n_cl = 0, n_te = 0;
+    while (p < end) {
+        eol = memchr(p, '\n', (size_t)(end - p));
+        if (eol == NULL)
+            break;
+        char *le = eol > p && eol[-1] == '\r' ? eol - 1 : eol;
+        if (le == p)
+            break; /* the empty line */
+        if (*p == ' ' || *p == '\t') {
+            *why = "folded header lines are not accepted";
+            return -1;
+        }
+        char *colon = memchr(p, ':', (size_t)(le - p));
+        if (colon == NULL || colon == p) {
+            *why = "a header line without a name and a colon";
+            return -1;
+        }
+        for (char *q = p; q < colon; q++)
+            if (*q <= ' ' || *q == 0x7f) {
+                *why = "a header name holds a space or a control character";
+                return -1;
+            }
+        if (r->nh == MAX_HEADERS) {
+            *code = 431;
+            *phrase = "Request Header Fields Too Large";
+            *why = "more than 100 header fields";
+            return -1;
+        }
+        char *v = colon + 1, *ve = le;
+        while (v < ve && (*v == ' ' || *v == '\t'))
+            v++;
+        while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t'))
+            ve--;
+        struct hdr *h = &r->h[r->nh++];
+        h->name = p;
+        h->nlen = (size_t)(colon - p);
+        h->value = v;
+        h->vlen = (size_t)(ve - v);
+        if (h->nlen == 14 && strncasecmp(p, "Content-Length", 14) == 0) {
+            n_cl++;
+            if (h->vlen == 0 || h->vlen > 18) {
+                *why = "a malformed Content-Length";
+                return -1;
+            }
+            int64_t cl = 0;
+            for (size_t i = 0; i < h->vlen; i++) {
+                if (v[i] < '0' || v[i] > '9') {
+                    *why = "a malformed Content-Length";
+                    return -1;
+                }
+                cl = cl * 10 + (v[i] - '0');
+            }
+            r->body_left = cl;
+        } else if (h->nlen == 17 && strncasecmp(p, "Transfer-Encoding", 17) == 0) {
+            n_te++;
+            if (h->vlen != 7 || strncasecmp(v, "chunked", 7) != 0) {
+                *code = 501;
+                *phrase = "Not Implemented";
+                *why = "the only transfer coding accepted is chunked";
+                return -1;
+            }
+        }
+        p = eol + 1;
     }
-    s->last_done = t;
-    s->completed++;
-    finish(r);
+    if (n_cl > 1 || (n_cl > 0 && n_te > 0) || n_te > 1) {
+        *why = "two Content-Length headers, or Content-Length with Transfer-Encoding";
+        return -1;
+    }
+    if (r->body_left > BODY_MAX) {
+        *code = 413;
+        *phrase = "Content Too Large";
+        *why = "the body is over 64 MiB";
+        return -1;
+    }
+    r->chunked_body = n_te > 0;
+    r->body_done = !r->chunked_body && r->body_left == 0;
+    const struct hdr *conn = hfind(r->h, r->nh, "Connection");
+    if (r->http10)
+        r->keepalive = conn != NULL && list_has(conn->value, conn->vlen, "keep-alive", 10);
+    else
+        r->keepalive = conn == NULL || !list_has(conn->value, conn->vlen, "close", 5);
+    return 0;
 }
 
-static struct gw_conn *conn_for(struct gw_svc *s, int backend, const char *url)
+static void handle(struct gw_client *c, struct gw_req *r);
+
+static void cl_process_inner(struct gw_client *c)
 {
-    for (int32_t i = 0; i < s->n_conns; i++)
-        if (!s->conns[i].busy && s->conns[i].backend == backend && s->conns[i].evcon != NULL)
-            return &s->conns[i];
-    struct gw_conn *c = NULL;
-    for (int32_t i = 0; i < s->n_conns && c == NULL; i++)
-        if (s->conns[i].evcon == NULL)
-            c = &s->conns[i];
-    if (c == NULL && s->n_conns < GW_CONNS)
-        c = &s->conns[s->n_conns++];
-    if (c == NULL)
+    while (!c->closing) {
+        if (c->cur != NULL) {
+            if (c->cur->bc != NULL && !c->cur->body_done)
+                forward_body(c->cur);
+            /* a queued request's body waits in `in`; beyond 1 MiB we stop reading */
+            if (evbuffer_get_length(c->in) > 1024 * 1024)
+                event_del(c->rev);
+            return;
+        }
+        size_t len = evbuffer_get_length(c->in);
+        /* empty lines before a request line are allowed (RFC 9112, 2.2) */
+        while (len > 0) {
+            unsigned char ch;
+            evbuffer_copyout(c->in, &ch, 1);
+            if (ch != '\r' && ch != '\n')
+                break;
+            evbuffer_drain(c->in, 1);
+            len--;
+        }
+        if (len == 0) {
+            c->in_head = false;
+            cl_arm(c, IDLE_TIMEOUT_S);
+            return;
+        }
+        struct evbuffer_ptr pos = evbuffer_search(c->in, "\r\n\r\n", 4, NULL);
+        size_t hl = pos.pos >= 0 ? (size_t)pos.pos + 4 : 0;
+        if (pos.pos < 0) {
+            /* a bare-LF head */
+            pos = evbuffer_search(c->in, "\n\n", 2, NULL);
+            hl = pos.pos >= 0 ? (size_t)pos.pos + 2 : 0;
+        }
+        if (hl == 0 || hl > HEAD_MAX) {
+            if (len > HEAD_MAX || hl > HEAD_MAX) {
+                reply_bad(c, 431, "Request Header Fields Too Large", "head_too_large",
+                          "the request's head is over 16 KiB");
+                return;
+            }
+            if (!c->in_head) {
+                c->in_head = true; /* the head's clock starts at its first byte, once */
+                cl_arm(c, HEAD_TIMEOUT_S);
+            }
+            return;
+        }
+        c->in_head = false;
+        event_del(c->timer);
+        struct gw_req *r = calloc(1, sizeof(*r));
+        char *head = r ? malloc(hl + 1) : NULL;
+        if (head == NULL) {
+            free(r);
+            reply_bad(c, 503, "Service Unavailable", "memory", "out of memory");
+            return;
+        }
+        evbuffer_remove(c->in, head, hl);
+        head[hl] = '\0';
+        r->head = head;
+        r->cl = c;
+        int code;
+        const char *phrase, *why;
+        if (parse_head(r, hl, &code, &phrase, &why) != 0) {
+            req_free(r);
+            reply_bad(c, code, phrase, "malformed", why);
+            return;
+        }
+        c->cur = r;
+        handle(c, r);
+    }
+}
+
+/* Reads what requests the buffer holds; the last thing a caller does with c (it may be
+ * closed). */
+static void cl_process(struct gw_client *c)
+{
+    cl_process_inner(c);
+    if (c->closing && c->cur == NULL && evbuffer_get_length(c->out) == 0)
+        cl_close(c);
+}
+
+static void cl_close(struct gw_client *c)
+{
+    struct gw_req *r = c->cur;
+    if (r != NULL) {
+        struct gw_svc *s = r->svc;
+        if (r->bc != NULL) {
+            /* in flight: the backend's answer has nowhere to go */
+            struct gw_bconn *bc = r->bc;
+            bc->r = NULL;
+            bc_close(bc);
+            s->inflight--;
+            req_free(r);
+            pump(s->g, s);
+        } else if (s != NULL && r->timer != NULL) {
+            for (struct gw_req **p = &s->queue; *p; p = &(*p)->next)
+                if (*p == r) {
+                    *p = r->next;
+                    s->n_queued--;
+                    break;
+                }
+            req_free(r);
+        } else {
+            req_free(r);
+        }
+        c->cur = NULL;
+    }
+    if (c->pc != NULL)
+        c->pc->n--;
+    event_free(c->rev);
+    event_free(c->wev);
+    event_free(c->timer);
+    evbuffer_free(c->in);
+    evbuffer_free(c->out);
+    close(c->fd);
+    free(c);
+}
+
+static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen,
+                      void *arg)
+{
+    (void)l;
+    (void)salen;
+    struct osub_gateway *g = arg;
+    char peer[INET6_ADDRSTRLEN] = "";
+    if (sa->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((struct sockaddr_in *)sa)->sin_addr, peer, sizeof(peer));
+    else if (sa->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)sa)->sin6_addr, peer, sizeof(peer));
+    /* one client address holds at most its share of connections (slow clients included) */
+    struct peer_count *pc = g->peers;
+    while (pc != NULL && strcmp(pc->addr, peer) != 0)
+        pc = pc->next;
+    if (pc == NULL && (pc = calloc(1, sizeof(*pc))) != NULL) {
+        snprintf(pc->addr, sizeof(pc->addr), "%s", peer);
+        pc->next = g->peers;
+        g->peers = pc;
+    }
+    if (pc != NULL && pc->n >= CONNS_PER_CLIENT) {
+        g->refused_conns++;
+        close(fd);
+        return;
+    }
+    struct gw_client *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        close(fd);
+        return;
+    }
+    c->g = g;
+    c->fd = fd;
+    c->pc = pc;
+    if (pc != NULL)
+        pc->n++;
+    memcpy(c->peer, peer, sizeof(peer));
+    set_nodelay(fd);
+    c->in = evbuffer_new();
+    c->out = evbuffer_new();
+    c->rev = event_new(g->d->base, fd, EV_READ | EV_PERSIST, cl_on_read, c);
+    c->wev = event_new(g->d->base, fd, EV_WRITE | EV_PERSIST, cl_on_write, c);
+    c->timer = evtimer_new(g->d->base, cl_on_timer, c);
+    if (c->in == NULL || c->out == NULL || c->rev == NULL || c->wev == NULL || c->timer == NULL) {
+        if (c->in)
+            evbuffer_free(c->in);
+        if (c->out)
+            evbuffer_free(c->out);
+        if (c->rev)
+            event_free(c->rev);
+        if (c->wev)
+            event_free(c->wev);
+        if (c->timer)
+            event_free(c->timer);
+        if (pc)
+            pc->n--;
+        close(fd);
+        free(c);
+        return;
+    }
+    event_add(c->rev, NULL);
+    cl_arm(c, HEAD_TIMEOUT_S);
+}
+/* ---- backends ------------------------------------------------------------------------------ */
+
+static void finish(struct gw_req *r, bool ok);
+
+static void bc_close(struct gw_bconn *bc)
+{
+    if (bc->rev)
+        event_free(bc->rev);
+    if (bc->wev)
+        event_free(bc->wev);
+    if (bc->timer)
+        event_free(bc->timer);
+    if (bc->in)
+        evbuffer_free(bc->in);
+    if (bc->out)
+        evbuffer_free(bc->out);
+    if (bc->fd >= 0)
+        close(bc->fd);
+    free(bc);
+}
+
+static void bc_unidle(struct gw_bconn *bc)
+{
+    struct gw_svc *s = bc->svc;
+    for (struct gw_bconn **p = &s->idle[bc->backend]; *p; p = &(*p)->next)
+        if (*p == bc) {
+            *p = bc->next;
+            s->n_idle[bc->backend]--;
+            break;
+        }
+}
+
+/* The backend failed this request: 502 (refused, reset), 504 (timeout), or a body cut short. */
+static void bc_fail(struct gw_bconn *bc, bool timeout)
+{
+    struct gw_req *r = bc->r;
+    struct gw_svc *s = bc->svc;
+    int b = bc->backend;
+    s->backend_errors++;
+    s->backoff[b] = s->backoff[b] > 0 ? (s->backoff[b] * 2 > 30 ? 30 : s->backoff[b] * 2) : 1;
+    s->down_until[b] = now_s() + s->backoff[b];
+    bc->r = NULL;
+    bc_close(bc);
+    if (r == NULL)
+        return;
+    r->bc = NULL;
+    struct gw_client *c = r->cl;
+    s->inflight--;
+    if (r->started) {
+        /* the answer stops short: the client sees it by the closed connection */
+        c->closing = true;
+        req_detach(r);
+    } else if (timeout) {
+        reply(r, 504, "Gateway Timeout", "backend_timeout", "timeout",
+              "the service's backend did not answer in time", 0);
+    } else {
+        reply(r, 502, "Bad Gateway", "backend_unavailable", "connection",
+              "the service's backend refused or dropped the connection", 0);
+    }
+    pump(s->g, s);
+    cl_after(c);
+}
+
+static void bc_arm(struct gw_bconn *bc)
+{
+    struct timeval tv = {BACKEND_TIMEOUT_S, 0};
+    event_add(bc->timer, &tv);
+}
+
+static void bc_on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct gw_bconn *bc = arg;
+    if (bc->r == NULL) {
+        bc_unidle(bc);
+        bc_close(bc);
+        return;
+    }
+    bc_fail(bc, true);
+}
+
+/* The answer is complete: the connection goes back to the pool, the client reads on. */
+static void bc_done(struct gw_bconn *bc)
+{
+    struct gw_req *r = bc->r;
+    struct gw_svc *s = bc->svc;
+    int b = bc->backend;
+    bc->r = NULL;
+    r->bc = NULL;
+    s->backoff[b] = 0;
+    if (bc->keepalive && bc->st != 3 && evbuffer_get_length(bc->in) == 0 &&
+        s->n_idle[b] < IDLE_PER_BACKEND) {
+        bc->st = 0;
+        bc->next = s->idle[b];
+        s->idle[b] = bc;
+        s->n_idle[b]++;
+        struct timeval tv = {IDLE_TIMEOUT_S, 0};
+        event_add(bc->timer, &tv);
+        event_add(bc->rev, NULL); /* a close while idle is noticed */
+    } else {
+        bc_close(bc);
+    }
+    struct gw_client *c = r->cl;
+    if (!r->keepalive)
+        c->closing = true;
+    finish(r, true);
+    cl_after(c);
+}
+
+/* Moves n bytes of the backend's answer to the client (pausing the backend when the client
+ * reads slower than it sends). */
+static void to_client(struct gw_bconn *bc, size_t n)
+{
+    struct gw_client *c = bc->r->cl;
+    struct evbuffer *tmp = evbuffer_new();
+    evbuffer_remove_buffer(bc->in, tmp, n);
+    if (!send_buffer(c->fd, c->out, c->wev, tmp))
+        c->closing = true;
+    evbuffer_free(tmp);
+    if (evbuffer_get_length(c->out) > OUT_HIGH) {
+        c->paused_bc = true;
+        event_del(bc->rev);
+    }
+}
+
+/* The answer's head: status and headers passed on, hop-by-hop ones dropped, the framing kept. */
+static int bc_head(struct gw_bconn *bc)
+{
+    struct evbuffer_ptr pos = evbuffer_search(bc->in, "\r\n\r\n", 4, NULL);
+    size_t hl = pos.pos >= 0 ? (size_t)pos.pos + 4 : 0;
+    if (hl == 0) {
+        pos = evbuffer_search(bc->in, "\n\n", 2, NULL);
+        hl = pos.pos >= 0 ? (size_t)pos.pos + 2 : 0;
+    }
+    if (hl == 0)
+        return evbuffer_get_length(bc->in) > 65536 ? -1 : 0;
+    char *h = (char *)evbuffer_pullup(bc->in, (ssize_t)hl);
+    int code = 0;
+    char *eol = memchr(h, '\n', hl);
+    if (eol == NULL || hl < 12 || memcmp(h, "HTTP/1.", 7) != 0 ||
+        sscanf(h + 9, "%3d", &code) != 1 || code < 100 || code > 599)
+        return -1;
+    bool b10 = h[7] == '0';
+    char *reason = h + 12;
+    while (reason < eol && *reason == ' ')
+        reason++;
+    char *rend = eol > reason && eol[-1] == '\r' ? eol - 1 : eol;
+    if (code >= 100 && code < 200 && code != 101) {
+        evbuffer_drain(bc->in, hl); /* 100 Continue and the like: not passed on */
+        return 1;
+    }
+    struct hdr hs[MAX_HEADERS];
+    int nh = 0;
+    int64_t cl = -1;
+    bool chunked = false;
+    for (char *p = eol + 1; p < h + hl;) {
+        char *e = memchr(p, '\n', (size_t)(h + hl - p));
+        if (e == NULL)
+            break;
+        char *le = e > p && e[-1] == '\r' ? e - 1 : e;
+        if (le == p)
+            break;
+        char *colon = memchr(p, ':', (size_t)(le - p));
+        if (colon != NULL && nh < MAX_HEADERS) {
+            char *v = colon + 1;
+            while (v < le && (*v == ' ' || *v == '\t'))
+                v++;
+            hs[nh] = (struct hdr){p, v, (size_t)(colon - p), (size_t)(le - v)};
+            if (hs[nh].nlen == 14 && strncasecmp(p, "Content-Length", 14) == 0)
+                cl = strtoll(v, NULL, 10);
+            if (hs[nh].nlen == 17 && strncasecmp(p, "Transfer-Encoding", 17) == 0)
+                chunked = list_has(v, hs[nh].vlen, "chunked", 7);
+            nh++;
+        }
+        p = e + 1;
+    }
+    const struct hdr *conn = hfind(hs, nh, "Connection");
+    bc->keepalive = b10 ? conn != NULL && list_has(conn->value, conn->vlen, "keep-alive", 10)
+                        : conn == NULL || !list_has(conn->value, conn->vlen, "close", 5);
+    struct gw_req *r = bc->r;
+    struct gw_client *c = r->cl;
+    bool nobody = r->is_head || code == 204 || code == 304;
+    if (nobody)
+        bc->st = 4;
+    else if (chunked)
+        bc->st = 2;
+    else if (cl >= 0)
+        bc->st = 1, bc->left = cl;
+    else
+        bc->st = 3, r->keepalive = false; /* until close: so is the client's */
+    if (r->http10 && bc->st == 2)
+        r->keepalive = false;
+    bc->code = code;
+    /* the client's head */
+    struct evbuffer *out = evbuffer_new();
+    evbuffer_add_printf(out, "HTTP/1.1 %d %.*s\r\n", code, (int)(rend - reason), reason);
+    for (int i = 0; i < nh; i++)
+        if (!hop_by_hop(hs[i].name, hs[i].nlen, conn) ||
+            (chunked && !nobody && hs[i].nlen == 17 &&
+             strncasecmp(hs[i].name, "Transfer-Encoding", 17) == 0)) {
+            evbuffer_add(out, hs[i].name, hs[i].nlen);
+            evbuffer_add(out, ": ", 2);
+            evbuffer_add(out, hs[i].value, hs[i].vlen);
+            evbuffer_add(out, "\r\n", 2);
+        }
+    if (!r->keepalive)
+        evbuffer_add(out, "Connection: close\r\n", 19);
+    else if (r->http10)
+        evbuffer_add(out, "Connection: keep-alive\r\n", 24);
+    evbuffer_add(out, "\r\n", 2);
+    evbuffer_drain(bc->in, hl);
+    r->started = true;
+    if (!send_buffer(c->fd, c->out, c->wev, out))
+        c->closing = true;
+    evbuffer_free(out);
+    return 1;
+}
+
+static void bc_on_read(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    struct gw_bconn *bc = arg;
+    int n = evbuffer_read(bc->in, fd, 65536);
+    if (bc->r == NULL) {
+        /* idle: the backend closed it (or said something it should not have) */
+        bc_unidle(bc);
+        bc_close(bc);
+        return;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return;
+    bool eof = n <= 0;
+    if (n > 0) {
+        bc->got_bytes = true;
+        bc_arm(bc);
+    }
+    for (;;) {
+        if (bc->st == 0) {
+            int h = bc_head(bc);
+            if (h < 0) {
+                bc_fail(bc, false);
+                return;
+            }
+            if (h == 0)
+                break;
+            continue;
+        }
+        size_t len = evbuffer_get_length(bc->in);
+        if (bc->st == 1) {
+            size_t k = len < (size_t)bc->left ? len : (size_t)bc->left;
+            if (k > 0)
+                to_client(bc, k);
+            bc->left -= (int64_t)k;
+            if (bc->left == 0)
+                bc->st = 4;
+        } else if (bc->st == 2 && len > 0) {
+            const char *p = (const char *)evbuffer_pullup(bc->in, -1);
+            size_t k = chunk_feed(&bc->cs, p, len);
+            if (bc->cs.st < 0) {
+                bc_fail(bc, false);
+                return;
+            }
+            to_client(bc, k);
+            if (bc->cs.st == 7)
+                bc->st = 4;
+        } else if (bc->st == 3 && len > 0) {
+            to_client(bc, len);
+        }
+        break;
+    }
+    if (bc->st == 4) {
+        bc_done(bc);
+        return;
+    }
+    if (eof) {
+        if (bc->st == 3) {
+            bc->st = 4;
+            bc_done(bc);
+        } else {
+            bc_fail(bc, false);
+        }
+        return;
+    }
+}
+
+static void bc_on_write(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    struct gw_bconn *bc = arg;
+    if (!bc->connected) {
+        int err = 0;
+        socklen_t l = sizeof(err);
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l);
+        if (err != 0) {
+            bc_fail(bc, false);
+            return;
+        }
+        bc->connected = true;
+        event_add(bc->rev, NULL);
+    }
+    while (evbuffer_get_length(bc->out) > 0) {
+        int w = evbuffer_write(bc->out, fd);
+        if (w < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+                return;
+            bc_fail(bc, false);
+            return;
+        }
+        if (w == 0)
+            return;
+    }
+    event_del(bc->wev);
+    /* the client's body may go on */
+    if (bc->r != NULL && !bc->r->body_done && bc->r->cl != NULL) {
+        event_add(bc->r->cl->rev, NULL);
+        forward_body(bc->r);
+    }
+}
+
+static void bc_send(struct gw_bconn *bc, struct evbuffer *b)
+{
+    if (!bc->connected) {
+        evbuffer_add_buffer(bc->out, b);
+        return;
+    }
+    if (!send_buffer(bc->fd, bc->out, bc->wev, b))
+        bc_fail(bc, false);
+}
+
+/* The backend's address, resolved once per URL. */
+static int backend_addr(struct gw_svc *s, int b, const char *url)
+{
+    if (strcmp(s->baddr_url[b], url) == 0)
+        return 0;
+    char host[256], port[16];
+    const char *h = url + (strncmp(url, "http://", 7) == 0 ? 7 : 0);
+    size_t hl = strcspn(h, "/");
+    const char *colon = memchr(h, ':', hl);
+    if (h[0] == '[') {
+        const char *rb = memchr(h, ']', hl);
+        if (rb == NULL)
+            return -1;
+        snprintf(host, sizeof(host), "%.*s", (int)(rb - h - 1), h + 1);
+        colon = rb[1] == ':' ? rb + 1 : NULL;
+    } else {
+        snprintf(host, sizeof(host), "%.*s", (int)(colon ? colon - h : (ptrdiff_t)hl), h);
+    }
+    snprintf(port, sizeof(port), "%.*s", colon ? (int)(h + hl - colon - 1) : 2,
+             colon ? colon + 1 : "80");
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai;
+    if (getaddrinfo(host, port, &hints, &ai) != 0)
+        return -1;
+    memcpy(&s->baddr[b], ai->ai_addr, ai->ai_addrlen);
+    s->baddr_len[b] = ai->ai_addrlen;
+    freeaddrinfo(ai);
+    snprintf(s->baddr_url[b], sizeof(s->baddr_url[b]), "%s", url);
+    snprintf(s->bhost[b], sizeof(s->bhost[b]), "%.*s", (int)hl, h);
+    return 0;
+}
+
+static struct gw_bconn *bc_get(struct gw_svc *s, int b, const char *url)
+{
+    while (s->idle[b] != NULL) {
+        struct gw_bconn *bc = s->idle[b];
+        s->idle[b] = bc->next;
+        s->n_idle[b]--;
+        event_del(bc->timer);
+        return bc;
+    }
+    if (backend_addr(s, b, url) != 0)
         return NULL;
-    struct evhttp_uri *u = evhttp_uri_parse(url);
-    if (u == NULL)
+    int fd = socket(s->baddr[b].ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
         return NULL;
-    c->evcon = evhttp_connection_base_new(s->g->d->base, NULL, evhttp_uri_get_host(u),
-                                          (unsigned short)evhttp_uri_get_port(u));
-    evhttp_uri_free(u);
-    if (c->evcon == NULL)
+    set_nodelay(fd);
+    struct gw_bconn *bc = calloc(1, sizeof(*bc));
+    if (bc == NULL) {
+        close(fd);
         return NULL;
-    evhttp_connection_set_timeout(c->evcon, 60);
-    c->backend = backend;
-    snprintf(c->host, sizeof(c->host), "%s", url + (strncmp(url, "http://", 7) == 0 ? 7 : 0));
-    char *slash = strchr(c->host, '/');
-    if (slash != NULL)
-        *slash = '\0';
-    c->busy = false;
-    return c;
+    }
+    bc->fd = fd;
+    bc->svc = s;
+    bc->backend = b;
+    struct event_base *base = s->g->d->base;
+    bc->in = evbuffer_new();
+    bc->out = evbuffer_new();
+    bc->rev = event_new(base, fd, EV_READ | EV_PERSIST, bc_on_read, bc);
+    bc->wev = event_new(base, fd, EV_WRITE | EV_PERSIST, bc_on_write, bc);
+    bc->timer = evtimer_new(base, bc_on_timer, bc);
+    if (bc->in == NULL || bc->out == NULL || bc->rev == NULL || bc->wev == NULL ||
+        bc->timer == NULL) {
+        bc_close(bc);
+        return NULL;
+    }
+    int rc = connect(fd, (struct sockaddr *)&s->baddr[b], s->baddr_len[b]);
+    if (rc == 0) {
+        bc->connected = true;
+        event_add(bc->rev, NULL);
+    } else if (errno == EINPROGRESS) {
+        event_add(bc->wev, NULL);
+    } else {
+        bc->fd = fd;
+        bc_close(bc);
+        return NULL;
+    }
+    return bc;
+}
+
+/* The request's body, from the client to the backend as it arrives. */
+static void forward_body(struct gw_req *r)
+{
+    struct gw_client *c = r->cl;
+    struct gw_bconn *bc = r->bc;
+    if (bc == NULL || r->body_done)
+        return;
+    if (evbuffer_get_length(bc->out) > 1024 * 1024) {
+        event_del(c->rev); /* the backend reads slower: wait for its write event */
+        return;
+    }
+    size_t len = evbuffer_get_length(c->in);
+    size_t k;
+    if (r->chunked_body) {
+        if (len == 0)
+            return;
+        const char *p = (const char *)evbuffer_pullup(c->in, -1);
+        k = chunk_feed(&r->cs, p, len);
+        if (r->cs.st < 0) {
+            c->closing = true; /* the framing is broken: nothing after it can be trusted */
+            return;
+        }
+        if (r->cs.st == 7)
+            r->body_done = true;
+    } else {
+        k = len < (size_t)r->body_left ? len : (size_t)r->body_left;
+        r->body_left -= (int64_t)k;
+        if (r->body_left == 0)
+            r->body_done = true;
+    }
+    if (k > 0) {
+        struct evbuffer *tmp = evbuffer_new();
+        evbuffer_remove_buffer(c->in, tmp, k);
+        bc_send(bc, tmp);
+        evbuffer_free(tmp);
+    }
+    if (!r->body_done) {
+        struct timeval tv = {BODY_TIMEOUT_S, 0};
+        event_add(c->timer, &tv);
+    }
 }
 
 static void dispatch(struct osub_gateway *g, struct gw_req *r)
@@ -426,71 +1455,108 @@ static void dispatch(struct osub_gateway *g, struct gw_req *r)
     struct gw_svc *s = r->svc;
     json_t *backends = json_object_get(route_of(g->d, s->id), "backends");
     size_t nb = json_array_size(backends);
+    if (nb > 16)
+        nb = 16;
     int b = nb ? (int)(s->rr++ % nb) : 0;
     double t = now_s();
     for (size_t k = 0; k < nb && s->down_until[b] > t; k++)
         b = (int)(s->rr++ % nb); /* skip backends out of rotation (all out: probe one) */
-    struct gw_conn *c =
-        nb ? conn_for(s, b, json_string_value(json_array_get(backends, (size_t)b))) : NULL;
-    if (c == NULL) {
+    struct gw_bconn *bc =
+        nb ? bc_get(s, b, json_string_value(json_array_get(backends, (size_t)b))) : NULL;
+    if (bc == NULL) {
         s->backend_errors++;
-        reply(r->req, 502, "Bad Gateway", "backend_unavailable", "no_backend",
-              "the service has no backend to send to", 0);
-        free(r);
+        if (nb) {
+            s->backoff[b] =
+                s->backoff[b] > 0 ? (s->backoff[b] * 2 > 30 ? 30 : s->backoff[b] * 2) : 1;
+            s->down_until[b] = t + s->backoff[b];
+        }
+        reply(r, 502, "Bad Gateway", "backend_unavailable", "no_backend",
+              "the service has no backend that takes connections", 0);
         return;
     }
-    c->busy = true;
-    r->conn = c;
-    r->error = -1;
-    r->t_sent = now_s();
-    observe(&s->queue_wait, r->t_sent - r->t0);
+    bc->r = r;
+    bc->st = 0;
+    bc->got_bytes = false;
+    memset(&bc->cs, 0, sizeof(bc->cs));
+    r->bc = bc;
+    r->t_sent = t;
+    observe(&s->queue_wait, t - r->t0);
     s->inflight++;
     s->admitted++;
-    struct evhttp_request *breq = evhttp_request_new(on_backend_done, r);
-    evhttp_request_set_chunked_cb(breq, on_backend_chunk);
-    evhttp_request_set_error_cb(breq, on_backend_error);
-    r->breq = breq;
-    struct evkeyvalq *in = evhttp_request_get_input_headers(r->req);
-    struct evkeyvalq *out = evhttp_request_get_output_headers(breq);
-    for (struct evkeyval *h = in->tqh_first; h != NULL; h = h->next.tqe_next)
-        if (!hop_by_hop(h->key, in) && strcasecmp(h->key, "Host") != 0 &&
-            strcasecmp(h->key, "X-Forwarded-For") != 0)
-            evhttp_add_header(out, h->key, h->value);
-    evhttp_add_header(out, "Host", c->host);
-    char *peer = NULL;
-    ev_uint16_t port = 0;
-    evhttp_connection_get_peer(evhttp_request_get_connection(r->req), &peer, &port);
-    const char *xff = evhttp_find_header(in, "X-Forwarded-For");
-    char fwd[512];
-    snprintf(fwd, sizeof(fwd), "%s%s%s", xff ? xff : "", xff ? ", " : "", peer ? peer : "");
-    evhttp_add_header(out, "X-Forwarded-For", fwd);
-    evbuffer_add_buffer(evhttp_request_get_output_buffer(breq),
-                        evhttp_request_get_input_buffer(r->req));
-    /* the path without the service's prefix, with its query */
-    const char *uri = evhttp_request_get_uri(r->req);
-    const char *rest = strchr(uri + 1, '/');
-    const char *q = strchr(uri, '?');
-    char path[4096];
-    if (r->by_host)
-        snprintf(path, sizeof(path), "%s", uri);
-    else if (rest == NULL || (q != NULL && q < rest))
-        snprintf(path, sizeof(path), "/%s", q ? q : "");
+    struct gw_client *c = r->cl;
+    /* the head: the path without the service's prefix (by Host: whole), headers but the
+     * hop-by-hop ones, Host for the backend, X-Forwarded-For with the client */
+    struct evbuffer *out = evbuffer_new();
+    const char *rest = r->by_host ? r->uri : memchr(r->uri + 1, '/', r->ulen - 1);
+    const char *q = memchr(r->uri, '?', r->ulen);
+    evbuffer_add(out, r->method, r->mlen);
+    evbuffer_add(out, " ", 1);
+    const char *uend = r->uri + r->ulen;
+    if (rest == NULL || (q != NULL && q < rest)) {
+        evbuffer_add(out, "/", 1);
+        if (q != NULL)
+            evbuffer_add(out, q, (size_t)(uend - q));
+    } else {
+        evbuffer_add(out, rest, (size_t)(uend - rest));
+    }
+    evbuffer_add_printf(out, " HTTP/1.1\r\nHost: %s\r\n", s->bhost[b]);
+    const struct hdr *conn = hfind(r->h, r->nh, "Connection");
+    const struct hdr *xff = NULL;
+    bool expect100 = false;
+    for (int i = 0; i < r->nh; i++) {
+        const struct hdr *h = &r->h[i];
+        if (hop_by_hop(h->name, h->nlen, conn) ||
+            (h->nlen == 4 && strncasecmp(h->name, "Host", 4) == 0))
+            continue;
+        if (h->nlen == 15 && strncasecmp(h->name, "X-Forwarded-For", 15) == 0) {
+            xff = h;
+            continue;
+        }
+        if (h->nlen == 6 && strncasecmp(h->name, "Expect", 6) == 0) {
+            expect100 = true; /* answered here, once the request goes to a backend */
+            continue;
+        }
+        evbuffer_add(out, h->name, h->nlen);
+        evbuffer_add(out, ": ", 2);
+        evbuffer_add(out, h->value, h->vlen);
+        evbuffer_add(out, "\r\n", 2);
+    }
+    if (r->chunked_body)
+        evbuffer_add(out, "Transfer-Encoding: chunked\r\n", 28);
+    if (xff != NULL)
+        evbuffer_add_printf(out, "X-Forwarded-For: %.*s, %s\r\n\r\n", (int)xff->vlen, xff->value,
+                            c->peer);
     else
-        snprintf(path, sizeof(path), "%s", rest);
-    if (evhttp_make_request(c->evcon, breq, evhttp_request_get_command(r->req), path) != 0) {
-        r->breq = NULL;
-        r->error = EVREQ_HTTP_EOF;
-        on_backend_done(NULL, r);
+        evbuffer_add_printf(out, "X-Forwarded-For: %s\r\n\r\n", c->peer);
+    bc_send(bc, out);
+    evbuffer_free(out);
+    if (r->bc == NULL)
+        return; /* the send failed: answered already */
+    bc_arm(bc);
+    if (expect100 && !r->body_done)
+        cl_send(c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+    if (!r->body_done) {
+        event_add(c->rev, NULL);
+        forward_body(r);
     }
 }
 
-static void finish(struct gw_req *r)
+static void finish(struct gw_req *r, bool ok)
 {
     struct gw_svc *s = r->svc;
-    if (r->conn != NULL)
-        r->conn->busy = false;
+    double t = now_s();
+    if (ok) {
+        observe(&s->upstream, t - r->t_sent);
+        if (s->last_done > 0) {
+            double dt = t - s->last_done;
+            double inst = dt > 1e-6 ? 1.0 / dt : 1e6;
+            s->rate = s->rate > 0 ? 0.9 * s->rate + 0.1 * inst : inst;
+        }
+        s->last_done = t;
+        s->completed++;
+    }
     s->inflight--;
-    free(r);
+    req_detach(r);
     pump(s->g, s);
 }
 
@@ -516,20 +1582,21 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
     (void)what;
     struct gw_req *r = arg;
     struct gw_svc *s = r->svc;
+    struct gw_client *c = r->cl;
     unqueue(s, r);
     osub_service_info_t si;
     if (osub_engine_service_info(s->g->d->e, s->id, &si) != 0 || !serving(&si)) {
         s->rej_unavailable++;
-        reply(r->req, 503, "Service Unavailable", "unavailable", "not_running",
+        reply(r, 503, "Service Unavailable", "unavailable", "not_running",
               "the service is not running yet (loading, pending or queued) and the request's "
               "deadline passed",
               retry_after(s));
     } else {
         s->rej_deadline++;
-        reply(r->req, 429, "Too Many Requests", "overloaded", "deadline",
+        reply(r, 429, "Too Many Requests", "overloaded", "deadline",
               "the request waited in the service's queue until its deadline", retry_after(s));
     }
-    free(r);
+    cl_after(c);
 }
 
 static void pump(struct osub_gateway *g, struct gw_svc *s)
@@ -543,7 +1610,10 @@ static void pump(struct osub_gateway *g, struct gw_svc *s)
     while (s->queue != NULL && s->inflight < lim) {
         struct gw_req *r = s->queue;
         unqueue(s, r);
+        struct gw_client *c = r->cl;
         dispatch(g, r);
+        if (c->cur == NULL)
+            cl_after(c); /* answered at once (no backend): the client reads on */
     }
 }
 
@@ -573,37 +1643,14 @@ static struct gw_svc *svc_of(struct osub_gateway *g, const char *id)
 
 /* ---- the entry ----------------------------------------------------------------------------- */
 
-/* Request smuggling: a message whose length two headers could disagree on is refused, and
- * the connection closed (what follows it cannot be trusted to be a request). */
-bool osubd_http_ambiguous_length(struct evhttp_request *req)
+static void handle(struct gw_client *c, struct gw_req *r)
 {
-    struct evkeyvalq *in = evhttp_request_get_input_headers(req);
-    int n_cl = 0, n_te = 0;
-    for (struct evkeyval *h = in->tqh_first; h != NULL; h = h->next.tqe_next) {
-        n_cl += strcasecmp(h->key, "Content-Length") == 0;
-        n_te += strcasecmp(h->key, "Transfer-Encoding") == 0;
-    }
-    if (n_cl > 1 || (n_cl > 0 && n_te > 0)) {
-        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
-        return true;
-    }
-    return false;
-}
-
-static void on_request(struct evhttp_request *req, void *arg)
-{
-    struct osub_gateway *g = arg;
+    struct osub_gateway *g = c->g;
     struct osubd *d = g->d;
-    if (osubd_http_ambiguous_length(req)) {
-        reply(req, 400, "Bad Request", "bad_request", "ambiguous_length",
-              "two Content-Length headers, or Content-Length with Transfer-Encoding", 0);
-        return;
-    }
-    const char *uri = evhttp_request_get_uri(req);
     char id[OSUB_ID_MAX + 1];
     size_t n = 0;
-    const char *p = uri[0] == '/' ? uri + 1 : uri;
-    while (p[n] && p[n] != '/' && p[n] != '?' && n < OSUB_ID_MAX)
+    const char *p = r->uri + 1;
+    while (n < r->ulen - 1 && p[n] != '/' && p[n] != '?' && n < OSUB_ID_MAX)
         n++;
     memcpy(id, p, n);
     id[n] = '\0';
@@ -611,13 +1658,14 @@ static void on_request(struct evhttp_request *req, void *arg)
     if (n == 0 || route_of(d, id) == NULL) {
         /* by Host: its first label names the service (chat.example.com, chat:8080), and
          * the whole path goes to the backend */
-        const char *host = evhttp_find_header(evhttp_request_get_input_headers(req), "Host");
+        const struct hdr *host = hfind(r->h, r->nh, "Host");
         size_t k = 0;
-        while (host != NULL && host[k] && host[k] != '.' && host[k] != ':' && k < OSUB_ID_MAX)
+        while (host != NULL && k < host->vlen && host->value[k] != '.' && host->value[k] != ':' &&
+               k < OSUB_ID_MAX)
             k++;
         if (k > 0) {
             char hid[OSUB_ID_MAX + 1];
-            memcpy(hid, host, k);
+            memcpy(hid, host->value, k);
             hid[k] = '\0';
             if (route_of(d, hid) != NULL) {
                 memcpy(id, hid, k + 1);
@@ -629,29 +1677,29 @@ static void on_request(struct evhttp_request *req, void *arg)
     osub_service_info_t si;
     if (n == 0 || route_of(d, id) == NULL || osub_engine_service_info(d->e, id, &si) != 0) {
         g->no_route++;
-        reply(req, 404, "Not Found", "unknown_service", "no_route",
+        reply(r, 404, "Not Found", "unknown_service", "no_route",
               "no service with backends at this path or Host: /{service}/... (or Host: "
-              "{service}...) reaches a service submitted with \"backends\"",
+              "{service}...) reaches a service submitted with \\\"backends\\\"",
               0);
         return;
     }
     struct gw_svc *s = svc_of(g, id);
     if (s == NULL) {
-        reply(req, 503, "Service Unavailable", "unavailable", "memory", "out of memory", 1);
+        reply(r, 503, "Service Unavailable", "unavailable", "memory", "out of memory", 1);
         return;
     }
     /* priority: the service's class, or a lower one the client asks for */
     int32_t prio = si.level;
-    const char *xp = evhttp_find_header(evhttp_request_get_input_headers(req), "X-Priority");
+    const struct hdr *xp = hfind(r->h, r->nh, "X-Priority");
     if (xp != NULL) {
         size_t nc;
         const osub_class_t *cls = osub_engine_classes(d->e, &nc);
         int32_t lvl = -1;
-        for (size_t c = 0; c < nc; c++)
-            if (strcmp(cls[c].name, xp) == 0)
-                lvl = cls[c].level;
+        for (size_t k = 0; k < nc; k++)
+            if (strlen(cls[k].name) == xp->vlen && strncmp(cls[k].name, xp->value, xp->vlen) == 0)
+                lvl = cls[k].level;
         if (lvl < 0) {
-            reply(req, 400, "Bad Request", "invalid_priority", "priority",
+            reply(r, 400, "Bad Request", "invalid_priority", "priority",
                   "X-Priority must name a class (online, batch, experiment...)", 0);
             return;
         }
@@ -659,22 +1707,26 @@ static void on_request(struct evhttp_request *req, void *arg)
     }
     json_t *qt = json_object_get(route_of(d, id), "queue_timeout_ms");
     long deadline = qt ? (long)json_integer_value(qt) : 5000;
-    const char *xd =
-        evhttp_find_header(evhttp_request_get_input_headers(req), "X-Request-Deadline-Ms");
+    const struct hdr *xd = hfind(r->h, r->nh, "X-Request-Deadline-Ms");
     if (xd != NULL) {
-        char *end;
-        long v = strtol(xd, &end, 10);
-        if (*end != '\0' || v < 0) {
-            reply(req, 400, "Bad Request", "invalid_deadline", "deadline",
+        long v = 0;
+        bool okv = xd->vlen > 0 && xd->vlen < 10;
+        for (size_t k = 0; k < xd->vlen && okv; k++) {
+            okv = xd->value[k] >= '0' && xd->value[k] <= '9';
+            v = v * 10 + (xd->value[k] - '0');
+        }
+        if (!okv) {
+            reply(r, 400, "Bad Request", "invalid_deadline", "deadline",
                   "X-Request-Deadline-Ms must be a number of milliseconds", 0);
             return;
         }
         if (v < deadline)
             deadline = v;
     }
+    r->svc = s;
     if (prio > 0 && prio >= shed_from(d, &si)) {
         s->rej_shed++;
-        reply(req, 429, "Too Many Requests", "overloaded", "shed",
+        reply(r, 429, "Too Many Requests", "overloaded", "shed",
               "the service's GPUs are above their high watermark: lower-priority requests are "
               "turned away first",
               retry_after(s));
@@ -682,31 +1734,22 @@ static void on_request(struct evhttp_request *req, void *arg)
     }
     int32_t lim = limit_of(d, id, &si);
     int32_t maxq = max_queue_of(d, id, lim);
-    struct gw_req *r = calloc(1, sizeof(*r));
-    if (r == NULL) {
-        reply(req, 503, "Service Unavailable", "unavailable", "memory", "out of memory", 1);
-        return;
-    }
-    r->svc = s;
-    r->req = req;
     r->by_host = by_host;
     r->prio = prio;
     r->seq = ++g->seq;
     r->t0 = now_s();
-    r->error = -1;
     if (serving(&si) && s->inflight < lim && s->queue == NULL) {
         dispatch(g, r);
         return;
     }
     if (s->n_queued >= maxq || deadline == 0) {
-        free(r);
         if (!serving(&si)) {
             s->rej_unavailable++;
-            reply(req, 503, "Service Unavailable", "unavailable", "not_running",
+            reply(r, 503, "Service Unavailable", "unavailable", "not_running",
                   "the service is not running yet and its queue is full", retry_after(s));
         } else {
             s->rej_full++;
-            reply(req, 429, "Too Many Requests", "overloaded", "queue_full",
+            reply(r, 429, "Too Many Requests", "overloaded", "queue_full",
                   "the service is at its concurrency limit and its queue is full", retry_after(s));
         }
         return;
@@ -733,29 +1776,36 @@ int osubd_gateway_init(struct osubd *d, char *err, size_t errlen)
         return -1;
     }
     g->d = d;
-    g->http = evhttp_new(d->base);
-    evhttp_set_max_headers_size(g->http, 32 * 1024);
-    evhttp_set_max_body_size(g->http, 64 * 1024 * 1024);
-    evhttp_set_timeout(g->http, 30);
-    evhttp_set_allowed_methods(g->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
-                                            EVHTTP_REQ_DELETE | EVHTTP_REQ_PATCH | EVHTTP_REQ_HEAD |
-                                            EVHTTP_REQ_OPTIONS);
-    evhttp_set_gencb(g->http, on_request, g);
-    struct evhttp_bound_socket *h =
-        evhttp_bind_socket_with_handle(g->http, d->cfg.gateway_host, (uint16_t)d->cfg.gateway_port);
-    if (h == NULL) {
-        snprintf(err, errlen, "--gateway %s:%d: cannot listen there", d->cfg.gateway_host,
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
+    char port[16];
+    snprintf(port, sizeof(port), "%d", d->cfg.gateway_port);
+    if (getaddrinfo(d->cfg.gateway_host, port, &hints, &ai) != 0 || ai == NULL) {
+        snprintf(err, errlen, "--gateway %s:%d: not an address", d->cfg.gateway_host,
                  d->cfg.gateway_port);
-        evhttp_free(g->http);
         free(g);
         return -1;
     }
-    int port = osubd_bound_port(h);
+    g->lis = evconnlistener_new_bind(
+        d->base, on_accept, g, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC,
+        1024, ai->ai_addr, (int)ai->ai_addrlen);
+    freeaddrinfo(ai);
+    if (g->lis == NULL) {
+        snprintf(err, errlen, "--gateway %s:%d: cannot listen there (%s)", d->cfg.gateway_host,
+                 d->cfg.gateway_port, strerror(errno));
+        free(g);
+        return -1;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    int bport = d->cfg.gateway_port;
+    if (getsockname(evconnlistener_get_fd(g->lis), (struct sockaddr *)&ss, &sl) == 0)
+        bport = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                               : ((struct sockaddr_in *)&ss)->sin_port);
     g->pump = event_new(d->base, -1, EV_PERSIST, on_pump, g);
     struct timeval tv = {0, 50000};
     event_add(g->pump, &tv);
     d->gw = g;
-    printf("gateway on http://%s:%d\n", d->cfg.gateway_host, port);
+    printf("gateway on http://%s:%d\n", d->cfg.gateway_host, bport);
     fflush(stdout);
     return 0;
 }
@@ -767,22 +1817,49 @@ void osubd_gateway_free(struct osubd *d)
         return;
     if (g->pump)
         event_free(g->pump);
-    evhttp_free(g->http);
+    evconnlistener_free(g->lis);
     while (g->svcs != NULL) {
         struct gw_svc *s = g->svcs;
         g->svcs = s->next;
         while (s->queue != NULL) {
             struct gw_req *r = s->queue;
             unqueue(s, r);
-            free(r);
+            if (r->cl != NULL)
+                r->cl->cur = NULL;
+            req_free(r);
         }
-        for (int32_t i = 0; i < s->n_conns; i++)
-            if (s->conns[i].evcon != NULL)
-                evhttp_connection_free(s->conns[i].evcon);
+        for (int b = 0; b < 16; b++)
+            while (s->idle[b] != NULL) {
+                struct gw_bconn *bc = s->idle[b];
+                s->idle[b] = bc->next;
+                bc_close(bc);
+            }
         free(s);
+    }
+    while (g->peers != NULL) {
+        struct peer_count *pc = g->peers;
+        g->peers = pc->next;
+        free(pc);
     }
     free(g);
     d->gw = NULL;
+}
+
+/* Request smuggling: a message whose length two headers could disagree on is refused, and
+ * the connection closed (what follows it cannot be trusted to be a request). */
+bool osubd_http_ambiguous_length(struct evhttp_request *req)
+{
+    struct evkeyvalq *in = evhttp_request_get_input_headers(req);
+    int n_cl = 0, n_te = 0;
+    for (struct evkeyval *h = in->tqh_first; h != NULL; h = h->next.tqe_next) {
+        n_cl += strcasecmp(h->key, "Content-Length") == 0;
+        n_te += strcasecmp(h->key, "Transfer-Encoding") == 0;
+    }
+    if (n_cl > 1 || (n_cl > 0 && n_te > 0)) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+        return true;
+    }
+    return false;
 }
 
 void osubd_gateway_metrics(struct osubd *d, struct evbuffer *b)
