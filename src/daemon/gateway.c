@@ -19,6 +19,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,14 +62,15 @@ struct hdr {
 
 /* One request, from its head's arrival to its answer's last byte. */
 struct gw_req {
-    struct gw_req *next; /* in the queue */
+    struct gw_req *next; /* in the queue (or the free list) */
+    struct osub_gateway *g;
     struct gw_svc *svc;
     struct gw_client *cl;
     struct gw_bconn *bc; /* while in flight */
-    char *head;          /* the head as received (malloc'd), parsed in place */
+    char *head;          /* the head as received (malloc'd, head_cap bytes), parsed in place */
+    size_t head_cap;
     const char *method, *uri;
     size_t mlen, ulen;
-    struct hdr h[MAX_HEADERS];
     int nh;
     bool http10, keepalive, is_head, by_host;
     bool chunked_body;
@@ -84,6 +86,7 @@ struct gw_req {
     struct event *timer;
     bool started; /* the answer's head went out: the body streams */
     double t0, t_sent;
+    struct hdr h[MAX_HEADERS]; /* last: not cleared when the request is reused */
 };
 
 struct gw_client {
@@ -161,6 +164,11 @@ struct gw_svc {
     socklen_t baddr_len[16];
     char baddr_url[16][300];          /* the URL baddr was resolved from */
     struct hist queue_wait, upstream; /* seconds */
+    /* the view of the engine and the route (svc_view), as of state version view_version */
+    uint64_t view_version;
+    bool view_ok, v_serving;
+    int32_t v_level, v_lim, v_maxq, v_shed;
+    long v_qt;
 };
 
 struct osub_gateway {
@@ -171,6 +179,9 @@ struct osub_gateway {
     struct peer_count *peers;
     uint64_t seq;
     uint64_t no_route, bad_requests, refused_conns;
+    struct evbuffer *scratch; /* one message at a time passes through it */
+    struct gw_req *free_reqs; /* requests to reuse */
+    int n_free;
 };
 
 static double now_s(void)
@@ -333,6 +344,23 @@ static bool serving(const osub_service_info_t *si)
 
 /* ---- small I/O helpers ------------------------------------------------------------------------
  */
+
+/* Reads what the socket has (up to 64 KiB) into b: one read(), no FIONREAD as evbuffer_read
+ * makes. Returns read()'s result. */
+static int read_into(struct evbuffer *b, int fd)
+{
+    struct evbuffer_iovec v;
+    if (evbuffer_reserve_space(b, 65536, &v, 1) < 1)
+        return -1;
+    ssize_t n = read(fd, v.iov_base, v.iov_len < 65536 ? v.iov_len : 65536);
+    if (n > 0) {
+        v.iov_len = (size_t)n;
+        evbuffer_commit_space(b, &v, 1);
+    } else {
+        evbuffer_commit_space(b, &v, 0);
+    }
+    return (int)n;
+}
 
 static void set_nodelay(int fd)
 {
@@ -528,10 +556,52 @@ static void bc_close(struct gw_bconn *bc);
 static void pump(struct osub_gateway *g, struct gw_svc *s);
 static void forward_body(struct gw_req *r);
 
+/* A request to fill: reused from earlier ones when there are (its head buffer with it). */
+static struct gw_req *req_new(struct osub_gateway *g, size_t head_len)
+{
+    struct gw_req *r = g->free_reqs;
+    if (r != NULL) {
+        g->free_reqs = r->next;
+        g->n_free--;
+    } else if ((r = malloc(sizeof(*r))) == NULL) {
+        return NULL;
+    } else {
+        r->head = NULL;
+        r->head_cap = 0;
+    }
+    char *head = r->head;
+    size_t cap = r->head_cap;
+    memset(r, 0, offsetof(struct gw_req, h)); /* the header array is filled as parsed */
+    r->head = head;
+    r->head_cap = cap;
+    if (r->head_cap < head_len + 1) {
+        size_t want = head_len + 1 < 2048 ? 2048 : head_len + 1;
+        char *nh = realloc(r->head, want);
+        if (nh == NULL) {
+            free(r->head);
+            free(r);
+            return NULL;
+        }
+        r->head = nh;
+        r->head_cap = want;
+    }
+    r->g = g;
+    return r;
+}
+
 static void req_free(struct gw_req *r)
 {
-    if (r->timer)
+    if (r->timer) {
         event_free(r->timer);
+        r->timer = NULL;
+    }
+    struct osub_gateway *g = r->g;
+    if (g != NULL && g->n_free < 256 && r->head_cap <= 16384) {
+        r->next = g->free_reqs;
+        g->free_reqs = r;
+        g->n_free++;
+        return;
+    }
     free(r->head);
     free(r);
 }
@@ -661,7 +731,7 @@ static void cl_on_read(evutil_socket_t fd, short what, void *arg)
 {
     (void)what;
     struct gw_client *c = arg;
-    int n = evbuffer_read(c->in, fd, 65536);
+    int n = read_into(c->in, fd);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
         cl_close(c);
         return;
@@ -868,16 +938,13 @@ static void cl_process_inner(struct gw_client *c)
         }
         c->in_head = false;
         event_del(c->timer);
-        struct gw_req *r = calloc(1, sizeof(*r));
-        char *head = r ? malloc(hl + 1) : NULL;
-        if (head == NULL) {
-            free(r);
+        struct gw_req *r = req_new(c->g, hl);
+        if (r == NULL) {
             reply_bad(c, 503, "Service Unavailable", "memory", "out of memory");
             return;
         }
-        evbuffer_remove(c->in, head, hl);
-        head[hl] = '\0';
-        r->head = head;
+        evbuffer_remove(c->in, r->head, hl);
+        r->head[hl] = '\0';
         r->cl = c;
         int code;
         const char *phrase, *why;
@@ -1114,11 +1181,11 @@ static void bc_done(struct gw_bconn *bc)
 static void to_client(struct gw_bconn *bc, size_t n)
 {
     struct gw_client *c = bc->r->cl;
-    struct evbuffer *tmp = evbuffer_new();
+    struct evbuffer *tmp = bc->svc->g->scratch;
     evbuffer_remove_buffer(bc->in, tmp, n);
     if (!send_buffer(c->fd, c->out, c->wev, tmp))
         c->closing = true;
-    evbuffer_free(tmp);
+    evbuffer_drain(tmp, evbuffer_get_length(tmp));
     if (evbuffer_get_length(c->out) > OUT_HIGH) {
         c->paused_bc = true;
         event_del(bc->rev);
@@ -1194,7 +1261,7 @@ static int bc_head(struct gw_bconn *bc)
         r->keepalive = false;
     bc->code = code;
     /* the client's head */
-    struct evbuffer *out = evbuffer_new();
+    struct evbuffer *out = c->g->scratch;
     evbuffer_add_printf(out, "HTTP/1.1 %d %.*s\r\n", code, (int)(rend - reason), reason);
     for (int i = 0; i < nh; i++)
         if (!hop_by_hop(hs[i].name, hs[i].nlen, conn) ||
@@ -1214,7 +1281,7 @@ static int bc_head(struct gw_bconn *bc)
     r->started = true;
     if (!send_buffer(c->fd, c->out, c->wev, out))
         c->closing = true;
-    evbuffer_free(out);
+    evbuffer_drain(out, evbuffer_get_length(out));
     return 1;
 }
 
@@ -1222,7 +1289,7 @@ static void bc_on_read(evutil_socket_t fd, short what, void *arg)
 {
     (void)what;
     struct gw_bconn *bc = arg;
-    int n = evbuffer_read(bc->in, fd, 65536);
+    int n = read_into(bc->in, fd);
     if (bc->r == NULL) {
         /* idle: the backend closed it (or said something it should not have) */
         bc_unidle(bc);
@@ -1439,10 +1506,10 @@ static void forward_body(struct gw_req *r)
             r->body_done = true;
     }
     if (k > 0) {
-        struct evbuffer *tmp = evbuffer_new();
+        struct evbuffer *tmp = c->g->scratch;
         evbuffer_remove_buffer(c->in, tmp, k);
         bc_send(bc, tmp);
-        evbuffer_free(tmp);
+        evbuffer_drain(tmp, evbuffer_get_length(tmp));
     }
     if (!r->body_done) {
         struct timeval tv = {BODY_TIMEOUT_S, 0};
@@ -1486,7 +1553,7 @@ static void dispatch(struct osub_gateway *g, struct gw_req *r)
     struct gw_client *c = r->cl;
     /* the head: the path without the service's prefix (by Host: whole), headers but the
      * hop-by-hop ones, Host for the backend, X-Forwarded-For with the client */
-    struct evbuffer *out = evbuffer_new();
+    struct evbuffer *out = g->scratch;
     const char *rest = r->by_host ? r->uri : memchr(r->uri + 1, '/', r->ulen - 1);
     const char *q = memchr(r->uri, '?', r->ulen);
     evbuffer_add(out, r->method, r->mlen);
@@ -1529,7 +1596,7 @@ static void dispatch(struct osub_gateway *g, struct gw_req *r)
     else
         evbuffer_add_printf(out, "X-Forwarded-For: %s\r\n\r\n", c->peer);
     bc_send(bc, out);
-    evbuffer_free(out);
+    evbuffer_drain(out, evbuffer_get_length(out));
     if (r->bc == NULL)
         return; /* the send failed: answered already */
     bc_arm(bc);
@@ -1599,14 +1666,15 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
     cl_after(c);
 }
 
+static int svc_view(struct osub_gateway *g, struct gw_svc *s);
+
 static void pump(struct osub_gateway *g, struct gw_svc *s)
 {
     if (s->queue == NULL)
         return;
-    osub_service_info_t si;
-    if (osub_engine_service_info(g->d->e, s->id, &si) != 0 || !serving(&si))
+    if (svc_view(g, s) != 0 || !s->v_serving)
         return;
-    int32_t lim = limit_of(g->d, s->id, &si);
+    int32_t lim = s->v_lim;
     while (s->queue != NULL && s->inflight < lim) {
         struct gw_req *r = s->queue;
         unqueue(s, r);
@@ -1643,39 +1711,76 @@ static struct gw_svc *svc_of(struct osub_gateway *g, const char *id)
 
 /* ---- the entry ----------------------------------------------------------------------------- */
 
+/* What a request needs of the engine and the routes about its service, kept until the next
+ * command changes the state. 0, or -1 when the service has no route or no longer exists. */
+static int svc_view(struct osub_gateway *g, struct gw_svc *s)
+{
+    struct osubd *d = g->d;
+    if (s->view_version == d->state_version && s->view_version != 0)
+        return s->view_ok ? 0 : -1;
+    osub_service_info_t si;
+    json_t *route = route_of(d, s->id);
+    s->view_version = d->state_version;
+    s->view_ok = route != NULL && osub_engine_service_info(d->e, s->id, &si) == 0;
+    if (!s->view_ok)
+        return -1;
+    s->v_serving = serving(&si);
+    s->v_level = si.level;
+    s->v_lim = limit_of(d, s->id, &si);
+    s->v_maxq = max_queue_of(d, s->id, s->v_lim);
+    json_t *qt = json_object_get(route, "queue_timeout_ms");
+    s->v_qt = qt ? (long)json_integer_value(qt) : 5000;
+    s->v_shed = shed_from(d, &si);
+    return 0;
+}
+
+static struct gw_svc *svc_find(struct osub_gateway *g, const char *id, size_t n)
+{
+    for (struct gw_svc *s = g->svcs; s != NULL; s = s->next)
+        if (strncmp(s->id, id, n) == 0 && s->id[n] == '\0')
+            return s;
+    return NULL;
+}
+
+/* The service a path or Host names: known (with a view) or made when it has a route. */
+static struct gw_svc *svc_route(struct osub_gateway *g, const char *id, size_t n)
+{
+    if (n == 0 || n > OSUB_ID_MAX)
+        return NULL;
+    struct gw_svc *s = svc_find(g, id, n);
+    if (s != NULL)
+        return svc_view(g, s) == 0 ? s : NULL;
+    char key[OSUB_ID_MAX + 1];
+    memcpy(key, id, n);
+    key[n] = '\0';
+    if (route_of(g->d, key) == NULL)
+        return NULL;
+    s = svc_of(g, key);
+    return s != NULL && svc_view(g, s) == 0 ? s : NULL;
+}
+
 static void handle(struct gw_client *c, struct gw_req *r)
 {
     struct osub_gateway *g = c->g;
     struct osubd *d = g->d;
-    char id[OSUB_ID_MAX + 1];
     size_t n = 0;
     const char *p = r->uri + 1;
-    while (n < r->ulen - 1 && p[n] != '/' && p[n] != '?' && n < OSUB_ID_MAX)
+    while (n < r->ulen - 1 && p[n] != '/' && p[n] != '?' && n <= OSUB_ID_MAX)
         n++;
-    memcpy(id, p, n);
-    id[n] = '\0';
     bool by_host = false;
-    if (n == 0 || route_of(d, id) == NULL) {
+    struct gw_svc *s = svc_route(g, p, n);
+    if (s == NULL) {
         /* by Host: its first label names the service (chat.example.com, chat:8080), and
          * the whole path goes to the backend */
         const struct hdr *host = hfind(r->h, r->nh, "Host");
         size_t k = 0;
         while (host != NULL && k < host->vlen && host->value[k] != '.' && host->value[k] != ':' &&
-               k < OSUB_ID_MAX)
+               k <= OSUB_ID_MAX)
             k++;
-        if (k > 0) {
-            char hid[OSUB_ID_MAX + 1];
-            memcpy(hid, host->value, k);
-            hid[k] = '\0';
-            if (route_of(d, hid) != NULL) {
-                memcpy(id, hid, k + 1);
-                n = k;
-                by_host = true;
-            }
-        }
+        if (host != NULL && (s = svc_route(g, host->value, k)) != NULL)
+            by_host = true;
     }
-    osub_service_info_t si;
-    if (n == 0 || route_of(d, id) == NULL || osub_engine_service_info(d->e, id, &si) != 0) {
+    if (s == NULL) {
         g->no_route++;
         reply(r, 404, "Not Found", "unknown_service", "no_route",
               "no service with backends at this path or Host: /{service}/... (or Host: "
@@ -1683,13 +1788,8 @@ static void handle(struct gw_client *c, struct gw_req *r)
               0);
         return;
     }
-    struct gw_svc *s = svc_of(g, id);
-    if (s == NULL) {
-        reply(r, 503, "Service Unavailable", "unavailable", "memory", "out of memory", 1);
-        return;
-    }
     /* priority: the service's class, or a lower one the client asks for */
-    int32_t prio = si.level;
+    int32_t prio = s->v_level;
     const struct hdr *xp = hfind(r->h, r->nh, "X-Priority");
     if (xp != NULL) {
         size_t nc;
@@ -1703,10 +1803,9 @@ static void handle(struct gw_client *c, struct gw_req *r)
                   "X-Priority must name a class (online, batch, experiment...)", 0);
             return;
         }
-        prio = lvl > si.level ? lvl : si.level; /* never above the service's own */
+        prio = lvl > s->v_level ? lvl : s->v_level; /* never above the service's own */
     }
-    json_t *qt = json_object_get(route_of(d, id), "queue_timeout_ms");
-    long deadline = qt ? (long)json_integer_value(qt) : 5000;
+    long deadline = s->v_qt;
     const struct hdr *xd = hfind(r->h, r->nh, "X-Request-Deadline-Ms");
     if (xd != NULL) {
         long v = 0;
@@ -1724,7 +1823,7 @@ static void handle(struct gw_client *c, struct gw_req *r)
             deadline = v;
     }
     r->svc = s;
-    if (prio > 0 && prio >= shed_from(d, &si)) {
+    if (prio > 0 && prio >= s->v_shed) {
         s->rej_shed++;
         reply(r, 429, "Too Many Requests", "overloaded", "shed",
               "the service's GPUs are above their high watermark: lower-priority requests are "
@@ -1732,18 +1831,16 @@ static void handle(struct gw_client *c, struct gw_req *r)
               retry_after(s));
         return;
     }
-    int32_t lim = limit_of(d, id, &si);
-    int32_t maxq = max_queue_of(d, id, lim);
     r->by_host = by_host;
     r->prio = prio;
     r->seq = ++g->seq;
     r->t0 = now_s();
-    if (serving(&si) && s->inflight < lim && s->queue == NULL) {
+    if (s->v_serving && s->inflight < s->v_lim && s->queue == NULL) {
         dispatch(g, r);
         return;
     }
-    if (s->n_queued >= maxq || deadline == 0) {
-        if (!serving(&si)) {
+    if (s->n_queued >= s->v_maxq || deadline == 0) {
+        if (!s->v_serving) {
             s->rej_unavailable++;
             reply(r, 503, "Service Unavailable", "unavailable", "not_running",
                   "the service is not running yet and its queue is full", retry_after(s));
@@ -1776,6 +1873,7 @@ int osubd_gateway_init(struct osubd *d, char *err, size_t errlen)
         return -1;
     }
     g->d = d;
+    g->scratch = evbuffer_new();
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
     char port[16];
     snprintf(port, sizeof(port), "%d", d->cfg.gateway_port);
@@ -1841,6 +1939,14 @@ void osubd_gateway_free(struct osubd *d)
         g->peers = pc->next;
         free(pc);
     }
+    while (g->free_reqs != NULL) {
+        struct gw_req *r = g->free_reqs;
+        g->free_reqs = r->next;
+        free(r->head);
+        free(r);
+    }
+    if (g->scratch)
+        evbuffer_free(g->scratch);
     free(g);
     d->gw = NULL;
 }
