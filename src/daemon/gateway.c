@@ -1180,12 +1180,20 @@ static void bc_done(struct gw_bconn *bc)
  * reads slower than it sends). */
 static void to_client(struct gw_bconn *bc, size_t n)
 {
+    /* staged: the head and the body of one read leave in one write (stage_flush) */
+    evbuffer_remove_buffer(bc->in, bc->svc->g->scratch, n);
+}
+
+/* Sends what a backend read staged for its client. */
+static void stage_flush(struct gw_bconn *bc)
+{
+    struct evbuffer *st = bc->svc->g->scratch;
+    if (evbuffer_get_length(st) == 0 || bc->r == NULL)
+        return;
     struct gw_client *c = bc->r->cl;
-    struct evbuffer *tmp = bc->svc->g->scratch;
-    evbuffer_remove_buffer(bc->in, tmp, n);
-    if (!send_buffer(c->fd, c->out, c->wev, tmp))
+    if (!send_buffer(c->fd, c->out, c->wev, st))
         c->closing = true;
-    evbuffer_drain(tmp, evbuffer_get_length(tmp));
+    evbuffer_drain(st, evbuffer_get_length(st));
     if (evbuffer_get_length(c->out) > OUT_HIGH) {
         c->paused_bc = true;
         event_del(bc->rev);
@@ -1279,9 +1287,7 @@ static int bc_head(struct gw_bconn *bc)
     evbuffer_add(out, "\r\n", 2);
     evbuffer_drain(bc->in, hl);
     r->started = true;
-    if (!send_buffer(c->fd, c->out, c->wev, out))
-        c->closing = true;
-    evbuffer_drain(out, evbuffer_get_length(out));
+    (void)c; /* the head stays staged in out (the scratch buffer) with the body that follows */
     return 1;
 }
 
@@ -1307,6 +1313,7 @@ static void bc_on_read(evutil_socket_t fd, short what, void *arg)
         if (bc->st == 0) {
             int h = bc_head(bc);
             if (h < 0) {
+                evbuffer_drain(bc->svc->g->scratch, evbuffer_get_length(bc->svc->g->scratch));
                 bc_fail(bc, false);
                 return;
             }
@@ -1326,6 +1333,7 @@ static void bc_on_read(evutil_socket_t fd, short what, void *arg)
             const char *p = (const char *)evbuffer_pullup(bc->in, -1);
             size_t k = chunk_feed(&bc->cs, p, len);
             if (bc->cs.st < 0) {
+                stage_flush(bc);
                 bc_fail(bc, false);
                 return;
             }
@@ -1337,6 +1345,7 @@ static void bc_on_read(evutil_socket_t fd, short what, void *arg)
         }
         break;
     }
+    stage_flush(bc);
     if (bc->st == 4) {
         bc_done(bc);
         return;
