@@ -633,10 +633,22 @@ static void cl_after(struct gw_client *c)
     cl_process(c);
 }
 
-/* An answer of the gateway's own: JSON, one write. */
+/* An answer of the gateway's own: JSON, one write. The texts are the gateway's own literals, so
+ * an answer is built once per (code, texts, Retry-After, framing) and kept: a rejection costs
+ * a lookup and a send. */
+struct canned {
+    const char *ecode, *reason, *msg;
+    int code, retry_after;
+    bool close, head;
+    int len;
+    char bytes[1280];
+};
+
 static void reply(struct gw_req *r, int code, const char *phrase, const char *ecode,
                   const char *reason, const char *msg, int retry_after)
 {
+    static struct canned cache[16];
+    static unsigned next_slot;
     struct gw_client *c = r->cl;
     if (c == NULL) {
         req_free(r);
@@ -644,22 +656,41 @@ static void reply(struct gw_req *r, int code, const char *phrase, const char *ec
     }
     /* a body we will not read: the connection cannot carry another request */
     bool close_it = !r->keepalive || !r->body_done;
-    char body[768], buf[1280];
-    int bl = snprintf(body, sizeof(body),
-                      "{\"error\":{\"code\":\"%s\",\"reason\":\"%s\",\"message\":\"%s\"}}\n", ecode,
-                      reason, msg);
-    char ra[40] = "";
-    if (retry_after > 0)
-        snprintf(ra, sizeof(ra), "Retry-After: %d\r\n", retry_after);
-    int n = snprintf(buf, sizeof(buf),
-                     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-                     "%s%s\r\n%s",
-                     code, phrase, bl, ra, close_it ? "Connection: close\r\n" : "",
-                     r->is_head ? "" : body);
+    bool head = r->is_head;
+    struct canned *k = NULL;
+    for (int i = 0; i < 16 && k == NULL; i++)
+        if (cache[i].msg == msg && cache[i].code == code && cache[i].ecode == ecode &&
+            cache[i].reason == reason && cache[i].retry_after == retry_after &&
+            cache[i].close == close_it && cache[i].head == head)
+            k = &cache[i];
+    if (k == NULL) {
+        k = &cache[next_slot++ % 16];
+        char body[768];
+        int bl = snprintf(body, sizeof(body),
+                          "{\"error\":{\"code\":\"%s\",\"reason\":\"%s\",\"message\":\"%s\"}}\n",
+                          ecode, reason, msg);
+        char ra[40] = "";
+        if (retry_after > 0)
+            snprintf(ra, sizeof(ra), "Retry-After: %d\r\n", retry_after);
+        k->len = snprintf(k->bytes, sizeof(k->bytes),
+                          "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: "
+                          "%d\r\n%s%s\r\n%s",
+                          code, phrase, bl, ra, close_it ? "Connection: close\r\n" : "",
+                          head ? "" : body);
+        if (k->len >= (int)sizeof(k->bytes))
+            k->len = (int)sizeof(k->bytes) - 1;
+        k->msg = msg;
+        k->code = code;
+        k->ecode = ecode;
+        k->reason = reason;
+        k->retry_after = retry_after;
+        k->close = close_it;
+        k->head = head;
+    }
     if (close_it)
         c->closing = true;
     req_detach(r);
-    cl_send(c, buf, (size_t)n);
+    cl_send(c, k->bytes, (size_t)k->len);
 }
 
 /* A request that never became one (bad head): answer and close. */
@@ -1214,9 +1245,10 @@ static int bc_head(struct gw_bconn *bc)
     char *h = (char *)evbuffer_pullup(bc->in, (ssize_t)hl);
     int code = 0;
     char *eol = memchr(h, '\n', hl);
-    if (eol == NULL || hl < 12 || memcmp(h, "HTTP/1.", 7) != 0 ||
-        sscanf(h + 9, "%3d", &code) != 1 || code < 100 || code > 599)
+    if (eol == NULL || hl < 12 || memcmp(h, "HTTP/1.", 7) != 0 || h[8] != ' ' || h[9] < '1' ||
+        h[9] > '5' || h[10] < '0' || h[10] > '9' || h[11] < '0' || h[11] > '9')
         return -1;
+    code = (h[9] - '0') * 100 + (h[10] - '0') * 10 + (h[11] - '0');
     bool b10 = h[7] == '0';
     char *reason = h + 12;
     while (reason < eol && *reason == ' ')
@@ -1270,7 +1302,11 @@ static int bc_head(struct gw_bconn *bc)
     bc->code = code;
     /* the client's head */
     struct evbuffer *out = c->g->scratch;
-    evbuffer_add_printf(out, "HTTP/1.1 %d %.*s\r\n", code, (int)(rend - reason), reason);
+    evbuffer_add(out, "HTTP/1.1 ", 9);
+    evbuffer_add(out, h + 9, 3);
+    evbuffer_add(out, " ", 1);
+    evbuffer_add(out, reason, (size_t)(rend - reason));
+    evbuffer_add(out, "\r\n", 2);
     for (int i = 0; i < nh; i++)
         if (!hop_by_hop(hs[i].name, hs[i].nlen, conn) ||
             (chunked && !nobody && hs[i].nlen == 17 &&
@@ -1575,7 +1611,9 @@ static void dispatch(struct osub_gateway *g, struct gw_req *r)
     } else {
         evbuffer_add(out, rest, (size_t)(uend - rest));
     }
-    evbuffer_add_printf(out, " HTTP/1.1\r\nHost: %s\r\n", s->bhost[b]);
+    evbuffer_add(out, " HTTP/1.1\r\nHost: ", 17);
+    evbuffer_add(out, s->bhost[b], strlen(s->bhost[b]));
+    evbuffer_add(out, "\r\n", 2);
     const struct hdr *conn = hfind(r->h, r->nh, "Connection");
     const struct hdr *xff = NULL;
     bool expect100 = false;
@@ -1599,11 +1637,15 @@ static void dispatch(struct osub_gateway *g, struct gw_req *r)
     }
     if (r->chunked_body)
         evbuffer_add(out, "Transfer-Encoding: chunked\r\n", 28);
-    if (xff != NULL)
-        evbuffer_add_printf(out, "X-Forwarded-For: %.*s, %s\r\n\r\n", (int)xff->vlen, xff->value,
-                            c->peer);
-    else
-        evbuffer_add_printf(out, "X-Forwarded-For: %s\r\n\r\n", c->peer);
+    if (xff != NULL) {
+        evbuffer_add(out, "X-Forwarded-For: ", 17);
+        evbuffer_add(out, xff->value, xff->vlen);
+        evbuffer_add(out, ", ", 2);
+    } else {
+        evbuffer_add(out, "X-Forwarded-For: ", 17);
+    }
+    evbuffer_add(out, c->peer, strlen(c->peer));
+    evbuffer_add(out, "\r\n\r\n", 4);
     bc_send(bc, out);
     evbuffer_drain(out, evbuffer_get_length(out));
     if (r->bc == NULL)

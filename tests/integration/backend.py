@@ -25,8 +25,20 @@ class H(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(b)
     def do_POST(self):
-        n = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(n).decode()
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            body = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0], 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    break
+                body += self.rfile.read(size)
+                self.rfile.readline()
+            body = body.decode()
+        else:
+            n = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(n).decode()
         self.send(200, json.dumps({"path": self.path, "body": body}))
     def do_GET(self):
         u = urlparse(self.path)

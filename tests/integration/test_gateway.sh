@@ -158,6 +158,74 @@ expect "gateway broken HTTP cases run" 4 "$(grep -c ' ok$' "$tmp/gwbroken")"
 expect "nothing smuggled to the backend" "$before" "$(curl -s "$B/order" | json 'len(d)')"
 expect "gateway alive" 200 "$(curl -s -o /dev/null -w '%{http_code}' "$G/chat/echo")"
 
+# ---- limits: each answered with its own status, nothing reaches the backend ----
+python3 - "$GW" >"$tmp/limits" <<'PY'
+import socket, sys
+port = int(sys.argv[1])
+def status(data):
+    s = socket.create_connection(("127.0.0.1", port)); s.settimeout(5)
+    s.sendall(data); out = b""
+    try:
+        while b"\r\n" not in out:
+            b = s.recv(4096)
+            if not b: break
+            out += b
+    except socket.timeout: pass
+    s.close()
+    return out.split(b" ")[1].decode() if out.startswith(b"HTTP/1.1 ") else "none"
+print("head", status(b"GET /chat/echo HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n"))
+print("body", status(b"POST /chat/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 104857600\r\n\r\n"))
+print("uri", status(b"GET /chat/" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n"))
+print("version", status(b"GET /chat/echo HTTP/2.0\r\nHost: x\r\n\r\n"))
+print("coding", status(b"POST /chat/echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n"))
+print("bad length", status(b"POST /chat/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 12a\r\n\r\n"))
+print("folded", status(b"GET /chat/echo HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n  2\r\n\r\n"))
+PY
+expect "431 for a head over 16 KiB" "head 431" "$(grep ^head "$tmp/limits")"
+expect "413 for a body over 64 MiB" "body 413" "$(grep ^body "$tmp/limits")"
+expect "414 for a long request line" "uri 414" "$(grep ^uri "$tmp/limits")"
+expect "505 for HTTP/2.0 in text" "version 505" "$(grep ^version "$tmp/limits")"
+expect "501 for an unknown transfer coding" "coding 501" "$(grep ^coding "$tmp/limits")"
+expect "400 for a malformed Content-Length" "bad length 400" "$(grep '^bad length' "$tmp/limits")"
+expect "400 for a folded header" "folded 400" "$(grep ^folded "$tmp/limits")"
+# a chunked request body streams through, framed as sent
+expect "chunked body" "hello world" "$(printf 'hello world' | curl -s -H 'Transfer-Encoding: chunked' --data-binary @- "$G/chat/gen" | json 'd["body"]')"
+
+# ---- slow clients: one address holds at most its share; a head must arrive within 10 s ----
+python3 - "$GW" >"$tmp/slow" <<'PY'
+import socket, sys, time, http.client
+port = int(sys.argv[1])
+slow = []
+for i in range(300):
+    s = socket.socket(); s.bind(("127.0.0.2", 0)); s.connect(("127.0.0.1", port))
+    s.sendall(b"GET /chat/echo HTTP/1.1\r\nHost: x\r\n")   # never finished
+    slow.append(s)
+time.sleep(0.5)
+closed = 0
+for s in slow:
+    s.setblocking(False)
+    try:
+        if s.recv(1) == b"": closed += 1
+    except BlockingIOError: pass
+    except ConnectionResetError: closed += 1
+print("refused", closed)
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)   # another client, served meanwhile
+c.request("GET", "/chat/echo"); print("other", c.getresponse().status)
+t0 = time.time()
+s = slow[0]; s.setblocking(True); s.settimeout(15)
+data = b""
+try:
+    while True:
+        b = s.recv(4096)
+        if not b: break
+        data += b
+except Exception: pass
+print("timeout", data.split(b"\r\n")[0].decode(), round(time.time() - t0 + 0.5))
+PY
+expect "beyond its share of 256 connections, refused" "refused 44" "$(grep ^refused "$tmp/slow")"
+expect "another client served meanwhile" "other 200" "$(grep ^other "$tmp/slow")"
+expect "an unfinished head gets 408 after 10 s" "HTTP/1.1 408 Request Timeout" "$(grep ^timeout "$tmp/slow" | cut -d' ' -f2-5)"
+
 # ---- a failing backend leaves the rotation ----
 expect "submit two" 201 "$(submit "{\"id\":\"two\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"http://127.0.0.1:1\",\"$B\"]}")"
 curl -s -X POST "$A/v1/services/two/ready" >/dev/null
