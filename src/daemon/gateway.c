@@ -90,6 +90,7 @@ struct gw_req {
 };
 
 struct gw_client {
+    struct gw_client *prev, *next; /* every open client */
     struct osub_gateway *g;
     int fd;
     struct event *rev, *wev, *timer;
@@ -181,6 +182,8 @@ struct osub_gateway {
     uint64_t no_route, bad_requests, refused_conns;
     struct evbuffer *scratch; /* one message at a time passes through it */
     struct gw_req *free_reqs; /* requests to reuse */
+    struct gw_client *clients;
+    bool stopping;
     int n_free;
 };
 
@@ -1026,6 +1029,12 @@ static void cl_close(struct gw_client *c)
     }
     if (c->pc != NULL)
         c->pc->n--;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        c->g->clients = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
     event_free(c->rev);
     event_free(c->wev);
     event_free(c->timer);
@@ -1094,6 +1103,10 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
         free(c);
         return;
     }
+    c->next = g->clients;
+    if (g->clients)
+        g->clients->prev = c;
+    g->clients = c;
     event_add(c->rev, NULL);
     cl_arm(c, HEAD_TIMEOUT_S);
 }
@@ -1721,7 +1734,7 @@ static int svc_view(struct osub_gateway *g, struct gw_svc *s);
 
 static void pump(struct osub_gateway *g, struct gw_svc *s)
 {
-    if (s->queue == NULL)
+    if (s->queue == NULL || g->stopping)
         return;
     if (svc_view(g, s) != 0 || !s->v_serving)
         return;
@@ -1967,6 +1980,9 @@ void osubd_gateway_free(struct osubd *d)
     if (g->pump)
         event_free(g->pump);
     evconnlistener_free(g->lis);
+    g->stopping = true;
+    while (g->clients != NULL)
+        cl_close(g->clients);
     while (g->svcs != NULL) {
         struct gw_svc *s = g->svcs;
         g->svcs = s->next;
