@@ -5,7 +5,7 @@
 # Usage: bench/run-gateway.sh [BUILD_DIR]   (make bench-gateway)
 set -euo pipefail
 build=$(realpath "${1:-build}")
-runs=${RUNS:-3}
+runs=${RUNS:-5}
 dur=${DURATION:-4}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/oversub-gw.XXXXXX")
 procs=()
