@@ -169,7 +169,7 @@ struct gw_svc {
     uint64_t view_version;
     bool view_ok, v_serving;
     int32_t v_level, v_lim, v_maxq, v_shed;
-    long v_qt;
+    long v_qt, v_upstream_ms;
 };
 
 struct osub_gateway {
@@ -231,8 +231,10 @@ int osubd_gateway_take(json_t *spec, json_t **route, char *err, size_t errlen)
     static const struct {
         const char *name;
         json_int_t lo, hi;
-    } ints[] = {
-        {"max_inflight", 1, GW_CONNS}, {"max_queue", 0, 100000}, {"queue_timeout_ms", 1, 600000}};
+    } ints[] = {{"max_inflight", 1, GW_CONNS},
+                {"max_queue", 0, 100000},
+                {"queue_timeout_ms", 1, 600000},
+                {"upstream_timeout_ms", 100, 600000}};
     for (size_t k = 0; k < sizeof(ints) / sizeof(ints[0]); k++) {
         json_t *v = json_object_get(spec, ints[k].name);
         if (v == NULL)
@@ -1175,7 +1177,8 @@ static void bc_fail(struct gw_bconn *bc, bool timeout)
 
 static void bc_arm(struct gw_bconn *bc)
 {
-    struct timeval tv = {BACKEND_TIMEOUT_S, 0};
+    long ms = bc->svc->v_upstream_ms > 0 ? bc->svc->v_upstream_ms : BACKEND_TIMEOUT_S * 1000L;
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     event_add(bc->timer, &tv);
 }
 
@@ -1794,6 +1797,8 @@ static int svc_view(struct osub_gateway *g, struct gw_svc *s)
     s->v_maxq = max_queue_of(d, s->id, s->v_lim);
     json_t *qt = json_object_get(route, "queue_timeout_ms");
     s->v_qt = qt ? (long)json_integer_value(qt) : 5000;
+    json_t *ut = json_object_get(route, "upstream_timeout_ms");
+    s->v_upstream_ms = ut ? (long)json_integer_value(ut) : BACKEND_TIMEOUT_S * 1000L;
     s->v_shed = shed_from(d, &si);
     return 0;
 }

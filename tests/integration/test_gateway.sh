@@ -4,9 +4,10 @@
 # backend sends the last), the concurrency limit and the bounded queue (429 + Retry-After),
 # priority order in the queue, deadlines, a service not running yet (503), a dead backend (502),
 # bad input, metrics (promtool).
-# Usage: test_gateway.sh PATH/TO/oversubd
+# Usage: test_gateway.sh PATH/TO/oversubd PATH/TO/examples-dir
 set -u
 bin=$(realpath "$1")
+ex=$(realpath "$2")
 here=$(cd "$(dirname "$0")" && pwd)
 . "$(dirname "$0")/lib.sh"
 waitline() { # file, pattern -> the port
@@ -226,6 +227,13 @@ expect "beyond its share of 256 connections, refused" "refused 44" "$(grep ^refu
 expect "another client served meanwhile" "other 200" "$(grep ^other "$tmp/slow")"
 expect "an unfinished head gets 408 after 10 s" "HTTP/1.1 408 Request Timeout" "$(grep ^timeout "$tmp/slow" | cut -d' ' -f2-5)"
 
+# ---- a backend slower than the service's upstream_timeout_ms: 504 ----
+expect "submit tardy" 201 "$(submit "{\"id\":\"tardy\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"$B\"],\"upstream_timeout_ms\":300}")"
+curl -s -X POST "$A/v1/services/tardy/ready" >/dev/null
+expect "backend timeout: 504" 504 "$(curl -s -o "$tmp/tardy" -w '%{http_code}' "$G/tardy/slow?ms=1500&tag=tardy")"
+expect "504 reason" timeout "$(json 'd["error"]["reason"]' <"$tmp/tardy")"
+expect "timeout out of range" 422 "$(submit "{\"id\":\"t2\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"$B\"],\"upstream_timeout_ms\":5}")"
+
 # ---- a failing backend leaves the rotation ----
 expect "submit two" 201 "$(submit "{\"id\":\"two\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"http://127.0.0.1:1\",\"$B\"]}")"
 curl -s -X POST "$A/v1/services/two/ready" >/dev/null
@@ -330,9 +338,15 @@ if [ -f "$trace" ]; then
     PORT=$(waitline "$tmp/out5" "listening on http://127.0.0.1:") || bad "azure daemon: $(cat "$tmp/err5")"
     GW=$(waitline "$tmp/out5" "gateway on http://127.0.0.1:") || bad "azure daemon gateway"
     A="http://127.0.0.1:$PORT"
+    # the example LLM server (examples/fake-llm-server) answers each request after its output
+    # tokens x 2 ms; it batches up to 64, so the gateway's limits are the only ones
+    LP=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    OVERSUB_BATCH_SIZE=64 "$ex/fake-llm-server" --port "$LP" --load-ms 0 --token-ms 2 >"$tmp/llm.log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 1 50); do curl -s -o /dev/null "http://127.0.0.1:$LP/x?tokens=0" && break; sleep 0.1; done
     for sv in on:online:16 ba:batch:2 ex:experiment:2; do
         IFS=: read -r id cls lim <<<"$sv"
-        submit "{\"id\":\"$id\",\"class\":\"$cls\",\"vram\":\"10GiB\",\"backends\":[\"$B\"],\"max_inflight\":$lim,\"max_queue\":$((2 * lim)),\"queue_timeout_ms\":3000}" >/dev/null
+        submit "{\"id\":\"$id\",\"class\":\"$cls\",\"vram\":\"10GiB\",\"backends\":[\"http://127.0.0.1:$LP\"],\"max_inflight\":$lim,\"max_queue\":$((2 * lim)),\"queue_timeout_ms\":3000}" >/dev/null
         curl -s -o /dev/null -X POST "$A/v1/services/$id/ready"
     done
     python3 "$here/replay_azure.py" "$trace" "$GW" 1200 16 2 2 >"$tmp/az" 2>"$tmp/az.err"
