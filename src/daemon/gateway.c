@@ -417,9 +417,10 @@ static bool send_buffer(int fd, struct evbuffer *out, struct event *wev, struct 
     return true;
 }
 
-/* Chunked framing, scanned as it passes (the bytes are forwarded as they are). Returns how many
- * of p's n bytes belong to the message; cs->st is 7 once its end was reached, -1 on bad framing. */
-static size_t chunk_feed(struct chunk_scan *cs, const char *p, size_t n)
+/* Chunked framing, scanned as it passes (the bytes are forwarded as they are, or with data not
+ * NULL only the chunks' data is added there). Returns how many of p's n bytes belong to the
+ * message; cs->st is 7 once its end was reached, -1 on bad framing. */
+static size_t chunk_feed(struct chunk_scan *cs, const char *p, size_t n, struct evbuffer *data)
 {
     size_t i = 0;
     while (i < n && cs->st != 7 && cs->st >= 0) {
@@ -470,6 +471,8 @@ static size_t chunk_feed(struct chunk_scan *cs, const char *p, size_t n)
             break;
         case 3: {
             size_t k = n - i < (size_t)cs->left ? n - i : (size_t)cs->left;
+            if (data != NULL)
+                evbuffer_add(data, p + i, k); /* de-chunked, for an HTTP/1.0 client */
             i += k;
             cs->left -= (int64_t)k;
             if (cs->left == 0)
@@ -1325,7 +1328,7 @@ static int bc_head(struct gw_bconn *bc)
     evbuffer_add(out, "\r\n", 2);
     for (int i = 0; i < nh; i++)
         if (!hop_by_hop(hs[i].name, hs[i].nlen, conn) ||
-            (chunked && !nobody && hs[i].nlen == 17 &&
+            (chunked && !nobody && !r->http10 && hs[i].nlen == 17 &&
              strncasecmp(hs[i].name, "Transfer-Encoding", 17) == 0)) {
             evbuffer_add(out, hs[i].name, hs[i].nlen);
             evbuffer_add(out, ": ", 2);
@@ -1383,13 +1386,17 @@ static void bc_on_read(evutil_socket_t fd, short what, void *arg)
                 bc->st = 4;
         } else if (bc->st == 2 && len > 0) {
             const char *p = (const char *)evbuffer_pullup(bc->in, -1);
-            size_t k = chunk_feed(&bc->cs, p, len);
+            bool dechunk = bc->r->http10; /* HTTP/1.0 has no chunks: the data, until close */
+            size_t k = chunk_feed(&bc->cs, p, len, dechunk ? bc->svc->g->scratch : NULL);
             if (bc->cs.st < 0) {
                 stage_flush(bc);
                 bc_fail(bc, false);
                 return;
             }
-            to_client(bc, k);
+            if (dechunk)
+                evbuffer_drain(bc->in, k);
+            else
+                to_client(bc, k);
             if (bc->cs.st == 7)
                 bc->st = 4;
         } else if (bc->st == 3 && len > 0) {
@@ -1553,7 +1560,7 @@ static void forward_body(struct gw_req *r)
         if (len == 0)
             return;
         const char *p = (const char *)evbuffer_pullup(c->in, -1);
-        k = chunk_feed(&r->cs, p, len);
+        k = chunk_feed(&r->cs, p, len, NULL);
         if (r->cs.st < 0) {
             c->closing = true; /* the framing is broken: nothing after it can be trusted */
             return;

@@ -69,6 +69,9 @@ while b"0\r\n\r\n" not in data and b"after-flag" not in data and b"timeout" not 
 print("after-flag" if b"after-flag" in data else "buffered")
 PY
 expect "streamed" after-flag "$(cat "$tmp/stream")"
+# an HTTP/1.0 client gets the chunks' data, delimited by the connection's close
+expect "de-chunked for HTTP/1.0" "first after-flag" "$(curl -s --http1.0 "$G/chat/stream" | tr '\n' ' ' | sed 's/ $//')"
+expect "and chunked for HTTP/1.1" "chunked" "$(curl -s -o /dev/null -D - "$G/chat/stream" | tr -d '\r' | awk -F': ' 'tolower($1)=="transfer-encoding" {print $2}')"
 
 # ---- the limit, the queue, 429 with Retry-After ----
 python3 - "$GW" >"$tmp/burst" <<'PY'
