@@ -30,9 +30,10 @@ struct osubd_config {
     bool metrics_per_service; /* per-service series on /metrics (cardinality: opt-in) */
     char gateway_host[256];   /* "" = no gateway */
     int gateway_port;
-    bool allow_root_services;  /* managed commands may run as root */
-    int64_t service_log_max;   /* bytes per service log before it is rotated */
-    osub_pool_config_t engine; /* timings and watermarks of a new state */
+    int32_t gateway_conns_per_client; /* connections one client address may hold (256) */
+    bool allow_root_services;         /* managed commands may run as root */
+    int64_t service_log_max;          /* bytes per service log before it is rotated */
+    osub_pool_config_t engine;        /* timings and watermarks of a new state */
 };
 
 struct waiter;   /* a long-polling GET /v1/events */

@@ -177,7 +177,7 @@ struct osub_gateway {
     struct evconnlistener *lis;
     struct event *pump;
     struct gw_svc *svcs;
-    struct peer_count *peers;
+    struct peer_count *peers[1024]; /* connections per client address, hashed */
     uint64_t seq;
     uint64_t no_route, bad_requests, refused_conns;
     struct evbuffer *scratch; /* one message at a time passes through it */
@@ -1006,6 +1006,27 @@ static void cl_process(struct gw_client *c)
         cl_close(c);
 }
 
+static unsigned peer_hash(const char *a)
+{
+    unsigned h = 2166136261u;
+    for (; *a; a++)
+        h = (h ^ (unsigned char)*a) * 16777619u;
+    return h % 1024;
+}
+
+/* One connection fewer for that address; an address with none is forgotten. */
+static void peer_release(struct osub_gateway *g, struct peer_count *pc)
+{
+    if (--pc->n > 0)
+        return;
+    for (struct peer_count **pp = &g->peers[peer_hash(pc->addr)]; *pp; pp = &(*pp)->next)
+        if (*pp == pc) {
+            *pp = pc->next;
+            free(pc);
+            return;
+        }
+}
+
 static void cl_close(struct gw_client *c)
 {
     struct gw_req *r = c->cur;
@@ -1033,7 +1054,7 @@ static void cl_close(struct gw_client *c)
         c->cur = NULL;
     }
     if (c->pc != NULL)
-        c->pc->n--;
+        peer_release(c->g, c->pc);
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -1061,21 +1082,28 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     else if (sa->sa_family == AF_INET6)
         inet_ntop(AF_INET6, &((struct sockaddr_in6 *)sa)->sin6_addr, peer, sizeof(peer));
     /* one client address holds at most its share of connections (slow clients included) */
-    struct peer_count *pc = g->peers;
+    unsigned hb = peer_hash(peer);
+    struct peer_count *pc = g->peers[hb];
     while (pc != NULL && strcmp(pc->addr, peer) != 0)
         pc = pc->next;
     if (pc == NULL && (pc = calloc(1, sizeof(*pc))) != NULL) {
         snprintf(pc->addr, sizeof(pc->addr), "%s", peer);
-        pc->next = g->peers;
-        g->peers = pc;
+        pc->next = g->peers[hb];
+        g->peers[hb] = pc;
     }
-    if (pc != NULL && pc->n >= CONNS_PER_CLIENT) {
+    int share = g->d->cfg.gateway_conns_per_client > 0 ? g->d->cfg.gateway_conns_per_client
+                                                       : CONNS_PER_CLIENT;
+    if (pc != NULL && pc->n >= share) {
         g->refused_conns++;
         close(fd);
         return;
     }
     struct gw_client *c = calloc(1, sizeof(*c));
     if (c == NULL) {
+        if (pc != NULL && pc->n == 0) {
+            pc->n = 1; /* made for this connection: forgotten with it */
+            peer_release(g, pc);
+        }
         close(fd);
         return;
     }
@@ -1103,7 +1131,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
         if (c->timer)
             event_free(c->timer);
         if (pc)
-            pc->n--;
+            peer_release(g, pc);
         close(fd);
         free(c);
         return;
@@ -2013,11 +2041,12 @@ void osubd_gateway_free(struct osubd *d)
             }
         free(s);
     }
-    while (g->peers != NULL) {
-        struct peer_count *pc = g->peers;
-        g->peers = pc->next;
-        free(pc);
-    }
+    for (int i = 0; i < 1024; i++)
+        while (g->peers[i] != NULL) {
+            struct peer_count *pc = g->peers[i];
+            g->peers[i] = pc->next;
+            free(pc);
+        }
     while (g->free_reqs != NULL) {
         struct gw_req *r = g->free_reqs;
         g->free_reqs = r->next;

@@ -230,6 +230,27 @@ expect "beyond its share of 256 connections, refused" "refused 44" "$(grep ^refu
 expect "another client served meanwhile" "other 200" "$(grep ^other "$tmp/slow")"
 expect "an unfinished head gets 408 after 10 s" "HTTP/1.1 408 Request Timeout" "$(grep ^timeout "$tmp/slow" | cut -d' ' -f2-5)"
 
+# ---- the share is configurable ----
+printf 'gateway_conns_per_client: 2\n' >"$tmp/share.yaml"
+"$bin" --config "$tmp/share.yaml" --listen 127.0.0.1:0 --gateway 127.0.0.1:0 --socket "" \
+    --state "$tmp/share.db" >"$tmp/out6" 2>"$tmp/err6" &
+pids+=($!)
+GW6=$(waitline "$tmp/out6" "gateway on http://127.0.0.1:") || bad "share daemon: $(cat "$tmp/err6")"
+python3 - "$GW6" >"$tmp/share" <<'PY'
+import socket, sys, time
+port = int(sys.argv[1]); ss = []
+for i in range(3):
+    s = socket.socket(); s.bind(("127.0.0.3", 0)); s.connect(("127.0.0.1", port)); ss.append(s)
+time.sleep(0.3)
+closed = []
+for s in ss:
+    s.setblocking(False)
+    try: closed.append(s.recv(1) == b"")
+    except BlockingIOError: closed.append(False)
+print(" ".join("closed" if c else "open" for c in closed))
+PY
+expect "gateway_conns_per_client: 2" "open open closed" "$(cat "$tmp/share")"
+
 # ---- a backend slower than the service's upstream_timeout_ms: 504 ----
 expect "submit tardy" 201 "$(submit "{\"id\":\"tardy\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"$B\"],\"upstream_timeout_ms\":300}")"
 curl -s -X POST "$A/v1/services/tardy/ready" >/dev/null
