@@ -9,7 +9,8 @@
  *   rest wait in order.
  * - "Uses" VRAM: base-mib + seq-mib x (batch size + in flight) / 2, reported to oversubd
  *   (PUT .../usage) whenever it changes.
- * - Reports ready (with its PID) after load-ms, as a model that finished loading.
+ * - Reports ready (with its PID) after load-ms, as a model that finished loading, and registers
+ *   itself as the service's backend for oversubd's gateway (PUT .../backends).
  * - Long-polls GET .../directives: degrade -> smaller batch, usage reported, then POST .../ack;
  *   restore -> its batch back; evict (or SIGTERM) -> refuses new work, finishes what is in
  *   flight, writes a checkpoint, POSTs it in an ack and exits 0.
@@ -55,6 +56,7 @@ static struct {
     struct evhttp_connection *ctl;
     char host[256];
     int port;
+    int listen_port;
 } S;
 
 static long used_mib(void)
@@ -319,7 +321,9 @@ static void on_loaded(evutil_socket_t fd, short what, void *arg)
     (void)arg;
     S.ready = true;
     osx_log("fake-llm-server: loaded; batch %ld, %ld MiB", S.batch, used_mib());
-    char body[64];
+    char body[96];
+    snprintf(body, sizeof(body), "{\"backends\": [\"http://127.0.0.1:%d\"]}", S.listen_port);
+    ctl_send(EVHTTP_REQ_PUT, "backends", body); /* the gateway reaches it here */
     snprintf(body, sizeof(body), "{\"pid\": %d}", (int)getpid());
     report_usage();
     ctl_send(EVHTTP_REQ_POST, "ready", body);
@@ -422,6 +426,7 @@ int main(int argc, char **argv)
         return 1;
     }
     evhttp_set_gencb(http, on_request, NULL);
+    S.listen_port = (int)port;
     struct event *term = evsignal_new(S.base, SIGTERM, on_term, NULL);
     event_add(term, NULL);
     if (S.env.control_url != NULL && S.env.service != NULL) {

@@ -618,6 +618,49 @@ static void h_service_cmd(struct osubd *d, struct evhttp_request *req, const cha
     reply_json(d, req, 200, body);
 }
 
+/* PUT /v1/services/{id}/backends {"backends": [...]}: a service (a managed one once it
+ * listens) registers where the gateway reaches it; the route's other settings stay. */
+static void h_backends(struct osubd *d, struct evhttp_request *req, const char *id)
+{
+    json_t *j = read_body(d, req, false);
+    if (j == NULL)
+        return;
+    static const char *const allowed[] = {"backends", NULL};
+    if (!only_fields(d, req, j, allowed)) {
+        json_decref(j);
+        return;
+    }
+    osub_service_info_t si;
+    if (osub_engine_service_info(d->e, id, &si) != 0) {
+        json_decref(j);
+        reply_rc(d, req, osub_id_valid(id) ? OSUB_EUNKNOWN_SERVICE : OSUB_EBAD_ID);
+        return;
+    }
+    json_t *route = NULL;
+    char err[300];
+    if (json_object_get(j, "backends") == NULL ||
+        osubd_gateway_take(j, &route, err, sizeof(err)) != 0) {
+        json_decref(j);
+        reply_error(d, req, 422, "invalid_backends",
+                    json_object_get(j, "backends") == NULL ? "field 'backends' is required" : err);
+        return;
+    }
+    json_decref(j);
+    json_t *old = json_object_get(d->routes, id);
+    json_t *merged = old ? json_deep_copy(old) : json_object();
+    json_object_set(merged, "backends", json_object_get(route, "backends"));
+    json_object_set_new(d->routes, id, merged);
+    json_decref(route);
+    d->routes_dirty = true;
+    d->state_version++; /* the gateway's view of the service is stale */
+    char *list = json_dumps(json_object_get(merged, "backends"), JSON_COMPACT);
+    osubd_note(d, id, "gateway", "backends", "%s registered its backends for the gateway: %s", id,
+               list ? list : "?");
+    free(list);
+    json_t *body = service_json(d, id);
+    reply_json(d, req, 200, body ? body : json_object());
+}
+
 static void h_services(struct osubd *d, struct evhttp_request *req, enum evhttp_cmd_type m,
                        const char *rest, const char *query)
 {
@@ -674,7 +717,9 @@ static void h_services(struct osubd *d, struct evhttp_request *req, enum evhttp_
         }
         return;
     }
-    if (strcmp(action, "directives") == 0 && m == EVHTTP_REQ_GET)
+    if (strcmp(action, "backends") == 0 && m == EVHTTP_REQ_PUT)
+        h_backends(d, req, id);
+    else if (strcmp(action, "directives") == 0 && m == EVHTTP_REQ_GET)
         osubd_act_directives(d, req, id, query);
     else if (strcmp(action, "usage") == 0 && m == EVHTTP_REQ_PUT)
         h_service_cmd(d, req, id, "usage");
@@ -997,7 +1042,8 @@ static void on_request(struct evhttp_request *req, void *arg)
         const char *slash = sid ? strchr(sid, '/') : NULL;
         bool own = slash != NULL && slash - sid < 128 &&
                    (strcmp(slash, "/usage") == 0 || strcmp(slash, "/ready") == 0 ||
-                    strcmp(slash, "/ack") == 0 || strcmp(slash, "/exited") == 0);
+                    strcmp(slash, "/ack") == 0 || strcmp(slash, "/exited") == 0 ||
+                    strcmp(slash, "/backends") == 0);
         if (!allowed && own && auth != NULL && strncmp(auth, "Bearer ", 7) == 0) {
             char id[129], tok[65];
             memcpy(id, sid, (size_t)(slash - sid));

@@ -37,13 +37,14 @@ start_d() {
     restart_d "$pool" "$ratio"
 }
 restart_d() {
-    "$bin" --config "$D/c.yaml" --listen 127.0.0.1:0 --socket "$D/s.sock" --state "$D/st/db" \
-        --gpus "sim:$1" --ratio "$2" --tick-ms 100 >>"$D/out" 2>>"$D/err" &
+    "$bin" --config "$D/c.yaml" --listen 127.0.0.1:0 --gateway 127.0.0.1:0 --socket "$D/s.sock" \
+        --state "$D/st/db" --gpus "sim:$1" --ratio "$2" --tick-ms 100 >>"$D/out" 2>>"$D/err" &
     DPID=$!
     pids+=($DPID)
     S=$D/s.sock
     for _ in $(seq 1 100); do [ -S "$S" ] && curl -s --unix-socket "$S" http://x/healthz >/dev/null && break; sleep 0.05; done
     PORT=$(grep -o "listening on http://127.0.0.1:[0-9]*" "$D/out" | tail -1 | sed 's/.*://')
+    GWP=$(grep -o "gateway on http://127.0.0.1:[0-9]*" "$D/out" | tail -1 | sed 's/.*://')
 }
 api() { curl -s --unix-socket "$S" -X "$1" "http://x$2" ${3:+-d "$3"}; }
 code() { curl -s -o "$tmp/body" -w '%{http_code}' --unix-socket "$S" -X "$1" "http://x$2" ${3:+-d "$3"}; }
@@ -91,6 +92,12 @@ expect "OVERSUB_BATCH_SIZE" "OVERSUB_BATCH_SIZE=8" "$(penv "$EXPPID" OVERSUB_BAT
 expect "OVERSUB_CONTROL_URL" "OVERSUB_CONTROL_URL=http://127.0.0.1:$PORT" "$(penv "$EXPPID" OVERSUB_CONTROL_URL)"
 expect "own process group" "$EXPPID" "$(ps -o pgid= -p "$EXPPID" | tr -d ' ')"
 expect "serves" 200 "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$P1/v1/completions?tokens=2")"
+# the server registered itself as the service's backend: the gateway reaches it
+expect "registered backend" "http://127.0.0.1:$P1" "$(field exp '["backends"][0]')"
+expect "through the gateway" exp "$(curl -s "http://127.0.0.1:$GWP/exp/v1/completions?tokens=1" | json 'd["service"]')"
+expect "bad backends refused" 422 "$(code PUT /v1/services/exp/backends '{"backends":["ftp://x"]}')"
+expect "unknown field refused" 400 "$(code PUT /v1/services/exp/backends '{"backends":["http://127.0.0.1:1"],"x":1}')"
+expect "unknown service" 404 "$(code PUT /v1/services/nobody/backends '{"backends":["http://127.0.0.1:1"]}')"
 # exp's memory in use leaves room for chat1 at once; its grant does not: a degrade
 expect "chat1 starts, with a degrade" 201 "$(code POST /v1/services '{"id":"chat1","class":"online","vram":"40GiB"}')"
 expect "victim action" degrade "$(json 'd["decision"]["victims"][0]["action"]' <"$tmp/body")"
