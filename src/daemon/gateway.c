@@ -80,7 +80,8 @@ struct gw_req {
         int64_t left;
         bool line_empty;
     } cs;
-    bool body_done;
+    bool body_done, had_body;
+    int retries; /* on a pooled connection that turned out closed */
     int32_t prio;
     uint64_t seq;
     struct event *timer;
@@ -118,6 +119,7 @@ struct gw_bconn {
     bool keepalive;
     int code;
     bool got_bytes; /* something came back: a failure now is not a refusal */
+    bool reused;    /* taken from the pool: the backend may have closed it meanwhile */
 };
 
 struct peer_count {
@@ -920,6 +922,7 @@ static int parse_head(struct gw_req *r, size_t len, int *code, const char **phra
     }
     r->chunked_body = n_te > 0;
     r->body_done = !r->chunked_body && r->body_left == 0;
+    r->had_body = !r->body_done;
     const struct hdr *conn = hfind(r->h, r->nh, "Connection");
     if (r->http10)
         r->keepalive = conn != NULL && list_has(conn->value, conn->vlen, "keep-alive", 10);
@@ -1176,11 +1179,36 @@ static void bc_unidle(struct gw_bconn *bc)
 }
 
 /* The backend failed this request: 502 (refused, reset), 504 (timeout), or a body cut short. */
+static void dispatch(struct osub_gateway *g, struct gw_req *r);
+
+/* A request without a body that a safe method makes may be sent again. */
+static bool retryable(const struct gw_req *r)
+{
+    return !r->had_body && !r->started && r->retries < 2 &&
+           ((r->mlen == 3 && memcmp(r->method, "GET", 3) == 0) || r->is_head ||
+            (r->mlen == 7 && memcmp(r->method, "OPTIONS", 7) == 0));
+}
+
 static void bc_fail(struct gw_bconn *bc, bool timeout)
 {
     struct gw_req *r = bc->r;
     struct gw_svc *s = bc->svc;
     int b = bc->backend;
+    if (r != NULL && !timeout && bc->reused && !bc->got_bytes && retryable(r)) {
+        /* a kept-alive connection the backend had closed as we reused it: not the backend's
+         * failure; the request goes again, on another connection */
+        bc->r = NULL;
+        bc_close(bc);
+        r->bc = NULL;
+        r->retries++;
+        s->inflight--;
+        s->admitted--;
+        struct gw_client *c = r->cl;
+        dispatch(s->g, r);
+        if (c->cur != r)
+            cl_after(c); /* answered (no backend at all): the client reads on */
+        return;
+    }
     s->backend_errors++;
     s->backoff[b] = s->backoff[b] > 0 ? (s->backoff[b] * 2 > 30 ? 30 : s->backoff[b] * 2) : 1;
     s->down_until[b] = now_s() + s->backoff[b];
@@ -1530,6 +1558,7 @@ static struct gw_bconn *bc_get(struct gw_svc *s, int b, const char *url)
         s->idle[b] = bc->next;
         s->n_idle[b]--;
         event_del(bc->timer);
+        bc->reused = true;
         return bc;
     }
     if (backend_addr(s, b, url) != 0)
@@ -1699,8 +1728,8 @@ static void dispatch(struct osub_gateway *g, struct gw_req *r)
     evbuffer_add(out, "\r\n\r\n", 4);
     bc_send(bc, out);
     evbuffer_drain(out, evbuffer_get_length(out));
-    if (r->bc == NULL)
-        return; /* the send failed: answered already */
+    if (r->bc != bc)
+        return; /* the send failed: answered already, or sent again on another connection */
     bc_arm(bc);
     if (expect100 && !r->body_done)
         cl_send(c, "HTTP/1.1 100 Continue\r\n\r\n", 25);

@@ -258,6 +258,34 @@ expect "backend timeout: 504" 504 "$(curl -s -o "$tmp/tardy" -w '%{http_code}' "
 expect "504 reason" timeout "$(json 'd["error"]["reason"]' <"$tmp/tardy")"
 expect "timeout out of range" 422 "$(submit "{\"id\":\"t2\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"$B\"],\"upstream_timeout_ms\":5}")"
 
+# ---- a kept-alive backend connection closed as it is reused: a GET goes again, not a 502 ----
+python3 - >"$tmp/oneshot.out" 2>&1 <<'PY' &
+import socket, threading
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", 0)); srv.listen(16)
+print("port", srv.getsockname()[1], flush=True)
+def conn(c):
+    data = b""
+    while b"\r\n\r\n" not in data:            # the first request: answered, kept alive
+        b = c.recv(4096)
+        if not b: return
+        data += b
+    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    c.recv(4096)                                  # the second: closed without an answer
+    c.close()
+while True:
+    c, _ = srv.accept()
+    threading.Thread(target=conn, args=(c,), daemon=True).start()
+PY
+pids+=($!)
+OSP=$(waitline "$tmp/oneshot.out" "port ")
+expect "submit oneshot" 201 "$(submit "{\"id\":\"oneshot\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"http://127.0.0.1:$OSP\"],\"max_inflight\":1}")"
+curl -s -X POST "$A/v1/services/oneshot/ready" >/dev/null
+codes=""
+for i in 1 2 3; do codes="$codes $(curl -s -o /dev/null -w '%{http_code}' "$G/oneshot/x")"; done
+expect "reused connection closed: sent again" " 200 200 200" "$codes"
+expect "a POST is not sent twice" 502 "$(curl -s -o /dev/null -w '%{http_code}' -X POST -d 'x=1' "$G/oneshot/x")"
+
 # ---- a failing backend leaves the rotation ----
 expect "submit two" 201 "$(submit "{\"id\":\"two\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"http://127.0.0.1:1\",\"$B\"]}")"
 curl -s -X POST "$A/v1/services/two/ready" >/dev/null
