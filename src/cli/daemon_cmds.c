@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -516,6 +517,108 @@ static int cmd_queue(void)
     return EX_OK;
 }
 
+/* Prints the last n lines of f (looking at most 1 MiB back) and leaves f at its end. */
+static void tail_lines(FILE *f, long n)
+{
+    fseek(f, 0, SEEK_END);
+    long end = ftell(f);
+    long from = end > (1L << 20) ? end - (1L << 20) : 0;
+    size_t len = (size_t)(end - from);
+    char *buf = malloc(len + 1);
+    if (buf == NULL)
+        return;
+    fseek(f, from, SEEK_SET);
+    len = fread(buf, 1, len, f);
+    size_t start = len;
+    long lines = 0;
+    /* a last line without its newline counts as a line */
+    size_t i = len;
+    if (i > 0 && buf[i - 1] == '\n')
+        i--;
+    while (i > 0 && n > 0) {
+        if (buf[i - 1] == '\n' && ++lines == n)
+            break;
+        i--;
+    }
+    start = n > 0 ? i : len;
+    fwrite(buf + start, 1, len - start, stdout);
+    fflush(stdout);
+    free(buf);
+}
+
+/* oversub logs ID [-n N] [--follow]: a managed service's log, read from the file oversubd
+ * writes (so on oversubd's host); --follow goes on as it grows, through rotations. */
+static int cmd_logs(int argc, char **argv)
+{
+    const char *id = NULL;
+    long n = 20;
+    bool follow = false;
+    for (int i = 1; i < argc; i++) {
+        if ((strcmp(argv[i], "-n") == 0 || strcmp(argv[i], "--lines") == 0) && i + 1 < argc) {
+            char *end;
+            n = strtol(argv[++i], &end, 10);
+            if (*end != '\0' || n < 0) {
+                fprintf(stderr, "oversub logs: -n wants a number of lines\n");
+                return EX_USAGE;
+            }
+        } else if (strcmp(argv[i], "--follow") == 0 || strcmp(argv[i], "-f") == 0) {
+            follow = true;
+        } else if (id == NULL && argv[i][0] != '-') {
+            id = argv[i];
+        } else {
+            fprintf(stderr, "usage: oversub logs ID [-n N] [--follow]\n");
+            return EX_USAGE;
+        }
+    }
+    if (id == NULL) {
+        fprintf(stderr, "usage: oversub logs ID [-n N] [--follow]\n");
+        return EX_USAGE;
+    }
+    char path[200];
+    snprintf(path, sizeof(path), "/v1/services/%s", id);
+    int ex;
+    json_t *r = call("GET", path, NULL, &ex);
+    if (r == NULL || ex) {
+        json_decref(r);
+        return ex;
+    }
+    const char *log = json_string_value(json_object_get(json_object_get(r, "process"), "log"));
+    if (log == NULL) {
+        fprintf(stderr,
+                "oversub logs: %s is not a managed service (it has no command): its "
+                "output is wherever it was started\n",
+                id);
+        json_decref(r);
+        return EX_REFUSED;
+    }
+    char file[1024];
+    snprintf(file, sizeof(file), "%s", log);
+    json_decref(r);
+    FILE *f = fopen(file, "r");
+    if (f == NULL) {
+        fprintf(stderr, "oversub logs: %s: %s (the log is on oversubd's host)\n", file,
+                strerror(errno));
+        return EX_REFUSED;
+    }
+    tail_lines(f, n);
+    while (follow) {
+        struct timespec ts = {0, 200 * 1000000L};
+        nanosleep(&ts, NULL);
+        long at = ftell(f);
+        struct stat st;
+        if (stat(file, &st) == 0 && st.st_size < at)
+            fseek(f, 0, SEEK_SET); /* rotated: emptied in place */
+        clearerr(f);
+        char buf[4096];
+        size_t k;
+        while ((k = fread(buf, 1, sizeof(buf), f)) > 0)
+            fwrite(buf, 1, k, stdout);
+        fflush(stdout);
+    }
+    fclose(f);
+    return EX_OK;
+}
+
 int cli_daemon_cmd(int argc, char **argv)
 {
     /* global options before the command's own: --url, --json */
@@ -623,6 +726,8 @@ int cli_daemon_cmd(int argc, char **argv)
     }
     if (strcmp(cmd, "queue") == 0 && argc == 1)
         return cmd_queue();
+    if (strcmp(cmd, "logs") == 0)
+        return cmd_logs(argc, argv);
     fprintf(stderr, "oversub: '%s': wrong arguments (see 'oversub --help')\n", cmd);
     return EX_USAGE;
 }

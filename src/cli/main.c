@@ -39,12 +39,15 @@ static void usage_main(FILE *f)
             "                                 [--compute P] [--exclusive] [--resumable]\n"
             "                                 [--no-queue] [--dry-run]; for the gateway:\n"
             "                                 [--backend URL]... [--max-inflight N]\n"
-            "                                 [--max-queue N] [--queue-timeout MS])\n"
+            "                                 [--max-queue N] [--queue-timeout MS]; a managed\n"
+            "                                 service: [--env K=V]... [--user U] [--restart\n"
+            "                                 on-failure] ... -- PROGRAM ARG...)\n"
             "  resize ID [--vram S] [--min-vram S] [--batch N]\n"
             "  release ID                     usage ID --vram S\n"
             "  events [--since N] [--follow]  the decision log\n"
             "  explain ID                     why it is queued, pending or degraded\n"
-            "  queue                          who waits, at which position\n"
+            "  queue                          who waits, at which position, since when, for what\n"
+            "  logs ID [-n N] [--follow]      a managed service's output (on oversubd's host)\n"
             "  gpu cordon|uncordon|drain N    ratio R\n"
             "Exit codes: 0 ok, 1 refused by the daemon, 2 usage error, 3 daemon unreachable.\n"
             "\n"
@@ -565,8 +568,9 @@ int main(int argc, char **argv)
         return cli_demo(argc - 1, argv + 1);
     if (strcmp(cmd, "advise") == 0)
         return cmd_advise(argc - 1, argv + 1);
-    static const char *const daemon_cmds[] = {"status", "deploy",  "resize", "release", "usage",
-                                              "events", "explain", "gpu",    "ratio",   "queue"};
+    static const char *const daemon_cmds[] = {"status", "deploy", "resize",  "release",
+                                              "usage",  "events", "explain", "gpu",
+                                              "ratio",  "queue",  "logs"};
     for (size_t i = 0; i < sizeof(daemon_cmds) / sizeof(daemon_cmds[0]); i++)
         if (strcmp(cmd, daemon_cmds[i]) == 0)
             return cli_daemon_cmd(argc - 1, argv + 1);

@@ -356,6 +356,12 @@ evs nopath fail | grep -q "was not found in PATH" || bad "nopath: $(evs nopath f
 evs noexec fail | grep -q "is not executable" || bad "noexec: $(evs noexec fail)"
 evs quick fail | grep -q "exited with code 3 at once" || bad "quick: $(evs quick fail)"
 grep -q dying "$D/st/logs/quick.log" || bad "quick's stderr not in its log"
+expect "oversub logs" "$(cat "$D/st/logs/who.log")" "$("$cli" --url "unix:$S" logs who)"
+expect "oversub logs -n 1" "$(tail -1 "$D/st/logs/who.log")" "$("$cli" --url "unix:$S" logs who -n 1)"
+api POST /v1/services '{"id":"plain","class":"batch","vram":"1GiB"}' >/dev/null
+"$cli" --url "unix:$S" logs plain >/dev/null 2>"$tmp/logs.err"
+expect "logs of a service without a command" 1 "$?"
+grep -q "not a managed service" "$tmp/logs.err" || bad "logs message: $(cat "$tmp/logs.err")"
 evs crashy fail | grep -q "kept failing: it exited with code 4, after 1 restart" || bad "crashy: $(evs crashy fail)"
 expect "crashy restarted once" 1 "$(evs crashy restart | grep -c 'restarting crashy')"
 evs nowd fail | grep -q "chdir failed" || bad "nowd: $(evs nowd fail)"
