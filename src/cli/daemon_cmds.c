@@ -111,8 +111,8 @@ static int cmd_status(void)
                    json_is_true(json_object_get(g, "cordoned")) ? "cordoned " : "",
                    json_is_true(json_object_get(g, "lost")) ? "lost" : "");
         }
-        printf("\n%-24s %-10s %-9s %9s %9s %9s  %s\n", "SERVICE", "CLASS", "STATE", "grant", "held",
-               "used", "GPUs");
+        printf("\n%-24s %-10s %-9s %9s %9s %9s  %-8s %s\n", "SERVICE", "CLASS", "STATE", "grant",
+               "held", "used", "GPUs", "PROCESS");
         json_t *s;
         json_array_foreach(json_object_get(svcs, "services"), i, s)
         {
@@ -125,10 +125,24 @@ static int cmd_status(void)
                 snprintf(one, sizeof(one), k ? ",%lld" : "%lld", (long long)geti(p, "gpu"));
                 strncat(gpus, one, sizeof(gpus) - strlen(gpus) - 1);
             }
-            printf("%-24s %-10s %-9s %9lld %9lld %9lld  %s\n", gets_(s, "id"), gets_(s, "class"),
-                   gets_(s, "state"), (long long)geti(s, "grant_mib"),
+            /* a managed service's process: its PID, or why there is none */
+            char proc[64] = "-";
+            json_t *pr = json_object_get(s, "process");
+            if (pr != NULL && json_is_true(json_object_get(pr, "alive")))
+                snprintf(proc, sizeof(proc), "pid %lld", (long long)geti(pr, "pid"));
+            else if (pr != NULL)
+                snprintf(proc, sizeof(proc), "not running");
+            else if (json_object_get(s, "pid") != NULL)
+                snprintf(proc, sizeof(proc), "pid %lld (external)", (long long)geti(s, "pid"));
+            if (pr != NULL && geti(pr, "restarts") > 0) {
+                size_t l = strlen(proc);
+                snprintf(proc + l, sizeof(proc) - l, ", %lld restart(s)",
+                         (long long)geti(pr, "restarts"));
+            }
+            printf("%-24s %-10s %-9s %9lld %9lld %9lld  %-8s %s\n", gets_(s, "id"),
+                   gets_(s, "class"), gets_(s, "state"), (long long)geti(s, "grant_mib"),
                    (long long)geti(s, "held_mib"), (long long)geti(s, "used_mib"),
-                   gpus[0] ? gpus : "-");
+                   gpus[0] ? gpus : "-", proc);
         }
         printf("(MiB)\n");
     }

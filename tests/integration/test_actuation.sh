@@ -356,6 +356,8 @@ evs nopath fail | grep -q "was not found in PATH" || bad "nopath: $(evs nopath f
 evs noexec fail | grep -q "is not executable" || bad "noexec: $(evs noexec fail)"
 evs quick fail | grep -q "exited with code 3 at once" || bad "quick: $(evs quick fail)"
 grep -q dying "$D/st/logs/quick.log" || bad "quick's stderr not in its log"
+"$cli" --url "unix:$S" status >"$tmp/status"
+grep -q "^who .* pid $WPID\$" "$tmp/status" || bad "oversub status shows the process: $(cat "$tmp/status")"
 expect "oversub logs" "$(cat "$D/st/logs/who.log")" "$("$cli" --url "unix:$S" logs who)"
 expect "oversub logs -n 1" "$(tail -1 "$D/st/logs/who.log")" "$("$cli" --url "unix:$S" logs who -n 1)"
 api POST /v1/services '{"id":"plain","class":"batch","vram":"1GiB"}' >/dev/null
