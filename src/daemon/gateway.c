@@ -2110,6 +2110,16 @@ void osubd_gateway_metrics(struct osubd *d, struct evbuffer *b)
     struct osub_gateway *g = d->gw;
     if (g == NULL)
         return;
+    evbuffer_add_printf(
+        b,
+        "# HELP oversub_gateway_refused_total Requests and connections refused before reaching a "
+        "service, by why.\n"
+        "# TYPE oversub_gateway_refused_total counter\n"
+        "oversub_gateway_refused_total{why=\"no_route\"} %llu\n"
+        "oversub_gateway_refused_total{why=\"bad_request\"} %llu\n"
+        "oversub_gateway_refused_total{why=\"client_share\"} %llu\n",
+        (unsigned long long)g->no_route, (unsigned long long)g->bad_requests,
+        (unsigned long long)g->refused_conns);
     evbuffer_add_printf(b, "# HELP oversub_gateway_inflight Requests in flight to a service.\n"
                            "# TYPE oversub_gateway_inflight gauge\n");
     for (struct gw_svc *s = g->svcs; s; s = s->next)

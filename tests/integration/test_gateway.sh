@@ -296,6 +296,8 @@ expect "one 502, then the live backend only" " 502 200 200 200 200 200" "$codes"
 # ---- metrics ----
 curl -s "$A/metrics" >"$tmp/metrics"
 grep -q 'oversub_gateway_requests_total{service="chat",outcome="queue_full"} 1' "$tmp/metrics" && ok || bad "gateway metrics: $(grep gateway "$tmp/metrics" | head -5)"
+grep -q '^oversub_gateway_refused_total{why="client_share"} 44$' "$tmp/metrics" && ok || bad "client share metric: $(grep refused_total "$tmp/metrics")"
+grep -Eq '^oversub_gateway_refused_total\{why="bad_request"\} [1-9]' "$tmp/metrics" && ok || bad "bad request metric: $(grep refused_total "$tmp/metrics")"
 # the queue-wait histogram saw the queued requests wait (some over 0.25 s), upstream the slow ones
 python3 - "$tmp/metrics" >"$tmp/hist" <<'PY'
 import re, sys
