@@ -40,6 +40,12 @@ class H(BaseHTTPRequestHandler):
             n = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(n).decode()
         self.send(200, json.dumps({"path": self.path, "body": body}))
+    def do_HEAD(self):
+        # a length without a body, as HEAD answers are: the proxy must not wait for it
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "42")
+        self.end_headers()
     def do_GET(self):
         u = urlparse(self.path)
         q = parse_qs(u.query)

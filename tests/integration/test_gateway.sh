@@ -195,6 +195,31 @@ expect "400 for a folded header" "folded 400" "$(grep ^folded "$tmp/limits")"
 # a chunked request body streams through, framed as sent
 expect "chunked body" "hello world" "$(printf 'hello world' | curl -s -H 'Transfer-Encoding: chunked' --data-binary @- "$G/chat/gen" | json 'd["body"]')"
 
+# ---- pipelined requests answered in order; HEAD without a body; a large body intact ----
+python3 - "$GW" >"$tmp/pipe" <<'PY'
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1]))); s.settimeout(10)
+s.sendall(b"GET /chat/echo?n=1 HTTP/1.1\r\nHost: x\r\n\r\nGET /chat/echo?n=2 HTTP/1.1\r\nHost: x\r\n\r\n")
+data = b""
+while data.count(b"HTTP/1.1 200") < 2 or not data.rstrip().endswith(b"}"):
+    b = s.recv(65536)
+    if not b: break
+    data += b
+print("order", " ".join(p for p in ("n=1", "n=2") if p.encode() in data), data.find(b"n=1") < data.find(b"n=2"))
+s.sendall(b"HEAD /chat/echo HTTP/1.1\r\nHost: x\r\n\r\n")
+h = b""
+while b"\r\n\r\n" not in h:
+    h += s.recv(65536)
+s.settimeout(0.5)
+try: extra = s.recv(65536)
+except socket.timeout: extra = b""
+print("head", h.split(b"\r\n")[0].decode(), len(h.split(b"\r\n\r\n", 1)[1]) + len(extra))
+PY
+expect "pipelined, in order" "order n=1 n=2 True" "$(grep ^order "$tmp/pipe")"
+expect "HEAD has no body" "head HTTP/1.1 200 OK 0" "$(grep ^head "$tmp/pipe")"
+head -c 3000000 /dev/urandom | base64 -w0 >"$tmp/big"
+expect "a 4 MB body intact" "$(wc -c <"$tmp/big")" "$(curl -s --data-binary @"$tmp/big" "$G/chat/gen" | json 'len(d["body"])')"
+
 # ---- slow clients: one address holds at most its share; a head must arrive within 10 s ----
 python3 - "$GW" >"$tmp/slow" <<'PY'
 import socket, sys, time, http.client
