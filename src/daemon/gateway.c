@@ -773,6 +773,12 @@ static void cl_on_read(evutil_socket_t fd, short what, void *arg)
     (void)what;
     struct gw_client *c = arg;
     int n = read_into(c->in, fd);
+    if (n == 0 && c->cur != NULL && c->cur->body_done) {
+        /* the client half-closed after a whole request: it still gets its answer */
+        c->closing = true;
+        event_del(c->rev);
+        return;
+    }
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
         cl_close(c);
         return;

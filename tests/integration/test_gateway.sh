@@ -220,6 +220,23 @@ expect "HEAD has no body" "head HTTP/1.1 200 OK 0" "$(grep ^head "$tmp/pipe")"
 head -c 3000000 /dev/urandom | base64 -w0 >"$tmp/big"
 expect "a 4 MB body intact" "$(wc -c <"$tmp/big")" "$(curl -s --data-binary @"$tmp/big" "$G/chat/gen" | json 'len(d["body"])')"
 
+# ---- 1,500 mutated requests: each answered with a status line or closed; the gateway lives ----
+python3 "$here/fuzz_http.py" "$GW" /chat 1500 7 >"$tmp/fuzz" 2>&1
+echo "gateway fuzz: $(cat "$tmp/fuzz")"
+expect "fuzz: every answer an HTTP/1.1 status line" 0 "$(json 'd["results"]["bad"]' <"$tmp/fuzz")"
+expect "fuzz: some valid, some refused" True "$(json 'd["results"]["2xx"] > 0 and d["results"]["4xx"] > 0' <"$tmp/fuzz")"
+expect "gateway alive after the fuzz" 200 "$(curl -s -o /dev/null -w '%{http_code}' "$G/chat/echo")"
+expect "a half-closed client still gets its answer" 200 "$(python3 -c '
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"GET /chat/echo HTTP/1.1\r\nHost: x\r\n\r\n"); s.shutdown(socket.SHUT_WR)
+d = b""
+while True:
+    b = s.recv(4096)
+    if not b: break
+    d += b
+print(d.split(b" ")[1].decode() if d else "closed")' "$GW")"
+
 # ---- slow clients: one address holds at most its share; a head must arrive within 10 s ----
 python3 - "$GW" >"$tmp/slow" <<'PY'
 import socket, sys, time, http.client
