@@ -485,6 +485,19 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
         apply_fail(d, p, why);
         return;
     }
+    if (user != NULL && json_object_get(x, "checkpoint_dir") == NULL) {
+        /* the default folder is inside the state's: the user must be able to pass through it
+         * (traverse only: 0711 lists nothing; the state's files stay 0600) */
+        char sd[512], cps[600];
+        state_dir(d, sd, sizeof(sd));
+        snprintf(cps, sizeof(cps), "%s/checkpoints", sd);
+        struct stat st2;
+        for (int k = 0; k < 2; k++) {
+            const char *dpath = k == 0 ? sd : cps;
+            if (stat(dpath, &st2) == 0 && (st2.st_mode & 0111) != 0111)
+                chmod(dpath, (st2.st_mode & 07777) | 0111);
+        }
+    }
     int logfd = open(logf, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     int nullfd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (logfd < 0 || nullfd < 0) {
@@ -502,7 +515,7 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
         argv[i] = (char *)json_string_value(json_array_get(cmd, i));
     argv[argc] = NULL;
     struct envb env = {.n = 0};
-    for (char **e = environ; *e && env.n + 1 < 200; e++)
+    for (char **e = environ; *e && env.n + 1 < 160; e++) /* room for env and ours */
         if (strncmp(*e, "OVERSUB_", 8) != 0)
             env.v[env.n++] = strdup(*e);
     const char *k;
