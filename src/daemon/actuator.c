@@ -15,7 +15,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
 #include <event2/buffer.h>
+#include <event2/dns.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -692,7 +694,14 @@ static void hook_send(struct hook *h)
     struct evhttp_request *req = NULL;
     if (u != NULL) {
         int port = evhttp_uri_get_port(u);
-        c = evhttp_connection_base_new(h->d->base, NULL, evhttp_uri_get_host(u),
+        /* a name is resolved without blocking the loop (evdns); an address needs no lookup */
+        const char *host = evhttp_uri_get_host(u);
+        struct in6_addr a6;
+        struct in_addr a4;
+        bool literal = inet_pton(AF_INET, host, &a4) == 1 || inet_pton(AF_INET6, host, &a6) == 1;
+        if (!literal && h->d->dns == NULL)
+            h->d->dns = evdns_base_new(h->d->base, EVDNS_BASE_INITIALIZE_NAMESERVERS);
+        c = evhttp_connection_base_new(h->d->base, literal ? NULL : h->d->dns, host,
                                        (uint16_t)(port > 0 ? port : 80));
     }
     if (c != NULL) {
@@ -1431,6 +1440,8 @@ void osubd_act_free(struct osubd *d)
     if (d->watch_ev)
         event_free(d->watch_ev);
     free(d->act_q);
+    if (d->dns != NULL)
+        evdns_base_free(d->dns, 0);
     json_decref(d->directives);
     json_decref(d->execs);
     json_decref(d->procs);

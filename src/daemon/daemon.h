@@ -94,6 +94,7 @@ struct osubd {
     uint64_t proc_starts, proc_exits[3]; /* exits: code 0, other code, signal */
     uint64_t directives_sent[4];         /* degrade, restore, evict, resume */
     uint64_t webhook_failures;
+    struct evdns_base *dns; /* webhooks to host names, made when first needed */
     /* metrics */
     uint64_t http_requests[6]; /* by status class 1xx..5xx, index 0 unused */
     uint64_t latency_buckets[12];
