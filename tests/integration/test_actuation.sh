@@ -213,13 +213,19 @@ class H(http.server.BaseHTTPRequestHandler):
         out.write(self.rfile.read(n).decode() + "\n"); out.flush()
         self.send_response(204); self.end_headers()
     def log_message(self, *a): pass
-s = http.server.HTTPServer(("127.0.0.1", 0), H)
+import socket
+class Dual(http.server.HTTPServer):
+    address_family = socket.AF_INET6   # ::1 and 127.0.0.1 alike, whichever localhost is
+try:
+    s = Dual(("::", 0), H)
+except OSError:
+    s = http.server.HTTPServer(("127.0.0.1", 0), H)
 print("port", s.server_address[1], flush=True)
 s.serve_forever()
 PY
 pids+=($!)
 HP=$(waitline "$D/hook.out" "port ")
-expect "ext admitted" 201 "$(code POST /v1/services "{\"id\":\"ext\",\"class\":\"experiment\",\"vram\":\"60GiB\",\"min_vram\":\"20GiB\",\"batch_size\":8,\"min_batch_size\":2,\"grace_ms\":1500,\"control_url\":\"http://127.0.0.1:$HP/hook\"}")"
+expect "ext admitted" 201 "$(code POST /v1/services "{\"id\":\"ext\",\"class\":\"experiment\",\"vram\":\"60GiB\",\"min_vram\":\"20GiB\",\"batch_size\":8,\"min_batch_size\":2,\"grace_ms\":1500,\"control_url\":\"http://localhost:$HP/hook\"}")"
 TOK=$(json 'd["token"]' <"$tmp/body")
 P4=$(freeport)
 OVERSUB_SERVICE=ext OVERSUB_CONTROL_URL=http://127.0.0.1:$PORT OVERSUB_TOKEN=$TOK OVERSUB_BATCH_SIZE=8 \
