@@ -433,6 +433,23 @@ static int cmd_explain(const char *id)
         printf(": holds %lld MiB, uses %lld MiB\n", (long long)geti(s, "held_mib"),
                (long long)geti(s, "used_mib"));
     }
+    /* a managed service: its process, and what eviction does to it */
+    json_t *pr = json_object_get(s, "process");
+    if (pr != NULL) {
+        if (json_is_true(json_object_get(pr, "alive")))
+            printf("  managed: process %lld", (long long)geti(pr, "pid"));
+        else
+            printf("  managed: no process now");
+        if (geti(pr, "restarts") > 0)
+            printf(", %lld restart(s)", (long long)geti(pr, "restarts"));
+        printf("; log %s (oversub logs %s)\n", gets_(pr, "log"), id);
+        if (strcmp(st, "draining") == 0 || strcmp(st, "overdue") == 0)
+            printf(
+                "  it got SIGTERM when evicted; its process group gets SIGKILL at the deadline\n");
+        if (strcmp(st, "queued") == 0 && gets_(s, "checkpoint")[0])
+            printf("  it will be started again with OVERSUB_RESUME_FROM=%s\n",
+                   gets_(s, "checkpoint"));
+    }
     json_decref(s);
     return EX_OK;
 }

@@ -183,6 +183,8 @@ for round in 1 2; do
     wait_state big loading 5 || bad "big did not start ($round)"
     expect "checkpoint kept ($round)" "$D/st/checkpoints/job/state" "$(field job '["checkpoint"]')"
     expect "queue position ($round)" 1 "$(field job '["queue_position"]')"
+    "$cli" --url "unix:$S" explain job >"$tmp/explain"
+    grep -q "started again with OVERSUB_RESUME_FROM=$D/st/checkpoints/job/state" "$tmp/explain" || bad "oversub explain ($round): $(cat "$tmp/explain")"
     "$cli" --url "unix:$S" queue >"$tmp/queue"
     grep -q "^1 *job *batch *51200 MiB .*evicted $round time(s); resumes from $D/st/checkpoints/job/state" "$tmp/queue" || bad "oversub queue ($round): $(cat "$tmp/queue")"
     api DELETE /v1/services/big >/dev/null
