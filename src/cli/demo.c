@@ -217,18 +217,24 @@ static void run_scenario(void)
     pool_line();
 }
 
-/* The example batch-job next to this program (build/examples/batch-job), or "" */
-static void example_path(const char *name, char *out, size_t len)
+/* The folder this program is in ("" when /proc does not say). */
+static void exe_dir(char *out, size_t len)
 {
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    exe[n > 0 ? n : 0] = '\0';
-    char *slash = strrchr(exe, '/');
+    ssize_t n = readlink("/proc/self/exe", out, len - 1);
+    out[n > 0 ? n : 0] = '\0';
+    char *slash = strrchr(out, '/');
     if (slash != NULL)
         *slash = '\0';
+}
+
+/* An example service next to this program (build/examples/NAME), or "" */
+static void example_path(const char *name, char *out, size_t len)
+{
+    char dir[PATH_MAX];
+    exe_dir(dir, sizeof(dir));
     out[0] = '\0';
-    if (strlen(exe) + strlen(name) + 11 < len) {
-        snprintf(out, len, "%.*s/examples/%s", (int)(len - 12 - strlen(name)), exe, name);
+    if (strlen(dir) + strlen(name) + 11 < len) {
+        snprintf(out, len, "%.*s/examples/%s", (int)(len - 12 - strlen(name)), dir, name);
         if (access(out, X_OK) != 0)
             out[0] = '\0';
     }
@@ -298,11 +304,7 @@ static pid_t start_daemon(const char *dir)
     if (env != NULL) {
         snprintf(bin, sizeof(bin), "%s", env);
     } else {
-        ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-        exe[n > 0 ? n : 0] = '\0';
-        char *slash = strrchr(exe, '/');
-        if (slash != NULL)
-            *slash = '\0';
+        exe_dir(exe, sizeof(exe));
         snprintf(bin, sizeof(bin), "%s/oversubd", exe);
         if (access(bin, X_OK) != 0)
             snprintf(bin, sizeof(bin), "oversubd");

@@ -1258,7 +1258,8 @@ void osubd_act_events(struct osubd *d, const osub_event_t *ev, size_t n)
         q[d->act_n].ticket = d->applied_ticket;
         d->act_n++;
     }
-    if (d->act_ev != NULL && (d->act_n > 0 || n == 0))
+    /* nothing queued, nothing to do: the watch timer reconciles the rest */
+    if (d->act_ev != NULL && d->act_n > 0)
         event_active(d->act_ev, EV_TIMEOUT, 0);
 }
 

@@ -28,7 +28,8 @@ int osubd_act_start(struct osubd *d, char *err, size_t errlen);
 void osubd_act_free(struct osubd *d);
 
 /* The events of the command just applied: the actuators act on them from the loop, once the
- * command is logged (never from inside osubd_apply). */
+ * command is durable (never from inside osubd_apply). With n 0: a commit happened, act on what
+ * waited for it. */
 void osubd_act_events(struct osubd *d, const osub_event_t *ev, size_t n);
 
 /* What a service's JSON shows of its actuation (never env's values): merged into o. */

@@ -83,7 +83,6 @@ struct gw_req {
     bool body_done, had_body;
     int retries; /* on a pooled connection that turned out closed */
     int32_t prio;
-    uint64_t seq;
     struct event *timer;
     bool started; /* the answer's head went out: the body streams */
     double t0, t_sent;
@@ -117,7 +116,6 @@ struct gw_bconn {
     int64_t left;
     struct chunk_scan cs;
     bool keepalive;
-    int code;
     bool got_bytes; /* something came back: a failure now is not a refusal */
     bool reused;    /* taken from the pool: the backend may have closed it meanwhile */
 };
@@ -180,7 +178,6 @@ struct osub_gateway {
     struct event *pump;
     struct gw_svc *svcs;
     struct peer_count *peers[1024]; /* connections per client address, hashed */
-    uint64_t seq;
     uint64_t no_route, bad_requests, refused_conns;
     struct evbuffer *scratch; /* one message at a time passes through it */
     struct gw_req *free_reqs; /* requests to reuse */
@@ -654,6 +651,25 @@ struct canned {
     char bytes[1280];
 };
 
+/* A JSON error answer, head and body, into buf; returns its length. */
+static int format_answer(char *buf, size_t len, int code, const char *phrase, const char *ecode,
+                         const char *reason, const char *msg, int retry_after, bool close_it,
+                         bool head)
+{
+    char body[768], ra[40] = "";
+    int bl = snprintf(body, sizeof(body),
+                      "{\"error\":{\"code\":\"%s\",\"reason\":\"%s\",\"message\":\"%s\"}}\n", ecode,
+                      reason, msg);
+    if (retry_after > 0)
+        snprintf(ra, sizeof(ra), "Retry-After: %d\r\n", retry_after);
+    int n =
+        snprintf(buf, len,
+                 "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                 "%s%s\r\n%s",
+                 code, phrase, bl, ra, close_it ? "Connection: close\r\n" : "", head ? "" : body);
+    return n < (int)len ? n : (int)len - 1;
+}
+
 static void reply(struct gw_req *r, int code, const char *phrase, const char *ecode,
                   const char *reason, const char *msg, int retry_after)
 {
@@ -675,20 +691,8 @@ static void reply(struct gw_req *r, int code, const char *phrase, const char *ec
             k = &cache[i];
     if (k == NULL) {
         k = &cache[next_slot++ % 16];
-        char body[768];
-        int bl = snprintf(body, sizeof(body),
-                          "{\"error\":{\"code\":\"%s\",\"reason\":\"%s\",\"message\":\"%s\"}}\n",
-                          ecode, reason, msg);
-        char ra[40] = "";
-        if (retry_after > 0)
-            snprintf(ra, sizeof(ra), "Retry-After: %d\r\n", retry_after);
-        k->len = snprintf(k->bytes, sizeof(k->bytes),
-                          "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: "
-                          "%d\r\n%s%s\r\n%s",
-                          code, phrase, bl, ra, close_it ? "Connection: close\r\n" : "",
-                          head ? "" : body);
-        if (k->len >= (int)sizeof(k->bytes))
-            k->len = (int)sizeof(k->bytes) - 1;
+        k->len = format_answer(k->bytes, sizeof(k->bytes), code, phrase, ecode, reason, msg,
+                               retry_after, close_it, head);
         k->msg = msg;
         k->code = code;
         k->ecode = ecode;
@@ -707,15 +711,9 @@ static void reply(struct gw_req *r, int code, const char *phrase, const char *ec
 static void reply_bad(struct gw_client *c, int code, const char *phrase, const char *reason,
                       const char *msg)
 {
-    char body[512], buf[1024];
-    int bl =
-        snprintf(body, sizeof(body),
-                 "{\"error\":{\"code\":\"bad_request\",\"reason\":\"%s\",\"message\":\"%s\"}}\n",
-                 reason, msg);
-    int n = snprintf(buf, sizeof(buf),
-                     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-                     "Connection: close\r\n\r\n%s",
-                     code, phrase, bl, body);
+    char buf[1280];
+    int n =
+        format_answer(buf, sizeof(buf), code, phrase, "bad_request", reason, msg, 0, true, false);
     c->g->bad_requests++;
     c->closing = true;
     evbuffer_drain(c->in, evbuffer_get_length(c->in));
@@ -733,8 +731,6 @@ static void cl_on_timer(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     struct gw_client *c = arg;
-    if (c->cur != NULL && c->cur->bc == NULL && c->cur->timer != NULL)
-        return; /* queued: its own deadline answers it */
     if (c->in_head && evbuffer_get_length(c->in) > 0 && c->cur == NULL) {
         /* a head that did not arrive in time (slowloris): 408 and close */
         char buf[] =
@@ -1380,7 +1376,6 @@ static int bc_head(struct gw_bconn *bc)
         bc->st = 3, r->keepalive = false; /* until close: so is the client's */
     if (r->http10 && bc->st == 2)
         r->keepalive = false;
-    bc->code = code;
     /* the client's head */
     struct evbuffer *out = c->g->scratch;
     evbuffer_add(out, "HTTP/1.1 ", 9);
@@ -1831,12 +1826,14 @@ static void on_pump(evutil_socket_t fd, short what, void *arg)
         pump(g, s);
 }
 
+static struct gw_svc *svc_find(struct osub_gateway *g, const char *id, size_t n);
+
 static struct gw_svc *svc_of(struct osub_gateway *g, const char *id)
 {
-    for (struct gw_svc *s = g->svcs; s != NULL; s = s->next)
-        if (strcmp(s->id, id) == 0)
-            return s;
-    struct gw_svc *s = calloc(1, sizeof(*s));
+    struct gw_svc *s = svc_find(g, id, strlen(id));
+    if (s != NULL)
+        return s;
+    s = calloc(1, sizeof(*s));
     if (s == NULL)
         return NULL;
     snprintf(s->id, sizeof(s->id), "%s", id);
@@ -1972,7 +1969,6 @@ static void handle(struct gw_client *c, struct gw_req *r)
     }
     r->by_host = by_host;
     r->prio = prio;
-    r->seq = ++g->seq;
     r->t0 = now_s();
     if (s->v_serving && s->inflight < s->v_lim && s->queue == NULL) {
         dispatch(g, r);
