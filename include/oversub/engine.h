@@ -158,7 +158,8 @@ typedef enum {
     XX(LOADED, "loaded")                       /* loading period over */                           \
     XX(GPU_LOST, "gpu_lost")                   /* a GPU disappeared */                             \
     XX(EVICTED, "evicted")                     /* an eviction completed */                         \
-    XX(COMPUTE, "compute")                     /* compute contention */
+    XX(COMPUTE, "compute")                     /* compute contention */                            \
+    XX(START_FLOOR, "start_floor")             /* admitted at its floor: no room for more yet */
 
 typedef enum {
 #define OSUB__RS_ENUM(name, str) OSUB_R_##name,
@@ -257,6 +258,9 @@ typedef struct {
     int32_t level;
     bool backed, preemptible, degradable, loading, ack_pending, resumed;
     int64_t grant_mib, held_mib, used_mib;
+    int64_t predicted_peak_mib; /* its own usage's predicted peak (its request: no history) */
+    int64_t charge_mib;         /* what an admission now would count physically for it */
+    uint32_t usage_reports;     /* reports its prediction has learned from */
     int32_t batch_size;
     int64_t submitted_ms, since_ms, deadline_ms; /* deadline: ack or grace end, else 0 */
     int32_t n_slots;

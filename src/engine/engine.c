@@ -382,10 +382,14 @@ static void timer_set(osub_engine_t *e, struct svc *s, int kind, int64_t at)
 
 static int64_t slot_held(const struct svc *s, const struct slot *sl)
 {
-    if (s->state == OSUB_STATE_PENDING || s->backed)
+    if (s->backed)
         return sl->grant;
+    /* an oversold service is expected to grow to what admission counted for it (its
+     * predicted peak: its grant when it has no history) */
+    if (s->state == OSUB_STATE_PENDING)
+        return min64(sl->grant, sl->charge);
     if (s->loading)
-        return max64(sl->used, sl->held_grant);
+        return max64(sl->used, min64(sl->held_grant, sl->charge));
     if (s->used_capped)
         return min64(sl->used, sl->held_grant);
     return sl->used;
@@ -474,6 +478,8 @@ static void gpu_list_add(osub_engine_t *e, struct gpu *g, struct svc *s)
     }
     g->svcs[pos] = s;
     g->nsvc++;
+    if (s->preemptible)
+        g->n_preempt++;
 }
 
 static void gpu_list_remove(osub_engine_t *e, struct gpu *g, struct svc *s)
@@ -483,6 +489,8 @@ static void gpu_list_remove(osub_engine_t *e, struct gpu *g, struct svc *s)
         if (g->svcs[i] == s) {
             memmove(&g->svcs[i], &g->svcs[i + 1], (size_t)(g->nsvc - i - 1) * sizeof(s));
             g->nsvc--;
+            if (s->preemptible)
+                g->n_preempt--;
             return;
         }
     }
@@ -498,7 +506,7 @@ static int place_reserve(osub_engine_t *e, const int32_t *gpus, int32_t k)
 
 /* Places s on gpus with the given grants (caller reserved the lists). */
 static void svc_place(osub_engine_t *e, struct svc *s, const int32_t *gpus, const int64_t *shares,
-                      int32_t k)
+                      const int64_t *charges, int32_t k)
 {
     s->n_slots = k;
     for (int32_t j = 0; j < k; j++) {
@@ -510,6 +518,8 @@ static void svc_place(osub_engine_t *e, struct svc *s, const int32_t *gpus, cons
         sl->used = 0;
         slot_set_grant(e, s, sl, shares[j]);
         sl->held_grant = shares[j];
+        sl->charge = charges != NULL && charges[j] > 0 && charges[j] < shares[j] ? charges[j]
+                                                                                 : shares[j];
         g->compute_all += s->spec.compute_pct;
         if (s->backed)
             g->compute_backed += s->spec.compute_pct;
@@ -883,8 +893,10 @@ int osub_engine_new(const osub_pool_config_t *cfg, const int64_t *vram_mib,
     e->cand_buf = calloc(n_gpus, sizeof(*e->cand_buf));
     e->aggs = calloc(n_gpus, sizeof(*e->aggs));
     e->miss_buf = calloc(n_gpus, sizeof(*e->miss_buf));
+    e->promise_buf = calloc(n_gpus, sizeof(*e->promise_buf));
     e->gpu_stamp = calloc(n_gpus, sizeof(*e->gpu_stamp));
-    if (e->gpus == NULL || e->cand_buf == NULL || e->miss_buf == NULL || e->aggs == NULL ||
+    if (e->gpus == NULL || e->cand_buf == NULL || e->miss_buf == NULL ||
+        e->promise_buf == NULL || e->aggs == NULL ||
         e->gpu_stamp == NULL)
         goto err_free;
     for (size_t i = 0; i < n_gpus; i++) {
@@ -937,6 +949,7 @@ void osub_engine_free(osub_engine_t *e)
     free(e->tdirty);
     osub__trees_free(e);
     free(e->miss_buf);
+    free(e->promise_buf);
     free(e->gpu_stamp);
     free(e->tab);
     free(e->queue);
@@ -1081,20 +1094,56 @@ static int empty_pool_fit(const osub_engine_t *e, const osub_spec_t *s)
 static void fill_req(const osub_engine_t *e, const struct svc *s, struct req *r)
 {
     memset(r, 0, sizeof(*r));
-    /* a preemptible service is not placed where it would push held above the high watermark
-     * (unless it is alone there): pressure would take it straight back out */
-    if (s->preemptible)
-        r->held_limit_pct = e->cfg.high_watermark_pct;
+    /* no start may push held above the high watermark (unless the service is alone there,
+     * or, for a backed one, nothing preemptible shares the GPU): pressure would take it, or
+     * a neighbour, straight back out */
+    r->held_limit_pct = e->cfg.high_watermark_pct;
     r->level = s->level;
     r->backed = s->backed;
     r->exclusive = s->spec.exclusive;
     r->total = s->full_total;
+    r->charge = osub__charge_total(e, s);
     r->k = s->k;
     r->compute = s->spec.compute_pct;
     r->self = s;
 }
 
 /* ---- admission ------------------------------------------------------------------------ */
+
+/* The admission plan for s (DESIGN.md steps 2-5), with one more way in for a degradable
+ * oversold service: when its request has no room without evicting anyone, it may start at
+ * its floor where that fits without victims (a degraded start), and is restored once its
+ * predicted peak has room (docs/engine.md, "Degraded starts"). */
+static void plan_for(osub_engine_t *e, const struct svc *s, const struct req *r, struct plan *p)
+{
+    osub__plan_admission(e, r, p);
+    p->degraded_start = false;
+    if (!s->degradable || s->backed || s->spec.exclusive || s->floor_total >= s->full_total)
+        return;
+    if (p->ok && p->n_evict == 0)
+        return;
+    struct req r2 = *r;
+    r2.total = s->floor_total;
+    r2.charge = r->charge < s->floor_total ? r->charge : s->floor_total;
+    r2.quiet = true;
+    struct plan p2;
+    osub__plan_admission(e, &r2, &p2);
+    if (p2.ok && p2.n_victims == 0) {
+        *p = p2;
+        p->degraded_start = true;
+    }
+}
+
+/* The smallest share a request of s could be placed with (degraded starts included). */
+static int64_t min_share(const struct svc *s, const struct req *r)
+{
+    if (r->exclusive)
+        return 1;
+    int64_t t = r->charge < r->total ? r->charge : r->total;
+    if (s->degradable && !s->backed && s->floor_total < t)
+        t = s->floor_total;
+    return t / r->k;
+}
 
 /* A sentence for a failed admission plan: which check, where, and by how much. */
 static void describe_failure(const struct plan *p, char *buf, size_t len)
@@ -1150,7 +1199,7 @@ static bool pending_can_start(const osub_engine_t *e, const struct svc *s)
 /* Carries out an admission plan for s (placement reserved by the caller). */
 static void admit_apply(osub_engine_t *e, struct svc *s, const struct plan *p, osub_reason_t why)
 {
-    svc_place(e, s, p->gpus, p->shares, p->k);
+    svc_place(e, s, p->gpus, p->shares, p->charges, p->k);
     e->admissions++;
     char gb[96];
     fmt_gpus(s, gb, sizeof(gb));
@@ -1163,6 +1212,24 @@ static void admit_apply(osub_engine_t *e, struct svc *s, const struct plan *p, o
         set_state(e, s, OSUB_STATE_PENDING);
         svc_sync(e, s);
         svc_start(e, s, why);
+        if (p->degraded_start) {
+            /* it starts at its floor: degraded from the start, restored when its predicted
+             * peak has room (process_restores) */
+            set_state(e, s, OSUB_STATE_DEGRADED);
+            s->batch = s->floor_batch;
+            s->room_since_ms = -1;
+            s->n_degrades++;
+            e->degrades++;
+            osub_event_t *dv = emit(e, OSUB_EV_DEGRADE, OSUB_R_START_FLOOR,
+                                    "%s (%s) starts at its floor of %lld MiB on %s: its request "
+                                    "of %lld MiB has no room there yet; restored when its "
+                                    "predicted peak fits",
+                                    s->spec.id, class_of(e, s), (long long)grant_total(s), gb,
+                                    (long long)s->full_total);
+            ev_svc(dv, s);
+            dv->vram_mib = grant_total(s);
+            dv->batch_size = s->batch;
+        }
         return;
     }
     osub_event_t *ev = emit(e, OSUB_EV_ADMIT, OSUB_R_PREEMPTION,
@@ -1387,13 +1454,14 @@ int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms
     sv->heap_pos[0] = sv->heap_pos[1] = -1;
     sv->state = OSUB_STATE_QUEUED;
     sv->adopted = (flags & OSUB_SUBMIT_RUNNING) != 0;
+    osub__pred_init(&sv->pred);
 
     struct req r;
     fill_req(e, sv, &r);
     struct plan p;
     bool blocked = e->overcommitted;
     if (!blocked)
-        osub__plan_admission(e, &r, &p);
+        plan_for(e, sv, &r, &p);
     else
         memset(&p, 0, sizeof(p));
     if (p.ok && !backfill_ok(e, &p, sv->level))
@@ -1613,11 +1681,11 @@ static void process_queue(osub_engine_t *e)
         r.quiet = true;
 
         struct plan p;
-        if (!osub__may_fit(e, &r, r.exclusive ? 1 : r.total / r.k)) {
+        if (!osub__may_fit(e, &r, min_share(s, &r))) {
             p.ok = false; /* cannot fit even with every lower level evicted: no plan needed */
         } else {
             planned++;
-            osub__plan_admission(e, &r, &p);
+            plan_for(e, s, &r, &p);
         }
         if (p.ok && i > 0) {
             /* backfill: not ahead of the head unless it delays nothing */
@@ -1736,6 +1804,18 @@ static void process(osub_engine_t *e)
     }
 }
 
+/* What a restored slot is expected to hold: its predicted peak's share (its full share
+ * when it has no history), or what it uses now if more. */
+static int64_t restore_need(const osub_engine_t *e, const struct svc *s, int32_t i)
+{
+    int64_t full = osub__share(s->full_total, s->k, i);
+    int64_t pred = osub__share(osub__pred_peak(&s->pred, s->full_total, e->now), s->k, i);
+    return max64(s->slots[i].used, min64(full, pred));
+}
+
+/* Room to restore s on every GPU: its full grant under the logical capacity and what it is
+ * expected to hold under the low watermark, counting the room already promised in this pass
+ * to services restored (or waiting to be) ahead of it. */
 static bool restore_room(const osub_engine_t *e, const struct svc *s)
 {
     for (int32_t i = 0; i < s->n_slots; i++) {
@@ -1744,7 +1824,8 @@ static bool restore_room(const osub_engine_t *e, const struct svc *s)
         int64_t full = osub__share(s->full_total, s->k, i);
         if (g->granted - sl->grant + full > g->logical)
             return false;
-        if ((g->held - sl->held + max64(sl->used, full)) * 100 >
+        int64_t need = restore_need(e, s, i);
+        if ((g->held - sl->held + need + e->promise_buf[sl->gpu]) * 100 >
             g->usable * e->cfg.low_watermark_pct)
             return false;
     }
@@ -1783,6 +1864,7 @@ static void process_restores(osub_engine_t *e)
     for (size_t c = 0; c < e->n_classes; c++)
         if (e->classes[c].level > maxl)
             maxl = e->classes[c].level;
+    bool promised = false;
     for (int32_t lvl = 0; lvl <= maxl; lvl++) {
         for (struct svc *s = e->head; s; s = s->next) {
             if (s->level != lvl || s->state != OSUB_STATE_DEGRADED || s->ack_pending)
@@ -1791,12 +1873,22 @@ static void process_restores(osub_engine_t *e)
                 s->room_since_ms = -1;
                 continue;
             }
+            /* the room is this service's until the pass ends: the next ones need more */
+            for (int32_t i = 0; i < s->n_slots; i++) {
+                int64_t grow = restore_need(e, s, i) - s->slots[i].held;
+                if (grow > 0) {
+                    e->promise_buf[s->slots[i].gpu] += grow;
+                    promised = true;
+                }
+            }
             if (s->room_since_ms < 0)
                 s->room_since_ms = e->now;
             if (e->now - s->room_since_ms >= e->cfg.hysteresis_ms)
                 svc_restore(e, s);
         }
     }
+    if (promised)
+        memset(e->promise_buf, 0, (size_t)e->n_gpus * sizeof(*e->promise_buf));
 }
 
 int osub_engine_tick(osub_engine_t *e, int64_t now_ms)
@@ -1857,6 +1949,7 @@ static int usage_apply(osub_engine_t *e, struct svc *s, const int64_t *per, int3
 {
     for (int32_t i = 0; i < s->n_slots; i++)
         slot_set_used(e, &s->slots[i], per[i]);
+    osub__pred_observe(&s->pred, used_total(s), e->now);
     if (compute >= 0) {
         for (int32_t i = 0; i < s->n_slots; i++)
             e->gpus[s->slots[i].gpu].compute_measured += compute - s->compute_used;
@@ -2442,6 +2535,9 @@ int osub_engine_service_info(osub_engine_t *e, const char *id, osub_service_info
     out->grant_mib = grant_total(s);
     out->held_mib = held_total(s);
     out->used_mib = used_total(s);
+    out->predicted_peak_mib = osub__pred_peak(&s->pred, s->full_total, e->now);
+    out->charge_mib = osub__charge_total(e, s);
+    out->usage_reports = s->pred.n;
     out->batch_size = s->batch;
     out->submitted_ms = s->submit_ms;
     out->since_ms = s->since_ms;

@@ -20,6 +20,19 @@ struct slot {
     int64_t held_grant; /* grant as held sees it (the old one while a directive is unacked) */
     int64_t used;       /* last measured */
     int64_t held;       /* cached result of slot_held() */
+    int64_t charge;     /* what admission counted physically for it here (<= grant) */
+};
+
+/* A service's usage predictor (predict.c), fed by its own usage reports: integer state only,
+ * so decisions stay exact and deterministic. mean16 and dev16 are 16ths of a MiB. */
+struct pred {
+    uint32_t n;        /* reports seen (saturates) */
+    int64_t first_ms;  /* time of the first report, -1 if none */
+    int64_t mean16;    /* moving mean of the total used */
+    int64_t dev16;     /* moving mean absolute deviation from it */
+    int64_t peak;      /* the largest total used reported */
+    int64_t jump;      /* the largest rise between two consecutive reports */
+    int64_t last;      /* the last total reported */
 };
 
 struct svc {
@@ -47,6 +60,7 @@ struct svc {
     int64_t room_since_ms; /* restore hysteresis; -1 when no room */
     bool overdue_requeued;
     uint32_t n_evictions, n_degrades;
+    struct pred pred;
     char checkpoint[128];
     char preemptor[OSUB_ID_MAX + 1]; /* who a directive was for ("" for pressure) */
     int32_t preemptor_level;
@@ -57,13 +71,6 @@ struct svc {
     int32_t heap_pos[T__KINDS];
     int64_t timer_at[T__KINDS];
     uint64_t plan_stamp;
-    uint64_t cmd_no; /* commands begun */
-    /* the queue head's reservation, cached for one command */
-    uint64_t resv_cmd;
-    const struct svc *resv_head;
-    int32_t resv_n;
-    int32_t resv_gpus[64];
-    int32_t plan_idx;
 
     struct svc *prev, *next;     /* live list in submit order */
     osub_slot_info_t *slot_info; /* scratch for service_info */
@@ -99,6 +106,7 @@ struct gpu {
     int64_t hist_minute; /* minute of the newest history slot */
     struct svc *excl;    /* exclusive owner */
     int32_t nsvc;
+    int32_t n_preempt; /* preemptible services placed here */
     bool cordoned, lost, agg_dirty, tree_dirty;
     int64_t agg_valid_until; /* a victim's minimum-runtime protection ends then */
     /* cold */
@@ -182,6 +190,7 @@ struct osub_engine {
     int32_t resv_gpus[64];
     struct cand *cand_buf; /* n_gpus scratch entries for planning */
     int32_t *miss_buf;     /* n_gpus scratch entries for planning */
+    int64_t *promise_buf;  /* n_gpus scratch: room promised to restores in one pass */
     uint64_t *gpu_stamp;   /* n_gpus: which plan last looked at a GPU */
     int32_t max_level;     /* the largest level of the classes */
     /* GPU sizes of the pool (lost GPUs excluded), refreshed when a GPU is lost */
@@ -218,6 +227,8 @@ struct req {
     int32_t level;
     bool backed, exclusive;
     int64_t total;
+    int64_t charge; /* what the physical (held) checks count, <= total: DESIGN's share for
+                       backed services, the predicted peak for oversold ones (predict.c) */
     int32_t k;
     int32_t compute;
     int64_t size_mib; /* 0: any */
@@ -234,6 +245,8 @@ struct plan {
     int32_t k;
     int32_t gpus[64];
     int64_t shares[64];
+    int64_t charges[64];
+    bool degraded_start; /* admitted at its floor (engine.c) */
     int32_t n_victims;
     struct svc *victims[OSUB_PLAN_MAX_VICTIMS];
     uint8_t acts[OSUB_PLAN_MAX_VICTIMS];
@@ -278,6 +291,16 @@ OSUB__HIDDEN int64_t osub__slot_held_after(const osub_engine_t *e, const struct 
 OSUB__HIDDEN int64_t osub__floor_share(const struct svc *s, int32_t i);
 OSUB__HIDDEN int64_t osub__share(int64_t total, int32_t k, int32_t i);
 OSUB__HIDDEN bool osub__svc_victim_eligible(const struct svc *s);
+
+/* predict.c: the usage predictor */
+OSUB__HIDDEN void osub__pred_init(struct pred *p);
+OSUB__HIDDEN void osub__pred_observe(struct pred *p, int64_t used_total, int64_t now_ms);
+/* The predicted peak of the service's total use over the coming hours, capped by cap (its
+ * full request); cap itself when it has no history. */
+OSUB__HIDDEN int64_t osub__pred_peak(const struct pred *p, int64_t cap, int64_t now_ms);
+/* What an admission of s counts physically (total): backed services their request, oversold
+ * ones their predicted peak. */
+OSUB__HIDDEN int64_t osub__charge_total(const osub_engine_t *e, const struct svc *s);
 
 static inline void osub__gpu_touch(struct osub_engine *e, struct gpu *g)
 {

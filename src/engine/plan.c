@@ -51,11 +51,23 @@ static int64_t slot_grant_after(const struct svc *s, const struct slot *sl, int 
     return sl->grant;
 }
 
+/* What the held checks count for a share of the request: the share itself for backed and
+ * exclusive requests, the same fraction of the predicted peak for oversold ones. */
+static int64_t charge_of(const struct req *r, int64_t share)
+{
+    if (r->exclusive || r->total <= 0 || r->charge >= r->total || r->charge <= 0)
+        return share;
+    return (int64_t)((osub_i128)share * r->charge / r->total);
+}
+
 /* What held plus the newcomer may reach on a GPU: usable, or the high watermark for a
  * service coming back from the queue (resuming it into pressure would evict it again). */
 static int64_t held_limit(const struct gpu *g, const struct req *r, int64_t share)
 {
     if (r->held_limit_pct >= 100 || r->held_limit_pct <= 0)
+        return g->usable;
+    /* a backed service next to backed services only pushes nobody into pressure */
+    if (r->backed && g->n_preempt == 0)
         return g->usable;
     int64_t lim = g->usable * r->held_limit_pct / 100;
     /* a service bigger than the watermark may still come back to an otherwise empty GPU */
@@ -90,9 +102,9 @@ int64_t osub__gpu_peak(osub_engine_t *e, struct gpu *g)
     return g->hist_peak > g->held ? g->hist_peak : g->held;
 }
 
-static int64_t placement_score(osub_engine_t *e, struct gpu *g, int64_t share)
+static int64_t placement_score(osub_engine_t *e, struct gpu *g, int64_t charge)
 {
-    int64_t projected = osub__gpu_peak(e, g) + share;
+    int64_t projected = osub__gpu_peak(e, g) + charge;
     if (projected <= g->usable)
         return g->usable - projected;                    /* tightest fit first */
     return (INT64_C(1) << 50) + (projected - g->usable); /* least overshoot first */
@@ -103,6 +115,7 @@ static int64_t placement_score(osub_engine_t *e, struct gpu *g, int64_t share)
 struct ws_gpu {
     int32_t gpu;
     int64_t share;
+    int64_t charge; /* what the held check counts of the share */
     int64_t dg, dh;
     int32_t dc, nev;
     bool pass;
@@ -155,7 +168,7 @@ static osub_check_t ws_eval(const osub_engine_t *e, const struct ws *w, const st
             return OSUB_CHECK_BACKED;
         }
     }
-    sf = g->held - x->dh + x->share - held_limit(g, r, x->share);
+    sf = g->held - x->dh + x->charge - held_limit(g, r, x->charge);
     if (sf > 0) {
         *shortfall = sf;
         return OSUB_CHECK_HELD;
@@ -201,6 +214,7 @@ static void ws_init(const osub_engine_t *e, struct ws *w, const struct req *r, c
         memset(x, 0, sizeof(*x));
         x->gpu = gpus[j];
         x->share = shares[j];
+        x->charge = charge_of(r, shares[j]);
         x->pass = true;
         ws_update(e, w, j);
     }
@@ -526,7 +540,8 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
 {
     gpu_agg(e, g, gi);
     int64_t dl = g->granted + share - g->logical;
-    int64_t dh = g->held + share - held_limit(g, r, share);
+    int64_t ch = charge_of(r, share);
+    int64_t dh = g->held + ch - held_limit(g, r, ch);
     int64_t dc = 0;
     if (r->backed && g->backed + share > g->usable)
         return false;
@@ -610,7 +625,8 @@ static bool plan_single(const osub_engine_t *e, const struct gpu *g, const struc
                         int64_t share, struct cand *c)
 {
     int64_t climit = (int64_t)100 * e->cfg.compute_ratio_milli / 1000;
-    int64_t dl0 = g->granted + share - g->logical, dh0 = g->held + share - held_limit(g, r, share);
+    int64_t ch = charge_of(r, share);
+    int64_t dl0 = g->granted + share - g->logical, dh0 = g->held + ch - held_limit(g, r, ch);
     int64_t dc0 = r->compute > 0 ? g->compute_all + r->compute - climit : 0;
     if (r->backed &&
         (g->backed + share > g->usable || (r->compute > 0 && g->compute_backed + r->compute > 100)))
@@ -732,6 +748,8 @@ static bool plan_set(osub_engine_t *e, const struct req *r, const struct cand *b
     p->k = k;
     memcpy(p->gpus, gpus, sizeof(gpus[0]) * (size_t)k);
     memcpy(p->shares, shares, sizeof(shares[0]) * (size_t)k);
+    for (int32_t j = 0; j < k; j++)
+        p->charges[j] = charge_of(r, shares[j]);
     p->score = worst;
     return true;
 }
@@ -890,6 +908,7 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
     best[k - 1].top_level = INT32_MAX;
     int64_t share0 = osub__share(r->total, k, 0);
     int64_t share_min = r->total / k;
+    int64_t charge0 = charge_of(r, share0), charge_min = charge_of(r, share_min);
     int64_t climit = (int64_t)100 * e->cfg.compute_ratio_milli / 1000;
     struct room_tree *grp = NULL;
     int32_t gj = -1;
@@ -924,14 +943,14 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
     bool scan = r->exclusive;
     if (!r->exclusive) {
         int32_t got = 0;
-        for (int32_t x = treap_lower_bound(grp, share0, -1); x >= 0 && got < k;
+        for (int32_t x = treap_lower_bound(grp, charge0, -1); x >= 0 && got < k;
              x = treap_lower_bound(grp, grp->pfree[x], x + 1)) {
             int32_t gi = grp->gpus[x];
             struct gpu *g = &e->gpus[gi];
             if (!gpu_takes(g, r, size))
                 continue;
             bool fits =
-                g->granted + share0 <= g->logical && g->held + share0 <= held_limit(g, r, share0) &&
+                g->granted + share0 <= g->logical && g->held + charge0 <= held_limit(g, r, charge0) &&
                 (!r->backed || g->backed + share0 <= g->usable) &&
                 (r->compute == 0 || (g->compute_all + r->compute <= climit &&
                                      (!r->backed || g->compute_backed + r->compute <= 100)));
@@ -952,7 +971,7 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
                 cand[ncand++] = grp->gpus[x];
         }
     } else if (scan) {
-        tree_collect(grp, tree_for(e, grp, r, e->max_level, false, share_min), share_min, cand,
+        tree_collect(grp, tree_for(e, grp, r, e->max_level, false, charge_min), charge_min, cand,
                      &ncand, false);
     }
     for (int32_t x = 0; x < ncand; x++) {
@@ -961,9 +980,10 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
         if (!gpu_takes(g, r, size))
             continue;
         int64_t share = r->exclusive ? g->usable : share0;
+        int64_t ch = r->exclusive ? share : charge0;
         bool fits =
             r->exclusive ||
-            (g->granted + share <= g->logical && g->held + share <= held_limit(g, r, share) &&
+            (g->granted + share <= g->logical && g->held + ch <= held_limit(g, r, ch) &&
              (!r->backed || g->backed + share <= g->usable) &&
              (r->compute == 0 || (g->compute_all + r->compute <= climit &&
                                   (!r->backed || g->compute_backed + r->compute <= 100))));
@@ -973,7 +993,7 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
         struct cand c = {.gpu = gi, .victims = false, .top_level = INT32_MAX};
         int64_t peak = g->hist_minute == minute ? (g->hist_peak > g->held ? g->hist_peak : g->held)
                                                 : osub__gpu_peak(e, g);
-        int64_t projected = peak + share;
+        int64_t projected = peak + ch;
         c.score = projected <= g->usable ? g->usable - projected
                                          : (INT64_C(1) << 50) + (projected - g->usable);
         cand_pack(&c);
@@ -997,7 +1017,7 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
                 for (int32_t x = 0; x < grp->n; x++)
                     cand[ncand++] = grp->gpus[x];
             } else {
-                tree_collect(grp, tree_for(e, grp, r, L - 1, phase == 0, share_min), share_min,
+                tree_collect(grp, tree_for(e, grp, r, L - 1, phase == 0, charge_min), charge_min,
                              cand, &ncand, false);
             }
             for (int32_t x = 0; x < ncand; x++) {
@@ -1012,7 +1032,7 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
                 if (!optimistic(e, g, gi, r, share, &c))
                     continue;
                 e->gpu_stamp[gi] = stamp;
-                c.score = placement_score(e, g, share);
+                c.score = placement_score(e, g, charge_of(r, share));
                 cand_pack(&c);
                 opt[nopt++] = c;
             }
@@ -1081,7 +1101,7 @@ static bool plan_size_reference(osub_engine_t *e, const struct req *r, int64_t s
             c.n_degrade = tmp.n_degrade;
             c.restart_sum = tmp.restart_sum;
         }
-        c.score = placement_score(e, g, share);
+        c.score = placement_score(e, g, charge_of(r, share));
         cand_pack(&c);
         keep_best(best, &nb, k, &c);
     }
@@ -1231,6 +1251,23 @@ int osub__plan_pressure(osub_engine_t *e, int32_t gpu, struct plan *out)
     out->k = 1;
     out->gpus[0] = gpu;
     out->ok = plan_victims(e, &w, out);
+    if (out->ok && out->n_evict == 0)
+        return 0;
+    /* degrade first: when degrades alone bring held under the high watermark, nobody is
+     * evicted (the low watermark is only the aim when evictions are needed anyway) */
+    struct plan hw;
+    memset(&hw, 0, sizeof(hw));
+    ws_init(e, &w, &r, &gpu, &zero, 1);
+    w.held_target = g->usable * e->cfg.high_watermark_pct / 100;
+    w.relief = relief;
+    w.n_fail = 0;
+    w.g[0].pass = true;
+    ws_update(e, &w, 0);
+    hw.k = 1;
+    hw.gpus[0] = gpu;
+    hw.ok = plan_victims(e, &w, &hw);
+    if (hw.ok && hw.n_evict == 0)
+        *out = hw;
     return 0;
 }
 

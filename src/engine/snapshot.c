@@ -96,13 +96,19 @@ char *osub_engine_save(const osub_engine_t *e)
             (long long)s->start_ms, (long long)s->resume_ms, (long long)s->deadline_ms,
             (long long)s->room_since_ms, s->overdue_requeued, s->n_evictions, s->n_degrades,
             s->preemptor_level, (long long)s->timer_at[T_LOAD], (long long)s->timer_at[T_DEADLINE]);
+        osub_sb_printf(&o,
+                       " pred_n=%u pred_first=%lld pred_mean16=%lld pred_dev16=%lld "
+                       "pred_peak=%lld pred_jump=%lld pred_last=%lld",
+                       s->pred.n, (long long)s->pred.first_ms, (long long)s->pred.mean16,
+                       (long long)s->pred.dev16, (long long)s->pred.peak,
+                       (long long)s->pred.jump, (long long)s->pred.last);
         put_str(&o, "checkpoint", s->checkpoint);
         put_str(&o, "preemptor", s->preemptor);
         osub_sb_printf(&o, " slots=");
         for (int32_t i = 0; i < s->n_slots; i++)
-            osub_sb_printf(&o, "%s%d:%lld:%lld:%lld", i ? "," : "", s->slots[i].gpu,
+            osub_sb_printf(&o, "%s%d:%lld:%lld:%lld:%lld", i ? "," : "", s->slots[i].gpu,
                            (long long)s->slots[i].grant, (long long)s->slots[i].held_grant,
-                           (long long)s->slots[i].used);
+                           (long long)s->slots[i].used, (long long)s->slots[i].charge);
         if (s->n_slots == 0)
             osub_sb_printf(&o, "-");
         osub_sb_printf(&o, "\n");
@@ -136,8 +142,8 @@ char *osub_engine_save(const osub_engine_t *e)
 
 struct line {
     char *kind;
-    char *keys[48];
-    char *vals[48];
+    char *keys[64];
+    char *vals[64];
     int n;
 };
 
@@ -182,7 +188,7 @@ static bool split_line(char *text, struct line *l)
         return false;
     for (char *tok = strtok_r(NULL, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
         char *eq = strchr(tok, '=');
-        if (eq == NULL || l->n == 48)
+        if (eq == NULL || l->n == 64)
             return false;
         *eq = '\0';
         l->keys[l->n] = tok;
@@ -306,6 +312,20 @@ static struct svc *read_svc(const osub_engine_t *e, const struct line *l)
         get_i64(l, "timer_deadline", &s->timer_at[T_DEADLINE]) &&
         get_str(l, "checkpoint", s->checkpoint, sizeof(s->checkpoint)) &&
         get_str(l, "preemptor", s->preemptor, sizeof(s->preemptor));
+    /* the predictor's state (absent in snapshots made before it: no history) */
+    osub__pred_init(&s->pred);
+    if (get(l, "pred_n") != NULL) {
+        int64_t pn;
+        ok = ok && get_i64(l, "pred_n", &pn) && pn >= 0 && pn <= UINT32_MAX &&
+             get_i64(l, "pred_first", &s->pred.first_ms) &&
+             get_i64(l, "pred_mean16", &s->pred.mean16) &&
+             get_i64(l, "pred_dev16", &s->pred.dev16) && get_i64(l, "pred_peak", &s->pred.peak) &&
+             get_i64(l, "pred_jump", &s->pred.jump) && get_i64(l, "pred_last", &s->pred.last) &&
+             s->pred.mean16 >= 0 && s->pred.dev16 >= 0 && s->pred.peak >= 0 &&
+             s->pred.jump >= 0 && s->pred.last >= 0;
+        if (ok)
+            s->pred.n = (uint32_t)pn;
+    }
     int64_t nev, ndg;
     ok = ok && get_i64(l, "n_evictions", &nev) && get_i64(l, "n_degrades", &ndg) && nev >= 0 &&
          ndg >= 0 && pre >= -1 && pre <= 1 && q >= -1 && q <= 1 && onev >= 0 && onev <= 2 &&
@@ -338,16 +358,23 @@ static struct svc *read_svc(const osub_engine_t *e, const struct line *l)
     if (strcmp(sl, "-") != 0) {
         const char *c = sl;
         while (*c) {
-            long long gpu, grant, hg, used;
-            int used_chars = 0;
+            long long gpu, grant, hg, used, charge = -1;
+            int used_chars = 0, more = 0;
             if (s->n_slots == s->k ||
                 sscanf(c, "%lld:%lld:%lld:%lld%n", &gpu, &grant, &hg, &used, &used_chars) != 4 ||
                 gpu < 0 || gpu >= e->n_gpus || grant < 0 || hg < 0 || used < 0) {
                 osub_svc_free(s);
                 return NULL;
             }
-            s->slots[s->n_slots++] = (struct slot){(int32_t)gpu, grant, hg, used, 0};
             c += used_chars;
+            /* snapshots before the predictor have no charge: the grant was counted */
+            if (*c == ':' && (sscanf(c, ":%lld%n", &charge, &more) != 1 || charge < 0)) {
+                osub_svc_free(s);
+                return NULL;
+            }
+            c += more;
+            s->slots[s->n_slots++] =
+                (struct slot){(int32_t)gpu, grant, hg, used, 0, charge < 0 ? grant : charge};
             if (*c == ',')
                 c++;
             else if (*c != '\0') {
