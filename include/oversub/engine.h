@@ -52,6 +52,10 @@ typedef struct {
     int64_t history_window_ms;   /* placement looks at held peaks over this window (1 h) */
     int64_t restart_cost_ms;     /* default restart cost / loading period (60 s) */
     int64_t queue_aging_ms;      /* after this wait the queue head blocks backfill (5 min) */
+    int64_t prediction_trust_ms; /* a usage history this long weighs as much as the request
+                                    in a service's predicted peak (1 h) */
+    int64_t floor_start_after_ms; /* a degradable service that has waited this long may start
+                                     at its floor (2 min; -1: never) */
 } osub_pool_config_t;
 
 /* One priority class. level 0 is the highest priority. */

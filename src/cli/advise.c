@@ -72,10 +72,26 @@ static int stats_of(const struct trace *tr, struct demand_stats *st)
     return 0;
 }
 
+/* The brief's rule counts preemptions: evictions of batch and experiment services (a
+ * degrade keeps the service running, so it is not counted; the evidence shows both). */
 static double preemptions_per_week(const struct sim_result *r)
 {
-    return r->degrades_per_week[1] + r->degrades_per_week[2] + r->evictions_per_week[1] +
-           r->evictions_per_week[2];
+    return r->evictions_per_week[1] + r->evictions_per_week[2];
+}
+
+static double degrades_per_week(const struct sim_result *r)
+{
+    return r->degrades_per_week[1] + r->degrades_per_week[2];
+}
+
+/* Two runs that decided the same: the ratio between them did not bind. */
+static bool same_run(const struct sim_result *a, const struct sim_result *b)
+{
+    return a->feasible == b->feasible && a->mean_used_util == b->mean_used_util &&
+           a->mean_held_util == b->mean_held_util && a->oom_events == b->oom_events &&
+           a->degrades[1] == b->degrades[1] && a->degrades[2] == b->degrades[2] &&
+           a->evictions[1] == b->evictions[1] && a->evictions[2] == b->evictions[2] &&
+           a->unmet_fraction == b->unmet_fraction && a->max_wait_s == b->max_wait_s;
 }
 
 int advise_run(const struct sim_budget *b, const char *gpus, int32_t r_from, int32_t r_to,
@@ -180,6 +196,17 @@ int advise_run(const struct sim_budget *b, const char *gpus, int32_t r_from, int
         rec = risk_ok;
     if (sweep == 0)
         rec = 0;
+    /* the lowest ratio from which every higher one of the sweep runs the same: above it the
+     * ratio does not bind (physical memory does), and recommending more changes nothing */
+    size_t bind_k = nr - 1;
+    while (bind_k > 0 && same_run(&res[bind_k - 1], &res[nr - 1]))
+        bind_k--;
+    int32_t binds_until = res[bind_k].ratio_milli;
+    bool capped = false;
+    if (rec > binds_until && bind_k < nr - 1) {
+        rec = binds_until;
+        capped = true;
+    }
     double days = (double)(tr->t1 - tr->t0 + tr->step_s) / 86400.0;
 
     if (json) {
@@ -188,12 +215,15 @@ int advise_run(const struct sim_budget *b, const char *gpus, int32_t r_from, int
             json_t *o = report_json(&res[k]);
             json_object_set_new(o, "preemptions_per_week",
                                 json_real(preemptions_per_week(&res[k])));
+            json_object_set_new(o, "degrades_per_week", json_real(degrades_per_week(&res[k])));
             json_object_set_new(o, "predicted_peak_over_physical", json_real(risk ? risk[k] : 0));
             json_array_append_new(rows, o);
         }
         json_t *root = json_pack(
-            "{s:o, s:i, s:{s:f, s:f, s:f}, s:o, s:{s:f, s:f, s:f, s:f}, s:b}", "recommended_ratio",
-            rec ? json_real(rec / 1000.0) : json_null(), "gpus", (int)n_pool, "by", "brief_rule",
+            "{s:o, s:i, s:f, s:b, s:{s:f, s:f, s:f}, s:o, s:{s:f, s:f, s:f, s:f}, s:b}",
+            "recommended_ratio", rec ? json_real(rec / 1000.0) : json_null(), "gpus",
+            (int)n_pool, "ratio_stops_binding_at", binds_until / 1000.0,
+            "capped_where_ratio_stops_binding", capped, "by", "brief_rule",
             rule / 1000.0, "sweep", sweep / 1000.0, "risk", risk_ok / 1000.0, "evidence", rows,
             "demand", "mean_mib", st.mean, "sigma_mib", st.sigma, "sum_p99_mib", st.sum_p99,
             "peak_mib", st.peak, "history_shorter_than_a_week", days < 7.0);
@@ -223,25 +253,35 @@ int advise_run(const struct sim_budget *b, const char *gpus, int32_t r_from, int
             printf("%d.%02dx\n", risk_ok / 1000, (risk_ok % 1000) / 10);
         else
             printf("none\n");
-        printf("  The recommendation is the lowest of the three.\n\nEvidence:\n");
-        printf("%6s %9s %8s %8s %6s %5s %9s %9s %10s\n", "ratio", "feasible", "used", "held", "oom",
-               "p0", "preempt", "unmet", "peak/phys");
-        printf("%6s %9s %8s %8s %6s %5s %9s %9s %10s\n", "", "", "mean", "mean", "", "", "/week",
-               "", "predicted");
+        printf("  The recommendation is the lowest of the three");
+        if (capped)
+            printf(", lowered to %d.%02dx: every ratio of the sweep from there up runs the same "
+                   "on this pool (physical memory binds, not the ratio)",
+                   binds_until / 1000, (binds_until % 1000) / 10);
+        else if (bind_k < nr - 1)
+            printf("; ratios from %d.%02dx up run the same on this pool (the ratio no longer "
+                   "binds there)",
+                   binds_until / 1000, (binds_until % 1000) / 10);
+        printf(".\n\nEvidence:\n");
+        printf("%6s %9s %8s %8s %6s %5s %9s %9s %9s %10s\n", "ratio", "feasible", "used", "held",
+               "oom", "p0", "evictions", "degrades", "unmet", "peak/phys");
+        printf("%6s %9s %8s %8s %6s %5s %9s %9s %9s %10s\n", "", "", "mean", "mean", "", "",
+               "/week", "/week", "", "predicted");
         for (size_t k = 0; k < nr; k++)
-            printf("%3d.%02d %9s %7.1f%% %7.1f%% %6llu %5llu %9.1f %8.2f%% %10.2f\n",
+            printf("%3d.%02d %9s %7.1f%% %7.1f%% %6llu %5llu %9.1f %9.1f %8.2f%% %10.2f\n",
                    res[k].ratio_milli / 1000, (res[k].ratio_milli % 1000) / 10,
                    res[k].feasible ? "yes" : "no", 100 * res[k].mean_used_util,
                    100 * res[k].mean_held_util, (unsigned long long)res[k].oom_events,
                    (unsigned long long)res[k].p0_disruptions, preemptions_per_week(&res[k]),
-                   100 * res[k].unmet_fraction, risk ? risk[k] : 0);
+                   degrades_per_week(&res[k]), 100 * res[k].unmet_fraction, risk ? risk[k] : 0);
         printf("\nCaveats:\n");
         if (days < 7.0)
             printf("  - The history covers %.1f days, less than a week: the brief asks for a whole "
                    "business cycle including a weekend. Per-week figures are extrapolated.\n",
                    days);
-        printf("  - Preemptions count degrades and evictions of batch and experiment services, as "
-               "the brief's rule does.\n");
+        printf("  - The brief's rule counts preemptions as evictions of batch and experiment "
+               "services; degrades (the service keeps running at its floor) are shown but not "
+               "counted.\n");
         printf("  - A simulation replays measured usage: services whose load changes with what "
                "else runs (shared caches, co-located traffic) can behave differently.\n");
     }

@@ -75,6 +75,10 @@ static void usage_simulate(FILE *f, const char *cmd)
         "  --floor pNN          --genai: degraded floor = that percentile of usage (p50)\n"
         "  --classes A:B:C      --genai: online:batch:experiment split by hash of the pod "
         "(20:40:40)\n"
+        "  --pods K/N           --genai: only part K of N (0-based) of the pods, split by a\n"
+        "                       hash of the pod id: tune on one part, report on another\n"
+        "  --window A:B         --genai: only the samples from hour A to hour B of the trace\n"
+        "                       (0:11.4 and 11.4:23 split the GenAI day in two)\n"
         "Pool and policies\n"
         "  --gpus POOL          8x81920, 4x81920,4x40960, or min[:SIZE] (min:81920): the\n"
         "                       smallest pool each policy needs within the budgets (min)\n"
@@ -84,6 +88,11 @@ static void usage_simulate(FILE *f, const char *cmd)
         "  --evict-budget N     batch+experiment evictions a week (5)\n"
         "  --unmet-budget X     demand left unmet by degrades, fraction (0.01)\n"
         "  --max-wait S         no service waits longer than S seconds to start (300)\n"
+        "Engine (oversub policy)\n"
+        "  --predict-trust H    a usage history of H hours weighs as much as the request in a\n"
+        "                       service's predicted peak (1)\n"
+        "  --floor-start S      a degradable service waiting S seconds may start at its floor\n"
+        "                       (120; 'never')\n"
         "Output\n"
         "  --json               JSON on stdout instead of the table\n"
         "  --plot FILE.svg      used utilisation and events over time, and the ratio sweep\n"
@@ -228,6 +237,10 @@ static int parse_common(int argc, char **argv, struct cli *c, bool advise)
                                          {"buffer", required_argument, NULL, 'B'},
                                          {"floor", required_argument, NULL, 'F'},
                                          {"classes", required_argument, NULL, 'C'},
+                                         {"pods", required_argument, NULL, 'K'},
+                                         {"window", required_argument, NULL, 'W'},
+                                         {"predict-trust", required_argument, NULL, 'T'},
+                                         {"floor-start", required_argument, NULL, 'L'},
                                          {"evict-budget", required_argument, NULL, 'e'},
                                          {"unmet-budget", required_argument, NULL, 'u'},
                                          {"max-wait", required_argument, NULL, 'w'},
@@ -292,6 +305,82 @@ static int parse_common(int argc, char **argv, struct cli *c, bool advise)
                 fprintf(stderr, "oversub: --classes: '%s' is not A:B:C adding up to 100\n", optarg);
                 return -1;
             }
+            break;
+        case 'K': {
+            long k = -1, n = -1;
+            char *slash = strchr(optarg, '/');
+            if (slash != NULL) {
+                errno = 0;
+                k = strtol(optarg, &end, 10);
+                if (end != slash || errno)
+                    k = -1;
+                n = strtol(slash + 1, &end, 10);
+                if (*end != '\0' || errno || slash[1] == '\0')
+                    n = -1;
+            }
+            if (k < 0 || n < 1 || n > 1000 || k >= n) {
+                fprintf(stderr,
+                        "oversub: --pods: '%s' is not K/N with 0 <= K < N <= 1000 (0/2 and 1/2 "
+                        "are the two halves)\n",
+                        optarg);
+                return -1;
+            }
+            c->g.part = (int32_t)k;
+            c->g.parts = (int32_t)n;
+            break;
+        }
+        case 'W': {
+            char *colon = strchr(optarg, ':');
+            double a = -1, b = -1;
+            if (colon != NULL) {
+                errno = 0;
+                a = strtod(optarg, &end);
+                if (end != colon || errno || optarg == colon)
+                    a = -1;
+                b = strtod(colon + 1, &end);
+                if (*end != '\0' || errno || colon[1] == '\0')
+                    b = -1;
+            }
+            if (!(a >= 0 && b > a && b <= 24.0 * 366)) {
+                fprintf(stderr,
+                        "oversub: --window: '%s' is not A:B in hours with 0 <= A < B (such as "
+                        "0:11.4)\n",
+                        optarg);
+                return -1;
+            }
+            c->g.from_s = (int64_t)(a * 3600.0 + 0.5);
+            c->g.to_s = (int64_t)(b * 3600.0 + 0.5);
+            break;
+        }
+        case 'T': {
+            errno = 0;
+            double h = strtod(optarg, &end);
+            if (*end != '\0' || errno || end == optarg || !(h > 0 && h <= 24 * 30)) {
+                fprintf(stderr,
+                        "oversub: --predict-trust: '%s' is not a number of hours (0 < H <= "
+                        "720)\n",
+                        optarg);
+                return -1;
+            }
+            c->b.trust_ms = (int64_t)(h * 3600000.0 + 0.5);
+            if (c->b.trust_ms < 1)
+                c->b.trust_ms = 1;
+            break;
+        }
+        case 'L':
+            if (strcmp(optarg, "never") == 0) {
+                c->b.floor_start_ms = -1;
+                break;
+            }
+            errno = 0;
+            v = strtol(optarg, &end, 10);
+            if (*end != '\0' || errno || end == optarg || v < 0 || v > 86400 * 30) {
+                fprintf(stderr,
+                        "oversub: --floor-start: '%s' is not a number of seconds or 'never'\n",
+                        optarg);
+                return -1;
+            }
+            c->b.floor_start_ms = v == 0 ? 1 : v * 1000; /* 0 s: at once (1 ms) */
             break;
         case 'e':
             errno = 0;

@@ -67,6 +67,8 @@ json_t *report_json(const struct sim_result *x)
     json_object_set_new(o, "max_wait_s", json_integer(x->max_wait_s));
     json_object_set_new(o, "mean_wait_s", json_real(x->mean_wait_s));
     json_object_set_new(o, "samples", json_integer(x->samples));
+    json_object_set_new(o, "service_steps", json_integer(x->service_steps));
+    json_object_set_new(o, "too_big", json_integer(x->too_big));
     if (x->policy == POL_HINDSIGHT)
         json_object_set_new(o, "lower_bound_gpus", json_integer(x->lower_bound_gpus));
     return o;

@@ -41,6 +41,7 @@ struct run_svc {
     int64_t wait_since; /* s, when waiting to (re)start; -1 if not */
     bool started_once;
     bool refused_p0;
+    size_t reported_k; /* step + 1 of its last usage report */
 };
 
 struct idmap {
@@ -134,7 +135,9 @@ static void finish(const struct trace *tr, const struct sim_budget *b, struct ac
     r->feasible = true;
     r->why_infeasible = NULL;
     double ev_week = r->evictions_per_week[1] + r->evictions_per_week[2];
-    if (r->p0_disruptions > 0)
+    if (r->too_big > 0)
+        r->why_infeasible = "a service larger than a GPU";
+    else if (r->p0_disruptions > 0)
         r->why_infeasible = "P0 disruptions";
     else if (r->oom_events > 0)
         r->why_infeasible = "OOM events";
@@ -230,6 +233,9 @@ static void read_events(osub_engine_t *e, const struct idmap *m, struct sim_resu
 {
     size_t n;
     const osub_event_t *ev = osub_engine_events(e, &n);
+    if (getenv("OSUB_SIM_TRACE") != NULL)
+        for (size_t i = 0; i < n; i++)
+            fprintf(stderr, "%lld %s\n", (long long)ev[i].time_ms, ev[i].msg);
     for (size_t i = 0; i < n; i++) {
         int lvl = ev[i].level >= 0 && ev[i].level < 3 ? ev[i].level : 2;
         if (ev[i].kind == OSUB_EV_DEGRADE && ev[i].reason != OSUB_R_COMPUTE) {
@@ -274,6 +280,10 @@ static int sim_engine(const struct trace *tr, const struct sim_opts *o, const st
     osub_pool_config_t cfg;
     osub_pool_config_default(&cfg);
     cfg.ratio_milli = o->policy == POL_STATIC ? 1000 : o->ratio_milli;
+    if (b->trust_ms > 0)
+        cfg.prediction_trust_ms = b->trust_ms;
+    if (b->floor_start_ms != 0)
+        cfg.floor_start_after_ms = b->floor_start_ms;
     osub_engine_t *e;
     int rc = osub_engine_new(&cfg, o->pool, NULL, o->n_pool, NULL, 0, &e);
     if (rc != 0) {
@@ -330,6 +340,30 @@ static int sim_engine(const struct trace *tr, const struct sim_opts *o, const st
     for (size_t k = 0; k < steps; k++) {
         int64_t t = tr->t0 + (int64_t)k * tr->step_s;
         int64_t now = (t - tr->t0) * 1000;
+        /* one sampling instant: the services whose use went down report first, so that the
+         * order of the reports does not make a peak that never was (an NVML poll sees them
+         * all at once) */
+        for (size_t oi = 0; oi < tr->n && k > 0; oi++) {
+            size_t i = order[oi];
+            const struct trace_svc *s = &tr->svcs[i];
+            struct run_svc *x = &rs[i];
+            if (x->st != RS_PLACED)
+                continue;
+            struct run_svc peek = *x;
+            int64_t d = demand_at(s, &peek, t);
+            osub_service_info_t si;
+            if (d < 0 || osub_engine_service_info(e, s->spec.id, &si) != 0 ||
+                (si.state != OSUB_STATE_RUNNING && si.state != OSUB_STATE_LOADING &&
+                 si.state != OSUB_STATE_DEGRADED))
+                continue;
+            int64_t report = si.state == OSUB_STATE_DEGRADED && d > si.grant_mib ? si.grant_mib : d;
+            if (report >= si.used_mib)
+                continue;
+            osub_engine_usage(e, s->spec.id, report, s->samples[peek.cur].compute_pct, now);
+            x->reported_k = k + 1;
+            read_events(e, &m, r, fq, &nf, fcap);
+            run_follow_ups(e, tr, &m, r, fq, &nf, fcap, now);
+        }
         for (size_t oi = 0; oi < tr->n; oi++) {
             size_t i = order[oi];
             const struct trace_svc *s = &tr->svcs[i];
@@ -350,17 +384,24 @@ static int sim_engine(const struct trace *tr, const struct sim_opts *o, const st
                 continue;
             }
             a.demand += d;
-            r->samples++;
+            r->service_steps++;
             if (x->st == RS_FUTURE || x->st == RS_WAITING) {
                 if (x->st == RS_FUTURE)
                     x->wait_since = t;
                 osub_spec_t sp = s->spec;
                 if (o->policy == POL_STATIC)
                     sp.preemptible = OSUB_TRI_NO; /* today's practice: every request kept */
-                sp.queue = OSUB_TRI_NO;           /* the simulator retries each step */
+                /* a preemptible service waits in the engine's queue (keeping its place and how
+                 * long it has waited); an online one is retried each step (its first refusal
+                 * is a P0 disruption) */
+                sp.queue = sp.preemptible == OSUB_TRI_NO || level_of(sp.class_name) == 0
+                               ? OSUB_TRI_NO
+                               : OSUB_TRI_YES;
                 osub_submit_result_t sr;
                 /* a service already there when the trace begins was running before it */
-                osub_engine_submit(e, &sp, now, k == 0 ? OSUB_SUBMIT_RUNNING : 0, &sr);
+                int src = osub_engine_submit(e, &sp, now, k == 0 ? OSUB_SUBMIT_RUNNING : 0, &sr);
+                if ((src == OSUB_ETOO_BIG || src == OSUB_ETOO_MANY_GPUS) && x->st == RS_FUTURE)
+                    r->too_big++;
                 read_events(e, &m, r, fq, &nf, fcap);
                 run_follow_ups(e, tr, &m, r, fq, &nf, fcap, now);
                 if (sr.outcome == OSUB_SUBMIT_REJECTED) {
@@ -398,8 +439,11 @@ static int sim_engine(const struct trace *tr, const struct sim_opts *o, const st
                 report = si.grant_mib; /* it complies: the rest is demand left unmet */
                 a.unmet += d - report;
             }
+            if (x->reported_k == k + 1 && si.used_mib == report)
+                continue; /* reported first, as it went down */
             int32_t pct = s->samples[x->cur].compute_pct;
             osub_engine_usage(e, s->spec.id, report, pct, now);
+            x->reported_k = k + 1;
             /* the memory is in use the moment it is reported, before anyone reacts: a GPU
              * over its VRAM now is an OOM the engine was too late for */
             for (int32_t sl = 0; sl < si.n_slots; sl++) {
@@ -415,8 +459,23 @@ static int sim_engine(const struct trace *tr, const struct sim_opts *o, const st
             run_follow_ups(e, tr, &m, r, fq, &nf, fcap, now);
         }
         osub_engine_tick(e, now);
+        size_t n_tick;
+        const osub_event_t *tev = osub_engine_events(e, &n_tick);
+        bool started = false;
+        for (size_t j = 0; j < n_tick && !started; j++)
+            started = tev[j].kind == OSUB_EV_START || tev[j].kind == OSUB_EV_RESUME;
         read_events(e, &m, r, fq, &nf, fcap);
         run_follow_ups(e, tr, &m, r, fq, &nf, fcap, now);
+        /* services the tick started (from the queue) stopped waiting now, not next step */
+        for (size_t i = 0; i < tr->n && started; i++) {
+            osub_service_info_t si;
+            if (rs[i].st == RS_PLACED && rs[i].wait_since >= 0 &&
+                osub_engine_service_info(e, tr->svcs[i].spec.id, &si) == 0 &&
+                si.state != OSUB_STATE_QUEUED && si.state != OSUB_STATE_PENDING) {
+                note_wait(&a, &rs[i], t);
+                rs[i].started_once = true;
+            }
+        }
         /* what the GPUs really hold now */
         for (size_t g = 0; g < o->n_pool; g++) {
             osub_gpu_info_t gi;
@@ -499,7 +558,7 @@ static int sim_brief(const struct trace *tr, const struct sim_opts *o, const str
                 continue;
             }
             a.demand += d;
-            r->samples++;
+            r->service_steps++;
             int lvl = level_of(s->spec.class_name);
             bool pre = lvl > 0;
             double gb = (double)s->spec.vram_mib / 1024.0;
@@ -640,6 +699,15 @@ static int sim_hindsight(const struct trace *tr, const struct sim_opts *o,
     for (size_t it = 0; it < tr->n && used_real && held && rs; it++) {
         size_t i = items[it].svc;
         series_of(tr, i, ser, steps);
+        bool alone = true;
+        for (size_t k = 0; k < steps && alone; k++)
+            alone = ser[k] <= gpu_mib;
+        if (!alone) {
+            /* even an empty GPU cannot hold it: it never starts (and makes the run infeasible) */
+            r->too_big++;
+            r->never_started++;
+            continue;
+        }
         size_t g;
         for (g = 0; g < ng; g++) {
             bool fits = true;
@@ -663,7 +731,7 @@ static int sim_hindsight(const struct trace *tr, const struct sim_opts *o,
             if (d > 0) {
                 used_real[k] += d;
                 a.demand += d;
-                r->samples++;
+                r->service_steps++;
             }
         }
     }
@@ -694,6 +762,7 @@ int sim_run(const struct trace *tr, const struct sim_opts *o, const struct sim_b
             struct sim_result *r, char *err, size_t errlen)
 {
     memset(r, 0, sizeof(*r));
+    r->samples = (int64_t)trace_samples(tr); /* the trace's rows, whatever the policy */
     r->policy = o->policy;
     r->ratio_milli = o->policy == POL_STATIC ? 1000 : o->ratio_milli;
     r->n_gpus = (int32_t)o->n_pool;

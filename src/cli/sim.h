@@ -24,6 +24,9 @@ struct sim_budget {
     int32_t evict_budget_per_week; /* P1+P2 evictions a week (5) */
     int32_t unmet_budget_milli;    /* unmet demand / all demand, thousandths (10 = 1%) */
     int64_t max_wait_s;            /* no service waits longer to start (300) */
+    /* the engine's prediction settings for the replay (0: the engine's defaults) */
+    int64_t trust_ms;       /* prediction_trust_ms */
+    int64_t floor_start_ms; /* floor_start_after_ms; -1: never */
 };
 
 struct sim_result {
@@ -42,6 +45,8 @@ struct sim_result {
     int64_t max_wait_s;
     double mean_wait_s;
     uint32_t never_started;
+    uint32_t too_big; /* services whose request (hindsight: whose peak) fits no GPU at all */
+    int64_t service_steps; /* steps on the replay's grid with a service present */
     bool feasible; /* within the budgets */
     const char *why_infeasible;
     /* timeline, when asked for */

@@ -29,6 +29,40 @@ void genai_opts_default(struct genai_opts *o)
     o->classes[0] = 20;
     o->classes[1] = 40;
     o->classes[2] = 40;
+    o->part = o->parts = 0;
+    o->from_s = o->to_s = 0;
+}
+
+/* True when pod (its id as in the file) belongs to the part of the pods asked for. */
+static bool in_part(const struct genai_opts *o, const char *pod)
+{
+    if (o->parts <= 0)
+        return true;
+    char key[96];
+    snprintf(key, sizeof(key), "split:%s", pod);
+    return fnv1a64(key) % (uint64_t)o->parts == (uint64_t)o->part;
+}
+
+/* Keeps only the samples inside the time window; recomputes each pod's peak. */
+static void cut_window(struct trace *tr, const struct genai_opts *o)
+{
+    if (o->from_s <= 0 && o->to_s <= 0)
+        return;
+    int64_t t0 = tr->t0;
+    for (size_t i = 0; i < tr->n; i++) {
+        struct trace_svc *s = &tr->svcs[i];
+        size_t w = 0;
+        s->peak_mib = 0;
+        for (size_t j = 0; j < s->n; j++) {
+            int64_t dt = s->samples[j].t_s - t0;
+            if (dt < o->from_s || (o->to_s > 0 && dt >= o->to_s))
+                continue;
+            s->samples[w++] = s->samples[j];
+            if (s->samples[j].vram_mib > s->peak_mib)
+                s->peak_mib = s->samples[j].vram_mib;
+        }
+        s->n = w;
+    }
 }
 
 OSUB_PRINTF(3, 4)
@@ -401,6 +435,8 @@ int trace_import_genai(const char *dir, const struct genai_opts *o, struct trace
             break;
         }
         /* pod ids are hex hashes; a service id must start with a letter */
+        if (!in_part(o, c.fields[1]))
+            continue;
         snprintf(id, sizeof(id), "pod-%s", c.fields[1]);
         for (char *p = id; *p; p++)
             *p = (char)tolower((unsigned char)*p);
@@ -450,7 +486,15 @@ int trace_import_genai(const char *dir, const struct genai_opts *o, struct trace
             goto err;
     }
     finish_trace(tr);
+    if (o->from_s > 0 || o->to_s > 0) {
+        cut_window(tr, o);
+        finish_trace(tr);
+    }
     snprintf(path, sizeof(path), "%s/genai_pod_vram.csv", dir);
+    if (tr->n == 0) {
+        errf(err, errlen, "%s: no pod left in the part or window asked for", path);
+        goto err;
+    }
     if (check_span(tr, path, err, errlen) != 0)
         goto err;
 
@@ -466,6 +510,10 @@ int trace_import_genai(const char *dir, const struct genai_opts *o, struct trace
     size_t w = 0;
     for (size_t i = 0; i < tr->n; i++) {
         struct trace_svc *s = &tr->svcs[i];
+        if (s->n == 0) { /* no sample inside the window */
+            free(s->samples);
+            continue;
+        }
         if (s->peak_mib == 0) {
             fprintf(stderr, "warning: %s: pod %s never uses any memory: skipped\n", dir,
                     s->spec.id + 4);

@@ -34,6 +34,11 @@ struct genai_opts {
     int32_t buffer_milli; /* request = peak x (1000 + buffer) / 1000, rounded up (300) */
     int32_t floor_pct;    /* floor = this percentile of the pod's usage (50) */
     int32_t classes[3];   /* online:batch:experiment percentages (20:40:40) */
+    /* a part of the pods: keep those whose FNV-1a 64 of "split:" + pod id modulo parts is
+     * part (parts 0: every pod) -- a tuning half and a held-back half */
+    int32_t part, parts;
+    /* a time window, seconds from the trace's first sample: [from_s, to_s) (to_s 0: all) */
+    int64_t from_s, to_s;
 };
 
 void genai_opts_default(struct genai_opts *o);

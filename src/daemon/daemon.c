@@ -583,11 +583,13 @@ static void on_writer(evutil_socket_t fd, short what, void *arg)
 static const char *engine_config_text(const osub_pool_config_t *c)
 {
     static char t[400];
-    snprintf(t, sizeof(t), "%d %d %lld %d %d %lld %lld %lld %lld %lld %lld %lld", c->ratio_milli,
-             c->compute_ratio_milli, (long long)c->margin_mib, c->high_watermark_pct,
-             c->low_watermark_pct, (long long)c->hysteresis_ms, (long long)c->ack_timeout_ms,
-             (long long)c->grace_ms, (long long)c->min_runtime_ms, (long long)c->history_window_ms,
-             (long long)c->restart_cost_ms, (long long)c->queue_aging_ms);
+    snprintf(t, sizeof(t), "%d %d %lld %d %d %lld %lld %lld %lld %lld %lld %lld %lld %lld",
+             c->ratio_milli, c->compute_ratio_milli, (long long)c->margin_mib,
+             c->high_watermark_pct, c->low_watermark_pct, (long long)c->hysteresis_ms,
+             (long long)c->ack_timeout_ms, (long long)c->grace_ms, (long long)c->min_runtime_ms,
+             (long long)c->history_window_ms, (long long)c->restart_cost_ms,
+             (long long)c->queue_aging_ms, (long long)c->prediction_trust_ms,
+             (long long)c->floor_start_after_ms);
     return t;
 }
 
@@ -597,10 +599,12 @@ static void engine_config_stored(struct osubd *d, osub_pool_config_t *c)
     c->ratio_milli = d->cfg.ratio_milli;
     char *t = NULL;
     osub_store_meta_get(d->store, "engine_config", &t);
-    long long v[12];
-    if (t != NULL &&
-        sscanf(t, "%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld", &v[0], &v[1],
-               &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11]) == 12) {
+    long long v[14];
+    int nv = t == NULL ? 0
+                       : sscanf(t, "%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld",
+                                &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8],
+                                &v[9], &v[10], &v[11], &v[12], &v[13]);
+    if (nv == 12 || nv == 14) { /* 12: a state made before the predictor (its defaults) */
         c->ratio_milli = (int32_t)v[0];
         c->compute_ratio_milli = (int32_t)v[1];
         c->margin_mib = v[2];
@@ -613,6 +617,10 @@ static void engine_config_stored(struct osubd *d, osub_pool_config_t *c)
         c->history_window_ms = v[9];
         c->restart_cost_ms = v[10];
         c->queue_aging_ms = v[11];
+        if (nv == 14) {
+            c->prediction_trust_ms = v[12];
+            c->floor_start_after_ms = v[13];
+        }
     } else if (d->nvml != NULL) {
         c->margin_mib = 1024; /* a state from before engine_config was kept */
     }

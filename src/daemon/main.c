@@ -140,13 +140,15 @@ struct engine_key {
 
 static const struct engine_key *engine_key(const char *name, struct osubd_config *c)
 {
-    static struct engine_key keys[10];
+    static struct engine_key keys[12];
     const struct engine_key all[] = {
         {"ack_timeout_ms", &c->engine.ack_timeout_ms, NULL, 100, 3600000},
         {"grace_ms", &c->engine.grace_ms, NULL, 0, 86400000},
         {"hysteresis_ms", &c->engine.hysteresis_ms, NULL, 0, 86400000},
         {"min_runtime_ms", &c->engine.min_runtime_ms, NULL, 0, 86400000},
         {"restart_cost_ms", &c->engine.restart_cost_ms, NULL, 0, 86400000},
+        {"prediction_trust_ms", &c->engine.prediction_trust_ms, NULL, 1, 30LL * 86400000},
+        {"floor_start_after_ms", &c->engine.floor_start_after_ms, NULL, -1, 30LL * 86400000},
         {"high_watermark_pct", NULL, &c->engine.high_watermark_pct, 1, 100},
         {"low_watermark_pct", NULL, &c->engine.low_watermark_pct, 1, 100},
         {"service_log_max", &c->service_log_max, NULL, 4096, 1LL << 40},

@@ -36,6 +36,8 @@ void osub_pool_config_default(osub_pool_config_t *cfg)
     cfg->history_window_ms = 3600000;
     cfg->restart_cost_ms = 60000;
     cfg->queue_aging_ms = 300000;
+    cfg->prediction_trust_ms = 3600000;
+    cfg->floor_start_after_ms = 120000;
 }
 
 void osub_spec_init(osub_spec_t *spec, const char *id, const char *class_name)
@@ -845,7 +847,9 @@ static int validate_config(const osub_pool_config_t *c)
         return OSUB_EBAD_CONFIG;
     if (c->hysteresis_ms < 0 || c->ack_timeout_ms < 0 || c->grace_ms < 0 || c->min_runtime_ms < 0 ||
         c->history_window_ms < 60000 || c->history_window_ms > 7 * 86400000LL ||
-        c->restart_cost_ms < 0 || c->queue_aging_ms < 0)
+        c->restart_cost_ms < 0 || c->queue_aging_ms < 0 || c->prediction_trust_ms < 1 ||
+        c->prediction_trust_ms > 30 * 86400000LL || c->floor_start_after_ms < -1 ||
+        c->floor_start_after_ms > 30 * 86400000LL)
         return OSUB_EBAD_CONFIG;
     return 0;
 }
@@ -1121,6 +1125,8 @@ static void plan_for(osub_engine_t *e, const struct svc *s, const struct req *r,
     if (!s->degradable || s->backed || s->spec.exclusive || s->floor_total >= s->full_total)
         return;
     if (p->ok && p->n_evict == 0)
+        return;
+    if (e->cfg.floor_start_after_ms < 0 || e->now - s->submit_ms < e->cfg.floor_start_after_ms)
         return;
     struct req r2 = *r;
     r2.total = s->floor_total;
@@ -1809,8 +1815,32 @@ static void process(osub_engine_t *e)
 static int64_t restore_need(const osub_engine_t *e, const struct svc *s, int32_t i)
 {
     int64_t full = osub__share(s->full_total, s->k, i);
-    int64_t pred = osub__share(osub__pred_peak(&s->pred, s->full_total, e->now), s->k, i);
+    int64_t pred = osub__share(osub__pred_peak(&s->pred, s->full_total, e->now, e->cfg.prediction_trust_ms), s->k, i);
     return max64(s->slots[i].used, min64(full, pred));
+}
+
+/* How far the other oversold services running at full grant on g may still rise above what
+ * they hold now, to their predicted peaks: a restore must leave room for that too, or it
+ * trades the restored service's unmet demand for a neighbour's OOM. */
+static int64_t others_rise(const osub_engine_t *e, const struct gpu *g, const struct svc *s)
+{
+    int32_t gi = (int32_t)(g - e->gpus);
+    int64_t rise = 0;
+    for (int32_t j = 0; j < g->nsvc; j++) {
+        const struct svc *o = g->svcs[j];
+        if (o == s || o->backed ||
+            (o->state != OSUB_STATE_RUNNING && o->state != OSUB_STATE_LOADING))
+            continue;
+        int64_t pred = osub__pred_peak(&o->pred, o->full_total, e->now, e->cfg.prediction_trust_ms);
+        for (int32_t i = 0; i < o->n_slots; i++) {
+            if (o->slots[i].gpu != gi)
+                continue;
+            int64_t up = min64(osub__share(pred, o->k, i), o->slots[i].grant) - o->slots[i].held;
+            if (up > 0)
+                rise += up;
+        }
+    }
+    return rise;
 }
 
 /* Room to restore s on every GPU: its full grant under the logical capacity and what it is
@@ -1825,7 +1855,7 @@ static bool restore_room(const osub_engine_t *e, const struct svc *s)
         if (g->granted - sl->grant + full > g->logical)
             return false;
         int64_t need = restore_need(e, s, i);
-        if ((g->held - sl->held + need + e->promise_buf[sl->gpu]) * 100 >
+        if ((g->held - sl->held + need + e->promise_buf[sl->gpu] + others_rise(e, g, s)) * 100 >
             g->usable * e->cfg.low_watermark_pct)
             return false;
     }
@@ -2535,7 +2565,7 @@ int osub_engine_service_info(osub_engine_t *e, const char *id, osub_service_info
     out->grant_mib = grant_total(s);
     out->held_mib = held_total(s);
     out->used_mib = used_total(s);
-    out->predicted_peak_mib = osub__pred_peak(&s->pred, s->full_total, e->now);
+    out->predicted_peak_mib = osub__pred_peak(&s->pred, s->full_total, e->now, e->cfg.prediction_trust_ms);
     out->charge_mib = osub__charge_total(e, s);
     out->usage_reports = s->pred.n;
     out->batch_size = s->batch;

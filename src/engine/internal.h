@@ -297,7 +297,8 @@ OSUB__HIDDEN void osub__pred_init(struct pred *p);
 OSUB__HIDDEN void osub__pred_observe(struct pred *p, int64_t used_total, int64_t now_ms);
 /* The predicted peak of the service's total use over the coming hours, capped by cap (its
  * full request); cap itself when it has no history. */
-OSUB__HIDDEN int64_t osub__pred_peak(const struct pred *p, int64_t cap, int64_t now_ms);
+OSUB__HIDDEN int64_t osub__pred_peak(const struct pred *p, int64_t cap, int64_t now_ms,
+                                     int64_t trust_ms);
 /* What an admission of s counts physically (total): backed services their request, oversold
  * ones their predicted peak. */
 OSUB__HIDDEN int64_t osub__charge_total(const osub_engine_t *e, const struct svc *s);

@@ -3,10 +3,6 @@
 
 /* How fast the moving mean and deviation follow new reports: 1/16 of the way each time. */
 #define PRED_SHIFT 4
-/* A history this long (ms) counts as much as the request in the prediction: a young
- * service's prediction stays close to its request and moves to what it has shown over the
- * hours that follow (tuned on half of the shared trace's pods: docs/results.md). */
-#define PRED_TRUST_MS INT64_C(3600000)
 /* Deviations above the mean that a peak may still reach. */
 #define PRED_DEVS 4
 
@@ -41,7 +37,7 @@ void osub__pred_observe(struct pred *p, int64_t used_total, int64_t now_ms)
         p->n++;
 }
 
-int64_t osub__pred_peak(const struct pred *p, int64_t cap, int64_t now_ms)
+int64_t osub__pred_peak(const struct pred *p, int64_t cap, int64_t now_ms, int64_t trust_ms)
 {
     if (p->n == 0 || p->first_ms < 0)
         return cap;
@@ -57,9 +53,13 @@ int64_t osub__pred_peak(const struct pred *p, int64_t cap, int64_t now_ms)
     int64_t age = now_ms - p->first_ms;
     if (age < 0)
         age = 0;
-    /* shrink from the request toward what was learned as the history grows */
-    osub_i128 gap = (osub_i128)(cap - learned) * PRED_TRUST_MS;
-    int64_t extra = (int64_t)(gap / (PRED_TRUST_MS + age));
+    /* shrink from the request toward what was learned as the history grows: a history of
+     * trust_ms weighs as much as the request (a young service's prediction stays near its
+     * request, an old one's near what it has shown) */
+    if (trust_ms < 1)
+        trust_ms = 1;
+    osub_i128 gap = (osub_i128)(cap - learned) * trust_ms;
+    int64_t extra = (int64_t)(gap / (trust_ms + age));
     return learned + extra;
 }
 
@@ -67,5 +67,5 @@ int64_t osub__charge_total(const osub_engine_t *e, const struct svc *s)
 {
     if (s->backed)
         return s->full_total;
-    return osub__pred_peak(&s->pred, s->full_total, e->now);
+    return osub__pred_peak(&s->pred, s->full_total, e->now, e->cfg.prediction_trust_ms);
 }

@@ -38,11 +38,13 @@ char *osub_engine_save(const osub_engine_t *e)
     osub_sb_printf(
         &o,
         "config ratio=%d compute_ratio=%d margin=%lld high=%d low=%d hysteresis=%lld ack=%lld "
-        "grace=%lld min_runtime=%lld window=%lld restart=%lld aging=%lld\n",
+        "grace=%lld min_runtime=%lld window=%lld restart=%lld aging=%lld trust=%lld "
+        "floor_start=%lld\n",
         c->ratio_milli, c->compute_ratio_milli, (long long)c->margin_mib, c->high_watermark_pct,
         c->low_watermark_pct, (long long)c->hysteresis_ms, (long long)c->ack_timeout_ms,
         (long long)c->grace_ms, (long long)c->min_runtime_ms, (long long)c->history_window_ms,
-        (long long)c->restart_cost_ms, (long long)c->queue_aging_ms);
+        (long long)c->restart_cost_ms, (long long)c->queue_aging_ms,
+        (long long)c->prediction_trust_ms, (long long)c->floor_start_after_ms);
     for (size_t i = 0; i < e->n_classes; i++) {
         osub_sb_printf(&o, "class");
         put_str(&o, "name", e->classes[i].name);
@@ -433,6 +435,11 @@ int osub_engine_load(const char *text, osub_engine_t **out, size_t *err_line)
                 !get_i64(&l, "window", &cfg.history_window_ms) ||
                 !get_i64(&l, "restart", &cfg.restart_cost_ms) ||
                 !get_i64(&l, "aging", &cfg.queue_aging_ms))
+                goto fail;
+            /* absent in snapshots made before the predictor: the defaults */
+            if ((get(&l, "trust") != NULL && !get_i64(&l, "trust", &cfg.prediction_trust_ms)) ||
+                (get(&l, "floor_start") != NULL &&
+                 !get_i64(&l, "floor_start", &cfg.floor_start_after_ms)))
                 goto fail;
         } else if (strcmp(l.kind, "class") == 0) {
             if (n_classes == OSUB_MAX_CLASSES)

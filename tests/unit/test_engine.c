@@ -61,6 +61,130 @@ static void test_give_back_turns_eviction_into_degrade(void **state)
     osub_engine_free(e);
 }
 
+/* A degradable newcomer whose request has no room (and may displace nobody) starts at its
+ * floor; it is restored once its predicted peak has room, not before. */
+static void test_degraded_start_restored_by_prediction(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(1, 81920, 2000);
+    running(e, spec("bat", "batch", 40960, 1, 40960), 40000, 0);
+    osub_submit_result_t r;
+    osub_spec_t ex = spec("exp", "experiment", 50000, 1, 20000);
+    assert_int_equal(osub_engine_submit(e, &ex, 10, 0, &r), 0);
+    assert_int_equal(r.outcome, OSUB_SUBMIT_STARTED);
+    osub_service_info_t x = info(e, "exp");
+    assert_int_equal(x.state, OSUB_STATE_DEGRADED);
+    assert_int_equal(x.grant_mib, 20000);
+    const osub_event_t *ev = find_ev(e, OSUB_EV_DEGRADE, "exp");
+    assert_non_null(ev);
+    assert_int_equal(ev->reason, OSUB_R_START_FLOOR);
+    /* no history: its predicted peak is its request */
+    assert_int_equal(info(e, "exp").predicted_peak_mib, 50000);
+    assert_int_equal(osub_engine_ready(e, "exp", 20), 0);
+    /* it uses 15000 every minute; bat keeps 40000: a restore needs its predicted peak under
+     * 90% of 81920 (73728) - 40000 = 33728, which the history earns after some hours */
+    int64_t last_pred = 50000, restored_at = -1;
+    for (int64_t m = 1; m <= 12 * 60 && restored_at < 0; m++) {
+        int64_t t = m * 60000;
+        assert_int_equal(osub_engine_usage(e, "exp", 15000, -1, t), 0);
+        assert_int_equal(osub_engine_usage(e, "bat", 40000, -1, t), 0);
+        int64_t pred = info(e, "exp").predicted_peak_mib;
+        assert_true(pred <= last_pred); /* steady use: the prediction only comes down */
+        assert_true(pred >= 15000);
+        last_pred = pred;
+        assert_int_equal(osub_engine_tick(e, t), 0);
+        if (count_ev(e, OSUB_EV_RESTORE, "exp") > 0) {
+            restored_at = t;
+            /* room for its predicted peak under the low watermark */
+            assert_true(40000 + pred <= 73728);
+        }
+    }
+    /* not in the first 45 minutes: the request still dominates the prediction */
+    assert_true(restored_at > 45 * 60000);
+    assert_int_equal(info(e, "exp").state, OSUB_STATE_RUNNING);
+    assert_int_equal(info(e, "exp").grant_mib, 50000);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+/* Pressure degrades first: when degrades alone bring held under the high watermark, nobody
+ * is evicted, even if held stays above the low watermark. */
+static void test_pressure_degrades_before_any_eviction(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(1, 81920, 2000);
+    running(e, spec("web", "online", 24000, 1, 0), 24000, 0);
+    running(e, spec("bat", "batch", 30720, 1, 20000), 20000, 0);
+    running(e, spec("exp", "experiment", 33000, 1, 30000), 20000, 0);
+    assert_int_equal(info(e, "exp").state, OSUB_STATE_RUNNING);
+    /* exp grows: 24000 + 20000 + 36000 = 80000 > 77824; degrading exp to 30000 gives 74000,
+     * under the high watermark but above the low one (73728) */
+    assert_int_equal(osub_engine_usage(e, "exp", 36000, -1, 1000), 0);
+    assert_int_equal(count_ev(e, OSUB_EV_EVICT, NULL), 0);
+    assert_non_null(find_ev(e, OSUB_EV_DEGRADE, "exp"));
+    assert_int_equal(info(e, "exp").state, OSUB_STATE_DEGRADED);
+    assert_int_equal(osub_engine_usage(e, "exp", 30000, -1, 2000), 0); /* complies */
+    assert_int_equal(count_ev(e, OSUB_EV_EVICT, NULL), 0);
+    assert_true(ginfo(e, 0).held_mib <= 77824);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+/* No start pushes a GPU that holds preemptible services into pressure; backed services next
+ * to backed ones only may fill the GPU (DESIGN's worked scenario, step 3). */
+static void test_backed_start_never_causes_pressure(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(2, 81920, 2000);
+    running(e, spec("bat", "batch", 40960, 1, 0), 30000, 0);
+    osub_spec_t big = spec("web", "online", 50000, 1, 0);
+    assert_int_equal(osub_engine_cordon(e, 1, true, 1), 0);
+    /* 30000 + 50000 = 80000: under usable, above the high watermark: the batch job must go,
+     * as the arrival's victim (it used to start at once and leave the GPU to pressure) */
+    osub_submit_result_t r;
+    assert_int_equal(osub_engine_submit(e, &big, 10, 0, &r), 0);
+    assert_int_equal(r.n_victims, 1);
+    assert_true(r.victims[0].evict);
+    const osub_event_t *ev = find_ev(e, OSUB_EV_EVICT, "bat");
+    assert_non_null(ev);
+    assert_int_equal(ev->reason, OSUB_R_PREEMPTION);
+    assert_int_equal(osub_engine_cordon(e, 1, false, 20), 0);
+    assert_int_equal(sub(e, spec("c1", "online", 40960, 1, 0), 30), OSUB_SUBMIT_STARTED);
+    assert_int_equal(sub(e, spec("c2", "online", 40960, 1, 0), 40), OSUB_SUBMIT_STARTED);
+    assert_int_equal(ginfo(e, 1).held_mib, 81920);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+/* Two degraded services on one GPU with room for one: only one is restored (they used to
+ * be restored together against the same free memory, and pressure took one back). */
+static void test_restores_share_one_room(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(1, 81920, 2000);
+    running(e, spec("web", "online", 50000, 1, 0), 50000, 0);
+    osub_spec_t a = spec("a", "experiment", 40000, 1, 10000);
+    osub_spec_t b = spec("b", "experiment", 40000, 1, 10000);
+    assert_int_equal(sub(e, a, 10), OSUB_SUBMIT_STARTED);
+    assert_int_equal(sub(e, b, 20), OSUB_SUBMIT_STARTED);
+    assert_int_equal(info(e, "a").state, OSUB_STATE_DEGRADED);
+    assert_int_equal(info(e, "b").state, OSUB_STATE_DEGRADED);
+    assert_int_equal(osub_engine_release(e, "web", 30), 0);
+    int restores = 0;
+    for (int64_t t = 1000; t <= 300000; t += 1000) {
+        assert_int_equal(osub_engine_usage(e, "a", 10000, -1, t), 0);
+        assert_int_equal(osub_engine_usage(e, "b", 10000, -1, t), 0);
+        assert_int_equal(osub_engine_tick(e, t), 0);
+        restores += count_ev(e, OSUB_EV_RESTORE, NULL);
+        /* each needs room for its predicted peak (about its request this young): one fits */
+        assert_true(restores <= 1);
+    }
+    assert_int_equal(restores, 1);
+    assert_int_equal(count_ev(e, OSUB_EV_DEGRADE, NULL), 0);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
 static void test_pressure_degrades_then_evicts_lowest_first(void **state)
 {
     (void)state;
@@ -123,10 +247,14 @@ static void test_restore_after_window_without_flapping(void **state)
         restores += count_ev(e, OSUB_EV_RESTORE, "exp");
     }
     assert_int_equal(restores, 0);
-    /* steady room for the hysteresis window: restored exactly once */
+    /* steady room for the hysteresis window: restored exactly once. The room must also hold
+     * what the batch job may still rise to (its predicted peak, near its 40960 MiB request
+     * after a few minutes of history), so it leaves first */
+    t += 5000;
+    assert_int_equal(osub_engine_release(e, "bat", t), 0);
     for (int i = 0; i < 30; i++) {
         t += 5000;
-        assert_int_equal(osub_engine_usage(e, "bat", 10000, -1, t), 0);
+        assert_int_equal(osub_engine_usage(e, "exp", 15000, -1, t), 0);
         assert_int_equal(osub_engine_tick(e, t), 0);
         restores += count_ev(e, OSUB_EV_RESTORE, "exp");
     }
@@ -677,6 +805,10 @@ int main(void)
         cmocka_unit_test(test_priority_outranks_degrade_first),
         cmocka_unit_test(test_give_back_turns_eviction_into_degrade),
         cmocka_unit_test(test_pressure_degrades_then_evicts_lowest_first),
+        cmocka_unit_test(test_degraded_start_restored_by_prediction),
+        cmocka_unit_test(test_pressure_degrades_before_any_eviction),
+        cmocka_unit_test(test_backed_start_never_causes_pressure),
+        cmocka_unit_test(test_restores_share_one_room),
         cmocka_unit_test(test_restore_after_window_without_flapping),
         cmocka_unit_test(test_queue_order_and_backfill),
         cmocka_unit_test(test_backfill_away_from_head_and_aging),

@@ -225,6 +225,76 @@ static void test_genai_end_to_end(void **state)
     (void)have_traces;
 }
 
+/* --pods K/N: the parts are disjoint and together hold every pod; --window cuts samples. */
+static void test_genai_parts_and_window(void **state)
+{
+    (void)state;
+    if (access(SHARED_TRACES "/genai_pod_vram.csv", R_OK) != 0) {
+        printf("skipped: %s/genai_pod_vram.csv is missing\n", SHARED_TRACES);
+        skip();
+    }
+    struct genai_opts g;
+    genai_opts_default(&g);
+    struct trace all, h0, h1, w0;
+    char err[512];
+    assert_int_equal(trace_import_genai(SHARED_TRACES, &g, &all, err, sizeof(err)), 0);
+    g.parts = 2;
+    g.part = 0;
+    assert_int_equal(trace_import_genai(SHARED_TRACES, &g, &h0, err, sizeof(err)), 0);
+    g.part = 1;
+    assert_int_equal(trace_import_genai(SHARED_TRACES, &g, &h1, err, sizeof(err)), 0);
+    assert_int_equal(h0.n + h1.n, all.n);
+    assert_true(h0.n > all.n / 4 && h1.n > all.n / 4);
+    assert_int_equal(trace_samples(&h0) + trace_samples(&h1), trace_samples(&all));
+    for (size_t i = 0; i < h0.n; i++)
+        for (size_t j = 0; j < h1.n; j++)
+            assert_string_not_equal(h0.svcs[i].spec.id, h1.svcs[j].spec.id);
+    /* the first half of the day: every sample inside it, fewer than the whole */
+    genai_opts_default(&g);
+    g.from_s = 0;
+    g.to_s = 41040; /* 11.4 h */
+    assert_int_equal(trace_import_genai(SHARED_TRACES, &g, &w0, err, sizeof(err)), 0);
+    assert_true(trace_samples(&w0) < trace_samples(&all));
+    assert_true(w0.t1 - w0.t0 < 41040);
+    for (size_t i = 0; i < w0.n; i++)
+        assert_true(w0.svcs[i].spec.vram_mib >= w0.svcs[i].peak_mib);
+    trace_free(&all);
+    trace_free(&h0);
+    trace_free(&h1);
+    trace_free(&w0);
+}
+
+/* Regression: hindsight placed a service bigger than the GPU; `samples` counted grid steps;
+ * an infeasible result blamed the budgets when a service is simply larger than a GPU. */
+static void test_too_big_for_the_gpu(void **state)
+{
+    (void)state;
+    write_file("big.json", "{\"services\": [\n"
+                           " {\"id\": \"a\", \"class\": \"batch\", \"vram_mib\": 30000},\n"
+                           " {\"id\": \"b\", \"class\": \"batch\", \"vram_mib\": 50000, \"gpus\": 1}]}\n");
+    write_file("big.csv", "timestamp_s,service,vram_mib\n0,a,20000\n0,b,45000\n"
+                          "60,a,20000\n60,b,45000\n120,b,45000\n");
+    struct trace tr;
+    char err[512];
+    assert_int_equal(load("big.json", "big.csv", &tr, err), 0);
+    int64_t pool[2] = {40960, 40960};
+    struct sim_budget b = budget();
+    for (int pol = 0; pol < POL__COUNT; pol++) {
+        if (pol == POL_BRIEF)
+            continue; /* pool-level: it has no GPUs to be too big for */
+        struct sim_opts o = {.policy = (enum sim_policy)pol, .ratio_milli = 1500, .pool = pool,
+                             .n_pool = 2};
+        struct sim_result r;
+        assert_int_equal(sim_run(&tr, &o, &b, &r, err, sizeof(err)), 0);
+        assert_false(r.feasible);
+        assert_string_equal(r.why_infeasible, "a service larger than a GPU");
+        assert_int_equal(r.too_big, 1);
+        assert_int_equal(r.samples, 5); /* the trace's rows */
+        sim_result_free(&r);
+    }
+    trace_free(&tr);
+}
+
 static void test_determinism_all_policies(void **state)
 {
     (void)state;
@@ -391,6 +461,8 @@ int main(void)
         cmocka_unit_test(test_golden_min_gpus),          cmocka_unit_test(test_genai_end_to_end),
         cmocka_unit_test(test_determinism_all_policies), cmocka_unit_test(test_svg_is_well_formed),
         cmocka_unit_test(test_malformed_inputs),
+        cmocka_unit_test(test_genai_parts_and_window),
+        cmocka_unit_test(test_too_big_for_the_gpu),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
