@@ -71,7 +71,11 @@ static void test_degraded_start_restored_by_prediction(void **state)
     osub_submit_result_t r;
     osub_spec_t ex = spec("exp", "experiment", 50000, 1, 20000);
     assert_int_equal(osub_engine_submit(e, &ex, 10, 0, &r), 0);
-    assert_int_equal(r.outcome, OSUB_SUBMIT_STARTED);
+    /* it waits for room first: floor_start_after_ms (2 min by default) */
+    assert_int_equal(r.outcome, OSUB_SUBMIT_QUEUED);
+    assert_int_equal(osub_engine_tick(e, 60000), 0);
+    assert_int_equal(info(e, "exp").state, OSUB_STATE_QUEUED);
+    assert_int_equal(osub_engine_tick(e, 120010), 0);
     osub_service_info_t x = info(e, "exp");
     assert_int_equal(x.state, OSUB_STATE_DEGRADED);
     assert_int_equal(x.grant_mib, 20000);
@@ -80,11 +84,11 @@ static void test_degraded_start_restored_by_prediction(void **state)
     assert_int_equal(ev->reason, OSUB_R_START_FLOOR);
     /* no history: its predicted peak is its request */
     assert_int_equal(info(e, "exp").predicted_peak_mib, 50000);
-    assert_int_equal(osub_engine_ready(e, "exp", 20), 0);
+    assert_int_equal(osub_engine_ready(e, "exp", 120020), 0);
     /* it uses 15000 every minute; bat keeps 40000: a restore needs its predicted peak under
      * 90% of 81920 (73728) - 40000 = 33728, which the history earns after some hours */
     int64_t last_pred = 50000, restored_at = -1;
-    for (int64_t m = 1; m <= 12 * 60 && restored_at < 0; m++) {
+    for (int64_t m = 3; m <= 12 * 60 && restored_at < 0; m++) {
         int64_t t = m * 60000;
         assert_int_equal(osub_engine_usage(e, "exp", 15000, -1, t), 0);
         assert_int_equal(osub_engine_usage(e, "bat", 40000, -1, t), 0);
@@ -165,13 +169,14 @@ static void test_restores_share_one_room(void **state)
     running(e, spec("web", "online", 50000, 1, 0), 50000, 0);
     osub_spec_t a = spec("a", "experiment", 40000, 1, 10000);
     osub_spec_t b = spec("b", "experiment", 40000, 1, 10000);
-    assert_int_equal(sub(e, a, 10), OSUB_SUBMIT_STARTED);
-    assert_int_equal(sub(e, b, 20), OSUB_SUBMIT_STARTED);
+    assert_int_equal(sub(e, a, 10), OSUB_SUBMIT_QUEUED);
+    assert_int_equal(sub(e, b, 20), OSUB_SUBMIT_QUEUED);
+    assert_int_equal(osub_engine_tick(e, 120020), 0); /* both waited long enough */
     assert_int_equal(info(e, "a").state, OSUB_STATE_DEGRADED);
     assert_int_equal(info(e, "b").state, OSUB_STATE_DEGRADED);
-    assert_int_equal(osub_engine_release(e, "web", 30), 0);
+    assert_int_equal(osub_engine_release(e, "web", 120030), 0);
     int restores = 0;
-    for (int64_t t = 1000; t <= 300000; t += 1000) {
+    for (int64_t t = 121000; t <= 420000; t += 1000) {
         assert_int_equal(osub_engine_usage(e, "a", 10000, -1, t), 0);
         assert_int_equal(osub_engine_usage(e, "b", 10000, -1, t), 0);
         assert_int_equal(osub_engine_tick(e, t), 0);
