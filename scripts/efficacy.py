@@ -67,6 +67,7 @@ def main():
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--ratios", default="1.3:2.0:0.1")
     ap.add_argument("--extra", default="", help="more simulate options, e.g. '--floor-start never'")
+    ap.add_argument("--tune-only", action="store_true", help="the tuning halves only (for tuning)")
     ap.add_argument("--only", default="", help="comma-separated grids: pods,time,mix,size,buffer,synthetic")
     args = ap.parse_args()
     if not os.path.exists(os.path.join(args.traces, "genai_pod_vram.csv")):
@@ -82,6 +83,8 @@ def main():
         "size": [("GPU %s MiB" % g, {"gpus": "min:%s" % g}) for g in ("81920", "98304", "143360")],
         "buffer": [("buffer %s" % b, {"--buffer": b}) for b in ("0", "0.1", "0.3")],
     }
+    if args.tune_only:
+        halves = halves[:1]
     only = set(x for x in args.only.split(",") if x)
     jobs = []
     with cf.ThreadPoolExecutor(max_workers=args.jobs) as ex:
@@ -95,13 +98,13 @@ def main():
                     a.update(hopts)
                     jobs.append((g, label, hl, ex.submit(run, args.oversub, a)))
         if not only or "time" in only:
-            for hl, w in (("tuning half (hours 0-11.4)", "0:11.4"), ("held-back half (hours 11.4-22.8)", "11.4:22.9")):
+            for hl, w in (("tuning half (hours 0-11.4)", "0:11.4"), ("held-back half (hours 11.4-22.8)", "11.4:22.9"))[:1 if args.tune_only else 2]:
                 a = dict(base)
                 a["--window"] = w
                 jobs.append(("time", "whole day split in time", hl, ex.submit(run, args.oversub, a)))
         if (not only or "synthetic" in only) and os.path.exists(args.gentrace):
             for kind in ("diurnal", "bursty", "heavytail", "step", "grow", "mix"):
-                for hl, seed in (("seed 1", "1"), ("seed 2", "2")):
+                for hl, seed in (("seed 1", "1"), ("seed 2", "2"))[:1 if args.tune_only else 2]:
                     d = "/tmp/oversub-efficacy-%s-%s" % (kind, seed)
                     if not os.path.exists(os.path.join(d, "genai_pod_vram.csv")):
                         subprocess.run([args.gentrace, "--out", d, "--kind", kind, "--pods", "60",

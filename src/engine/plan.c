@@ -102,12 +102,67 @@ int64_t osub__gpu_peak(osub_engine_t *e, struct gpu *g)
     return g->hist_peak > g->held ? g->hist_peak : g->held;
 }
 
-static int64_t placement_score(osub_engine_t *e, struct gpu *g, int64_t charge)
+/* How far the oversold services on g may still rise from what they hold to their predicted
+ * peaks: the largest single rise (OSUB_RISE_SUM unset), assuming that their peaks do not all
+ * come at once -- the trace's pods peak apart (the sum of their peaks is 1.7x the peak of
+ * their sum); the co-peaks they did show are in the GPU's held history. */
+static int64_t gpu_rise(const osub_engine_t *e, const struct gpu *g)
 {
-    int64_t projected = osub__gpu_peak(e, g) + charge;
-    if (projected <= g->usable)
-        return g->usable - projected;                    /* tightest fit first */
-    return (INT64_C(1) << 50) + (projected - g->usable); /* least overshoot first */
+    int32_t gi = (int32_t)(g - e->gpus);
+    int64_t rise = 0;
+    for (int32_t j = 0; j < g->nsvc; j++) {
+        const struct svc *o = g->svcs[j];
+        if (o->backed || (o->state != OSUB_STATE_RUNNING && o->state != OSUB_STATE_LOADING &&
+                          o->state != OSUB_STATE_DEGRADED))
+            continue;
+        int64_t pred = osub__pred_peak(&o->pred, o->full_total, e->now,
+                                       e->cfg.prediction_trust_ms);
+        for (int32_t i = 0; i < o->n_slots; i++) {
+            if (o->slots[i].gpu != gi)
+                continue;
+            int64_t top = osub__share(pred, o->k, i);
+            if (top > o->slots[i].grant)
+                top = o->slots[i].grant;
+            int64_t up = top - o->slots[i].held;
+            if (up > rise)
+                rise = up;
+        }
+    }
+    return rise;
+}
+
+/* The GPU's projected peak before a newcomer: its held peak over the history window, or what
+ * it holds now plus the largest rise its oversold services are predicted to make. */
+static int64_t projected_base(osub_engine_t *e, struct gpu *g)
+{
+    int64_t peak = osub__gpu_peak(e, g);
+    int64_t up = g->held + gpu_rise(e, g);
+    return up > peak ? up : peak;
+}
+
+/* Placement aims under the high watermark: the tightest fit among the GPUs where the
+ * projected peak plus the newcomer stays under it; when none does, the GPU with the most
+ * room (so that GPUs to spare lower the risk instead of sitting idle). */
+static int64_t place_limit(const osub_engine_t *e, const struct gpu *g)
+{
+    return g->usable * e->cfg.high_watermark_pct / 100;
+}
+
+/* A backed request holds exactly its grant for ever: it is packed tightest under usable,
+ * as reservations are (the best-fit index is keyed under the high watermark; usable minus
+ * that is the same for every GPU of a size, so the order is the same). */
+static int64_t req_limit(const osub_engine_t *e, const struct gpu *g, const struct req *r)
+{
+    return r->backed && !r->exclusive ? g->usable : place_limit(e, g);
+}
+
+static int64_t placement_score(osub_engine_t *e, struct gpu *g, const struct req *r,
+                               int64_t charge)
+{
+    int64_t projected = projected_base(e, g) + charge, lim = req_limit(e, g, r);
+    if (projected <= lim)
+        return lim - projected;                    /* tightest fit first */
+    return (INT64_C(1) << 50) + (projected - lim); /* least overshoot first */
 }
 
 /* ---- workspace ------------------------------------------------------------------------- */
@@ -943,7 +998,8 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
     bool scan = r->exclusive;
     if (!r->exclusive) {
         int32_t got = 0;
-        for (int32_t x = treap_lower_bound(grp, charge0, -1); x >= 0 && got < k;
+        int64_t slack = r->backed ? usable - usable * e->cfg.high_watermark_pct / 100 : 0;
+        for (int32_t x = treap_lower_bound(grp, charge0 - slack, -1); x >= 0 && got < k;
              x = treap_lower_bound(grp, grp->pfree[x], x + 1)) {
             int32_t gi = grp->gpus[x];
             struct gpu *g = &e->gpus[gi];
@@ -991,11 +1047,8 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
             continue; /* compute, or the first GPU's odd MiB: victims may still help */
         e->gpu_stamp[gi] = stamp;
         struct cand c = {.gpu = gi, .victims = false, .top_level = INT32_MAX};
-        int64_t peak = g->hist_minute == minute ? (g->hist_peak > g->held ? g->hist_peak : g->held)
-                                                : osub__gpu_peak(e, g);
-        int64_t projected = peak + ch;
-        c.score = projected <= g->usable ? g->usable - projected
-                                         : (INT64_C(1) << 50) + (projected - g->usable);
+        (void)minute;
+        c.score = placement_score(e, g, r, ch);
         cand_pack(&c);
         keep_best(best, &nb, k, &c);
     }
@@ -1032,7 +1085,7 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
                 if (!optimistic(e, g, gi, r, share, &c))
                     continue;
                 e->gpu_stamp[gi] = stamp;
-                c.score = placement_score(e, g, charge_of(r, share));
+                c.score = placement_score(e, g, r, charge_of(r, share));
                 cand_pack(&c);
                 opt[nopt++] = c;
             }
@@ -1101,7 +1154,7 @@ static bool plan_size_reference(osub_engine_t *e, const struct req *r, int64_t s
             c.n_degrade = tmp.n_degrade;
             c.restart_sum = tmp.restart_sum;
         }
-        c.score = placement_score(e, g, charge_of(r, share));
+        c.score = placement_score(e, g, r, charge_of(r, share));
         cand_pack(&c);
         keep_best(best, &nb, k, &c);
     }
@@ -1384,7 +1437,7 @@ static void trees_refresh(osub_engine_t *e)
         struct room_tree *t = &e->trees[g->tree_size];
         bool out = g->lost || g->cordoned || g->excl != NULL;
         /* the best-fit index */
-        int64_t pf = g->usable - osub__gpu_peak(e, g);
+        int64_t pf = place_limit(e, g) - projected_base(e, g);
         if (t->in[g->tree_pos] && (out || t->pfree[g->tree_pos] != pf))
             treap_erase(t, g->tree_pos);
         if (!out && !t->in[g->tree_pos])

@@ -50,7 +50,9 @@ int64_t osub__pred_peak(const struct pred *p, int64_t cap, int64_t now_ms, int64
         learned = rise;
     if (learned >= cap)
         return cap;
-    int64_t age = now_ms - p->first_ms;
+    /* whole minutes: the prediction moves with time only once a minute, when the planner's
+     * index is refreshed anyway */
+    int64_t age = (now_ms - p->first_ms) / 60000 * 60000;
     if (age < 0)
         age = 0;
     /* shrink from the request toward what was learned as the history grows: a history of
