@@ -1107,6 +1107,7 @@ static void fill_req(const osub_engine_t *e, const struct svc *s, struct req *r)
     r->exclusive = s->spec.exclusive;
     r->total = s->full_total;
     r->charge = osub__charge_total(e, s);
+    r->floor = s->backed ? s->full_total : s->degradable ? s->floor_total : 0;
     r->k = s->k;
     r->compute = s->spec.compute_pct;
     r->self = s;

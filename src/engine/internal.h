@@ -229,6 +229,8 @@ struct req {
     int64_t total;
     int64_t charge; /* what the physical (held) checks count, <= total: DESIGN's share for
                        backed services, the predicted peak for oversold ones (predict.c) */
+    int64_t floor;  /* what it keeps under pressure (total): its request if backed, its floor
+                       if degradable, 0 if it can only be evicted */
     int32_t k;
     int32_t compute;
     int64_t size_mib; /* 0: any */

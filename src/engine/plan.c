@@ -74,6 +74,40 @@ static int64_t held_limit(const struct gpu *g, const struct req *r, int64_t shar
     return share > lim ? (share < g->usable ? share : g->usable) : lim;
 }
 
+/* ---- floor room ------------------------------------------------------------------------ */
+
+/* What a placed slot keeps under pressure: backed services their grant, degradable ones their
+ * floor, the others nothing (pressure can only evict them). */
+static int64_t slot_floor(const struct svc *s, int32_t i)
+{
+    if (s->backed)
+        return s->slots[i].grant;
+    if (!s->degradable)
+        return 0;
+    return osub__floor_share(s, i);
+}
+
+/* A start without victims must leave every service on the GPU room for what it keeps under
+ * pressure (the same limit as held): then pressure there can always be relieved by degrades
+ * alone, and nobody is evicted because a newcomer took the room their floors need. */
+static bool floor_room(const osub_engine_t *e, const struct gpu *g, const struct req *r,
+                       int64_t share)
+{
+    if (r->exclusive)
+        return true;
+    int32_t gi = (int32_t)(g - e->gpus);
+    int64_t sum = r->total > 0 ? (int64_t)((osub_i128)share * r->floor / r->total) : 0;
+    for (int32_t j = 0; j < g->nsvc; j++) {
+        const struct svc *o = g->svcs[j];
+        if (o->state == OSUB_STATE_DRAINING || o->state == OSUB_STATE_OVERDUE)
+            continue; /* leaving */
+        for (int32_t i = 0; i < o->n_slots; i++)
+            if (o->slots[i].gpu == gi)
+                sum += slot_floor(o, i);
+    }
+    return sum <= held_limit(g, r, share);
+}
+
 /* ---- placement history ------------------------------------------------------------------ */
 
 static void hist_advance(osub_engine_t *e, struct gpu *g)
@@ -1007,6 +1041,7 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
                 continue;
             bool fits =
                 g->granted + share0 <= g->logical && g->held + charge0 <= held_limit(g, r, charge0) &&
+                floor_room(e, g, r, share0) &&
                 (!r->backed || g->backed + share0 <= g->usable) &&
                 (r->compute == 0 || (g->compute_all + r->compute <= climit &&
                                      (!r->backed || g->compute_backed + r->compute <= 100)));
@@ -1040,6 +1075,7 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
         bool fits =
             r->exclusive ||
             (g->granted + share <= g->logical && g->held + ch <= held_limit(g, r, ch) &&
+             floor_room(e, g, r, share) &&
              (!r->backed || g->backed + share <= g->usable) &&
              (r->compute == 0 || (g->compute_all + r->compute <= climit &&
                                   (!r->backed || g->compute_backed + r->compute <= 100))));
@@ -1145,6 +1181,8 @@ static bool plan_size_reference(osub_engine_t *e, const struct req *r, int64_t s
         int64_t share = r->exclusive ? g->usable : share0;
         ws_init(e, &w, r, &gi, &share, 1);
         struct cand c = {.gpu = gi, .victims = false, .top_level = INT32_MAX};
+        if (w.n_fail == 0 && !floor_room(e, g, r, share))
+            continue; /* fits, but not with its neighbours' floors: no start here */
         if (w.n_fail > 0) {
             if (!plan_victims(e, &w, &tmp))
                 continue;

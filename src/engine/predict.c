@@ -52,7 +52,7 @@ int64_t osub__pred_peak(const struct pred *p, int64_t cap, int64_t now_ms, int64
         return cap;
     /* whole minutes: the prediction moves with time only once a minute, when the planner's
      * index is refreshed anyway */
-    int64_t age = (now_ms - p->first_ms) / 60000 * 60000;
+    int64_t age = now_ms / 60000 * 60000 - p->first_ms;
     if (age < 0)
         age = 0;
     /* shrink from the request toward what was learned as the history grows: a history of
