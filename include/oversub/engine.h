@@ -205,6 +205,7 @@ typedef enum {
     OSUB_CHECK_COMPUTE,   /* compute claims */
     OSUB_CHECK_EXCLUSIVE, /* GPU not empty for an exclusive service */
     OSUB_CHECK_GPUS,      /* not enough GPUs of one size that may take it */
+    OSUB_CHECK_FLOORS,    /* what everyone keeps under pressure + its share <= the held limit */
 } osub_check_t;
 
 #define OSUB_PLAN_MAX_VICTIMS 64

@@ -103,8 +103,8 @@ const char *osub_reason_name(osub_reason_t r)
 
 const char *osub_check_name(osub_check_t c)
 {
-    static const char *const n[] = {"none",    "logical",   "backed", "held",
-                                    "compute", "exclusive", "gpus"};
+    static const char *const n[] = {"none",      "logical", "backed", "held", "compute",
+                                    "exclusive", "gpus",    "floors"};
     return (unsigned)c < sizeof(n) / sizeof(n[0]) ? n[c] : "?";
 }
 

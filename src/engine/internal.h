@@ -85,6 +85,7 @@ struct vinfo {
     int32_t comp;
     int64_t rg_d, rh_d; /* grant and held a degrade frees */
     int64_t rg_e, rh_e; /* grant and held an eviction frees */
+    int64_t rf_e;       /* floor room an eviction frees (a degrade frees none) */
     int64_t restart_ms;
 };
 

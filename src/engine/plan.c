@@ -87,25 +87,41 @@ static int64_t slot_floor(const struct svc *s, int32_t i)
     return osub__floor_share(s, i);
 }
 
-/* A start without victims must leave every service on the GPU room for what it keeps under
- * pressure (the same limit as held): then pressure there can always be relieved by degrades
- * alone, and nobody is evicted because a newcomer took the room their floors need. */
+/* What a share of the request keeps under pressure. */
+static int64_t req_floor(const struct req *r, int64_t share)
+{
+    if (r->exclusive || r->total <= 0)
+        return 0;
+    return (int64_t)((osub_i128)share * r->floor / r->total);
+}
+
+/* What the services on g keep under pressure (those leaving excluded). */
+static int64_t gpu_floors(const osub_engine_t *e, const struct gpu *g)
+{
+    int32_t gi = (int32_t)(g - e->gpus);
+    int64_t sum = 0;
+    for (int32_t j = 0; j < g->nsvc; j++) {
+        const struct svc *o = g->svcs[j];
+        if (o->state == OSUB_STATE_DRAINING || o->state == OSUB_STATE_OVERDUE)
+            continue;
+        for (int32_t i = 0; i < o->n_slots; i++)
+            if (o->slots[i].gpu == gi)
+                sum += slot_floor(o, i);
+    }
+    return sum;
+}
+
+/* Floor room (DESIGN's checks, one more): after a start, what every service on the GPU
+ * keeps under pressure -- backed grants, degradable floors -- must fit under the same limit
+ * as held, so that pressure there is always relieved by degrades alone and nobody is
+ * evicted because a newcomer (or a degrade that cannot last) took the room their floors
+ * need. Evicting a victim frees its floor; degrading it does not. */
 static bool floor_room(const osub_engine_t *e, const struct gpu *g, const struct req *r,
                        int64_t share)
 {
     if (r->exclusive)
         return true;
-    int32_t gi = (int32_t)(g - e->gpus);
-    int64_t sum = r->total > 0 ? (int64_t)((osub_i128)share * r->floor / r->total) : 0;
-    for (int32_t j = 0; j < g->nsvc; j++) {
-        const struct svc *o = g->svcs[j];
-        if (o->state == OSUB_STATE_DRAINING || o->state == OSUB_STATE_OVERDUE)
-            continue; /* leaving */
-        for (int32_t i = 0; i < o->n_slots; i++)
-            if (o->slots[i].gpu == gi)
-                sum += slot_floor(o, i);
-    }
-    return sum <= held_limit(g, r, share);
+    return gpu_floors(e, g) + req_floor(r, share) <= held_limit(g, r, share);
 }
 
 /* ---- placement history ------------------------------------------------------------------ */
@@ -205,7 +221,8 @@ struct ws_gpu {
     int32_t gpu;
     int64_t share;
     int64_t charge; /* what the held check counts of the share */
-    int64_t dg, dh;
+    int64_t floors; /* what the services there keep under pressure, before any victim */
+    int64_t dg, dh, df;
     int32_t dc, nev;
     bool pass;
 };
@@ -262,6 +279,11 @@ static osub_check_t ws_eval(const osub_engine_t *e, const struct ws *w, const st
         *shortfall = sf;
         return OSUB_CHECK_HELD;
     }
+    sf = x->floors - x->df + req_floor(r, x->share) - held_limit(g, r, x->share);
+    if (sf > 0) {
+        *shortfall = sf;
+        return OSUB_CHECK_FLOORS;
+    }
     if (r->compute > 0) {
         int64_t lim = (int64_t)100 * e->cfg.compute_ratio_milli / 1000;
         sf = g->compute_all - x->dc + r->compute - lim;
@@ -304,6 +326,7 @@ static void ws_init(const osub_engine_t *e, struct ws *w, const struct req *r, c
         x->gpu = gpus[j];
         x->share = shares[j];
         x->charge = charge_of(r, shares[j]);
+        x->floors = gpu_floors(e, &e->gpus[gpus[j]]);
         x->pass = true;
         ws_update(e, w, j);
     }
@@ -320,6 +343,7 @@ static void ws_apply(const osub_engine_t *e, struct ws *w, const struct svc *v, 
         struct ws_gpu *x = &w->g[j];
         x->dg += slot_grant_after(v, sl, a0) - slot_grant_after(v, sl, a1);
         x->dh += osub__slot_held_after(e, v, sl, a0) - osub__slot_held_after(e, v, sl, a1);
+        x->df += (a1 == ACT_EVICT ? slot_floor(v, i) : 0) - (a0 == ACT_EVICT ? slot_floor(v, i) : 0);
         if (a0 == ACT_EVICT) {
             x->dc -= v->spec.compute_pct;
             x->nev--;
@@ -583,6 +607,9 @@ static void gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
             vi->comp = v->spec.compute_pct;
             vi->rg_e = sl->grant;
             vi->rh_e = sl->held;
+            vi->rf_e = v->state == OSUB_STATE_DRAINING || v->state == OSUB_STATE_OVERDUE
+                           ? 0
+                           : slot_floor(v, t);
             vi->rg_d = vi->degradable ? sl->grant - slot_grant_after(v, sl, ACT_DEGRADE) : 0;
             vi->rh_d = vi->degradable ? sl->held - osub__slot_held_after(e, v, sl, ACT_DEGRADE) : 0;
             vi->restart_ms = v->restart_cost_ms;
@@ -716,6 +743,8 @@ static bool plan_single(const osub_engine_t *e, const struct gpu *g, const struc
     int64_t climit = (int64_t)100 * e->cfg.compute_ratio_milli / 1000;
     int64_t ch = charge_of(r, share);
     int64_t dl0 = g->granted + share - g->logical, dh0 = g->held + ch - held_limit(g, r, ch);
+    int64_t df0 = r->exclusive ? INT64_MIN / 4
+                               : gpu_floors(e, g) + req_floor(r, share) - held_limit(g, r, share);
     int64_t dc0 = r->compute > 0 ? g->compute_all + r->compute - climit : 0;
     if (r->backed &&
         (g->backed + share > g->usable || (r->compute > 0 && g->compute_backed + r->compute > 100)))
@@ -725,9 +754,10 @@ static bool plan_single(const osub_engine_t *e, const struct gpu *g, const struc
         n++;
     uint8_t A[OSUB_PLAN_MAX_VICTIMS];
     memset(A, 0, (size_t)n);
-    int64_t rg = 0, rh = 0, rc = 0, nev = 0;
+    int64_t rg = 0, rh = 0, rc = 0, nev = 0, rf = 0;
     const struct vinfo *V = g->vic;
-#define OSUB__PASS() (r->exclusive ? (g->nsvc - nev == 0) : (rg >= dl0 && rh >= dh0 && rc >= dc0))
+#define OSUB__PASS()                                                                               \
+    (r->exclusive ? (g->nsvc - nev == 0) : (rg >= dl0 && rh >= dh0 && rc >= dc0 && rf >= df0))
     bool ok = OSUB__PASS();
     if (ok)
         return false; /* not a victim case: the caller handles fits */
@@ -752,6 +782,7 @@ static bool plan_single(const osub_engine_t *e, const struct gpu *g, const struc
                 rg += V[t].rg_e;
                 rh += V[t].rh_e;
                 rc += V[t].comp;
+                rf += V[t].rf_e;
                 nev++;
                 A[t] = ACT_EVICT;
                 ok = OSUB__PASS();
@@ -769,9 +800,11 @@ static bool plan_single(const osub_engine_t *e, const struct gpu *g, const struc
         int64_t h0 = A[t] == ACT_EVICT ? V[t].rh_e : V[t].rh_d;
         int64_t c0 = A[t] == ACT_EVICT ? V[t].comp : 0;
         int64_t n0 = A[t] == ACT_EVICT ? 1 : 0;
+        int64_t f0 = A[t] == ACT_EVICT ? V[t].rf_e : 0;
         rg -= g0;
         rh -= h0;
         rc -= c0;
+        rf -= f0;
         nev -= n0;
         if (OSUB__PASS()) {
             A[t] = ACT_NONE;
@@ -790,6 +823,7 @@ static bool plan_single(const osub_engine_t *e, const struct gpu *g, const struc
         rg += g0;
         rh += h0;
         rc += c0;
+        rf += f0;
         nev += n0;
     }
 #undef OSUB__PASS
@@ -1181,8 +1215,6 @@ static bool plan_size_reference(osub_engine_t *e, const struct req *r, int64_t s
         int64_t share = r->exclusive ? g->usable : share0;
         ws_init(e, &w, r, &gi, &share, 1);
         struct cand c = {.gpu = gi, .victims = false, .top_level = INT32_MAX};
-        if (w.n_fail == 0 && !floor_room(e, g, r, share))
-            continue; /* fits, but not with its neighbours' floors: no start here */
         if (w.n_fail > 0) {
             if (!plan_victims(e, &w, &tmp))
                 continue;
