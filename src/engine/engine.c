@@ -1142,13 +1142,14 @@ static void plan_for(osub_engine_t *e, const struct svc *s, const struct req *r,
 }
 
 /* The smallest share a request of s could be placed with (degraded starts included). */
-static int64_t min_share(const struct svc *s, const struct req *r)
+static int64_t min_share(const osub_engine_t *e, const struct svc *s, const struct req *r)
 {
     if (r->exclusive)
         return 1;
     int64_t t = r->charge < r->total ? r->charge : r->total;
-    if (s->degradable && !s->backed && s->floor_total < t)
-        t = s->floor_total;
+    if (s->degradable && !s->backed && s->floor_total < t && e->cfg.floor_start_after_ms >= 0 &&
+        e->now - s->submit_ms >= e->cfg.floor_start_after_ms)
+        t = s->floor_total; /* it may start at its floor by now */
     return t / r->k;
 }
 
@@ -1688,7 +1689,7 @@ static void process_queue(osub_engine_t *e)
         r.quiet = true;
 
         struct plan p;
-        if (!osub__may_fit(e, &r, min_share(s, &r))) {
+        if (!osub__may_fit(e, &r, min_share(e, s, &r))) {
             p.ok = false; /* cannot fit even with every lower level evicted: no plan needed */
         } else {
             planned++;

@@ -96,6 +96,7 @@ struct gpu_aggs {
     int64_t dg_max_held[OSUB_MAX_LEVEL + 1], dg_max_grant[OSUB_MAX_LEVEL + 1];
     int64_t ex_max_held[OSUB_MAX_LEVEL + 1], ex_max_grant[OSUB_MAX_LEVEL + 1];
     int32_t ev_comp[OSUB_MAX_LEVEL + 1], ev_cnt[OSUB_MAX_LEVEL + 1];
+    int64_t ev_floor[OSUB_MAX_LEVEL + 1]; /* floor room evictions free */
 };
 
 struct gpu {
@@ -108,6 +109,11 @@ struct gpu {
     struct svc *excl;    /* exclusive owner */
     int32_t nsvc;
     int32_t n_preempt; /* preemptible services placed here */
+    /* cached by plan.c, recomputed when the GPU was touched or the minute changed: the
+     * largest predicted rise of its oversold services, and what its services keep under
+     * pressure */
+    bool cache_dirty;
+    int64_t cache_minute, rise_cache, floors_cache;
     bool cordoned, lost, agg_dirty, tree_dirty;
     int64_t agg_valid_until; /* a victim's minimum-runtime protection ends then */
     /* cold */
@@ -135,6 +141,10 @@ struct room_tree {
      * preemptible one (held measured against the high watermark) */
     int64_t *bt[OSUB_MAX_LEVEL + 1], *bd[OSUB_MAX_LEVEL + 1];
     int64_t *pt[OSUB_MAX_LEVEL + 1], *pd[OSUB_MAX_LEVEL + 1];
+    /* floor room (plan.c, floor_room()): under the held limit, what the services there keep
+     * under pressure leaves, plus what evicting every level below L frees (ft), or with
+     * degrades only, which free none (fd) */
+    int64_t *ft[OSUB_MAX_LEVEL + 1], *fd;
     /* best-fit index: a treap of the group's placeable GPUs keyed by (projected free room,
      * position), so the tightest fit is a lower-bound search, not a scan */
     int32_t root;
@@ -309,6 +319,7 @@ OSUB__HIDDEN int64_t osub__charge_total(const osub_engine_t *e, const struct svc
 static inline void osub__gpu_touch(struct osub_engine *e, struct gpu *g)
 {
     g->agg_dirty = true;
+    g->cache_dirty = true;
     if (!g->tree_dirty) {
         g->tree_dirty = true;
         e->tdirty[e->n_tdirty++] = (int32_t)(g - e->gpus);

@@ -95,8 +95,30 @@ static int64_t req_floor(const struct req *r, int64_t share)
     return (int64_t)((osub_i128)share * r->floor / r->total);
 }
 
+static int64_t gpu_floors_now(const osub_engine_t *e, const struct gpu *g);
+static int64_t gpu_rise_now(const osub_engine_t *e, const struct gpu *g);
+
+/* Refreshes g's cached rise and floors when it changed or the minute did (predictions move
+ * once a minute). */
+static void gpu_cache(const osub_engine_t *e, struct gpu *g)
+{
+    int64_t minute = e->now / 60000;
+    if (!g->cache_dirty && g->cache_minute == minute)
+        return;
+    g->rise_cache = gpu_rise_now(e, g);
+    g->floors_cache = gpu_floors_now(e, g);
+    g->cache_minute = minute;
+    g->cache_dirty = false;
+}
+
 /* What the services on g keep under pressure (those leaving excluded). */
 static int64_t gpu_floors(const osub_engine_t *e, const struct gpu *g)
+{
+    gpu_cache(e, (struct gpu *)g);
+    return g->floors_cache;
+}
+
+static int64_t gpu_floors_now(const osub_engine_t *e, const struct gpu *g)
 {
     int32_t gi = (int32_t)(g - e->gpus);
     int64_t sum = 0;
@@ -156,7 +178,15 @@ int64_t osub__gpu_peak(osub_engine_t *e, struct gpu *g)
  * peaks: the largest single rise (OSUB_RISE_SUM unset), assuming that their peaks do not all
  * come at once -- the trace's pods peak apart (the sum of their peaks is 1.7x the peak of
  * their sum); the co-peaks they did show are in the GPU's held history. */
-static int64_t gpu_rise(const osub_engine_t *e, const struct gpu *g)
+static void gpu_cache(const osub_engine_t *e, struct gpu *g);
+
+static int64_t gpu_rise(const osub_engine_t *e, struct gpu *g)
+{
+    gpu_cache(e, g);
+    return g->rise_cache;
+}
+
+static int64_t gpu_rise_now(const osub_engine_t *e, const struct gpu *g)
 {
     int32_t gi = (int32_t)(g - e->gpus);
     int64_t rise = 0;
@@ -587,6 +617,7 @@ static void gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
     memset(g->a->ex_max_grant, 0, sizeof(g->a->ex_max_grant));
     memset(g->a->ev_comp, 0, sizeof(g->a->ev_comp));
     memset(g->a->ev_cnt, 0, sizeof(g->a->ev_cnt));
+    memset(g->a->ev_floor, 0, sizeof(g->a->ev_floor));
     g->nvic = 0;
     for (int32_t i = 0; i < g->nsvc; i++) {
         const struct svc *v = g->svcs[i];
@@ -620,6 +651,7 @@ static void gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
                 g->a->ev_grant[L] += sl->grant;
                 g->a->ev_comp[L] += v->spec.compute_pct;
                 g->a->ev_cnt[L]++;
+                g->a->ev_floor[L] += vi->rf_e;
                 /* what an eviction frees beyond a degrade of the same victim */
                 int64_t xh = sl->held, xg = sl->grant;
                 if (degradable_now(v)) {
@@ -667,13 +699,15 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
         if (r->backed && g->compute_backed + r->compute > 100)
             return false;
     }
+    int64_t df = r->exclusive ? 0 : gpu_floors(e, g) + req_floor(r, share) - held_limit(g, r, share);
     int64_t eh = 0, eg = 0, dgh = 0, dgg = 0, mh = 0, mg = 0, xh = 0, xg = 0;
-    int64_t ec = 0, cnt = 0;
+    int64_t ec = 0, cnt = 0, ef = 0;
     for (int32_t L = e->max_level; L > r->level; L--) {
         eh += g->a->ev_held[L];
         eg += g->a->ev_grant[L];
         ec += g->a->ev_comp[L];
         cnt += g->a->ev_cnt[L];
+        ef += g->a->ev_floor[L];
         dgh += g->a->dg_held[L];
         dgg += g->a->dg_grant[L];
         if (g->a->dg_max_held[L] > mh)
@@ -686,14 +720,14 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
             xg = g->a->ex_max_grant[L];
         if (g->a->ev_held[L] == 0 && g->a->ev_grant[L] == 0 && g->a->ev_cnt[L] == 0)
             continue;
-        bool ok = r->exclusive ? cnt >= g->nsvc : (eg >= dl && eh >= dh && ec >= dc);
+        bool ok = r->exclusive ? cnt >= g->nsvc : (eg >= dl && eh >= dh && ec >= dc && ef >= df);
         if (!ok)
             continue;
         c->victims = true;
         c->top_level = L;
         /* lower bounds: no eviction only if degrading everything would do; one degrade only
          * if some single victim frees enough of both */
-        bool deg_ok = !r->exclusive && dgg >= dl && dgh >= dh && dc <= 0;
+        bool deg_ok = !r->exclusive && dgg >= dl && dgh >= dh && dc <= 0 && df <= 0;
         int32_t nev = 0;
         if (!deg_ok) {
             /* each eviction frees at most the largest extra beyond its degrade */
@@ -972,17 +1006,17 @@ static const int64_t *tree_for(const osub_engine_t *e, const struct room_tree *t
     return degrades_only ? t->d[L] : t->t[L];
 }
 
-static void tree_collect(const struct room_tree *t, const int64_t *tr, int64_t share, int32_t *out,
-                         int32_t *n, bool many)
+static void tree_collect(const struct room_tree *t, const int64_t *tr, int64_t share,
+                         const int64_t *ftr, int64_t fneed, int32_t *out, int32_t *n, bool many)
 {
-    if (tr[1] < share)
+    if (tr[1] < share || ftr[1] < fneed)
         return; /* the root: no GPU of the group has that much */
     if (many) {
         /* when many qualify (victims wanted), a straight scan of the contiguous leaves beats
          * a walk down the tree */
-        const int64_t *leaf = tr + t->leaves;
+        const int64_t *leaf = tr + t->leaves, *fleaf = ftr + t->leaves;
         for (int32_t pos = 0; pos < t->n; pos++)
-            if (leaf[pos] >= share)
+            if (leaf[pos] >= share && fleaf[pos] >= fneed)
                 out[(*n)++] = t->gpus[pos];
         return;
     }
@@ -998,9 +1032,9 @@ static void tree_collect(const struct room_tree *t, const int64_t *tr, int64_t s
             continue;
         }
         /* right first so that the left (lower index) comes out first */
-        if (tr[2 * x + 1] >= share)
+        if (tr[2 * x + 1] >= share && ftr[2 * x + 1] >= fneed)
             stack[sp++] = 2 * x + 1;
-        if (tr[2 * x] >= share)
+        if (tr[2 * x] >= share && ftr[2 * x] >= fneed)
             stack[sp++] = 2 * x;
     }
 }
@@ -1032,6 +1066,9 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
     int64_t share0 = osub__share(r->total, k, 0);
     int64_t share_min = r->total / k;
     int64_t charge0 = charge_of(r, share0), charge_min = charge_of(r, share_min);
+    /* the floor room a GPU needs (none for exclusive requests, nor for a share above the high
+     * watermark, whose limit is the share itself) */
+    int64_t fneed = INT64_MIN / 4;
     int64_t climit = (int64_t)100 * e->cfg.compute_ratio_milli / 1000;
     struct room_tree *grp = NULL;
     int32_t gj = -1;
@@ -1053,6 +1090,8 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
         note_failure(fail, OSUB_CHECK_GPUS, -1, k - navail);
         return false;
     }
+    if (!r->exclusive && share_min <= usable * e->cfg.high_watermark_pct / 100)
+        fneed = req_floor(r, share_min);
     trees_refresh(e);
     int32_t *cand = e->miss_buf;
     int32_t ncand = 0;
@@ -1096,8 +1135,8 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
                 cand[ncand++] = grp->gpus[x];
         }
     } else if (scan) {
-        tree_collect(grp, tree_for(e, grp, r, e->max_level, false, charge_min), charge_min, cand,
-                     &ncand, false);
+        tree_collect(grp, tree_for(e, grp, r, e->max_level, false, charge_min), charge_min,
+                     grp->ft[e->max_level], fneed, cand, &ncand, false);
     }
     for (int32_t x = 0; x < ncand; x++) {
         int32_t gi = cand[x];
@@ -1141,7 +1180,7 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
                     cand[ncand++] = grp->gpus[x];
             } else {
                 tree_collect(grp, tree_for(e, grp, r, L - 1, phase == 0, charge_min), charge_min,
-                             cand, &ncand, false);
+                             phase == 0 ? grp->fd : grp->ft[L - 1], fneed, cand, &ncand, false);
             }
             for (int32_t x = 0; x < ncand; x++) {
                 int32_t gi = cand[x];
@@ -1451,6 +1490,14 @@ int osub__trees_init(osub_engine_t *e)
                     (*arrs[a])[x] = INT64_MIN / 4;
             }
         }
+        for (int32_t L = 0; L <= e->max_level + 1; L++) {
+            int64_t **a = L <= e->max_level ? &t->ft[L] : &t->fd;
+            *a = malloc(2 * (size_t)t->leaves * sizeof(int64_t));
+            if (*a == NULL)
+                return OSUB_ENOMEM;
+            for (int32_t x = 0; x < 2 * t->leaves; x++)
+                (*a)[x] = INT64_MIN / 4;
+        }
     }
     return 0;
 }
@@ -1473,10 +1520,25 @@ void osub__trees_free(osub_engine_t *e)
             free(e->trees[j].bd[L]);
             free(e->trees[j].pt[L]);
             free(e->trees[j].pd[L]);
+            free(e->trees[j].ft[L]);
         }
+        free(e->trees[j].fd);
     }
     free(e->trees);
     e->trees = NULL;
+}
+
+/* Sets the leaf of GPU position pos in tree tr and the maxima above it. */
+static void tree_set(const struct room_tree *t, int64_t *tr, int32_t pos, int64_t v)
+{
+    int32_t x = t->leaves + pos;
+    tr[x] = v;
+    for (x /= 2; x >= 1; x /= 2) {
+        int64_t m = tr[2 * x] > tr[2 * x + 1] ? tr[2 * x] : tr[2 * x + 1];
+        if (tr[x] == m && x != 1)
+            break; /* nothing above changes */
+        tr[x] = m;
+    }
 }
 
 static void trees_refresh(osub_engine_t *e)
@@ -1517,8 +1579,9 @@ static void trees_refresh(osub_engine_t *e)
             if (g->agg_valid_until < e->trees_valid_until)
                 e->trees_valid_until = g->agg_valid_until;
         }
-        int64_t rh = 0, rg = 0, dh = 0, dg = 0;
-        int64_t cap[6][OSUB_MAX_LEVEL + 1];
+        int64_t rh = 0, rg = 0, dh = 0, dg = 0, rf = 0;
+        int64_t cap[6][OSUB_MAX_LEVEL + 1], fcap[OSUB_MAX_LEVEL + 1];
+        int64_t ffree = (g->n_preempt == 0 ? g->usable : place_limit(e, g)) - gpu_floors(e, g);
         int64_t bfree = g->usable - g->backed;
         int64_t wfree = g->usable * e->cfg.high_watermark_pct / 100 - g->held;
         for (int32_t L = e->max_level; L >= 0; L--) {
@@ -1533,27 +1596,22 @@ static void trees_refresh(osub_engine_t *e)
             cap[3][L] = c_deg < bfree ? c_deg : bfree;
             cap[4][L] = p_all;
             cap[5][L] = p_deg;
+            fcap[L] = out ? INT64_MIN / 4 : ffree + rf;
             for (int v = 0; v < 6 && out; v++)
                 cap[v][L] = INT64_MIN / 4;
             rh += g->a->ev_held[L];
             rg += g->a->ev_grant[L];
             dh += g->a->dg_held[L];
             dg += g->a->dg_grant[L];
+            rf += g->a->ev_floor[L];
         }
         for (int32_t L = 0; L <= e->max_level; L++) {
             int64_t *arrs[6] = {t->t[L], t->d[L], t->bt[L], t->bd[L], t->pt[L], t->pd[L]};
-            for (int which = 0; which < 6; which++) {
-                int64_t *tr = arrs[which];
-                int32_t x = t->leaves + g->tree_pos;
-                tr[x] = cap[which][L];
-                for (x /= 2; x >= 1; x /= 2) {
-                    int64_t m = tr[2 * x] > tr[2 * x + 1] ? tr[2 * x] : tr[2 * x + 1];
-                    if (tr[x] == m && x != 1)
-                        break; /* nothing above changes */
-                    tr[x] = m;
-                }
-            }
+            for (int which = 0; which < 6; which++)
+                tree_set(t, arrs[which], g->tree_pos, cap[which][L]);
+            tree_set(t, t->ft[L], g->tree_pos, fcap[L]);
         }
+        tree_set(t, t->fd, g->tree_pos, out ? INT64_MIN / 4 : ffree);
     }
     e->n_tdirty = 0;
 }
