@@ -618,6 +618,7 @@ static void gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
     memset(g->a->ev_comp, 0, sizeof(g->a->ev_comp));
     memset(g->a->ev_cnt, 0, sizeof(g->a->ev_cnt));
     memset(g->a->ev_floor, 0, sizeof(g->a->ev_floor));
+    memset(g->a->ex_max_floor, 0, sizeof(g->a->ex_max_floor));
     g->nvic = 0;
     for (int32_t i = 0; i < g->nsvc; i++) {
         const struct svc *v = g->svcs[i];
@@ -652,6 +653,8 @@ static void gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
                 g->a->ev_comp[L] += v->spec.compute_pct;
                 g->a->ev_cnt[L]++;
                 g->a->ev_floor[L] += vi->rf_e;
+                if (vi->rf_e > g->a->ex_max_floor[L])
+                    g->a->ex_max_floor[L] = vi->rf_e;
                 /* what an eviction frees beyond a degrade of the same victim */
                 int64_t xh = sl->held, xg = sl->grant;
                 if (degradable_now(v)) {
@@ -701,7 +704,7 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
     }
     int64_t df = r->exclusive ? 0 : gpu_floors(e, g) + req_floor(r, share) - held_limit(g, r, share);
     int64_t eh = 0, eg = 0, dgh = 0, dgg = 0, mh = 0, mg = 0, xh = 0, xg = 0;
-    int64_t ec = 0, cnt = 0, ef = 0;
+    int64_t ec = 0, cnt = 0, ef = 0, xf = 0;
     for (int32_t L = e->max_level; L > r->level; L--) {
         eh += g->a->ev_held[L];
         eg += g->a->ev_grant[L];
@@ -718,6 +721,8 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
             xh = g->a->ex_max_held[L];
         if (g->a->ex_max_grant[L] > xg)
             xg = g->a->ex_max_grant[L];
+        if (g->a->ex_max_floor[L] > xf)
+            xf = g->a->ex_max_floor[L];
         if (g->a->ev_held[L] == 0 && g->a->ev_grant[L] == 0 && g->a->ev_cnt[L] == 0)
             continue;
         bool ok = r->exclusive ? cnt >= g->nsvc : (eg >= dl && eh >= dh && ec >= dc && ef >= df);
@@ -738,6 +743,8 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
                     nev = (int32_t)((rh + xh - 1) / xh);
                 if (rgr > 0 && xg > 0 && (rgr + xg - 1) / xg > nev)
                     nev = (int32_t)((rgr + xg - 1) / xg);
+                if (df > 0 && xf > 0 && (df + xf - 1) / xf > nev)
+                    nev = (int32_t)((df + xf - 1) / xf);
             } else {
                 nev = (int32_t)g->nsvc;
             }
