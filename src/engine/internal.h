@@ -113,7 +113,7 @@ struct gpu {
     /* cached by plan.c, recomputed when the GPU was touched or the minute changed: the
      * largest predicted rise of its oversold services, and what its services keep under
      * pressure */
-    bool cache_dirty;
+    bool cache_dirty, floors_dirty;
     int64_t cache_minute, rise_cache, floors_cache;
     bool cordoned, lost, agg_dirty, tree_dirty;
     int64_t agg_valid_until; /* a victim's minimum-runtime protection ends then */
@@ -321,6 +321,7 @@ static inline void osub__gpu_touch(struct osub_engine *e, struct gpu *g)
 {
     g->agg_dirty = true;
     g->cache_dirty = true;
+    g->floors_dirty = true;
     if (!g->tree_dirty) {
         g->tree_dirty = true;
         e->tdirty[e->n_tdirty++] = (int32_t)(g - e->gpus);

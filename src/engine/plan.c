@@ -57,6 +57,8 @@ static int64_t charge_of(const struct req *r, int64_t share)
 {
     if (r->exclusive || r->total <= 0 || r->charge >= r->total || r->charge <= 0)
         return share;
+    if (share < (INT64_C(1) << 31) && r->charge < (INT64_C(1) << 31))
+        return share * r->charge / r->total; /* fits 64 bits */
     return (int64_t)((osub_i128)share * r->charge / r->total);
 }
 
@@ -92,6 +94,10 @@ static int64_t req_floor(const struct req *r, int64_t share)
 {
     if (r->exclusive || r->total <= 0)
         return 0;
+    if (r->floor == r->total)
+        return share;
+    if (share < (INT64_C(1) << 31) && r->floor < (INT64_C(1) << 31))
+        return share * r->floor / r->total;
     return (int64_t)((osub_i128)share * r->floor / r->total);
 }
 
@@ -106,7 +112,6 @@ static void gpu_cache(const osub_engine_t *e, struct gpu *g)
     if (!g->cache_dirty && g->cache_minute == minute)
         return;
     g->rise_cache = gpu_rise_now(e, g);
-    g->floors_cache = gpu_floors_now(e, g);
     g->cache_minute = minute;
     g->cache_dirty = false;
 }
@@ -114,7 +119,11 @@ static void gpu_cache(const osub_engine_t *e, struct gpu *g)
 /* What the services on g keep under pressure (those leaving excluded). */
 static int64_t gpu_floors(const osub_engine_t *e, const struct gpu *g)
 {
-    gpu_cache(e, (struct gpu *)g);
+    if (g->floors_dirty) { /* floors do not move with time: only when the GPU is touched */
+        struct gpu *m = (struct gpu *)g;
+        m->floors_cache = gpu_floors_now(e, g);
+        m->floors_dirty = false;
+    }
     return g->floors_cache;
 }
 
@@ -1111,10 +1120,14 @@ static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struc
      * peaks) are all the GPUs with room looked at. */
     bool scan = r->exclusive;
     if (!r->exclusive) {
-        int32_t got = 0;
+        int32_t got = 0, walked = 0;
         int64_t slack = r->backed ? usable - usable * e->cfg.high_watermark_pct / 100 : 0;
-        for (int32_t x = treap_lower_bound(grp, charge0 - slack, -1); x >= 0 && got < k;
-             x = treap_lower_bound(grp, grp->pfree[x], x + 1)) {
+        /* the walk is bounded: GPUs with held room but no floor room (or logical room) are
+         * not in the index's order; past 4k of them the scan below, which the room trees
+         * prune on every kind of room, finds the same best k */
+        for (int32_t x = treap_lower_bound(grp, charge0 - slack, -1);
+             x >= 0 && got < k && walked < 4 * k + 16;
+             x = treap_lower_bound(grp, grp->pfree[x], x + 1), walked++) {
             int32_t gi = grp->gpus[x];
             struct gpu *g = &e->gpus[gi];
             if (!gpu_takes(g, r, size))

@@ -60,8 +60,11 @@ int64_t osub__pred_peak(const struct pred *p, int64_t cap, int64_t now_ms, int64
      * request, an old one's near what it has shown) */
     if (trust_ms < 1)
         trust_ms = 1;
-    osub_i128 gap = (osub_i128)(cap - learned) * trust_ms;
-    int64_t extra = (int64_t)(gap / (trust_ms + age));
+    int64_t extra;
+    if (cap - learned < (INT64_C(1) << 31) && trust_ms < (INT64_C(1) << 31))
+        extra = (cap - learned) * trust_ms / (trust_ms + age); /* fits 64 bits */
+    else
+        extra = (int64_t)((osub_i128)(cap - learned) * trust_ms / (trust_ms + age));
     return learned + extra;
 }
 
