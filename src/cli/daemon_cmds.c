@@ -433,6 +433,30 @@ static int cmd_explain(const char *id)
         printf(": holds %lld MiB, uses %lld MiB\n", (long long)geti(s, "held_mib"),
                (long long)geti(s, "used_mib"));
     }
+    /* its prediction, and why its GPU was chosen */
+    json_t *pr0 = json_object_get(s, "prediction");
+    if (pr0 != NULL) {
+        long long n = (long long)geti(pr0, "reports");
+        if (n == 0)
+            printf("  predicted peak: %lld MiB, its request (no usage reported yet)\n",
+                   (long long)geti(pr0, "peak_mib"));
+        else
+            printf("  predicted peak: %lld MiB from %lld usage report(s) (request %lld MiB); an "
+                   "admission now would count it as %lld MiB\n",
+                   (long long)geti(pr0, "peak_mib"), n, (long long)geti(s, "vram_mib"),
+                   (long long)geti(pr0, "charge_mib"));
+    }
+    json_t *pb = json_object_get(s, "placed_because");
+    json_t *place = json_object_get(s, "placement");
+    if (pb != NULL && json_array_size(place) > 0) {
+        bool tight = json_is_true(json_object_get(pb, "tightest_fit"));
+        printf("  placed on GPU %lld: counted as %lld MiB, its projected peak there was %lld of "
+               "%lld MiB, %s\n",
+               (long long)geti(json_array_get(place, 0), "gpu"), (long long)geti(pb, "charge_mib"),
+               (long long)geti(pb, "projected_peak_mib"), (long long)geti(pb, "limit_mib"),
+               tight ? "the tightest fit under that limit"
+                     : "the GPU that overshot that limit least (none had room under it)");
+    }
     /* a managed service: its process, and what eviction does to it */
     json_t *pr = json_object_get(s, "process");
     if (pr != NULL) {

@@ -301,6 +301,18 @@ static json_t *service_json(struct osubd *d, const char *id)
     json_object_set_new(o, "held_mib", json_integer(si.held_mib));
     json_object_set_new(o, "used_mib", json_integer(si.used_mib));
     json_object_set_new(o, "batch", json_integer(si.batch_size));
+    /* its own usage's prediction, and why it was placed where it is */
+    json_object_set_new(o, "prediction",
+                        json_pack("{s:I, s:I, s:I}", "peak_mib", (json_int_t)si.predicted_peak_mib,
+                                  "charge_mib", (json_int_t)si.charge_mib, "reports",
+                                  (json_int_t)si.usage_reports));
+    if (si.place_limit_mib > 0)
+        json_object_set_new(o, "placed_because",
+                            json_pack("{s:I, s:I, s:I, s:b}", "projected_peak_mib",
+                                      (json_int_t)si.place_projected_mib, "limit_mib",
+                                      (json_int_t)si.place_limit_mib, "charge_mib",
+                                      (json_int_t)si.place_charge_mib, "tightest_fit",
+                                      si.place_projected_mib <= si.place_limit_mib));
     json_t *pl = json_array();
     for (int32_t i = 0; i < si.n_slots; i++)
         json_array_append_new(pl, json_pack("{s:i, s:I, s:I, s:I}", "gpu", si.slots[i].gpu,

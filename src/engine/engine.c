@@ -1211,10 +1211,30 @@ static void admit_apply(osub_engine_t *e, struct svc *s, const struct plan *p, o
     e->admissions++;
     char gb[96];
     fmt_gpus(s, gb, sizeof(gb));
+    /* why there: the set's worst placement score read back as a projected peak */
+    const struct gpu *g0 = &e->gpus[p->gpus[0]];
+    int64_t lim = s->backed && !s->spec.exclusive
+                      ? g0->usable
+                      : g0->usable * e->cfg.high_watermark_pct / 100;
+    bool tight = p->score < (INT64_C(1) << 50);
+    s->place_limit = lim;
+    s->place_projected = tight ? lim - p->score : lim + (p->score - (INT64_C(1) << 50));
+    s->place_charge = 0;
+    for (int32_t i = 0; i < p->k; i++)
+        s->place_charge += p->charges[i] > 0 ? p->charges[i] : p->shares[i];
+    char why_here[200];
+    snprintf(why_here, sizeof(why_here),
+             "counted as %lld MiB (%s); projected peak %lld of %lld MiB there, %s",
+             (long long)s->place_charge,
+             s->place_charge < grant_total(s) ? "its predicted peak"
+             : s->pred.n == 0 && !s->backed    ? "its request: no usage history yet"
+                                               : "its request",
+             (long long)s->place_projected, (long long)lim,
+             tight ? "the tightest fit under it" : "the GPU that overshoots it least");
     if (p->n_victims == 0) {
         osub_event_t *ev =
-            emit(e, OSUB_EV_ADMIT, why, "admitted %s (%s, %lld MiB) on %s without victims",
-                 s->spec.id, class_of(e, s), (long long)s->full_total, gb);
+            emit(e, OSUB_EV_ADMIT, why, "admitted %s (%s, %lld MiB) on %s without victims: %s",
+                 s->spec.id, class_of(e, s), (long long)s->full_total, gb, why_here);
         ev_svc(ev, s);
         ev->vram_mib = s->full_total;
         set_state(e, s, OSUB_STATE_PENDING);
@@ -1241,8 +1261,8 @@ static void admit_apply(osub_engine_t *e, struct svc *s, const struct plan *p, o
         return;
     }
     osub_event_t *ev = emit(e, OSUB_EV_ADMIT, OSUB_R_PREEMPTION,
-                            "admitted %s (%s, %lld MiB) on %s with %d victim(s)", s->spec.id,
-                            class_of(e, s), (long long)s->full_total, gb, p->n_victims);
+                            "admitted %s (%s, %lld MiB) on %s with %d victim(s): %s", s->spec.id,
+                            class_of(e, s), (long long)s->full_total, gb, p->n_victims, why_here);
     ev_svc(ev, s);
     ev->vram_mib = s->full_total;
     set_state(e, s, OSUB_STATE_PENDING);
@@ -2570,6 +2590,9 @@ int osub_engine_service_info(osub_engine_t *e, const char *id, osub_service_info
     out->predicted_peak_mib = osub__pred_peak(&s->pred, s->full_total, e->now, e->cfg.prediction_trust_ms);
     out->charge_mib = osub__charge_total(e, s);
     out->usage_reports = s->pred.n;
+    out->place_projected_mib = s->place_projected;
+    out->place_limit_mib = s->place_limit;
+    out->place_charge_mib = s->place_charge;
     out->batch_size = s->batch;
     out->submitted_ms = s->submit_ms;
     out->since_ms = s->since_ms;

@@ -61,6 +61,9 @@ struct svc {
     bool overdue_requeued;
     uint32_t n_evictions, n_degrades;
     struct pred pred;
+    /* why it was placed where it is (the last admission): the projected peak of its first GPU
+     * with it there, the limit that peak was held to, and what it was counted as */
+    int64_t place_projected, place_limit, place_charge;
     char checkpoint[128];
     char preemptor[OSUB_ID_MAX + 1]; /* who a directive was for ("" for pressure) */
     int32_t preemptor_level;

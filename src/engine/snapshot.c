@@ -100,10 +100,12 @@ char *osub_engine_save(const osub_engine_t *e)
             s->preemptor_level, (long long)s->timer_at[T_LOAD], (long long)s->timer_at[T_DEADLINE]);
         osub_sb_printf(&o,
                        " pred_n=%u pred_first=%lld pred_mean16=%lld pred_dev16=%lld "
-                       "pred_peak=%lld pred_jump=%lld pred_last=%lld",
+                       "pred_peak=%lld pred_jump=%lld pred_last=%lld place=%lld:%lld:%lld",
                        s->pred.n, (long long)s->pred.first_ms, (long long)s->pred.mean16,
                        (long long)s->pred.dev16, (long long)s->pred.peak,
-                       (long long)s->pred.jump, (long long)s->pred.last);
+                       (long long)s->pred.jump, (long long)s->pred.last,
+                       (long long)s->place_projected, (long long)s->place_limit,
+                       (long long)s->place_charge);
         put_str(&o, "checkpoint", s->checkpoint);
         put_str(&o, "preemptor", s->preemptor);
         osub_sb_printf(&o, " slots=");
@@ -327,6 +329,18 @@ static struct svc *read_svc(const osub_engine_t *e, const struct line *l)
              s->pred.jump >= 0 && s->pred.last >= 0;
         if (ok)
             s->pred.n = (uint32_t)pn;
+    }
+    const char *pl = get(l, "place");
+    if (pl != NULL) {
+        long long a, b2, c;
+        int used_chars = 0;
+        ok = ok && sscanf(pl, "%lld:%lld:%lld%n", &a, &b2, &c, &used_chars) == 3 &&
+             pl[used_chars] == '\0' && b2 >= 0 && c >= 0;
+        if (ok) {
+            s->place_projected = a;
+            s->place_limit = b2;
+            s->place_charge = c;
+        }
     }
     int64_t nev, ndg;
     ok = ok && get_i64(l, "n_evictions", &nev) && get_i64(l, "n_degrades", &ndg) && nev >= 0 &&
