@@ -46,9 +46,9 @@ def run(cli, args):
 def cell(res):
     s, o, h = res.get("static"), res.get("oversub"), res.get("hindsight")
     if s is None or not s["feasible"]:
-        return "static infeasible"
+        return "static infeasible (%s) | | |" % (s or {}).get("infeasible_because", "?")
     if o is None:
-        return "oversub: no feasible pool"
+        return "%d / none / %s | | |" % (s["gpus"], h["gpus"] if h and h["feasible"] else "-")
     fewer = 1 - o["gpus"] / s["gpus"]
     util = o["mean_used_util"] / s["mean_used_util"] if s["mean_used_util"] else 0
     hs = "%d" % h["gpus"] if h and h["feasible"] else "-"
@@ -109,20 +109,24 @@ def main():
                     if not os.path.exists(os.path.join(d, "genai_pod_vram.csv")):
                         subprocess.run([args.gentrace, "--out", d, "--kind", kind, "--pods", "60",
                                         "--seed", seed], check=True, capture_output=True)
-                    a = dict(base)
-                    a["--genai"] = d
-                    jobs.append(("synthetic", "synthetic %s (60 pods, 24 h)" % kind, hl,
-                                 ex.submit(run, args.oversub, a)))
+                    for size in ("81920", "143360"):
+                        a = dict(base)
+                        a["--genai"] = d
+                        a["gpus"] = "min:" + size
+                        jobs.append(("synthetic", "synthetic %s (60 pods, 24 h), %s MiB" % (kind, size),
+                                     hl, ex.submit(run, args.oversub, a)))
         table = {}
         for g, label, hl, fut in jobs:
             res, cmd = fut.result()
             table.setdefault(g, {}).setdefault(label, []).append((hl, res, cmd))
-    print("Each cell: GPUs static / oversub / hindsight @ oversub's best ratio | fewer GPUs than "
-          "static | used utilisation vs static | oversub's GPUs vs hindsight's.\n")
+    print("For each part: GPUs static / oversub / hindsight @ oversub's best ratio, oversub's GPUs "
+          "fewer than static, its mean used utilisation over static's, its GPUs over "
+          "hindsight's.\n")
     for g, rows in table.items():
         heads = [hl for hl, _, _ in next(iter(rows.values()))]
-        print("| %s | %s |" % (g, " | ".join(heads)))
-        print("|---|" + "---|" * len(heads))
+        print("| %s | %s |" % (g, " | ".join("%s: GPUs | fewer | used | vs hindsight" % h
+                                               for h in heads)))
+        print("|---|" + "---|---|---|---|" * len(heads))
         for label, cols in rows.items():
             print("| %s | %s |" % (label, " | ".join(cell(r) for _, r, _ in cols)))
         print()

@@ -536,12 +536,31 @@ int run_policies(const struct cli *c, const struct trace *tr, struct sim_result 
                 if (g < 0)
                     rc = -1;
                 else if (g == 0) {
+                    /* why: the largest pool's run says (a service larger than a GPU is not
+                     * a budget problem) */
+                    const char *why = "no pool up to the services' GPU count meets the budgets";
+                    int64_t *big = malloc((size_t)(hi > 0 ? hi : 1) * sizeof(*big));
+                    struct sim_result last;
+                    if (big != NULL) {
+                        for (int32_t q = 0; q < hi; q++)
+                            big[q] = min_size;
+                        struct sim_opts o = {.policy = (enum sim_policy)p,
+                                             .ratio_milli = ratio,
+                                             .pool = big,
+                                             .n_pool = (size_t)(hi > 0 ? hi : 1)};
+                        if (sim_run(tr, &o, &c->b, &last, err, sizeof(err)) == 0) {
+                            if (last.too_big > 0)
+                                why = "a service larger than a GPU";
+                            sim_result_free(&last);
+                        }
+                        free(big);
+                    }
                     memset(r, 0, sizeof(*r));
                     r->policy = (enum sim_policy)p;
                     r->ratio_milli = ratio;
                     r->n_gpus = 0;
                     r->feasible = false;
-                    r->why_infeasible = "no pool up to the services' GPU count meets the budgets";
+                    r->why_infeasible = why;
                 }
             } else {
                 struct sim_opts o = {.policy = (enum sim_policy)p,

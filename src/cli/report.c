@@ -37,6 +37,18 @@ void report_table(FILE *f, const struct sim_result *r, size_t n)
                     "VRAM))\n",
                     "", "", (long long)x->lower_bound_gpus);
     }
+    /* why the runs that found nothing found nothing (one line per distinct reason) */
+    for (size_t i = 0; i < n; i++) {
+        const struct sim_result *x = &r[i];
+        if (x->feasible || x->why_infeasible == NULL)
+            continue;
+        bool seen = false;
+        for (size_t j = 0; j < i && !seen; j++)
+            seen = r[j].policy == x->policy && !r[j].feasible &&
+                   r[j].why_infeasible == x->why_infeasible;
+        if (!seen)
+            fprintf(f, "%s: not feasible: %s\n", sim_policy_name(x->policy), x->why_infeasible);
+    }
 }
 
 json_t *report_json(const struct sim_result *x)

@@ -86,6 +86,35 @@ contains "advise recommends" "$tmp/out" "ratio"
 contains "advise caveat" "$tmp/out" "less than a week"
 check "advise json" 0 "$bin" advise --services "$tmp/s.json" --usage "$tmp/u.csv" --gpus 1x81920 --json --quiet
 contains "advise json key" "$tmp/out" "recommended_ratio"
+contains "advise says whether degrades count" "$tmp/out" "degrades_per_week"
+contains "advise says where the ratio stops binding" "$tmp/out" "ratio_stops_binding_at"
+# advise never recommends a ratio above the one from which every run is the same
+if python3 -c "
+import json
+d=json.load(open('$tmp/out'))
+rec=d['recommended_ratio']
+assert rec is None or rec <= d['ratio_stops_binding_at'] + 1e-9, (rec, d['ratio_stops_binding_at'])
+" 2>"$tmp/py"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: advise recommends a ratio that does not bind"; cat "$tmp/py"; fi
+
+# the engine's prediction settings and the parts of a trace, with their errors
+for bad in "--pods 2/2" "--pods 1" "--pods -1/2" "--pods 0/0" "--pods a/b" "--window 5:3" \
+    "--window x" "--window 1:" "--predict-trust 0" "--predict-trust -1" "--predict-trust x" \
+    "--floor-start -5" "--floor-start soon"; do
+    # shellcheck disable=SC2086
+    check "bad ${bad%% *} ($bad)" 2 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" $bad
+    contains "says which option ($bad)" "$tmp/err" "${bad%% *}"
+done
+check "floor-start never" 0 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" \
+    --gpus 1x81920 --floor-start never --predict-trust 0.5 --quiet
+# a service larger than any GPU: every policy says so, not 'over budget'
+cat >"$tmp/big.json" <<'J'
+{"services": [{"id": "huge", "class": "batch", "vram_mib": 90000, "gpus": 1}]}
+J
+printf 'timestamp_s,service,vram_mib\n0,huge,85000\n60,huge,85000\n' >"$tmp/big.csv"
+check "too big runs" 0 "$bin" simulate --services "$tmp/big.json" --usage "$tmp/big.csv" \
+    --gpus min --policy static,oversub,hindsight --quiet
+contains "too big named (static)" "$tmp/out" "static: not feasible: a service larger than a GPU"
+contains "too big named (hindsight)" "$tmp/out" "hindsight: not feasible: a service larger than a GPU"
 
 echo "cli: $pass passed, $fail failed"
 echo "$pass passed, $fail failed"
