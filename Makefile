@@ -6,7 +6,7 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build run scenario test test-unit test-asan bench bench-engine bench-sim bench-daemon bench-gateway format format-check clean help
+.PHONY: efficacy all deps build run scenario test test-unit test-asan bench bench-engine bench-sim bench-daemon bench-gateway format format-check clean help
 
 all: build
 
@@ -18,7 +18,7 @@ help:
 	@echo "make bench-sim  the simulator's replay rate (a synthetic week, the GenAI trace)"
 	@echo "make bench-daemon  oversubd on loopback: GET /v1/pool vs nginx, durable mutations vs bare SQLite, RSS"
 	@echo "make bench-gateway the gateway vs nginx and haproxy on one backend, and its rejection path"
-	@echo "make bench-gateway the gateway vs nginx and haproxy on one backend, and its rejection path"
+	@echo "make efficacy   the GPUs saved on held-back pods, other GPU sizes, buffers, class mixes and synthetic traces (docs/results.md)"
 	@echo "make format     clang-format every C file in place"
 	@echo "make clean      remove the build folders"
 
@@ -72,6 +72,9 @@ bench-daemon:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
 	cmake --build $(BUILD) -j $(JOBS) --target oversubd bench_store
 	./bench/run-daemon.sh $(BUILD)
+
+efficacy: build
+	python3 scripts/efficacy.py --oversub $(BUILD)/oversub --gentrace $(BUILD)/oversub-gentrace
 
 bench-sim:
 	@scripts/install-deps.sh build
