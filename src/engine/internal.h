@@ -246,6 +246,8 @@ struct req {
                        backed services, the predicted peak for oversold ones (predict.c) */
     int64_t floor;  /* what it keeps under pressure (total): its request if backed, its floor
                        if degradable, 0 if it can only be evicted */
+    /* plan.c: charge and floor of one share, computed once per plan (c_share 0: none) */
+    int64_t c_share, c_charge, c_floor;
     int32_t k;
     int32_t compute;
     int64_t size_mib; /* 0: any */

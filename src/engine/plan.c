@@ -55,6 +55,8 @@ static int64_t slot_grant_after(const struct svc *s, const struct slot *sl, int 
  * exclusive requests, the same fraction of the predicted peak for oversold ones. */
 static int64_t charge_of(const struct req *r, int64_t share)
 {
+    if (share == r->c_share && share > 0)
+        return r->c_charge;
     if (r->exclusive || r->total <= 0 || r->charge >= r->total || r->charge <= 0)
         return share;
     if (share < (INT64_C(1) << 31) && r->charge < (INT64_C(1) << 31))
@@ -92,6 +94,8 @@ static int64_t slot_floor(const struct svc *s, int32_t i)
 /* What a share of the request keeps under pressure. */
 static int64_t req_floor(const struct req *r, int64_t share)
 {
+    if (share == r->c_share && share > 0)
+        return r->c_floor;
     if (r->exclusive || r->total <= 0)
         return 0;
     if (r->floor == r->total)
@@ -117,13 +121,18 @@ static void gpu_cache(const osub_engine_t *e, struct gpu *g)
 }
 
 /* What the services on g keep under pressure (those leaving excluded). */
-static int64_t gpu_floors(const osub_engine_t *e, const struct gpu *g)
+static void gpu_floors_refresh(const osub_engine_t *e, const struct gpu *g)
 {
-    if (g->floors_dirty) { /* floors do not move with time: only when the GPU is touched */
-        struct gpu *m = (struct gpu *)g;
-        m->floors_cache = gpu_floors_now(e, g);
-        m->floors_dirty = false;
-    }
+    struct gpu *m = (struct gpu *)g; /* the cache only */
+    m->floors_cache = gpu_floors_now(e, g);
+    m->floors_dirty = false;
+}
+
+static inline int64_t gpu_floors(const osub_engine_t *e, const struct gpu *g)
+{
+    /* floors do not move with time: recomputed only when the GPU was touched */
+    if (__builtin_expect(g->floors_dirty, 0))
+        gpu_floors_refresh(e, g);
     return g->floors_cache;
 }
 
@@ -189,9 +198,10 @@ int64_t osub__gpu_peak(osub_engine_t *e, struct gpu *g)
  * their sum); the co-peaks they did show are in the GPU's held history. */
 static void gpu_cache(const osub_engine_t *e, struct gpu *g);
 
-static int64_t gpu_rise(const osub_engine_t *e, struct gpu *g)
+static inline int64_t gpu_rise(const osub_engine_t *e, struct gpu *g)
 {
-    gpu_cache(e, g);
+    if (__builtin_expect(g->cache_dirty || g->cache_minute != e->now / 60000, 0))
+        gpu_cache(e, g);
     return g->rise_cache;
 }
 
@@ -222,9 +232,11 @@ static int64_t gpu_rise_now(const osub_engine_t *e, const struct gpu *g)
 
 /* The GPU's projected peak before a newcomer: its held peak over the history window, or what
  * it holds now plus the largest rise its oversold services are predicted to make. */
-static int64_t projected_base(osub_engine_t *e, struct gpu *g)
+static inline int64_t projected_base(osub_engine_t *e, struct gpu *g)
 {
-    int64_t peak = osub__gpu_peak(e, g);
+    if (__builtin_expect(e->now / 60000 > g->hist_minute, 0))
+        hist_advance(e, g);
+    int64_t peak = g->hist_peak > g->held ? g->hist_peak : g->held;
     int64_t up = g->held + gpu_rise(e, g);
     return up > peak ? up : peak;
 }
@@ -1070,9 +1082,17 @@ static int32_t tree_argmax(const struct room_tree *t, int32_t L)
  * exactly), then, only if fewer than k of those, level by level from the lowest priority up,
  * the GPUs where victims of that level and below could make room, ranked by an optimistic
  * key and planned for real best-first until nothing left can beat the k best. */
-static bool plan_size(osub_engine_t *e, const struct req *r, int64_t size, struct plan *p,
+static bool plan_size(osub_engine_t *e, const struct req *r0, int64_t size, struct plan *p,
                       struct plan *fail)
 {
+    /* the charge and floor of the first share, computed once for every GPU looked at */
+    struct req rq = *r0;
+    rq.c_share = 0;
+    int64_t s0 = osub__share(rq.total, rq.k, 0);
+    rq.c_charge = charge_of(&rq, s0);
+    rq.c_floor = req_floor(&rq, s0);
+    rq.c_share = s0;
+    const struct req *r = &rq;
     int32_t k = r->k;
     struct cand best[64];
     int32_t nb = 0;
