@@ -266,10 +266,11 @@ typedef struct {
     int64_t predicted_peak_mib; /* its own usage's predicted peak (its request: no history) */
     int64_t charge_mib;         /* what an admission now would count physically for it */
     uint32_t usage_reports;     /* reports its prediction has learned from */
-    /* its last placement: its first GPU's projected peak with it there (held peak over the
-     * history window, or held plus the largest predicted rise, plus its charge), the limit
-     * placement aims under (high watermark; usable for backed services), and the charge
-     * admission counted for it; 0 when never placed */
+    /* its last placement: the projected peak, with it there, of the fullest GPU of its set
+     * (held peak over the history window, or held plus the largest predicted rise, plus its
+     * charge), the limit placement aims under (high watermark; usable for backed services),
+     * and the charge admission counted for its (first, largest) share on one GPU; 0 when
+     * never placed */
     int64_t place_projected_mib, place_limit_mib, place_charge_mib;
     int32_t batch_size;
     int64_t submitted_ms, since_ms, deadline_ms; /* deadline: ack or grace end, else 0 */

@@ -450,10 +450,19 @@ static int cmd_explain(const char *id)
     json_t *place = json_object_get(s, "placement");
     if (pb != NULL && json_array_size(place) > 0) {
         bool tight = json_is_true(json_object_get(pb, "tightest_fit"));
-        printf("  placed on GPU %lld: counted as %lld MiB, its projected peak there was %lld of "
+        size_t np = json_array_size(place);
+        char gl[256];
+        size_t off = 0;
+        gl[0] = '\0';
+        for (size_t i = 0; i < np && off + 16 < sizeof(gl); i++)
+            off += (size_t)snprintf(gl + off, sizeof(gl) - off, "%s%lld", i ? "," : "",
+                                    (long long)geti(json_array_get(place, i), "gpu"));
+        printf("  placed on GPU%s %s: %s counted as %lld MiB, the projected peak %s was %lld of "
                "%lld MiB, %s\n",
-               (long long)geti(json_array_get(place, 0), "gpu"), (long long)geti(pb, "charge_mib"),
-               (long long)geti(pb, "projected_peak_mib"), (long long)geti(pb, "limit_mib"),
+               np > 1 ? "s" : "", gl, np > 1 ? "its share on each GPU" : "it was",
+               (long long)geti(pb, "charge_per_gpu_mib"),
+               np > 1 ? "on the fullest of them" : "there", (long long)geti(pb, "projected_peak_mib"),
+               (long long)geti(pb, "limit_mib"),
                tight ? "the tightest fit under that limit"
                      : "the GPU that overshot that limit least (none had room under it)");
     }

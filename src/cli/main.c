@@ -106,6 +106,7 @@ static void usage_simulate(FILE *f, const char *cmd)
 
 struct cli {
     const char *genai, *services, *usage, *plot;
+    const char *genai_only; /* a --genai option given (refused with --services) */
     const char *gpus;
     bool policies[POL__COUNT];
     int32_t r_from, r_to, r_step;
@@ -287,12 +288,14 @@ static int parse_common(int argc, char **argv, struct cli *c, bool advise)
             }
             break;
         case 'B':
+            c->genai_only = "--buffer";
             if (parse_fraction_milli(optarg, &c->g.buffer_milli) != 0) {
                 fprintf(stderr, "oversub: --buffer: '%s' is not a fraction such as 0.3\n", optarg);
                 return -1;
             }
             break;
         case 'F':
+            c->genai_only = "--floor";
             v = optarg[0] == 'p' ? strtol(optarg + 1, &end, 10) : -1;
             if (optarg[0] != 'p' || *end != '\0' || v < 1 || v > 100) {
                 fprintf(stderr, "oversub: --floor: '%s' is not a percentile such as p50\n", optarg);
@@ -301,12 +304,14 @@ static int parse_common(int argc, char **argv, struct cli *c, bool advise)
             c->g.floor_pct = (int32_t)v;
             break;
         case 'C':
+            c->genai_only = "--classes";
             if (parse_classes(optarg, c->g.classes) != 0) {
                 fprintf(stderr, "oversub: --classes: '%s' is not A:B:C adding up to 100\n", optarg);
                 return -1;
             }
             break;
         case 'K': {
+            c->genai_only = "--pods";
             long k = -1, n = -1;
             char *slash = strchr(optarg, '/');
             if (slash != NULL) {
@@ -330,6 +335,7 @@ static int parse_common(int argc, char **argv, struct cli *c, bool advise)
             break;
         }
         case 'W': {
+            c->genai_only = "--window";
             char *colon = strchr(optarg, ':');
             double a = -1, b = -1;
             if (colon != NULL) {
@@ -348,8 +354,11 @@ static int parse_common(int argc, char **argv, struct cli *c, bool advise)
                         optarg);
                 return -1;
             }
+            c->g.window = true;
             c->g.from_s = (int64_t)(a * 3600.0 + 0.5);
             c->g.to_s = (int64_t)(b * 3600.0 + 0.5);
+            if (c->g.to_s <= c->g.from_s)
+                c->g.to_s = c->g.from_s + 1; /* a window shorter than a second: one second */
             break;
         }
         case 'T': {
@@ -440,6 +449,13 @@ static int parse_common(int argc, char **argv, struct cli *c, bool advise)
     }
     if (c->genai == NULL && (c->services == NULL || c->usage == NULL)) {
         fprintf(stderr, "oversub: --services and --usage go together\n");
+        return -1;
+    }
+    if (c->genai == NULL && c->genai_only != NULL) {
+        fprintf(stderr,
+                "oversub: %s applies to --genai only (a services file says each service's "
+                "request, floor and class itself)\n",
+                c->genai_only);
         return -1;
     }
     return 0;
@@ -541,6 +557,7 @@ int run_policies(const struct cli *c, const struct trace *tr, struct sim_result 
                     const char *why = "no pool up to the services' GPU count meets the budgets";
                     int64_t *big = malloc((size_t)(hi > 0 ? hi : 1) * sizeof(*big));
                     struct sim_result last;
+                    uint32_t too_big = 0;
                     if (big != NULL) {
                         for (int32_t q = 0; q < hi; q++)
                             big[q] = min_size;
@@ -551,6 +568,7 @@ int run_policies(const struct cli *c, const struct trace *tr, struct sim_result 
                         if (sim_run(tr, &o, &c->b, &last, err, sizeof(err)) == 0) {
                             if (last.too_big > 0)
                                 why = "a service larger than a GPU";
+                            too_big = last.too_big;
                             sim_result_free(&last);
                         }
                         free(big);
@@ -561,6 +579,8 @@ int run_policies(const struct cli *c, const struct trace *tr, struct sim_result 
                     r->n_gpus = 0;
                     r->feasible = false;
                     r->why_infeasible = why;
+                    r->too_big = too_big;
+                    r->samples = (int64_t)trace_samples(tr);
                 }
             } else {
                 struct sim_opts o = {.policy = (enum sim_policy)p,

@@ -30,6 +30,7 @@ void genai_opts_default(struct genai_opts *o)
     o->classes[1] = 40;
     o->classes[2] = 40;
     o->part = o->parts = 0;
+    o->window = false;
     o->from_s = o->to_s = 0;
 }
 
@@ -46,7 +47,7 @@ static bool in_part(const struct genai_opts *o, const char *pod)
 /* Keeps only the samples inside the time window; recomputes each pod's peak. */
 static void cut_window(struct trace *tr, const struct genai_opts *o)
 {
-    if (o->from_s <= 0 && o->to_s <= 0)
+    if (!o->window)
         return;
     int64_t t0 = tr->t0;
     for (size_t i = 0; i < tr->n; i++) {
@@ -55,7 +56,7 @@ static void cut_window(struct trace *tr, const struct genai_opts *o)
         s->peak_mib = 0;
         for (size_t j = 0; j < s->n; j++) {
             int64_t dt = s->samples[j].t_s - t0;
-            if (dt < o->from_s || (o->to_s > 0 && dt >= o->to_s))
+            if (dt < o->from_s || dt >= o->to_s)
                 continue;
             s->samples[w++] = s->samples[j];
             if (s->samples[j].vram_mib > s->peak_mib)
@@ -486,12 +487,15 @@ int trace_import_genai(const char *dir, const struct genai_opts *o, struct trace
             goto err;
     }
     finish_trace(tr);
-    if (o->from_s > 0 || o->to_s > 0) {
+    if (o->window) {
         cut_window(tr, o);
         finish_trace(tr);
     }
     snprintf(path, sizeof(path), "%s/genai_pod_vram.csv", dir);
-    if (tr->n == 0) {
+    size_t left = 0;
+    for (size_t i = 0; i < tr->n; i++)
+        left += tr->svcs[i].n > 0;
+    if (left == 0) {
         errf(err, errlen, "%s: no pod left in the part or window asked for", path);
         goto err;
     }

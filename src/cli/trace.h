@@ -37,7 +37,8 @@ struct genai_opts {
     /* a part of the pods: keep those whose FNV-1a 64 of "split:" + pod id modulo parts is
      * part (parts 0: every pod) -- a tuning half and a held-back half */
     int32_t part, parts;
-    /* a time window, seconds from the trace's first sample: [from_s, to_s) (to_s 0: all) */
+    /* a time window, seconds from the trace's first sample: [from_s, to_s), when window */
+    bool window;
     int64_t from_s, to_s;
 };
 

@@ -308,11 +308,12 @@ static json_t *service_json(struct osubd *d, const char *id)
                                   (json_int_t)si.usage_reports));
     if (si.place_limit_mib > 0)
         json_object_set_new(o, "placed_because",
-                            json_pack("{s:I, s:I, s:I, s:b}", "projected_peak_mib",
+                            json_pack("{s:I, s:I, s:I, s:b, s:s}", "projected_peak_mib",
                                       (json_int_t)si.place_projected_mib, "limit_mib",
-                                      (json_int_t)si.place_limit_mib, "charge_mib",
+                                      (json_int_t)si.place_limit_mib, "charge_per_gpu_mib",
                                       (json_int_t)si.place_charge_mib, "tightest_fit",
-                                      si.place_projected_mib <= si.place_limit_mib));
+                                      si.place_projected_mib <= si.place_limit_mib, "of",
+                                      si.n_slots > 1 ? "the fullest of its GPUs" : "its GPU"));
     json_t *pl = json_array();
     for (int32_t i = 0; i < si.n_slots; i++)
         json_array_append_new(pl, json_pack("{s:i, s:I, s:I, s:I}", "gpu", si.slots[i].gpu,

@@ -551,6 +551,7 @@ static void svc_unplace(osub_engine_t *e, struct svc *s)
         if (g->excl == s)
             g->excl = NULL;
         gpu_list_remove(e, g, s);
+        osub__hist_reset(e, g); /* its peaks are not the GPU's any more */
     }
     s->n_slots = 0;
     s->compute_used = 0;
@@ -1127,7 +1128,8 @@ static void plan_for(osub_engine_t *e, const struct svc *s, const struct req *r,
         return;
     if (p->ok && p->n_evict == 0)
         return;
-    if (e->cfg.floor_start_after_ms < 0 || e->now - s->submit_ms < e->cfg.floor_start_after_ms)
+    /* waited in the queue that long (since_ms: when it entered its state, the queue) */
+    if (e->cfg.floor_start_after_ms < 0 || e->now - s->since_ms < e->cfg.floor_start_after_ms)
         return;
     struct req r2 = *r;
     r2.total = s->floor_total;
@@ -1148,7 +1150,7 @@ static int64_t min_share(const osub_engine_t *e, const struct svc *s, const stru
         return 1;
     int64_t t = r->charge < r->total ? r->charge : r->total;
     if (s->degradable && !s->backed && s->floor_total < t && e->cfg.floor_start_after_ms >= 0 &&
-        e->now - s->submit_ms >= e->cfg.floor_start_after_ms)
+        e->now - s->since_ms >= e->cfg.floor_start_after_ms)
         t = s->floor_total; /* it may start at its floor by now */
     return t / r->k;
 }
@@ -1219,17 +1221,17 @@ static void admit_apply(osub_engine_t *e, struct svc *s, const struct plan *p, o
     bool tight = p->score < (INT64_C(1) << 50);
     s->place_limit = lim;
     s->place_projected = tight ? lim - p->score : lim + (p->score - (INT64_C(1) << 50));
-    s->place_charge = 0;
-    for (int32_t i = 0; i < p->k; i++)
-        s->place_charge += p->charges[i] > 0 ? p->charges[i] : p->shares[i];
-    char why_here[200];
+    /* per GPU: the first (largest) share's charge, against the fullest GPU of the set */
+    s->place_charge = p->charges[0] > 0 ? p->charges[0] : p->shares[0];
+    char why_here[240];
     snprintf(why_here, sizeof(why_here),
-             "counted as %lld MiB (%s); projected peak %lld of %lld MiB there, %s",
-             (long long)s->place_charge,
-             s->place_charge < grant_total(s) ? "its predicted peak"
-             : s->pred.n == 0 && !s->backed    ? "its request: no usage history yet"
-                                               : "its request",
+             "%s counted as %lld MiB (%s); projected peak %lld of %lld MiB %s, %s",
+             p->k > 1 ? "its share on each GPU" : "it was", (long long)s->place_charge,
+             s->place_charge < p->shares[0]   ? "its predicted peak"
+             : s->pred.n == 0 && !s->backed ? "its request: no usage history yet"
+                                            : "its request",
              (long long)s->place_projected, (long long)lim,
+             p->k > 1 ? "on the fullest of its GPUs" : "there",
              tight ? "the tightest fit under it" : "the GPU that overshoots it least");
     if (p->n_victims == 0) {
         osub_event_t *ev =
@@ -1636,6 +1638,8 @@ static void on_load(osub_engine_t *e, struct svc *s)
     if (s->state == OSUB_STATE_LOADING)
         set_state(e, s, OSUB_STATE_RUNNING);
     svc_sync(e, s);
+    for (int32_t i = 0; i < s->n_slots; i++) /* the reservation was not a peak */
+        osub__hist_reset(e, &e->gpus[s->slots[i].gpu]);
     e->dirty = true;
     osub_event_t *ev = emit(e, OSUB_EV_READY, OSUB_R_LOADED,
                             "%s is taken as loaded after %lld ms; held now follows its usage",
@@ -2155,6 +2159,8 @@ int osub_engine_ready(osub_engine_t *e, const char *id, int64_t now_ms)
         if (s->state == OSUB_STATE_LOADING)
             set_state(e, s, OSUB_STATE_RUNNING);
         svc_sync(e, s);
+        for (int32_t i = 0; i < s->n_slots; i++) /* the reservation was not a peak */
+            osub__hist_reset(e, &e->gpus[s->slots[i].gpu]);
         e->dirty = true;
         osub_event_t *ev = emit(e, OSUB_EV_READY, OSUB_R_USER,
                                 "%s reported ready; held now follows its usage (%lld MiB)",

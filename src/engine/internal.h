@@ -305,6 +305,10 @@ OSUB__HIDDEN uint64_t osub__verify_plans(osub_engine_t *e, bool on, const char *
 OSUB__HIDDEN int64_t osub__loading_reserve(const osub_engine_t *e, int32_t gpu);
 OSUB__HIDDEN int osub__plan_pressure(osub_engine_t *e, int32_t gpu, struct plan *out);
 OSUB__HIDDEN int64_t osub__gpu_peak(osub_engine_t *e, struct gpu *g);
+/* Forgets g's held history (every slot becomes what it holds now): called when a service
+ * leaves it or a loading period there ends, so that peaks of what is no longer there (a
+ * reservation, a departed service) do not keep the GPU looking full for the window. */
+OSUB__HIDDEN void osub__hist_reset(osub_engine_t *e, struct gpu *g);
 OSUB__HIDDEN int64_t osub__slot_held_after(const osub_engine_t *e, const struct svc *s,
                                            const struct slot *sl, int act);
 OSUB__HIDDEN int64_t osub__floor_share(const struct svc *s, int32_t i);

@@ -186,6 +186,15 @@ static void hist_advance(osub_engine_t *e, struct gpu *g)
     g->hist_peak = peak;
 }
 
+void osub__hist_reset(osub_engine_t *e, struct gpu *g)
+{
+    hist_advance(e, g);
+    for (int32_t i = 0; i < e->hist_n; i++)
+        g->hist[i] = g->held;
+    g->hist_peak = g->held;
+    osub__gpu_touch(e, g);
+}
+
 int64_t osub__gpu_peak(osub_engine_t *e, struct gpu *g)
 {
     hist_advance(e, g);

@@ -104,6 +104,23 @@ for bad in "--pods 2/2" "--pods 1" "--pods -1/2" "--pods 0/0" "--pods a/b" "--wi
     check "bad ${bad%% *} ($bad)" 2 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" $bad
     contains "says which option ($bad)" "$tmp/err" "${bad%% *}"
 done
+check "--pods needs --genai" 2 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" --pods 0/2
+contains "--pods needs --genai (says so)" "$tmp/err" "applies to --genai only"
+check "--window needs --genai" 2 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" --window 0:1
+# a window shorter than a second is a window, not the whole trace
+mkdir -p "$tmp/g"
+{
+    echo "timestamp_s,pod,vram_bytes"
+    for t in $(seq 0 60 7200); do echo "$t,aa01,$((20 * 1073741824))"; echo "$t,bb02,$((10 * 1073741824))"; done
+} >"$tmp/g/genai_pod_vram.csv"
+check "tiny window" 0 "$bin" simulate --genai "$tmp/g" --window 0:0.0001 --gpus 2x81920 --json --quiet
+if python3 -c "
+import json
+d=json.load(open('$tmp/out'))
+assert d['trace']['samples'] == 2, d['trace']
+" 2>"$tmp/py"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: tiny window replayed more than its samples"; cat "$tmp/py"; fi
+check "window past the end" 2 "$bin" simulate --genai "$tmp/g" --window 5:6 --gpus 2x81920 --quiet
+contains "window past the end (says so)" "$tmp/err" "no pod left in the part or window"
 check "floor-start never" 0 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" \
     --gpus 1x81920 --floor-start never --predict-trust 0.5 --quiet
 # a service larger than any GPU: every policy says so, not 'over budget'

@@ -195,11 +195,16 @@ if [ -n "$cli" ]; then
     # the daemon runs the predictor live: the service's prediction and why its GPU was chosen
     C explain cli-svc >"$tmp/c6"
     grep -q "predicted peak: [0-9]* MiB from 1 usage report" "$tmp/c6" && ok || bad "explain prediction: $(cat "$tmp/c6")"
-    grep -q "placed on GPU [0-9]*: counted as [0-9]* MiB, its projected peak there was [0-9]* of [0-9]* MiB" "$tmp/c6" && ok || bad "explain placement: $(cat "$tmp/c6")"
+    grep -q "placed on GPU [0-9]*: it was counted as [0-9]* MiB, the projected peak there was [0-9]* of [0-9]* MiB" "$tmp/c6" && ok || bad "explain placement: $(cat "$tmp/c6")"
+    # a service on two GPUs: its share on each, against the fullest of them
+    C deploy twin --class batch --vram 40GiB --gpus 2 --min-vram 20GiB >/dev/null 2>&1
+    C explain twin >"$tmp/c7"
+    grep -q "placed on GPUs [0-9]*,[0-9]*: its share on each GPU counted as 20480 MiB, the projected peak on the fullest of them was [0-9]* of [0-9]* MiB" "$tmp/c7" && ok || bad "explain two GPUs: $(cat "$tmp/c7")"
+    C release twin >/dev/null
     code "$(U /v1/services/cli-svc)" >/dev/null
     expect "prediction reports" 1 "$(json 'd["prediction"]["reports"]' <"$tmp/body")"
     expect "prediction within the request" True "$(json '1024 <= d["prediction"]["peak_mib"] <= d["vram_mib"]' <"$tmp/body")"
-    expect "placed_because limit" True "$(json 'd["placed_because"]["limit_mib"] > 0 and d["placed_because"]["charge_mib"] > 0' <"$tmp/body")"
+    expect "placed_because limit" True "$(json 'd["placed_because"]["limit_mib"] > 0 and d["placed_because"]["charge_per_gpu_mib"] > 0' <"$tmp/body")"
     C events | grep -q "admitted cli-svc" && ok || bad "cli events"
     C gpu cordon 5 >/dev/null && C gpu uncordon 5 >/dev/null
     expect "cli gpu" 0 "$?"

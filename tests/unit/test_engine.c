@@ -535,6 +535,35 @@ static void test_placement_respects_past_peaks(void **state)
     osub_engine_free(e);
 }
 
+/* A GPU's held history forgets a service that left it and a loading reservation that ended:
+ * neither is a peak of what the GPU holds now. */
+static void test_history_forgets_departures_and_reservations(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(1, 81920, 2000);
+    running(e, spec("a", "batch", 61440, 1, 0), 60000, 0);
+    assert_int_equal(osub_engine_release(e, "a", 60000), 0);
+    osub_spec_t b = spec("b", "batch", 20480, 1, 0);
+    assert_int_equal(sub(e, b, 120000), OSUB_SUBMIT_STARTED);
+    osub_service_info_t x = info(e, "b");
+    /* only b itself: a's 60000 left with a */
+    assert_int_equal(x.place_projected_mib, 20480);
+    assert_int_equal(x.place_charge_mib, 20480);
+    assert_int_equal(x.place_limit_mib, 81920 * 95 / 100);
+    /* b loads at its grant, then reports 5000: the reservation is not a peak any more */
+    assert_int_equal(osub_engine_ready(e, "b", 130000), 0);
+    assert_int_equal(osub_engine_usage(e, "b", 5000, -1, 130000), 0);
+    osub_spec_t c = spec("c", "online", 10240, 1, 0);
+    assert_int_equal(sub(e, c, 140000), OSUB_SUBMIT_STARTED);
+    x = info(e, "c");
+    /* b's held (5000) plus the rise its young prediction still allows (near its request),
+     * plus c: never b's 20480 reservation counted on top */
+    assert_true(x.place_projected_mib <= 20480 + 10240);
+    assert_true(x.place_projected_mib >= 5000 + 10240);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
 static void test_loading_holds_its_grant(void **state)
 {
     (void)state;
@@ -817,6 +846,7 @@ int main(void)
         cmocka_unit_test(test_pressure_degrades_before_any_eviction),
         cmocka_unit_test(test_backed_start_never_causes_pressure),
         cmocka_unit_test(test_restores_share_one_room),
+        cmocka_unit_test(test_history_forgets_departures_and_reservations),
         cmocka_unit_test(test_restore_after_window_without_flapping),
         cmocka_unit_test(test_queue_order_and_backfill),
         cmocka_unit_test(test_backfill_away_from_head_and_aging),
