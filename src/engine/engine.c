@@ -913,6 +913,7 @@ int osub_engine_new(const osub_pool_config_t *cfg, const int64_t *vram_mib,
         g->a = &e->aggs[i];
         g->vram = vram_mib[i];
         g->usable = vram_mib[i] - cfg->margin_mib;
+        g->hw_lim = g->usable * cfg->high_watermark_pct / 100;
         g->logical = vram_mib[i] * cfg->ratio_milli / 1000;
         g->hist = calloc((size_t)e->hist_n, sizeof(*g->hist));
         if (g->hist == NULL)

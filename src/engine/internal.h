@@ -106,6 +106,7 @@ struct gpu_aggs {
 struct gpu {
     /* hot: read for every GPU by every admission (the first two cache lines) */
     int64_t vram, usable, logical;
+    int64_t hw_lim; /* usable x high watermark / 100, fixed at creation */
     int64_t granted, backed, held;
     int64_t hist_peak; /* max over the history ring */
     int32_t compute_all, compute_backed;

@@ -66,14 +66,15 @@ static int64_t charge_of(const struct req *r, int64_t share)
 
 /* What held plus the newcomer may reach on a GPU: usable, or the high watermark for a
  * service coming back from the queue (resuming it into pressure would evict it again). */
-static int64_t held_limit(const struct gpu *g, const struct req *r, int64_t share)
+static inline int64_t held_limit(const struct gpu *g, const struct req *r, int64_t share)
 {
     if (r->held_limit_pct >= 100 || r->held_limit_pct <= 0)
         return g->usable;
     /* a backed service next to backed services only pushes nobody into pressure */
     if (r->backed && g->n_preempt == 0)
         return g->usable;
-    int64_t lim = g->usable * r->held_limit_pct / 100;
+    /* every request's limit is the pool's high watermark (fill_req), cached per GPU */
+    int64_t lim = g->hw_lim;
     /* a service bigger than the watermark may still come back to an otherwise empty GPU */
     return share > lim ? (share < g->usable ? share : g->usable) : lim;
 }
@@ -253,9 +254,10 @@ static inline int64_t projected_base(osub_engine_t *e, struct gpu *g)
 /* Placement aims under the high watermark: the tightest fit among the GPUs where the
  * projected peak plus the newcomer stays under it; when none does, the GPU with the most
  * room (so that GPUs to spare lower the risk instead of sitting idle). */
-static int64_t place_limit(const osub_engine_t *e, const struct gpu *g)
+static inline int64_t place_limit(const osub_engine_t *e, const struct gpu *g)
 {
-    return g->usable * e->cfg.high_watermark_pct / 100;
+    (void)e;
+    return g->hw_lim;
 }
 
 /* A backed request holds exactly its grant for ever: it is packed tightest under usable,
@@ -1632,7 +1634,7 @@ static void trees_refresh(osub_engine_t *e)
         int64_t cap[6][OSUB_MAX_LEVEL + 1], fcap[OSUB_MAX_LEVEL + 1];
         int64_t ffree = (g->n_preempt == 0 ? g->usable : place_limit(e, g)) - gpu_floors(e, g);
         int64_t bfree = g->usable - g->backed;
-        int64_t wfree = g->usable * e->cfg.high_watermark_pct / 100 - g->held;
+        int64_t wfree = g->hw_lim - g->held;
         for (int32_t L = e->max_level; L >= 0; L--) {
             int64_t fl = g->logical - g->granted, fh = g->usable - g->held;
             int64_t c_all = fl + rg < fh + rh ? fl + rg : fh + rh;
