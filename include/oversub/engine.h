@@ -40,20 +40,20 @@ typedef struct osub_engine osub_engine_t;
 
 /* Pool-wide settings. Fill with osub_pool_config_default() and change what you need. */
 typedef struct {
-    int32_t ratio_milli;         /* oversell ratio in thousandths (1300 = 1.3x) */
-    int32_t compute_ratio_milli; /* all compute claims per GPU <= 100 x this (2000) */
-    int64_t margin_mib;          /* usable = vram - margin (0 simulated, 1024 under NVML) */
-    int32_t high_watermark_pct;  /* pressure starts above this % of usable held (95) */
-    int32_t low_watermark_pct;   /* pressure relieves down to this % of usable (90) */
-    int64_t hysteresis_ms;       /* room must last this long before a restore (60 s) */
-    int64_t ack_timeout_ms;      /* a degrade not acknowledged by then escalates (10 s) */
-    int64_t grace_ms;            /* eviction grace period, pool default (30 s) */
-    int64_t min_runtime_ms;      /* a resumed service is not evicted before this (10 min) */
-    int64_t history_window_ms;   /* placement looks at held peaks over this window (1 h) */
-    int64_t restart_cost_ms;     /* default restart cost / loading period (60 s) */
-    int64_t queue_aging_ms;      /* after this wait the queue head blocks backfill (5 min) */
-    int64_t prediction_trust_ms; /* a usage history this long weighs as much as the request
-                                    in a service's predicted peak (1 h) */
+    int32_t ratio_milli;          /* oversell ratio in thousandths (1300 = 1.3x) */
+    int32_t compute_ratio_milli;  /* all compute claims per GPU <= 100 x this (2000) */
+    int64_t margin_mib;           /* usable = vram - margin (0 simulated, 1024 under NVML) */
+    int32_t high_watermark_pct;   /* pressure starts above this % of usable held (95) */
+    int32_t low_watermark_pct;    /* pressure relieves down to this % of usable (90) */
+    int64_t hysteresis_ms;        /* room must last this long before a restore (60 s) */
+    int64_t ack_timeout_ms;       /* a degrade not acknowledged by then escalates (10 s) */
+    int64_t grace_ms;             /* eviction grace period, pool default (30 s) */
+    int64_t min_runtime_ms;       /* a resumed service is not evicted before this (10 min) */
+    int64_t history_window_ms;    /* placement looks at held peaks over this window (1 h) */
+    int64_t restart_cost_ms;      /* default restart cost / loading period (60 s) */
+    int64_t queue_aging_ms;       /* after this wait the queue head blocks backfill (5 min) */
+    int64_t prediction_trust_ms;  /* a usage history this long weighs as much as the request
+                                     in a service's predicted peak (1 h) */
     int64_t floor_start_after_ms; /* a degradable service that has waited this long may start
                                      at its floor (2 min; -1: never) */
 } osub_pool_config_t;

@@ -219,14 +219,14 @@ int advise_run(const struct sim_budget *b, const char *gpus, int32_t r_from, int
             json_object_set_new(o, "predicted_peak_over_physical", json_real(risk ? risk[k] : 0));
             json_array_append_new(rows, o);
         }
-        json_t *root = json_pack(
-            "{s:o, s:i, s:f, s:b, s:{s:f, s:f, s:f}, s:o, s:{s:f, s:f, s:f, s:f}, s:b}",
-            "recommended_ratio", rec ? json_real(rec / 1000.0) : json_null(), "gpus",
-            (int)n_pool, "ratio_stops_binding_at", binds_until / 1000.0,
-            "capped_where_ratio_stops_binding", capped, "by", "brief_rule",
-            rule / 1000.0, "sweep", sweep / 1000.0, "risk", risk_ok / 1000.0, "evidence", rows,
-            "demand", "mean_mib", st.mean, "sigma_mib", st.sigma, "sum_p99_mib", st.sum_p99,
-            "peak_mib", st.peak, "history_shorter_than_a_week", days < 7.0);
+        json_t *root =
+            json_pack("{s:o, s:i, s:f, s:b, s:{s:f, s:f, s:f}, s:o, s:{s:f, s:f, s:f, s:f}, s:b}",
+                      "recommended_ratio", rec ? json_real(rec / 1000.0) : json_null(), "gpus",
+                      (int)n_pool, "ratio_stops_binding_at", binds_until / 1000.0,
+                      "capped_where_ratio_stops_binding", capped, "by", "brief_rule", rule / 1000.0,
+                      "sweep", sweep / 1000.0, "risk", risk_ok / 1000.0, "evidence", rows, "demand",
+                      "mean_mib", st.mean, "sigma_mib", st.sigma, "sum_p99_mib", st.sum_p99,
+                      "peak_mib", st.peak, "history_shorter_than_a_week", days < 7.0);
         json_dumpf(root, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
         fputc('\n', stdout);
         json_decref(root);

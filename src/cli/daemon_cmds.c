@@ -461,8 +461,8 @@ static int cmd_explain(const char *id)
                "%lld MiB, %s\n",
                np > 1 ? "s" : "", gl, np > 1 ? "its share on each GPU" : "it was",
                (long long)geti(pb, "charge_per_gpu_mib"),
-               np > 1 ? "on the fullest of them" : "there", (long long)geti(pb, "projected_peak_mib"),
-               (long long)geti(pb, "limit_mib"),
+               np > 1 ? "on the fullest of them" : "there",
+               (long long)geti(pb, "projected_peak_mib"), (long long)geti(pb, "limit_mib"),
                tight ? "the tightest fit under that limit"
                      : "the GPU that overshot that limit least (none had room under it)");
     }

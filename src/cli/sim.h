@@ -45,9 +45,9 @@ struct sim_result {
     int64_t max_wait_s;
     double mean_wait_s;
     uint32_t never_started;
-    uint32_t too_big; /* services whose request (hindsight: whose peak) fits no GPU at all */
+    uint32_t too_big;      /* services whose request (hindsight: whose peak) fits no GPU at all */
     int64_t service_steps; /* steps on the replay's grid with a service present */
-    bool feasible; /* within the budgets */
+    bool feasible;         /* within the budgets */
     const char *why_infeasible;
     /* timeline, when asked for */
     double *used_series, *held_series;

@@ -600,10 +600,12 @@ static void engine_config_stored(struct osubd *d, osub_pool_config_t *c)
     char *t = NULL;
     osub_store_meta_get(d->store, "engine_config", &t);
     long long v[14];
-    int nv = t == NULL ? 0
-                       : sscanf(t, "%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld",
-                                &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8],
-                                &v[9], &v[10], &v[11], &v[12], &v[13]);
+    int nv =
+        t == NULL
+            ? 0
+            : sscanf(t, "%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld",
+                     &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10],
+                     &v[11], &v[12], &v[13]);
     if (nv == 12 || nv == 14) { /* 12: a state made before the predictor (its defaults) */
         c->ratio_milli = (int32_t)v[0];
         c->compute_ratio_milli = (int32_t)v[1];

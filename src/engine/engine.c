@@ -103,8 +103,8 @@ const char *osub_reason_name(osub_reason_t r)
 
 const char *osub_check_name(osub_check_t c)
 {
-    static const char *const n[] = {"none",      "logical", "backed", "held", "compute",
-                                    "exclusive", "gpus",    "floors"};
+    static const char *const n[] = {"none",    "logical",   "backed", "held",
+                                    "compute", "exclusive", "gpus",   "floors"};
     return (unsigned)c < sizeof(n) / sizeof(n[0]) ? n[c] : "?";
 }
 
@@ -520,8 +520,8 @@ static void svc_place(osub_engine_t *e, struct svc *s, const int32_t *gpus, cons
         sl->used = 0;
         slot_set_grant(e, s, sl, shares[j]);
         sl->held_grant = shares[j];
-        sl->charge = charges != NULL && charges[j] > 0 && charges[j] < shares[j] ? charges[j]
-                                                                                 : shares[j];
+        sl->charge =
+            charges != NULL && charges[j] > 0 && charges[j] < shares[j] ? charges[j] : shares[j];
         g->compute_all += s->spec.compute_pct;
         if (s->backed)
             g->compute_backed += s->spec.compute_pct;
@@ -900,9 +900,8 @@ int osub_engine_new(const osub_pool_config_t *cfg, const int64_t *vram_mib,
     e->miss_buf = calloc(n_gpus, sizeof(*e->miss_buf));
     e->promise_buf = calloc(n_gpus, sizeof(*e->promise_buf));
     e->gpu_stamp = calloc(n_gpus, sizeof(*e->gpu_stamp));
-    if (e->gpus == NULL || e->cand_buf == NULL || e->miss_buf == NULL ||
-        e->promise_buf == NULL || e->aggs == NULL ||
-        e->gpu_stamp == NULL)
+    if (e->gpus == NULL || e->cand_buf == NULL || e->miss_buf == NULL || e->promise_buf == NULL ||
+        e->aggs == NULL || e->gpu_stamp == NULL)
         goto err_free;
     for (size_t i = 0; i < n_gpus; i++) {
         struct gpu *g = &e->gpus[i];
@@ -1216,9 +1215,8 @@ static void admit_apply(osub_engine_t *e, struct svc *s, const struct plan *p, o
     fmt_gpus(s, gb, sizeof(gb));
     /* why there: the set's worst placement score read back as a projected peak */
     const struct gpu *g0 = &e->gpus[p->gpus[0]];
-    int64_t lim = s->backed && !s->spec.exclusive
-                      ? g0->usable
-                      : g0->usable * e->cfg.high_watermark_pct / 100;
+    int64_t lim =
+        s->backed && !s->spec.exclusive ? g0->usable : g0->usable * e->cfg.high_watermark_pct / 100;
     bool tight = p->score < (INT64_C(1) << 50);
     s->place_limit = lim;
     s->place_projected = tight ? lim - p->score : lim + (p->score - (INT64_C(1) << 50));
@@ -1228,7 +1226,7 @@ static void admit_apply(osub_engine_t *e, struct svc *s, const struct plan *p, o
     snprintf(why_here, sizeof(why_here),
              "%s counted as %lld MiB (%s); projected peak %lld of %lld MiB %s, %s",
              p->k > 1 ? "its share on each GPU" : "it was", (long long)s->place_charge,
-             s->place_charge < p->shares[0]   ? "its predicted peak"
+             s->place_charge < p->shares[0] ? "its predicted peak"
              : s->pred.n == 0 && !s->backed ? "its request: no usage history yet"
                                             : "its request",
              (long long)s->place_projected, (long long)lim,
@@ -1842,7 +1840,8 @@ static void process(osub_engine_t *e)
 static int64_t restore_need(const osub_engine_t *e, const struct svc *s, int32_t i)
 {
     int64_t full = osub__share(s->full_total, s->k, i);
-    int64_t pred = osub__share(osub__pred_peak(&s->pred, s->full_total, e->now, e->cfg.prediction_trust_ms), s->k, i);
+    int64_t pred = osub__share(
+        osub__pred_peak(&s->pred, s->full_total, e->now, e->cfg.prediction_trust_ms), s->k, i);
     return max64(s->slots[i].used, min64(full, pred));
 }
 
@@ -1855,17 +1854,9 @@ static int64_t others_rise(const osub_engine_t *e, const struct gpu *g, const st
     int64_t rise = 0;
     for (int32_t j = 0; j < g->nsvc; j++) {
         const struct svc *o = g->svcs[j];
-        if (o == s || o->backed ||
-            (o->state != OSUB_STATE_RUNNING && o->state != OSUB_STATE_LOADING))
-            continue;
-        int64_t pred = osub__pred_peak(&o->pred, o->full_total, e->now, e->cfg.prediction_trust_ms);
-        for (int32_t i = 0; i < o->n_slots; i++) {
-            if (o->slots[i].gpu != gi)
-                continue;
-            int64_t up = min64(osub__share(pred, o->k, i), o->slots[i].grant) - o->slots[i].held;
-            if (up > 0)
-                rise += up;
-        }
+        if (o != s && !o->backed &&
+            (o->state == OSUB_STATE_RUNNING || o->state == OSUB_STATE_LOADING))
+            rise += osub__slot_rise(e, o, gi);
     }
     return rise;
 }
@@ -2594,7 +2585,8 @@ int osub_engine_service_info(osub_engine_t *e, const char *id, osub_service_info
     out->grant_mib = grant_total(s);
     out->held_mib = held_total(s);
     out->used_mib = used_total(s);
-    out->predicted_peak_mib = osub__pred_peak(&s->pred, s->full_total, e->now, e->cfg.prediction_trust_ms);
+    out->predicted_peak_mib =
+        osub__pred_peak(&s->pred, s->full_total, e->now, e->cfg.prediction_trust_ms);
     out->charge_mib = osub__charge_total(e, s);
     out->usage_reports = s->pred.n;
     out->place_projected_mib = s->place_projected;

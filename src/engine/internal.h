@@ -26,13 +26,13 @@ struct slot {
 /* A service's usage predictor (predict.c), fed by its own usage reports: integer state only,
  * so decisions stay exact and deterministic. mean16 and dev16 are 16ths of a MiB. */
 struct pred {
-    uint32_t n;        /* reports seen (saturates) */
-    int64_t first_ms;  /* time of the first report, -1 if none */
-    int64_t mean16;    /* moving mean of the total used */
-    int64_t dev16;     /* moving mean absolute deviation from it */
-    int64_t peak;      /* the largest total used reported */
-    int64_t jump;      /* the largest rise between two consecutive reports */
-    int64_t last;      /* the last total reported */
+    uint32_t n;       /* reports seen (saturates) */
+    int64_t first_ms; /* time of the first report, -1 if none */
+    int64_t mean16;   /* moving mean of the total used */
+    int64_t dev16;    /* moving mean absolute deviation from it */
+    int64_t peak;     /* the largest total used reported */
+    int64_t jump;     /* the largest rise between two consecutive reports */
+    int64_t last;     /* the last total reported */
 };
 
 struct svc {
@@ -326,6 +326,9 @@ OSUB__HIDDEN int64_t osub__pred_peak(const struct pred *p, int64_t cap, int64_t 
 /* What an admission of s counts physically (total): backed services their request, oversold
  * ones their predicted peak. */
 OSUB__HIDDEN int64_t osub__charge_total(const osub_engine_t *e, const struct svc *s);
+/* How far s's slot on GPU gpu may still rise above what it holds, to its share of its
+ * predicted peak (capped by its grant); 0 if it has no slot there or holds that much. */
+OSUB__HIDDEN int64_t osub__slot_rise(const osub_engine_t *e, const struct svc *s, int32_t gpu);
 
 static inline void osub__gpu_touch(struct osub_engine *e, struct gpu *g)
 {

@@ -109,8 +109,8 @@ static int64_t req_floor(const struct req *r, int64_t share)
 static int64_t gpu_floors_now(const osub_engine_t *e, const struct gpu *g);
 static int64_t gpu_rise_now(const osub_engine_t *e, const struct gpu *g);
 
-/* Refreshes g's cached rise and floors when it changed or the minute did (predictions move
- * once a minute). */
+/* Refreshes g's cached rise when the GPU changed or the minute did (the age term of the
+ * predictions moves once a minute). */
 static void gpu_cache(const osub_engine_t *e, struct gpu *g)
 {
     int64_t minute = e->now / 60000;
@@ -202,10 +202,6 @@ int64_t osub__gpu_peak(osub_engine_t *e, struct gpu *g)
     return g->hist_peak > g->held ? g->hist_peak : g->held;
 }
 
-/* How far the oversold services on g may still rise from what they hold to their predicted
- * peaks: the largest single rise (OSUB_RISE_SUM unset), assuming that their peaks do not all
- * come at once -- the trace's pods peak apart (the sum of their peaks is 1.7x the peak of
- * their sum); the co-peaks they did show are in the GPU's held history. */
 static void gpu_cache(const osub_engine_t *e, struct gpu *g);
 
 static inline int64_t gpu_rise(const osub_engine_t *e, struct gpu *g)
@@ -215,6 +211,10 @@ static inline int64_t gpu_rise(const osub_engine_t *e, struct gpu *g)
     return g->rise_cache;
 }
 
+/* How far the oversold services on g may still rise from what they hold to their predicted
+ * peaks: the largest single rise, assuming that their peaks do not all come at once -- the
+ * trace's pods peak apart (the sum of their peaks is 1.7x the peak of their sum); the co-peaks
+ * they did show are in the GPU's held history. */
 static int64_t gpu_rise_now(const osub_engine_t *e, const struct gpu *g)
 {
     int32_t gi = (int32_t)(g - e->gpus);
@@ -224,18 +224,9 @@ static int64_t gpu_rise_now(const osub_engine_t *e, const struct gpu *g)
         if (o->backed || (o->state != OSUB_STATE_RUNNING && o->state != OSUB_STATE_LOADING &&
                           o->state != OSUB_STATE_DEGRADED))
             continue;
-        int64_t pred = osub__pred_peak(&o->pred, o->full_total, e->now,
-                                       e->cfg.prediction_trust_ms);
-        for (int32_t i = 0; i < o->n_slots; i++) {
-            if (o->slots[i].gpu != gi)
-                continue;
-            int64_t top = osub__share(pred, o->k, i);
-            if (top > o->slots[i].grant)
-                top = o->slots[i].grant;
-            int64_t up = top - o->slots[i].held;
-            if (up > rise)
-                rise = up;
-        }
+        int64_t up = osub__slot_rise(e, o, gi);
+        if (up > rise)
+            rise = up;
     }
     return rise;
 }
@@ -268,8 +259,7 @@ static int64_t req_limit(const osub_engine_t *e, const struct gpu *g, const stru
     return r->backed && !r->exclusive ? g->usable : place_limit(e, g);
 }
 
-static int64_t placement_score(osub_engine_t *e, struct gpu *g, const struct req *r,
-                               int64_t charge)
+static int64_t placement_score(osub_engine_t *e, struct gpu *g, const struct req *r, int64_t charge)
 {
     int64_t projected = projected_base(e, g) + charge, lim = req_limit(e, g, r);
     if (projected <= lim)
@@ -405,7 +395,8 @@ static void ws_apply(const osub_engine_t *e, struct ws *w, const struct svc *v, 
         struct ws_gpu *x = &w->g[j];
         x->dg += slot_grant_after(v, sl, a0) - slot_grant_after(v, sl, a1);
         x->dh += osub__slot_held_after(e, v, sl, a0) - osub__slot_held_after(e, v, sl, a1);
-        x->df += (a1 == ACT_EVICT ? slot_floor(v, i) : 0) - (a0 == ACT_EVICT ? slot_floor(v, i) : 0);
+        x->df +=
+            (a1 == ACT_EVICT ? slot_floor(v, i) : 0) - (a0 == ACT_EVICT ? slot_floor(v, i) : 0);
         if (a0 == ACT_EVICT) {
             x->dc -= v->spec.compute_pct;
             x->nev--;
@@ -734,7 +725,8 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
         if (r->backed && g->compute_backed + r->compute > 100)
             return false;
     }
-    int64_t df = r->exclusive ? 0 : gpu_floors(e, g) + req_floor(r, share) - held_limit(g, r, share);
+    int64_t df =
+        r->exclusive ? 0 : gpu_floors(e, g) + req_floor(r, share) - held_limit(g, r, share);
     int64_t eh = 0, eg = 0, dgh = 0, dgg = 0, mh = 0, mg = 0, xh = 0, xg = 0;
     int64_t ec = 0, cnt = 0, ef = 0, xf = 0;
     for (int32_t L = e->max_level; L > r->level; L--) {
@@ -1164,8 +1156,8 @@ static bool plan_size(osub_engine_t *e, const struct req *r0, int64_t size, stru
             if (!gpu_takes(g, r, size))
                 continue;
             bool fits =
-                g->granted + share0 <= g->logical && g->held + charge0 <= held_limit(g, r, charge0) &&
-                floor_room(e, g, r, share0) &&
+                g->granted + share0 <= g->logical &&
+                g->held + charge0 <= held_limit(g, r, charge0) && floor_room(e, g, r, share0) &&
                 (!r->backed || g->backed + share0 <= g->usable) &&
                 (r->compute == 0 || (g->compute_all + r->compute <= climit &&
                                      (!r->backed || g->compute_backed + r->compute <= 100)));
@@ -1196,13 +1188,11 @@ static bool plan_size(osub_engine_t *e, const struct req *r0, int64_t size, stru
             continue;
         int64_t share = r->exclusive ? g->usable : share0;
         int64_t ch = r->exclusive ? share : charge0;
-        bool fits =
-            r->exclusive ||
-            (g->granted + share <= g->logical && g->held + ch <= held_limit(g, r, ch) &&
-             floor_room(e, g, r, share) &&
-             (!r->backed || g->backed + share <= g->usable) &&
-             (r->compute == 0 || (g->compute_all + r->compute <= climit &&
-                                  (!r->backed || g->compute_backed + r->compute <= 100))));
+        bool fits = r->exclusive ||
+                    (g->granted + share <= g->logical && g->held + ch <= held_limit(g, r, ch) &&
+                     floor_room(e, g, r, share) && (!r->backed || g->backed + share <= g->usable) &&
+                     (r->compute == 0 || (g->compute_all + r->compute <= climit &&
+                                          (!r->backed || g->compute_backed + r->compute <= 100))));
         if (!fits)
             continue; /* compute, or the first GPU's odd MiB: victims may still help */
         e->gpu_stamp[gi] = stamp;

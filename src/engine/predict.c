@@ -68,6 +68,21 @@ int64_t osub__pred_peak(const struct pred *p, int64_t cap, int64_t now_ms, int64
     return learned + extra;
 }
 
+int64_t osub__slot_rise(const osub_engine_t *e, const struct svc *s, int32_t gpu)
+{
+    for (int32_t i = 0; i < s->n_slots; i++) {
+        if (s->slots[i].gpu != gpu)
+            continue;
+        int64_t pred = osub__pred_peak(&s->pred, s->full_total, e->now, e->cfg.prediction_trust_ms);
+        int64_t top = osub__share(pred, s->k, i);
+        if (top > s->slots[i].grant)
+            top = s->slots[i].grant;
+        int64_t up = top - s->slots[i].held;
+        return up > 0 ? up : 0;
+    }
+    return 0;
+}
+
 int64_t osub__charge_total(const osub_engine_t *e, const struct svc *s)
 {
     if (s->backed)

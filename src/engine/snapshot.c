@@ -102,10 +102,9 @@ char *osub_engine_save(const osub_engine_t *e)
                        " pred_n=%u pred_first=%lld pred_mean16=%lld pred_dev16=%lld "
                        "pred_peak=%lld pred_jump=%lld pred_last=%lld place=%lld:%lld:%lld",
                        s->pred.n, (long long)s->pred.first_ms, (long long)s->pred.mean16,
-                       (long long)s->pred.dev16, (long long)s->pred.peak,
-                       (long long)s->pred.jump, (long long)s->pred.last,
-                       (long long)s->place_projected, (long long)s->place_limit,
-                       (long long)s->place_charge);
+                       (long long)s->pred.dev16, (long long)s->pred.peak, (long long)s->pred.jump,
+                       (long long)s->pred.last, (long long)s->place_projected,
+                       (long long)s->place_limit, (long long)s->place_charge);
         put_str(&o, "checkpoint", s->checkpoint);
         put_str(&o, "preemptor", s->preemptor);
         osub_sb_printf(&o, " slots=");
@@ -325,8 +324,8 @@ static struct svc *read_svc(const osub_engine_t *e, const struct line *l)
              get_i64(l, "pred_mean16", &s->pred.mean16) &&
              get_i64(l, "pred_dev16", &s->pred.dev16) && get_i64(l, "pred_peak", &s->pred.peak) &&
              get_i64(l, "pred_jump", &s->pred.jump) && get_i64(l, "pred_last", &s->pred.last) &&
-             s->pred.mean16 >= 0 && s->pred.dev16 >= 0 && s->pred.peak >= 0 &&
-             s->pred.jump >= 0 && s->pred.last >= 0;
+             s->pred.mean16 >= 0 && s->pred.dev16 >= 0 && s->pred.peak >= 0 && s->pred.jump >= 0 &&
+             s->pred.last >= 0;
         if (ok)
             s->pred.n = (uint32_t)pn;
     }

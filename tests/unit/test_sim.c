@@ -269,9 +269,10 @@ static void test_genai_parts_and_window(void **state)
 static void test_too_big_for_the_gpu(void **state)
 {
     (void)state;
-    write_file("big.json", "{\"services\": [\n"
-                           " {\"id\": \"a\", \"class\": \"batch\", \"vram_mib\": 30000},\n"
-                           " {\"id\": \"b\", \"class\": \"batch\", \"vram_mib\": 50000, \"gpus\": 1}]}\n");
+    write_file("big.json",
+               "{\"services\": [\n"
+               " {\"id\": \"a\", \"class\": \"batch\", \"vram_mib\": 30000},\n"
+               " {\"id\": \"b\", \"class\": \"batch\", \"vram_mib\": 50000, \"gpus\": 1}]}\n");
     write_file("big.csv", "timestamp_s,service,vram_mib\n0,a,20000\n0,b,45000\n"
                           "60,a,20000\n60,b,45000\n120,b,45000\n");
     struct trace tr;
@@ -282,8 +283,8 @@ static void test_too_big_for_the_gpu(void **state)
     for (int pol = 0; pol < POL__COUNT; pol++) {
         if (pol == POL_BRIEF)
             continue; /* pool-level: it has no GPUs to be too big for */
-        struct sim_opts o = {.policy = (enum sim_policy)pol, .ratio_milli = 1500, .pool = pool,
-                             .n_pool = 2};
+        struct sim_opts o = {
+            .policy = (enum sim_policy)pol, .ratio_milli = 1500, .pool = pool, .n_pool = 2};
         struct sim_result r;
         assert_int_equal(sim_run(&tr, &o, &b, &r, err, sizeof(err)), 0);
         assert_false(r.feasible);
@@ -457,9 +458,12 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_golden_utilisation),       cmocka_unit_test(test_golden_brief_oom),
-        cmocka_unit_test(test_golden_min_gpus),          cmocka_unit_test(test_genai_end_to_end),
-        cmocka_unit_test(test_determinism_all_policies), cmocka_unit_test(test_svg_is_well_formed),
+        cmocka_unit_test(test_golden_utilisation),
+        cmocka_unit_test(test_golden_brief_oom),
+        cmocka_unit_test(test_golden_min_gpus),
+        cmocka_unit_test(test_genai_end_to_end),
+        cmocka_unit_test(test_determinism_all_policies),
+        cmocka_unit_test(test_svg_is_well_formed),
         cmocka_unit_test(test_malformed_inputs),
         cmocka_unit_test(test_genai_parts_and_window),
         cmocka_unit_test(test_too_big_for_the_gpu),
