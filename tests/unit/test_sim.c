@@ -251,6 +251,7 @@ static void test_genai_parts_and_window(void **state)
             assert_string_not_equal(h0.svcs[i].spec.id, h1.svcs[j].spec.id);
     /* the first half of the day: every sample inside it, fewer than the whole */
     genai_opts_default(&g);
+    g.window = true;
     g.from_s = 0;
     g.to_s = 41040; /* 11.4 h */
     assert_int_equal(trace_import_genai(SHARED_TRACES, &g, &w0, err, sizeof(err)), 0);
@@ -291,6 +292,51 @@ static void test_too_big_for_the_gpu(void **state)
         assert_string_equal(r.why_infeasible, "a service larger than a GPU");
         assert_int_equal(r.too_big, 1);
         assert_int_equal(r.samples, 5); /* the trace's rows */
+        sim_result_free(&r);
+    }
+    trace_free(&tr);
+}
+
+/* Regressions of the shared trace's tuning half (pods 0/2): requests equal to the real peaks
+ * (--buffer 0) once had no feasible pool at any size; at 143360 MiB more GPUs once failed where
+ * fewer passed (tightest fit packed the same way on any pool size). */
+static void test_buffer0_and_more_gpus_never_worse(void **state)
+{
+    (void)state;
+    if (access(SHARED_TRACES "/genai_pod_vram.csv", R_OK) != 0) {
+        printf("skipped: %s/genai_pod_vram.csv is missing\n", SHARED_TRACES);
+        skip();
+    }
+    struct genai_opts g;
+    genai_opts_default(&g);
+    g.parts = 2;
+    g.part = 0;
+    g.buffer_milli = 0;
+    struct trace tr;
+    char err[512];
+    assert_int_equal(trace_import_genai(SHARED_TRACES, &g, &tr, err, sizeof(err)), 0);
+    struct sim_budget b = budget();
+    struct sim_result r;
+    int64_t pool[24];
+    for (int i = 0; i < 24; i++)
+        pool[i] = 81920;
+    struct sim_opts o = {.policy = POL_OVERSUB, .ratio_milli = 1300, .pool = pool, .n_pool = 16};
+    assert_int_equal(sim_run(&tr, &o, &b, &r, err, sizeof(err)), 0);
+    assert_true(r.feasible);
+    assert_int_equal(r.oom_events, 0);
+    sim_result_free(&r);
+    trace_free(&tr);
+
+    g.buffer_milli = 300;
+    assert_int_equal(trace_import_genai(SHARED_TRACES, &g, &tr, err, sizeof(err)), 0);
+    for (int i = 0; i < 24; i++)
+        pool[i] = 143360;
+    for (size_t n = 8; n <= 14; n++) {
+        struct sim_opts o2 = {
+            .policy = POL_OVERSUB, .ratio_milli = 1500, .pool = pool, .n_pool = n};
+        assert_int_equal(sim_run(&tr, &o2, &b, &r, err, sizeof(err)), 0);
+        if (!r.feasible)
+            fail_msg("%zu x 143360 MiB: %s", n, r.why_infeasible);
         sim_result_free(&r);
     }
     trace_free(&tr);
@@ -467,6 +513,7 @@ int main(void)
         cmocka_unit_test(test_malformed_inputs),
         cmocka_unit_test(test_genai_parts_and_window),
         cmocka_unit_test(test_too_big_for_the_gpu),
+        cmocka_unit_test(test_buffer0_and_more_gpus_never_worse),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
