@@ -233,9 +233,6 @@ static void read_events(osub_engine_t *e, const struct idmap *m, struct sim_resu
 {
     size_t n;
     const osub_event_t *ev = osub_engine_events(e, &n);
-    if (getenv("OSUB_SIM_TRACE") != NULL)
-        for (size_t i = 0; i < n; i++)
-            fprintf(stderr, "%lld %s\n", (long long)ev[i].time_ms, ev[i].msg);
     for (size_t i = 0; i < n; i++) {
         int lvl = ev[i].level >= 0 && ev[i].level < 3 ? ev[i].level : 2;
         if (ev[i].kind == OSUB_EV_DEGRADE && ev[i].reason != OSUB_R_COMPUTE) {

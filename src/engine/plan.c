@@ -1135,7 +1135,6 @@ static bool plan_size(osub_engine_t *e, const struct req *r0, int64_t size, stru
     int32_t *cand = e->miss_buf;
     int32_t ncand = 0;
     uint64_t stamp = ++e->plan_stamp;
-    int64_t minute = e->now / 60000;
 
     /* 1. without victims. The tightest fit is the smallest projected free room that still
      * holds the share: walk the best-fit index up from there, stop at the k-th GPU that
@@ -1197,7 +1196,6 @@ static bool plan_size(osub_engine_t *e, const struct req *r0, int64_t size, stru
             continue; /* compute, or the first GPU's odd MiB: victims may still help */
         e->gpu_stamp[gi] = stamp;
         struct cand c = {.gpu = gi, .victims = false, .top_level = INT32_MAX};
-        (void)minute;
         c.score = placement_score(e, g, r, ch);
         cand_pack(&c);
         keep_best(best, &nb, k, &c);
