@@ -420,8 +420,10 @@ static int cmd_explain(const char *id)
                    (long long)geti(w, "deadline_unix_ms"));
     } else if (strcmp(st, "degraded") == 0) {
         printf(": running at its floor, %lld MiB instead of %lld, until its GPUs have had room "
-               "for the full grant for the hysteresis window\n",
-               (long long)geti(s, "grant_mib"), (long long)geti(s, "vram_mib"));
+               "for what it is expected to hold once restored (its predicted peak, %lld MiB, "
+               "beside what its neighbours may still rise to) for the hysteresis window\n",
+               (long long)geti(s, "grant_mib"), (long long)geti(s, "vram_mib"),
+               (long long)geti(json_object_get(s, "prediction"), "peak_mib"));
     } else if (strcmp(st, "draining") == 0 || strcmp(st, "overdue") == 0) {
         printf(": evicted; its memory is counted until it exits (deadline %lld)\n",
                (long long)geti(s, "deadline_unix_ms"));

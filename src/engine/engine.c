@@ -1226,9 +1226,10 @@ static void admit_apply(osub_engine_t *e, struct svc *s, const struct plan *p, o
     snprintf(why_here, sizeof(why_here),
              "%s counted as %lld MiB (%s); projected peak %lld of %lld MiB %s, %s",
              p->k > 1 ? "its share on each GPU" : "it was", (long long)s->place_charge,
-             s->place_charge < p->shares[0] ? "its predicted peak"
-             : s->pred.n == 0 && !s->backed ? "its request: no usage history yet"
-                                            : "its request",
+             p->degraded_start                ? "its floor: it starts degraded"
+             : s->place_charge < p->shares[0] ? "its predicted peak"
+             : s->pred.n == 0 && !s->backed   ? "its request: no usage history yet"
+                                              : "its request",
              (long long)s->place_projected, (long long)lim,
              p->k > 1 ? "on the fullest of its GPUs" : "there",
              tight ? "the tightest fit under it" : "the GPU that overshoots it least");

@@ -82,6 +82,9 @@ static void test_degraded_start_restored_by_prediction(void **state)
     const osub_event_t *ev = find_ev(e, OSUB_EV_DEGRADE, "exp");
     assert_non_null(ev);
     assert_int_equal(ev->reason, OSUB_R_START_FLOOR);
+    ev = find_ev(e, OSUB_EV_ADMIT, "exp");
+    assert_non_null(ev);
+    assert_non_null(strstr(ev->msg, "counted as 20000 MiB (its floor: it starts degraded)"));
     /* no history: its predicted peak is its request */
     assert_int_equal(info(e, "exp").predicted_peak_mib, 50000);
     assert_int_equal(osub_engine_ready(e, "exp", 120020), 0);
