@@ -37,6 +37,35 @@ void report_table(FILE *f, const struct sim_result *r, size_t n)
                     "VRAM))\n",
                     "", "", (long long)x->lower_bound_gpus);
     }
+    /* where a ratio sweep stops binding: from that ratio up every oversub run is the same */
+    size_t last = n, first = n, count = 0;
+    for (size_t i = n; i-- > 0;) {
+        if (r[i].policy != POL_OVERSUB)
+            continue;
+        if (last == n) {
+            last = first = i;
+            count = 1;
+            continue;
+        }
+        const struct sim_result *a = &r[i], *z = &r[last];
+        if (first != i + 1 && r[i + 1].policy != POL_OVERSUB)
+            break; /* not one contiguous sweep */
+        bool same = a->feasible == z->feasible && a->n_gpus == z->n_gpus &&
+                    a->mean_used_util == z->mean_used_util && a->oom_events == z->oom_events &&
+                    a->unmet_fraction == z->unmet_fraction && a->degrades[1] == z->degrades[1] &&
+                    a->degrades[2] == z->degrades[2] && a->evictions[1] == z->evictions[1] &&
+                    a->evictions[2] == z->evictions[2];
+        if (!same)
+            break;
+        first = i;
+        count++;
+    }
+    if (count > 1)
+        fprintf(f,
+                "oversub: every ratio from %d.%02d to %d.%02d runs the same: the ratio does not "
+                "bind there (physical memory does)\n",
+                r[first].ratio_milli / 1000, r[first].ratio_milli % 1000 / 10,
+                r[last].ratio_milli / 1000, r[last].ratio_milli % 1000 / 10);
     /* why the runs that found nothing found nothing (one line per distinct reason) */
     for (size_t i = 0; i < n; i++) {
         const struct sim_result *x = &r[i];

@@ -104,6 +104,12 @@ for bad in "--pods 2/2" "--pods 1" "--pods -1/2" "--pods 0/0" "--pods a/b" "--wi
     check "bad ${bad%% *} ($bad)" 2 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" $bad
     contains "says which option ($bad)" "$tmp/err" "${bad%% *}"
 done
+check "sweep that does not bind" 0 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" \
+    --gpus 1x81920 --ratio 1.0:2.0:0.5 --policy oversub --quiet
+contains "says where the ratio stops binding" "$tmp/out" "every ratio from 1.00 to 2.00 runs the same"
+check "single ratio: no such line" 0 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" \
+    --gpus 1x81920 --ratio 1.5 --policy oversub --quiet
+if grep -q "runs the same" "$tmp/out"; then fail=$((fail + 1)); echo "FAIL: one ratio said to run the same"; else pass=$((pass + 1)); fi
 check "--pods needs --genai" 2 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" --pods 0/2
 contains "--pods needs --genai (says so)" "$tmp/err" "applies to --genai only"
 check "--window needs --genai" 2 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" --window 0:1
