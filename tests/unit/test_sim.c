@@ -160,6 +160,15 @@ static void test_golden_min_gpus(void **state)
     trace_free(&tr);
 }
 
+/* The shared traces are beside the repository; a test that needs them says so and skips. */
+static bool traces_missing(void)
+{
+    if (access(SHARED_TRACES "/genai_pod_vram.csv", R_OK) == 0)
+        return false;
+    printf("skipped: %s/genai_pod_vram.csv is missing\n", SHARED_TRACES);
+    return true;
+}
+
 static char *run_json(const struct trace *tr, enum sim_policy pol, int32_t ratio, int n)
 {
     int64_t pool[64];
@@ -177,19 +186,11 @@ static char *run_json(const struct trace *tr, enum sim_policy pol, int32_t ratio
     return s;
 }
 
-static bool have_traces(void)
-{
-    return access("../../../shared/traces/genai_pod_vram.csv", R_OK) == 0 ||
-           access(SHARED_TRACES "/genai_pod_vram.csv", R_OK) == 0;
-}
-
 static void test_genai_end_to_end(void **state)
 {
     (void)state;
-    if (access(SHARED_TRACES "/genai_pod_vram.csv", R_OK) != 0) {
-        printf("skipped: %s/genai_pod_vram.csv is missing\n", SHARED_TRACES);
+    if (traces_missing())
         skip();
-    }
     struct genai_opts g;
     genai_opts_default(&g);
     struct trace tr;
@@ -222,17 +223,14 @@ static void test_genai_end_to_end(void **state)
     free(a);
     free(b);
     trace_free(&tr);
-    (void)have_traces;
 }
 
 /* --pods K/N: the parts are disjoint and together hold every pod; --window cuts samples. */
 static void test_genai_parts_and_window(void **state)
 {
     (void)state;
-    if (access(SHARED_TRACES "/genai_pod_vram.csv", R_OK) != 0) {
-        printf("skipped: %s/genai_pod_vram.csv is missing\n", SHARED_TRACES);
+    if (traces_missing())
         skip();
-    }
     struct genai_opts g;
     genai_opts_default(&g);
     struct trace all, h0, h1, w0;
@@ -303,10 +301,8 @@ static void test_too_big_for_the_gpu(void **state)
 static void test_buffer0_and_more_gpus_never_worse(void **state)
 {
     (void)state;
-    if (access(SHARED_TRACES "/genai_pod_vram.csv", R_OK) != 0) {
-        printf("skipped: %s/genai_pod_vram.csv is missing\n", SHARED_TRACES);
+    if (traces_missing())
         skip();
-    }
     struct genai_opts g;
     genai_opts_default(&g);
     g.parts = 2;
