@@ -35,6 +35,9 @@
 #define OSUB_MAX_LEVEL 7
 #define OSUB_GPU_NAME_MAX 47
 #define OSUB_EVENT_MSG_MAX 320
+#define OSUB_POOL_GPUS_MAX 4096  /* GPUs in one engine */
+#define OSUB_SERVICE_GPUS_MAX 64 /* GPUs one service may span */
+#define OSUB_GPU_SIZES_MAX 64    /* distinct GPU sizes in one pool */
 
 typedef struct osub_engine osub_engine_t;
 
@@ -250,6 +253,7 @@ typedef struct {
     int32_t n_services, n_queued, n_pending;
     bool overcommitted;
     uint64_t admissions, rejections, degrades, evictions, restores, resumes;
+    uint64_t events_lost; /* events not recorded for want of memory (the decisions stand) */
 } osub_pool_info_t;
 
 typedef struct {
@@ -303,8 +307,14 @@ OSUB_API void osub_engine_free(osub_engine_t *e);
 
 /*
  * Commands. Each takes now_ms (monotonic; earlier than the last command's time:
- * OSUB_ETIME_BACKWARDS), first processes the timers due by then (ack timeouts, grace ends,
- * loading periods), then the command. Events produced are read with osub_engine_events().
+ * OSUB_ETIME_BACKWARDS) and has the same three steps: it checks its arguments against the
+ * state as the last command left it (a refusal returns here and changes nothing: no timer
+ * runs, time does not move); then time moves to now_ms and the timers due by then run (ack
+ * timeouts, grace ends, loading periods); then the command applies. Events produced are read
+ * with osub_engine_events(). A dry-run submit runs the real submit on a copy of the engine at
+ * the same time (timers included) and answers what it would decide, GPUs and victims included.
+ * Out of memory: OSUB_ENOMEM before anything changed where the memory can be reserved first;
+ * an event that cannot be recorded is counted in osub_pool_info_t.events_lost.
  */
 #define OSUB_SUBMIT_DRY_RUN 1u
 /* The service is already running and loaded (adopted after a restart, or present when a

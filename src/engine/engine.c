@@ -1,4 +1,5 @@
 /* engine.c - the engine's state machine: services, accounting, commands, timers, queue */
+#include <assert.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -179,13 +180,13 @@ static osub_event_t *emit(osub_engine_t *e, osub_event_kind_t kind, osub_reason_
                           const char *fmt, ...)
 {
     static osub_event_t sink;
-    if (e->mute)
-        return &sink;
     if (e->n_events == e->cap_events) {
         size_t cap = e->cap_events ? e->cap_events * 2 : 16;
         osub_event_t *n = realloc(e->events, cap * sizeof(*n));
-        if (n == NULL)
-            return &sink; /* the decision stands; only its record is lost */
+        if (n == NULL) {
+            e->events_lost++; /* the decision stands; only its record is lost */
+            return &sink;
+        }
         e->events = n;
         e->cap_events = cap;
     }
@@ -859,7 +860,8 @@ int osub_engine_new(const osub_pool_config_t *cfg, const int64_t *vram_mib,
                     const char *const *names, size_t n_gpus, const osub_class_t *classes,
                     size_t n_classes, osub_engine_t **out)
 {
-    if (cfg == NULL || vram_mib == NULL || out == NULL || n_gpus == 0 || n_gpus > 4096)
+    if (cfg == NULL || vram_mib == NULL || out == NULL || n_gpus == 0 ||
+        n_gpus > OSUB_POOL_GPUS_MAX)
         return OSUB_EBAD_CONFIG;
     int rc = validate_config(cfg);
     if (rc != 0)
@@ -983,8 +985,8 @@ static void refresh_sizes(osub_engine_t *e)
         while (j < e->n_sizes && e->size_vram[j] != g->vram)
             j++;
         if (j == e->n_sizes) {
-            if (j == 64)
-                continue; /* more than 64 sizes: the rest are not placed on */
+            if (j == OSUB_GPU_SIZES_MAX)
+                continue; /* more sizes than that: the rest are not placed on */
             e->size_vram[j] = g->vram;
             e->size_usable[j] = g->usable;
             e->size_count[j] = 0;
@@ -1064,13 +1066,13 @@ static int resolve_spec(const osub_engine_t *e, const osub_spec_t *in, osub_spec
     int64_t lu = e->largest_usable;
     if (lu <= 0)
         return OSUB_ETOO_BIG;
-    if (in->gpus < 0 || in->gpus > 64)
-        return in->gpus > 64 ? OSUB_ETOO_MANY_GPUS : OSUB_EBAD_GPU_COUNT;
+    if (in->gpus < 0 || in->gpus > OSUB_SERVICE_GPUS_MAX)
+        return in->gpus > OSUB_SERVICE_GPUS_MAX ? OSUB_ETOO_MANY_GPUS : OSUB_EBAD_GPU_COUNT;
     int32_t n_live = e->n_live_gpus;
     if (in->gpus > n_live)
         return OSUB_ETOO_MANY_GPUS;
     int64_t k = in->gpus ? in->gpus : (s.vram_mib + lu - 1) / lu;
-    if (k > 64 || k > n_live)
+    if (k > OSUB_SERVICE_GPUS_MAX || k > n_live)
         return OSUB_ETOO_BIG; /* larger than the whole pool */
     s.gpus = (int32_t)k;
     if (s.min_vram_mib < s.gpus)
@@ -1359,7 +1361,7 @@ static bool backfill_ok(osub_engine_t *e, const struct plan *p, int32_t lvl)
         return false;
     if (p->n_victims > 0)
         return false;
-    int32_t rg[64], nr;
+    int32_t rg[OSUB_SERVICE_GPUS_MAX], nr;
     head_reservation(e, rg, &nr);
     for (int32_t i = 0; i < p->k; i++)
         for (int32_t j = 0; j < nr; j++)
@@ -1374,7 +1376,16 @@ static void check_compute(osub_engine_t *e, int32_t gi);
 int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms, unsigned flags,
                        osub_submit_result_t *res);
 
-/* ---- command prologue ----------------------------------------------------------------- */
+/* ---- command discipline --------------------------------------------------------------- *
+ *
+ * Every command has the same three steps, and a refused command changes nothing:
+ *   1. check: its arguments and the state as the last command left it, without a side
+ *      effect (no timer runs, time does not move); a refusal returns here;
+ *   2. advance: time moves to now_ms and the timers due by then run (their events first);
+ *   3. apply, then finish: the command's own change, then the passes (pending, queue).
+ * A timer never removes a service, never takes away a placement and never adds held memory,
+ * so what step 1 accepted still applies after step 2 (test_errors checks every refusal at a
+ * time when timers are due). */
 
 /* Every command starts by forgetting the last one's events, refused or not: a command
  * refused before it reaches the engine's state must not show the previous command's. */
@@ -1386,17 +1397,22 @@ static void clear_events(osub_engine_t *e)
 
 static void run_timers(osub_engine_t *e);
 
-static int begin(osub_engine_t *e, int64_t now_ms)
+static int check_time(const osub_engine_t *e, int64_t now_ms)
 {
     if (now_ms < 0 || now_ms > (INT64_C(1) << 53))
         return OSUB_EBAD_TIME;
     if (now_ms < e->now)
         return OSUB_ETIME_BACKWARDS;
+    return 0;
+}
+
+static void advance(osub_engine_t *e, int64_t now_ms)
+{
+    assert(now_ms >= e->now);
     e->n_events = 0;
     e->now = now_ms;
     e->cmd_no++;
     run_timers(e);
-    return 0;
 }
 
 static void finish(osub_engine_t *e)
@@ -1405,6 +1421,25 @@ static void finish(osub_engine_t *e)
 }
 
 /* ---- submit ----------------------------------------------------------------------------- */
+
+/* A dry run is the real submit on a copy of the engine at the same time: the same timers
+ * run first and the same code decides, so its answer (GPUs, victims, queue position) is the
+ * real one; the copy costs a save and a load, O(services). */
+static int dry_run(const osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms, unsigned flags,
+                   osub_submit_result_t *res)
+{
+    char *text = osub_engine_save(e);
+    if (text == NULL)
+        return OSUB_ENOMEM;
+    osub_engine_t *copy = NULL;
+    int rc = osub_engine_load(text, &copy, NULL);
+    free(text);
+    if (rc != 0)
+        return rc == OSUB_ENOMEM ? OSUB_ENOMEM : OSUB_EINVAL;
+    rc = osub_engine_submit(copy, spec, now_ms, flags & ~OSUB_SUBMIT_DRY_RUN, res);
+    osub_engine_free(copy);
+    return rc;
+}
 
 int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms, unsigned flags,
                        osub_submit_result_t *res)
@@ -1417,41 +1452,35 @@ int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms
     res->check_gpu = -1;
     if (e == NULL || spec == NULL)
         return OSUB_EINVAL;
+    /* 1. check */
     osub_spec_t s;
     const osub_class_t *cls;
     int rc = resolve_spec(e, spec, &s, &cls);
+    if (rc == 0)
+        rc = check_time(e, now_ms);
     if (rc != 0)
         return rc;
-    if (now_ms < 0 || now_ms > (INT64_C(1) << 53))
-        return OSUB_EBAD_TIME;
-    if (now_ms < e->now)
-        return OSUB_ETIME_BACKWARDS;
-    bool dry = (flags & OSUB_SUBMIT_DRY_RUN) != 0;
-    if (!dry) {
-        rc = begin(e, now_ms);
-        if (rc != 0)
-            return rc;
-    }
     struct svc *old = lookup(e, s.id);
     if (old != NULL) {
         if (!spec_equal(&old->spec, &s))
             return OSUB_ESPEC_CONFLICT;
-        res->outcome = OSUB_SUBMIT_EXISTS;
+        res->outcome = OSUB_SUBMIT_EXISTS; /* a retry: nothing to do */
         return 0;
     }
     rc = empty_pool_fit(e, &s);
     if (rc != 0) {
-        if (!dry) {
-            /* a refused command, not a decision: nothing in the state changes */
-            osub_event_t *ev = emit(e, OSUB_EV_REJECT, OSUB_R_EMPTY_POOL,
-                                    "rejected %s (%s, %lld MiB on %d GPU(s)): %s", s.id,
-                                    s.class_name, (long long)s.vram_mib, s.gpus, osub_strerror(rc));
-            snprintf(ev->service, sizeof(ev->service), "%s", s.id);
-        }
+        /* a refused command, not a decision: nothing in the state changes; the event says why */
+        osub_event_t *ev = emit(e, OSUB_EV_REJECT, OSUB_R_EMPTY_POOL,
+                                "rejected %s (%s, %lld MiB on %d GPU(s)): %s", s.id, s.class_name,
+                                (long long)s.vram_mib, s.gpus, osub_strerror(rc));
+        snprintf(ev->service, sizeof(ev->service), "%s", s.id);
+        ev->time_ms = now_ms;
         res->outcome = OSUB_SUBMIT_REJECTED;
         res->rc = rc;
         return rc;
     }
+    if ((flags & OSUB_SUBMIT_DRY_RUN) != 0)
+        return dry_run(e, spec, now_ms, flags, res);
 
     /* build the service */
     struct svc *sv = calloc(1, sizeof(*sv));
@@ -1478,14 +1507,22 @@ int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms
     sv->batch = s.batch_size;
     sv->grace_ms = s.grace_ms;
     sv->restart_cost_ms = s.restart_cost_ms;
-    sv->submit_ms = dry ? now_ms : e->now;
+    sv->submit_ms = now_ms;
     sv->since_ms = sv->submit_ms;
     sv->room_since_ms = -1;
     sv->heap_pos[0] = sv->heap_pos[1] = -1;
     sv->state = OSUB_STATE_QUEUED;
     sv->adopted = (flags & OSUB_SUBMIT_RUNNING) != 0;
     osub__pred_init(&sv->pred);
+    if (tab_reserve(e) != 0 || vec_reserve(&e->queue, &e->cap_queue, e->n_queue + 1) != 0) {
+        osub_svc_free(sv);
+        return OSUB_ENOMEM;
+    }
 
+    /* 2. advance: the decision reads the state at now_ms */
+    advance(e, now_ms);
+
+    /* 3. apply */
     struct req r;
     fill_req(e, sv, &r);
     struct plan p;
@@ -1499,26 +1536,6 @@ int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms
     res->check = p.ok ? OSUB_CHECK_NONE : p.check;
     res->check_gpu = p.ok ? -1 : p.check_gpu;
     res->shortfall_mib = p.ok ? 0 : p.shortfall;
-
-    if (dry) {
-        if (p.ok) {
-            res->outcome = p.n_victims ? OSUB_SUBMIT_PENDING : OSUB_SUBMIT_STARTED;
-            res->n_gpus = p.k;
-            memcpy(res->gpus, p.gpus, sizeof(int32_t) * (size_t)p.k);
-            fill_victims(e, &p, res);
-        } else if (sv->queue_ok) {
-            res->outcome = OSUB_SUBMIT_QUEUED;
-            res->queue_position = 1;
-            for (size_t i = 0; i < e->n_queue; i++)
-                if (queue_before(e->queue[i], sv))
-                    res->queue_position++;
-        } else {
-            res->outcome = OSUB_SUBMIT_REJECTED;
-            res->rc = blocked ? OSUB_EOVERCOMMITTED : OSUB_ENO_ROOM;
-        }
-        osub_svc_free(sv);
-        return res->outcome == OSUB_SUBMIT_REJECTED ? res->rc : 0;
-    }
 
     if (!p.ok && !sv->queue_ok) {
         e->rejections++;
@@ -1535,12 +1552,14 @@ int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms
         osub_svc_free(sv);
         res->outcome = OSUB_SUBMIT_REJECTED;
         res->rc = rc;
+        finish(e); /* the timers that ran may have freed room for others */
         return rc;
     }
-    /* reserve everything that can fail, then commit */
-    if (tab_reserve(e) != 0 || vec_reserve(&e->queue, &e->cap_queue, e->n_queue + 1) != 0 ||
-        (p.ok && admit_reserve(e, sv, &p) != 0)) {
+    /* reserve everything that can fail, then commit (the timers due have run: the state is
+     * the one at now_ms, consistent, without this service) */
+    if (p.ok && admit_reserve(e, sv, &p) != 0) {
         osub_svc_free(sv);
+        finish(e);
         return OSUB_ENOMEM;
     }
     e->next_seq++;
@@ -1945,9 +1964,10 @@ int osub_engine_tick(osub_engine_t *e, int64_t now_ms)
     clear_events(e);
     if (e == NULL)
         return OSUB_EINVAL;
-    int rc = begin(e, now_ms);
+    int rc = check_time(e, now_ms);
     if (rc != 0)
         return rc;
+    advance(e, now_ms);
     for (int32_t i = 0; i < e->n_gpus; i++)
         check_pressure(e, i);
     process_restores(e);
@@ -1977,12 +1997,10 @@ int osub_engine_release(osub_engine_t *e, const char *id, int64_t now_ms)
     struct svc *s;
     int rc = get_svc(e, id, &s);
     if (rc == 0)
-        rc = begin(e, now_ms);
+        rc = check_time(e, now_ms);
     if (rc != 0)
         return rc;
-    s = lookup(e, id); /* a timer may have released it */
-    if (s == NULL)
-        return OSUB_EUNKNOWN_SERVICE;
+    advance(e, now_ms);
     char gb[96];
     fmt_gpus(s, gb, sizeof(gb));
     osub_event_t *ev =
@@ -2054,11 +2072,11 @@ int osub_engine_usage(osub_engine_t *e, const char *id, int64_t used_mib, int32_
         cap += e->gpus[s->slots[i].gpu].vram;
     if (used_mib > cap)
         return OSUB_EINVAL;
-    rc = begin(e, now_ms);
+    rc = check_time(e, now_ms);
     if (rc != 0)
         return rc;
-    if ((s = lookup(e, id)) == NULL || s->n_slots == 0 || s->state == OSUB_STATE_PENDING)
-        return OSUB_EBAD_STATE;
+    advance(e, now_ms);
+    assert(s->n_slots > 0 && s->state != OSUB_STATE_PENDING); /* timers keep placements */
     int64_t per[64], basis = 0;
     bool by_grant = grant_total(s) > 0;
     for (int32_t i = 0; i < s->n_slots; i++)
@@ -2096,12 +2114,11 @@ int osub_engine_usage_per_gpu(osub_engine_t *e, const char *id, const int64_t *u
     for (size_t i = 0; i < n; i++)
         if (used_mib[i] > e->gpus[s->slots[i].gpu].vram)
             return OSUB_EINVAL;
-    rc = begin(e, now_ms);
+    rc = check_time(e, now_ms);
     if (rc != 0)
         return rc;
-    if ((s = lookup(e, id)) == NULL || s->n_slots == 0 || s->state == OSUB_STATE_PENDING ||
-        n != (size_t)s->n_slots)
-        return OSUB_EBAD_STATE;
+    advance(e, now_ms);
+    assert(s->n_slots > 0 && s->state != OSUB_STATE_PENDING && n == (size_t)s->n_slots);
     return usage_apply(e, s, used_mib, -1);
 }
 
@@ -2118,9 +2135,10 @@ int osub_engine_system_usage(osub_engine_t *e, int32_t gpu, int64_t used_mib, in
         return OSUB_EINVAL;
     if (e->gpus[gpu].lost)
         return OSUB_EGPU_LOST;
-    int rc = begin(e, now_ms);
+    int rc = check_time(e, now_ms);
     if (rc != 0)
         return rc;
+    advance(e, now_ms);
     struct gpu *g = &e->gpus[gpu];
     int64_t d = used_mib - g->system;
     g->system = used_mib;
@@ -2141,11 +2159,10 @@ int osub_engine_ready(osub_engine_t *e, const char *id, int64_t now_ms)
         return rc;
     if (s->n_slots == 0 || s->state == OSUB_STATE_PENDING)
         return OSUB_EBAD_STATE;
-    rc = begin(e, now_ms);
+    rc = check_time(e, now_ms);
     if (rc != 0)
         return rc;
-    if ((s = lookup(e, id)) == NULL)
-        return OSUB_EUNKNOWN_SERVICE;
+    advance(e, now_ms);
     if (s->loading) {
         s->loading = false;
         timer_cancel(e, s, T_LOAD);
@@ -2174,11 +2191,10 @@ int osub_engine_ack(osub_engine_t *e, const char *id, const char *checkpoint, in
     bool draining = s->state == OSUB_STATE_DRAINING || s->state == OSUB_STATE_OVERDUE;
     if (!s->ack_pending && !draining)
         return OSUB_ENO_DIRECTIVE;
-    rc = begin(e, now_ms);
+    rc = check_time(e, now_ms);
     if (rc != 0)
         return rc;
-    if ((s = lookup(e, id)) == NULL)
-        return OSUB_EUNKNOWN_SERVICE;
+    advance(e, now_ms);
     if (checkpoint != NULL)
         snprintf(s->checkpoint, sizeof(s->checkpoint), "%s", checkpoint);
     if (s->ack_pending) {
@@ -2213,11 +2229,10 @@ int osub_engine_exited(osub_engine_t *e, const char *id, const char *checkpoint,
         return rc;
     if (vec_reserve(&e->queue, &e->cap_queue, e->n_queue + 1) != 0)
         return OSUB_ENOMEM;
-    rc = begin(e, now_ms);
+    rc = check_time(e, now_ms);
     if (rc != 0)
         return rc;
-    if ((s = lookup(e, id)) == NULL)
-        return OSUB_EUNKNOWN_SERVICE;
+    advance(e, now_ms);
     if (checkpoint != NULL)
         snprintf(s->checkpoint, sizeof(s->checkpoint), "%s", checkpoint);
     bool evicted = s->state == OSUB_STATE_DRAINING || s->state == OSUB_STATE_OVERDUE;
@@ -2237,11 +2252,10 @@ int osub_engine_fail(osub_engine_t *e, const char *id, const char *why, int64_t 
     struct svc *s;
     int rc = get_svc(e, id, &s);
     if (rc == 0)
-        rc = begin(e, now_ms);
+        rc = check_time(e, now_ms);
     if (rc != 0)
         return rc;
-    if ((s = lookup(e, id)) == NULL)
-        return OSUB_EUNKNOWN_SERVICE;
+    advance(e, now_ms);
     osub_event_t *ev = emit(e, OSUB_EV_FAIL, OSUB_R_USER, "%s (%s) failed: %s", s->spec.id,
                             class_of(e, s), why ? why : "no reason given");
     ev_svc(ev, s);
@@ -2274,9 +2288,11 @@ int osub_engine_resize(osub_engine_t *e, const char *id, int64_t vram_mib, int64
     int32_t nb = batch_size ? batch_size : s->full_batch;
     if (s->floor_batch > nb)
         return OSUB_EBAD_BATCH;
-    if (now_ms < e->now)
-        return OSUB_ETIME_BACKWARDS;
-    /* growing: checks on its GPUs, no victims */
+    rc = check_time(e, now_ms);
+    if (rc != 0)
+        return rc;
+    /* growing: checks on its GPUs, no victims (timers due by now_ms never add held memory, so
+     * the room checked here is there after they run) */
     bool degraded = s->state == OSUB_STATE_DEGRADED;
     if (s->n_slots > 0 && s->state != OSUB_STATE_DRAINING && s->state != OSUB_STATE_OVERDUE) {
         for (int32_t i = 0; i < s->n_slots; i++) {
@@ -2292,11 +2308,7 @@ int osub_engine_resize(osub_engine_t *e, const char *id, int64_t vram_mib, int64
                 return OSUB_ENO_ROOM;
         }
     }
-    rc = begin(e, now_ms);
-    if (rc != 0)
-        return rc;
-    if ((s = lookup(e, id)) == NULL)
-        return OSUB_EUNKNOWN_SERVICE;
+    advance(e, now_ms);
     int64_t from = s->full_total;
     s->full_total = s->spec.vram_mib = nv;
     s->floor_total = s->spec.min_vram_mib = nm;
@@ -2334,9 +2346,10 @@ int osub_engine_set_ratio(osub_engine_t *e, int32_t ratio_milli, int64_t now_ms)
         return OSUB_EINVAL;
     if (ratio_milli < 1000 || ratio_milli > 100000)
         return OSUB_ERATIO_RANGE;
-    int rc = begin(e, now_ms);
+    int rc = check_time(e, now_ms);
     if (rc != 0)
         return rc;
+    advance(e, now_ms);
     int32_t old = e->cfg.ratio_milli;
     e->cfg.ratio_milli = ratio_milli;
     bool over = false;
@@ -2368,9 +2381,10 @@ int osub_engine_cordon(osub_engine_t *e, int32_t gpu, bool cordon, int64_t now_m
         return OSUB_EBAD_GPU;
     if (e->gpus[gpu].lost)
         return OSUB_EGPU_LOST;
-    int rc = begin(e, now_ms);
+    int rc = check_time(e, now_ms);
     if (rc != 0)
         return rc;
+    advance(e, now_ms);
     if (e->gpus[gpu].cordoned != cordon) {
         e->gpus[gpu].cordoned = cordon;
         osub__gpu_touch(e, &e->gpus[gpu]);
@@ -2396,9 +2410,10 @@ int osub_engine_drain_gpu(osub_engine_t *e, int32_t gpu, int64_t now_ms)
         return OSUB_EGPU_LOST;
     if (timer_reserve(e, (size_t)e->gpus[gpu].nsvc) != 0)
         return OSUB_ENOMEM;
-    int rc = begin(e, now_ms);
+    int rc = check_time(e, now_ms);
     if (rc != 0)
         return rc;
+    advance(e, now_ms);
     struct gpu *g = &e->gpus[gpu];
     if (!g->cordoned) {
         g->cordoned = true;
@@ -2427,9 +2442,10 @@ int osub_engine_gpu_lost(osub_engine_t *e, int32_t gpu, int64_t now_ms)
         return OSUB_EGPU_LOST;
     if (vec_reserve(&e->queue, &e->cap_queue, e->n_queue + (size_t)e->gpus[gpu].nsvc) != 0)
         return OSUB_ENOMEM;
-    int rc = begin(e, now_ms);
+    int rc = check_time(e, now_ms);
     if (rc != 0)
         return rc;
+    advance(e, now_ms);
     struct gpu *g = &e->gpus[gpu];
     g->lost = true;
     osub__gpu_touch(e, g);
@@ -2545,6 +2561,7 @@ void osub_engine_pool_info(const osub_engine_t *e, osub_pool_info_t *out)
     out->evictions = e->evictions;
     out->restores = e->restores;
     out->resumes = e->resumes;
+    out->events_lost = e->events_lost;
 }
 
 size_t osub_engine_service_count(const osub_engine_t *e)
@@ -2751,6 +2768,7 @@ int osub_engine_check(const osub_engine_t *e, char *why, size_t why_len)
         free(cnt);
         free(pend);
         free(comp);
+        snprintf(why, why_len, "out of memory while checking");
         return OSUB_ENOMEM;
     }
     size_t live = 0, queued = 0, pending = 0;

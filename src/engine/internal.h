@@ -192,7 +192,6 @@ struct osub_engine {
 
     osub_event_t *events;
     size_t n_events, cap_events;
-    bool mute;  /* dry run: no events */
     bool dirty; /* something freed: look at pending and queue */
     bool in_tick;
     bool pending_check; /* held dropped where a pending service waits */
@@ -203,7 +202,7 @@ struct osub_engine {
     uint64_t resv_cmd;
     const struct svc *resv_head;
     int32_t resv_n;
-    int32_t resv_gpus[64];
+    int32_t resv_gpus[OSUB_SERVICE_GPUS_MAX];
     struct cand *cand_buf; /* n_gpus scratch entries for planning */
     int32_t *miss_buf;     /* n_gpus scratch entries for planning */
     int64_t *promise_buf;  /* n_gpus scratch: room promised to restores in one pass */
@@ -211,8 +210,8 @@ struct osub_engine {
     int32_t max_level;     /* the largest level of the classes */
     /* GPU sizes of the pool (lost GPUs excluded), refreshed when a GPU is lost */
     int32_t n_sizes, n_live_gpus;
-    int64_t size_vram[64], size_usable[64];
-    int32_t size_count[64];
+    int64_t size_vram[OSUB_GPU_SIZES_MAX], size_usable[OSUB_GPU_SIZES_MAX];
+    int32_t size_count[OSUB_GPU_SIZES_MAX];
     int64_t largest_usable;
     /* room trees: per size group (fixed at creation) and request level, the max over the
      * group's GPUs of what a request of that level could at best get on one GPU (free room
@@ -228,6 +227,7 @@ struct osub_engine {
     uint64_t verify_mismatches;
     char verify_last[256];
     uint64_t admissions, rejections, degrades, evictions, restores, resumes;
+    uint64_t events_lost; /* events not recorded for want of memory (decisions stand) */
 };
 
 /* plan.c: admission planning */
@@ -263,7 +263,7 @@ enum act { ACT_NONE = 0, ACT_DEGRADE = 1, ACT_EVICT = 2 };
 struct plan {
     bool ok;
     int32_t k;
-    int32_t gpus[64];
+    int32_t gpus[OSUB_SERVICE_GPUS_MAX];
     int64_t shares[64];
     int64_t charges[64];
     bool degraded_start; /* admitted at its floor (engine.c) */
@@ -352,5 +352,22 @@ struct osub_sbuf {
 };
 OSUB_PRINTF(2, 3)
 void osub_sb_printf(struct osub_sbuf *b, const char *fmt, ...);
+
+/* Every allocation in the engine goes through these (engine.c), so that a test can make the
+ * nth one fail (osub__alloc_fail_at) and check that each command refuses cleanly. */
+void *osub__malloc(size_t n);
+void *osub__calloc(size_t n, size_t size);
+void *osub__realloc(void *p, size_t n);
+char *osub__strdup(const char *s);
+/* From now on, allocation number n (0 = the next) fails, and every one after it until the
+ * next call; n < 0 turns failures off. Returns how many allocations were made since the last
+ * call. Not thread safe: for tests. */
+long osub__alloc_fail_at(long n);
+#ifndef OSUB_ALLOC_IMPL
+#define malloc(n) osub__malloc(n)
+#define calloc(n, size) osub__calloc(n, size)
+#define realloc(p, n) osub__realloc(p, n)
+#define strdup(s) osub__strdup(s)
+#endif
 
 #endif

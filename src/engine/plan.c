@@ -281,7 +281,7 @@ struct ws_gpu {
 
 struct ws {
     const struct req *r;
-    struct ws_gpu g[64];
+    struct ws_gpu g[OSUB_SERVICE_GPUS_MAX];
     int32_t n;
     int32_t n_fail;
     int64_t held_target; /* pressure mode when >= 0 */
@@ -917,8 +917,8 @@ static bool plan_set(osub_engine_t *e, const struct req *r, const struct cand *b
                      int64_t usable, struct plan *p)
 {
     struct ws w;
-    int32_t gpus[64];
-    int64_t shares[64];
+    int32_t gpus[OSUB_SERVICE_GPUS_MAX];
+    int64_t shares[OSUB_SERVICE_GPUS_MAX];
     for (int32_t j = 0; j < k; j++)
         gpus[j] = best[j].gpu;
     qsort(gpus, (size_t)k, sizeof(gpus[0]), cmp_i32);
@@ -1051,7 +1051,7 @@ static void tree_collect(const struct room_tree *t, const int64_t *tr, int64_t s
                 out[(*n)++] = t->gpus[pos];
         return;
     }
-    int32_t stack[64];
+    int32_t stack[64]; /* depth-first over a heap of at most 2 x 4096 nodes: 13 deep */
     int32_t sp = 0;
     stack[sp++] = 1;
     while (sp > 0) {
@@ -1097,7 +1097,7 @@ static bool plan_size(osub_engine_t *e, const struct req *r0, int64_t size, stru
     rq.c_share = s0;
     const struct req *r = &rq;
     int32_t k = r->k;
-    struct cand best[64];
+    struct cand best[OSUB_SERVICE_GPUS_MAX];
     int32_t nb = 0;
     struct ws w;
     best[k - 1].victims = false;
@@ -1280,7 +1280,7 @@ static bool plan_size(osub_engine_t *e, const struct req *r0, int64_t size, stru
 static bool plan_size_reference(osub_engine_t *e, const struct req *r, int64_t size, struct plan *p)
 {
     int32_t k = r->k;
-    struct cand best[64];
+    struct cand best[OSUB_SERVICE_GPUS_MAX];
     int32_t nb = 0;
     struct ws w;
     struct plan tmp;
@@ -1476,7 +1476,7 @@ int osub__plan_pressure(osub_engine_t *e, int32_t gpu, struct plan *out)
 
 int osub__trees_init(osub_engine_t *e)
 {
-    e->trees = calloc(64, sizeof(*e->trees));
+    e->trees = calloc(OSUB_GPU_SIZES_MAX, sizeof(*e->trees));
     if (e->trees == NULL)
         return OSUB_ENOMEM;
     for (int32_t i = 0; i < e->n_gpus; i++) {
@@ -1484,7 +1484,7 @@ int osub__trees_init(osub_engine_t *e)
         int32_t j = 0;
         while (j < e->n_trees && e->trees[j].vram != g->vram)
             j++;
-        if (j == 64) {
+        if (j == OSUB_GPU_SIZES_MAX) {
             g->tree_size = -1;
             continue;
         }

@@ -261,9 +261,9 @@ static bool derive(const osub_engine_t *e, struct svc *s)
     for (size_t i = 0; i < e->n_classes; i++)
         if (strcmp(e->classes[i].name, s->spec.class_name) == 0)
             cls = &e->classes[i];
-    if (cls == NULL || !osub_id_valid(s->spec.id) || s->spec.gpus < 1 || s->spec.gpus > 64 ||
-        s->spec.vram_mib <= 0 || s->spec.min_vram_mib <= 0 ||
-        s->spec.min_vram_mib > s->spec.vram_mib)
+    if (cls == NULL || !osub_id_valid(s->spec.id) || s->spec.gpus < 1 ||
+        s->spec.gpus > OSUB_SERVICE_GPUS_MAX || s->spec.vram_mib <= 0 ||
+        s->spec.min_vram_mib <= 0 || s->spec.min_vram_mib > s->spec.vram_mib)
         return false;
     s->level = cls->level;
     s->preemptible = s->spec.preemptible == OSUB_TRI_YES;
@@ -281,11 +281,14 @@ static bool derive(const osub_engine_t *e, struct svc *s)
     return true;
 }
 
-static struct svc *read_svc(const osub_engine_t *e, const struct line *l)
+/* A service from its line; NULL when the line is bad, or out of memory (*oom set). */
+static struct svc *read_svc(const osub_engine_t *e, const struct line *l, bool *oom)
 {
     struct svc *s = calloc(1, sizeof(*s));
-    if (s == NULL)
+    if (s == NULL) {
+        *oom = true;
         return NULL;
+    }
     osub_spec_t *p = &s->spec;
     int32_t pre, onev, q, state;
     int64_t seq;
@@ -362,6 +365,7 @@ static struct svc *read_svc(const osub_engine_t *e, const struct line *l)
     }
     s->slots = calloc((size_t)s->k, sizeof(*s->slots));
     if (s->slots == NULL) {
+        *oom = true;
         osub_svc_free(s);
         return NULL;
     }
@@ -546,9 +550,12 @@ int osub_engine_load(const char *text, osub_engine_t **out, size_t *err_line)
         } else if (strcmp(l.kind, "svc") == 0) {
             if (!seen_engine)
                 goto fail;
-            struct svc *s = read_svc(e, &l);
+            bool oom = false;
+            struct svc *s = read_svc(e, &l, &oom);
             if (s == NULL || osub__lookup(e, s->spec.id) != NULL) {
                 osub_svc_free(s);
+                if (oom)
+                    rc = OSUB_ENOMEM;
                 goto fail;
             }
             if (n_svcs == cap_svcs) {
@@ -618,7 +625,10 @@ int osub_engine_load(const char *text, osub_engine_t **out, size_t *err_line)
     osub__restore_done(e);
     {
         char why[256];
-        if (osub_engine_check(e, why, sizeof(why)) != 0)
+        int crc = osub_engine_check(e, why, sizeof(why));
+        if (crc == OSUB_ENOMEM)
+            rc = OSUB_ENOMEM;
+        if (crc != 0)
             goto fail; /* the numbers do not add up: corrupt */
     }
     rc = 0;

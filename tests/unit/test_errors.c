@@ -2,6 +2,9 @@
 #include "helpers.h"
 
 static const int64_t T = 100000;
+/* Refusals are tried an hour later, when timers are due (a loading period and an overdue
+ * deadline): a refused command must not run them either. */
+static const int64_t T2 = T + 3600000;
 
 /* A pool with services in many states: running, degraded awaiting ack, pending, queued. */
 static osub_engine_t *rich(void)
@@ -39,7 +42,7 @@ typedef int (*cmd_fn)(osub_engine_t *e);
         osub_spec_t s = spec("fresh", "batch", 1024, 1, 0);                                        \
         body;                                                                                      \
         osub_submit_result_t r;                                                                    \
-        return osub_engine_submit(e, &s, T, 0, &r);                                                \
+        return osub_engine_submit(e, &s, T2, 0, &r);                                               \
     }
 
 SPEC_CASE(c_bad_id_upper, snprintf(s.id, sizeof(s.id), "Bad"))
@@ -72,101 +75,101 @@ static int c_time_backwards(osub_engine_t *e)
 }
 static int c_usage_unknown(osub_engine_t *e)
 {
-    return osub_engine_usage(e, "nobody", 10, -1, T);
+    return osub_engine_usage(e, "nobody", 10, -1, T2);
 }
 static int c_usage_negative(osub_engine_t *e)
 {
-    return osub_engine_usage(e, "bat", -1, -1, T);
+    return osub_engine_usage(e, "bat", -1, -1, T2);
 }
 static int c_usage_queued(osub_engine_t *e)
 {
-    return osub_engine_usage(e, "later", 10, -1, T);
+    return osub_engine_usage(e, "later", 10, -1, T2);
 }
 static int c_usage_per_gpu_count(osub_engine_t *e)
 {
     int64_t u[2] = {1, 2};
-    return osub_engine_usage_per_gpu(e, "bat", u, 2, T);
+    return osub_engine_usage_per_gpu(e, "bat", u, 2, T2);
 }
 static int c_usage_per_gpu_negative(osub_engine_t *e)
 {
     int64_t u[1] = {-3};
-    return osub_engine_usage_per_gpu(e, "bat", u, 1, T);
+    return osub_engine_usage_per_gpu(e, "bat", u, 1, T2);
 }
 static int c_ack_unknown(osub_engine_t *e)
 {
-    return osub_engine_ack(e, "nobody", NULL, T);
+    return osub_engine_ack(e, "nobody", NULL, T2);
 }
 static int c_ack_unasked(osub_engine_t *e)
 {
-    return osub_engine_ack(e, "calm", NULL, T);
+    return osub_engine_ack(e, "calm", NULL, T2);
 }
 static int c_release_unknown(osub_engine_t *e)
 {
-    return osub_engine_release(e, "nobody", T);
+    return osub_engine_release(e, "nobody", T2);
 }
 static int c_release_bad_id(osub_engine_t *e)
 {
-    return osub_engine_release(e, "NOPE", T);
+    return osub_engine_release(e, "NOPE", T2);
 }
 static int c_ready_queued(osub_engine_t *e)
 {
-    return osub_engine_ready(e, "later", T);
+    return osub_engine_ready(e, "later", T2);
 }
 static int c_exited_unknown(osub_engine_t *e)
 {
-    return osub_engine_exited(e, "nobody", NULL, T);
+    return osub_engine_exited(e, "nobody", NULL, T2);
 }
 static int c_ratio_low(osub_engine_t *e)
 {
-    return osub_engine_set_ratio(e, 999, T);
+    return osub_engine_set_ratio(e, 999, T2);
 }
 static int c_ratio_high(osub_engine_t *e)
 {
-    return osub_engine_set_ratio(e, 100001, T);
+    return osub_engine_set_ratio(e, 100001, T2);
 }
 static int c_ratio_precision(osub_engine_t *e)
 {
     int32_t m;
     int rc = osub_parse_ratio("1.2345", &m);
     if (rc == 0)
-        return osub_engine_set_ratio(e, m, T);
+        return osub_engine_set_ratio(e, m, T2);
     return rc;
 }
 static int c_cordon_bad_gpu(osub_engine_t *e)
 {
-    return osub_engine_cordon(e, 3, true, T);
+    return osub_engine_cordon(e, 3, true, T2);
 }
 static int c_cordon_negative_gpu(osub_engine_t *e)
 {
-    return osub_engine_cordon(e, -1, true, T);
+    return osub_engine_cordon(e, -1, true, T2);
 }
 static int c_lost_bad_gpu(osub_engine_t *e)
 {
-    return osub_engine_gpu_lost(e, 7, T);
+    return osub_engine_gpu_lost(e, 7, T2);
 }
 static int c_system_negative(osub_engine_t *e)
 {
-    return osub_engine_system_usage(e, 0, -1, T);
+    return osub_engine_system_usage(e, 0, -1, T2);
 }
 static int c_system_bad_gpu(osub_engine_t *e)
 {
-    return osub_engine_system_usage(e, 9, 1, T);
+    return osub_engine_system_usage(e, 9, 1, T2);
 }
 static int c_resize_below_min(osub_engine_t *e)
 {
-    return osub_engine_resize(e, "exp", 1000, 0, 0, T);
+    return osub_engine_resize(e, "exp", 1000, 0, 0, T2);
 }
 static int c_resize_grow_no_room(osub_engine_t *e)
 {
-    return osub_engine_resize(e, "bat", 200000, 0, 0, T);
+    return osub_engine_resize(e, "bat", 200000, 0, 0, T2);
 }
 static int c_resize_unknown(osub_engine_t *e)
 {
-    return osub_engine_resize(e, "nobody", 1000, 0, 0, T);
+    return osub_engine_resize(e, "nobody", 1000, 0, 0, T2);
 }
 static int c_resize_negative(osub_engine_t *e)
 {
-    return osub_engine_resize(e, "bat", -1, 0, 0, T);
+    return osub_engine_resize(e, "bat", -1, 0, 0, T2);
 }
 static int c_tick_backwards(osub_engine_t *e)
 {
@@ -235,6 +238,7 @@ static void test_refused_commands_change_nothing(void **state)
     (void)state;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         osub_engine_t *e = rich();
+        assert_true(osub_engine_next_deadline(e) <= T2); /* timers are due */
         char *before = osub_engine_dump(e);
         assert_non_null(before);
         int rc = cases[i].fn(e);
@@ -308,7 +312,7 @@ static void test_same_spec_is_idempotent(void **state)
     char *before = osub_engine_dump(e);
     osub_spec_t s = spec("bat", "batch", 81920, 1, 0);
     osub_submit_result_t r;
-    assert_int_equal(osub_engine_submit(e, &s, T, 0, &r), 0);
+    assert_int_equal(osub_engine_submit(e, &s, T2, 0, &r), 0); /* a retry runs no timer */
     assert_int_equal(r.outcome, OSUB_SUBMIT_EXISTS);
     char *after = osub_engine_dump(e);
     assert_string_equal(before, after);
@@ -325,18 +329,22 @@ static void test_dry_run_predicts_and_changes_nothing(void **state)
         spec("p3", "batch", 1024, 1, 0),       spec("p4", "experiment", 81920, 1, 0),
         spec("p5", "online", 81920 * 2, 2, 0), spec("p6", "batch", 40960, 1, 20480),
     };
-    for (size_t i = 0; i < sizeof(probes) / sizeof(probes[0]); i++) {
+    /* at the last command's time, and an hour later when timers are due: the dry run runs them
+     * on its copy as the real submit does (the loading service is running by then) */
+    for (size_t i = 0; i < 2 * sizeof(probes) / sizeof(probes[0]); i++) {
+        size_t pi = i % (sizeof(probes) / sizeof(probes[0]));
+        int64_t at = i < sizeof(probes) / sizeof(probes[0]) ? T : T2;
         osub_engine_t *e = rich();
         char *before = osub_engine_dump(e);
         osub_submit_result_t dry, real;
-        int rc_dry = osub_engine_submit(e, &probes[i], T, OSUB_SUBMIT_DRY_RUN, &dry);
+        int rc_dry = osub_engine_submit(e, &probes[pi], at, OSUB_SUBMIT_DRY_RUN, &dry);
         char *after = osub_engine_dump(e);
         assert_string_equal(before, after);
         free(before);
         free(after);
         osub_engine_free(e);
         e = rich();
-        int rc_real = osub_engine_submit(e, &probes[i], T, 0, &real);
+        int rc_real = osub_engine_submit(e, &probes[pi], at, 0, &real);
         assert_int_equal(rc_dry, rc_real);
         assert_int_equal(dry.outcome, real.outcome);
         assert_int_equal(dry.n_gpus, real.n_gpus);
