@@ -138,7 +138,8 @@ int osub_spec_from_json(const json_t *obj, osub_spec_t *spec, char *err, size_t 
                 return -1;
             spec->grace_ms = x;
         } else {
-            return fail(err, errlen, "unknown field '%s'", key);
+            fail(err, errlen, "unknown field '%s'", key);
+            return OSUB_SPEC_UNKNOWN_FIELD;
         }
     }
     if (spec->vram_mib <= 0)

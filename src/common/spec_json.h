@@ -11,8 +11,10 @@
 /*
  * Fills spec from a JSON object with the engine's spec fields. Sizes may be numbers (MiB) or
  * strings ("120GiB"). Unknown fields, wrong types, negative or huge numbers are refused with a
- * sentence naming the field in err. Returns 0 or -1. obj is borrowed.
+ * sentence naming the field in err. Returns 0, OSUB_SPEC_UNKNOWN_FIELD for a field it does not
+ * know, or -1. obj is borrowed.
  */
+#define OSUB_SPEC_UNKNOWN_FIELD (-2)
 int osub_spec_from_json(const json_t *obj, osub_spec_t *spec, char *err, size_t errlen);
 
 /* Writes spec as a JSON object (new reference, owned by the caller; NULL on out of memory). */

@@ -24,6 +24,7 @@
 #include <sys/queue.h>
 
 #include "daemon.h"
+#include "idmap.h"
 
 extern char **environ;
 
@@ -50,6 +51,30 @@ struct osub_proc {
     struct event *kill_ev;    /* SIGKILL to the group when the grace period ends */
     struct event *restart_ev; /* a restart waiting out its backoff */
     struct osubd *d;
+};
+
+/* The actuators' own state: nobody else reads or writes it (actuator.h is the way in). */
+struct osubd_act {
+    json_t *execs;           /* service id -> how to run it: the submitted fields, as osubd_act_take
+                              * validated them (an exec is the user's document, shown back as given) */
+    struct osub_idmap *pids; /* service id -> struct act_pid: NVML's memory of that process */
+    json_t *saved_procs;     /* the processes saved by the last run, until adopted at start */
+    json_t *directives;      /* service id -> its latest directives (in memory) */
+    bool dirty;              /* execs, pids or processes changed since the last save */
+    int64_t directive_seq;
+    struct osub_proc *proc_list;
+    struct act_waiter *act_waiters;
+    struct act_item *act_q; /* events waiting for the actuators, each with its command's ticket */
+    size_t act_n, act_cap;
+    struct event *act_ev, *sigchld_ev, *watch_ev;
+    uint64_t proc_starts, proc_exits[3]; /* exits: code 0, other code, signal */
+    uint64_t directives_sent[4];         /* degrade, restore, evict, resume */
+    uint64_t webhook_failures;
+    struct evdns_base *dns; /* webhooks to host names, made when first needed */
+};
+
+struct act_pid {
+    pid_t pid;
 };
 
 struct act_waiter {
@@ -165,9 +190,13 @@ int osubd_act_take(const struct osubd *d, json_t *spec, bool trusted, json_t **e
     bool runs = json_object_get(x, "command") != NULL;
     if (!runs && json_object_size(x) > (json_object_get(x, "control_url") ? 1u : 0u))
         FAIL("fields env, workdir, user, checkpoint_dir, restart and max_restarts need 'command'");
-    if (runs && !trusted)
-        FAIL("a spec with 'command' makes oversubd run a program: send it over the Unix socket "
-             "or with the admin token");
+    if (runs && !trusted) {
+        snprintf(err, errlen,
+                 "a spec with 'command' makes oversubd run a program: send it over the Unix "
+                 "socket or with the admin token");
+        json_decref(x);
+        return OSUBD_ACT_FORBIDDEN;
+    }
     if (runs) {
         const char *user = json_string_value(json_object_get(x, "user"));
         uid_t uid = geteuid();
@@ -193,7 +222,7 @@ int osubd_act_take(const struct osubd *d, json_t *spec, bool trusted, json_t **e
 
 static struct osub_proc *proc_find(struct osubd *d, const char *id)
 {
-    for (struct osub_proc *p = d->proc_list; p; p = p->next)
+    for (struct osub_proc *p = d->act->proc_list; p; p = p->next)
         if (strcmp(p->id, id) == 0)
             return p;
     return NULL;
@@ -209,14 +238,14 @@ static struct osub_proc *proc_get(struct osubd *d, const char *id)
         return NULL;
     snprintf(p->id, sizeof(p->id), "%s", id);
     p->d = d;
-    p->next = d->proc_list;
-    d->proc_list = p;
+    p->next = d->act->proc_list;
+    d->act->proc_list = p;
     return p;
 }
 
 static void proc_drop(struct osubd *d, struct osub_proc *p)
 {
-    for (struct osub_proc **pp = &d->proc_list; *pp; pp = &(*pp)->next)
+    for (struct osub_proc **pp = &d->act->proc_list; *pp; pp = &(*pp)->next)
         if (*pp == p) {
             *pp = p->next;
             break;
@@ -277,7 +306,7 @@ static void log_path(const struct osubd *d, const char *id, char *out, size_t le
 static void checkpoint_dir(const struct osubd *d, const char *id, char *out, size_t len)
 {
     const char *cd =
-        json_string_value(json_object_get(json_object_get(d->execs, id), "checkpoint_dir"));
+        json_string_value(json_object_get(json_object_get(d->act->execs, id), "checkpoint_dir"));
     if (cd != NULL) {
         snprintf(out, len, "%s", cd);
         return;
@@ -302,20 +331,15 @@ static int mkdirs(const char *path, mode_t mode)
     return mkdir(tmp, mode) != 0 && errno != EEXIST ? -1 : 0;
 }
 
+/* A process started or ended: saved with the next command; NVML's memory for its PID is the
+ * service's usage. */
 static void save_proc(struct osubd *d, struct osub_proc *p)
 {
     if (p->pid > 0)
-        json_object_set_new(d->procs, p->id,
-                            json_pack("{s:i, s:I, s:i}", "pid", (int)p->pid, "starttime",
-                                      (json_int_t)p->starttime, "restarts", p->restarts));
+        osubd_act_set_pid(d, p->id, p->pid);
     else
-        json_object_del(d->procs, p->id);
-    /* NVML's memory for that PID is the service's usage */
-    if (p->pid > 0)
-        json_object_set_new(d->pids, p->id, json_integer(p->pid));
-    else
-        json_object_del(d->pids, p->id);
-    d->act_dirty = d->pids_dirty = true;
+        osub_idmap_del(d->act->pids, p->id);
+    d->act->dirty = true;
 }
 
 static void apply(struct osubd *d, json_t *cmd)
@@ -353,7 +377,7 @@ static void on_kill(evutil_socket_t fd, short what, void *arg)
     struct osub_proc *p = arg;
     if (p->pid <= 0)
         return;
-    int64_t left = p->kill_at_unix_ms - osubd_unix_ms();
+    int64_t left = p->kill_at_unix_ms - osubd_now(p->d);
     if (left > 0) {
         /* the timer's clock and the wall clock differ by a hair: never before the grace end */
         struct timeval tv = {(time_t)(left / 1000), (suseconds_t)(left % 1000) * 1000};
@@ -382,7 +406,7 @@ static void terminate(struct osubd *d, struct osub_proc *p, int64_t deadline_uni
     if (p->kill_ev == NULL)
         p->kill_ev = evtimer_new(d->base, on_kill, p);
     p->kill_at_unix_ms = deadline_unix_ms;
-    int64_t left = deadline_unix_ms - osubd_unix_ms();
+    int64_t left = deadline_unix_ms - osubd_now(d);
     if (left < 0)
         left = 0;
     struct timeval tv = {(time_t)(left / 1000), (suseconds_t)(left % 1000) * 1000};
@@ -435,7 +459,7 @@ static void env_set(struct envb *e, const char *k, const char *val)
 
 static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_t *si)
 {
-    json_t *x = json_object_get(d->execs, p->id);
+    json_t *x = json_object_get(d->act->execs, p->id);
     json_t *cmd = json_object_get(x, "command");
     const char *prog = json_string_value(json_array_get(cmd, 0));
     char path[PATH_MAX + 1];
@@ -613,10 +637,10 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
         return;
     }
     p->pid = pid;
-    d->proc_starts++;
+    d->act->proc_starts++;
     p->child = true;
     p->term_sent = false;
-    p->spawned_unix_ms = osubd_unix_ms();
+    p->spawned_unix_ms = osubd_now(d);
     p->starttime = proc_starttime(pid);
     save_proc(d, p);
     osubd_note(d, p->id, "process", "spawn",
@@ -670,7 +694,7 @@ static void hook_done(struct evhttp_request *req, void *arg)
         return;
     }
     if (++h->attempt >= HOOK_ATTEMPTS) {
-        h->d->webhook_failures++;
+        h->d->act->webhook_failures++;
         osubd_note(h->d, h->id, "directive", "webhook_failed",
                    "directive %lld for %s could not be delivered to %s after %d attempts (last: "
                    "%s%d); it stays available at GET /v1/services/%s/directives",
@@ -699,9 +723,9 @@ static void hook_send(struct hook *h)
         struct in6_addr a6;
         struct in_addr a4;
         bool literal = inet_pton(AF_INET, host, &a4) == 1 || inet_pton(AF_INET6, host, &a6) == 1;
-        if (!literal && h->d->dns == NULL)
-            h->d->dns = evdns_base_new(h->d->base, EVDNS_BASE_INITIALIZE_NAMESERVERS);
-        c = evhttp_connection_base_new(h->d->base, literal ? NULL : h->d->dns, host,
+        if (!literal && h->d->act->dns == NULL)
+            h->d->act->dns = evdns_base_new(h->d->base, EVDNS_BASE_INITIALIZE_NAMESERVERS);
+        c = evhttp_connection_base_new(h->d->base, literal ? NULL : h->d->act->dns, host,
                                        (uint16_t)(port > 0 ? port : 80));
     }
     if (c != NULL) {
@@ -736,12 +760,12 @@ static void hook_send(struct hook *h)
 }
 
 /* A directive as the service sees it, remaining_ms computed now. New reference. */
-static json_t *directive_view(const json_t *dir)
+static json_t *directive_view(const struct osubd *d, const json_t *dir)
 {
     json_t *o = json_deep_copy(dir);
     json_int_t dl = json_integer_value(json_object_get(o, "deadline_unix_ms"));
     if (dl > 0) {
-        int64_t left = dl - osubd_unix_ms();
+        int64_t left = dl - osubd_now(d);
         json_object_set_new(o, "remaining_ms", json_integer(left > 0 ? left : 0));
     }
     return o;
@@ -751,7 +775,7 @@ static void waiter_reply(struct act_waiter *w, bool only_new);
 
 static void waiter_free(struct osubd *d, struct act_waiter *w)
 {
-    for (struct act_waiter **pp = &d->act_waiters; *pp; pp = &(*pp)->next)
+    for (struct act_waiter **pp = &d->act->act_waiters; *pp; pp = &(*pp)->next)
         if (*pp == w) {
             *pp = w->next;
             break;
@@ -764,7 +788,7 @@ static void waiter_free(struct osubd *d, struct act_waiter *w)
 static void post_directive(struct osubd *d, const osub_event_t *ev, const char *action)
 {
     json_t *dir = json_pack(
-        "{s:I, s:s, s:s, s:I, s:i, s:s, s:s}", "seq", (json_int_t)++d->directive_seq, "action",
+        "{s:I, s:s, s:s, s:I, s:i, s:s, s:s}", "seq", (json_int_t)++d->act->directive_seq, "action",
         action, "service", ev->service, "vram_mib", (json_int_t)ev->vram_mib, "batch_size",
         ev->batch_size, "reason", osub_reason_name(ev->reason), "message", ev->msg);
     if (dir == NULL)
@@ -772,29 +796,29 @@ static void post_directive(struct osubd *d, const osub_event_t *ev, const char *
     static const char *const actions[] = {"degrade", "restore", "evict", "resume"};
     for (int i = 0; i < 4; i++)
         if (strcmp(action, actions[i]) == 0)
-            d->directives_sent[i]++;
+            d->act->directives_sent[i]++;
     if (ev->deadline_ms > 0)
         json_object_set_new(dir, "deadline_unix_ms",
                             json_integer(osubd_engine_to_unix(d, ev->deadline_ms)));
     osub_service_info_t si;
     if (osub_engine_service_info(d->e, ev->service, &si) == 0 && si.checkpoint[0])
         json_object_set_new(dir, "checkpoint", json_string(si.checkpoint));
-    json_t *x = json_object_get(d->execs, ev->service);
+    json_t *x = json_object_get(d->act->execs, ev->service);
     if (json_object_get(x, "command") != NULL) {
         char ck[1024];
         checkpoint_dir(d, ev->service, ck, sizeof(ck));
         json_object_set_new(dir, "checkpoint_dir", json_string(ck));
     }
-    json_t *list = json_object_get(d->directives, ev->service);
+    json_t *list = json_object_get(d->act->directives, ev->service);
     if (list == NULL) {
         list = json_array();
-        json_object_set_new(d->directives, ev->service, list);
+        json_object_set_new(d->act->directives, ev->service, list);
     }
     json_array_append(list, dir);
     while (json_array_size(list) > DIRECTIVES_KEPT)
         json_array_remove(list, 0);
     /* the long-polls of that service */
-    for (struct act_waiter *w = d->act_waiters, *next; w; w = next) {
+    for (struct act_waiter *w = d->act->act_waiters, *next; w; w = next) {
         next = w->next;
         if (strcmp(w->id, ev->service) == 0)
             waiter_reply(w, true);
@@ -802,7 +826,7 @@ static void post_directive(struct osubd *d, const osub_event_t *ev, const char *
     const char *url = json_string_value(json_object_get(x, "control_url"));
     if (url != NULL) {
         struct hook *h = calloc(1, sizeof(*h));
-        json_t *view = directive_view(dir);
+        json_t *view = directive_view(d, dir);
         if (h != NULL) {
             h->d = d;
             snprintf(h->id, sizeof(h->id), "%s", ev->service);
@@ -840,10 +864,10 @@ static void waiter_reply(struct act_waiter *w, bool only_new)
     json_t *out = json_array();
     size_t i;
     json_t *dir;
-    json_array_foreach(json_object_get(d->directives, w->id), i, dir)
+    json_array_foreach(json_object_get(d->act->directives, w->id), i, dir)
     {
         if (json_integer_value(json_object_get(dir, "seq")) > w->after)
-            json_array_append_new(out, directive_view(dir));
+            json_array_append_new(out, directive_view(d, dir));
     }
     if (only_new && json_array_size(out) == 0) {
         json_decref(out);
@@ -855,7 +879,7 @@ static void waiter_reply(struct act_waiter *w, bool only_new)
         osub_engine_service_info(d->e, w->id, &si) == 0 ? osub_state_name(si.state) : "released";
     send_json(w->req, 200,
               json_pack("{s:o, s:s, s:I}", "directives", out, "state", state, "last_seq",
-                        (json_int_t)d->directive_seq));
+                        (json_int_t)d->act->directive_seq));
     waiter_free(d, w);
 }
 
@@ -908,7 +932,7 @@ void osubd_act_directives(struct osubd *d, struct evhttp_request *req, const cha
     }
     osub_service_info_t si;
     if (osub_engine_service_info(d->e, id, &si) != 0 &&
-        json_object_get(d->directives, id) == NULL) {
+        json_object_get(d->act->directives, id) == NULL) {
         send_json(req, 404,
                   json_pack("{s:{s:s, s:s}}", "error", "code", "unknown_service", "message",
                             "no such service"));
@@ -923,12 +947,12 @@ void osubd_act_directives(struct osubd *d, struct evhttp_request *req, const cha
     w->req = req;
     w->after = after;
     snprintf(w->id, sizeof(w->id), "%s", id);
-    w->next = d->act_waiters;
-    d->act_waiters = w;
+    w->next = d->act->act_waiters;
+    d->act->act_waiters = w;
     bool fresh = false;
     size_t i;
     json_t *dir;
-    json_array_foreach(json_object_get(d->directives, id), i, dir)
+    json_array_foreach(json_object_get(d->act->directives, id), i, dir)
     {
         fresh = fresh || json_integer_value(json_object_get(dir, "seq")) > after;
     }
@@ -958,7 +982,7 @@ static void exited_cmd(struct osubd *d, const char *id)
 static void on_exit_of(struct osubd *d, struct osub_proc *p, int status, const char *how)
 {
     pid_t pid = p->pid;
-    int64_t ran = osubd_unix_ms() - p->spawned_unix_ms;
+    int64_t ran = osubd_now(d) - p->spawned_unix_ms;
     kill(-pid, SIGKILL); /* what it left behind in its group holds GPU memory too */
     p->pid = 0;
     p->term_sent = false;
@@ -970,13 +994,13 @@ static void on_exit_of(struct osubd *d, struct osub_proc *p, int status, const c
     if (how != NULL) {
         snprintf(desc, sizeof(desc), "%s", how);
         failure = true;
-        d->proc_exits[1]++;
+        d->act->proc_exits[1]++;
     } else if (WIFEXITED(status)) {
         snprintf(desc, sizeof(desc), "exited with code %d", WEXITSTATUS(status));
         failure = WEXITSTATUS(status) != 0;
-        d->proc_exits[failure ? 1 : 0]++;
+        d->act->proc_exits[failure ? 1 : 0]++;
     } else {
-        d->proc_exits[2]++;
+        d->act->proc_exits[2]++;
         snprintf(desc, sizeof(desc), "was killed by signal %d (%s)", WTERMSIG(status),
                  strsignal(WTERMSIG(status)));
         failure = true;
@@ -1000,7 +1024,7 @@ static void on_exit_of(struct osubd *d, struct osub_proc *p, int status, const c
         exited_cmd(d, p->id);
         return;
     }
-    json_t *x = json_object_get(d->execs, p->id);
+    json_t *x = json_object_get(d->act->execs, p->id);
     const char *restart = json_string_value(json_object_get(x, "restart"));
     bool on_failure = restart != NULL && strcmp(restart, "on-failure") == 0;
     int max = json_is_integer(json_object_get(x, "max_restarts"))
@@ -1053,7 +1077,7 @@ static void on_sigchld(evutil_socket_t fd, short what, void *arg)
     int status;
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-        for (struct osub_proc *p = d->proc_list; p; p = p->next)
+        for (struct osub_proc *p = d->act->proc_list; p; p = p->next)
             if (p->pid == pid && p->child) {
                 on_exit_of(d, p, status, NULL);
                 break;
@@ -1095,7 +1119,7 @@ static void on_watch(evutil_socket_t fd, short what, void *arg)
     struct osubd *d = arg;
     static unsigned rounds;
     rounds++;
-    for (struct osub_proc *p = d->proc_list, *next; p; p = next) {
+    for (struct osub_proc *p = d->act->proc_list, *next; p; p = next) {
         next = p->next;
         if (p->pid <= 0)
             continue;
@@ -1105,26 +1129,23 @@ static void on_watch(evutil_socket_t fd, short what, void *arg)
             rotate_log(d, p->id);
     }
     /* external services that gave their PID: draining and gone means exited */
-    const char *key;
-    json_t *pv;
-    void *tmp;
-    json_object_foreach_safe(d->pids, tmp, key, pv)
-    {
-        char id[OSUB_ID_MAX + 1];
-        snprintf(id, sizeof(id), "%s", key);
+    size_t nk;
+    osub_idmap_key_t *keys = osub_idmap_keys(d->act->pids, &nk); /* exited_cmd may forget one */
+    for (size_t k = 0; k < nk; k++) {
+        const char *id = keys[k];
         struct osub_proc *p = proc_find(d, id);
-        if (p != NULL &&
-            (p->pid > 0 || json_object_get(json_object_get(d->execs, id), "command") != NULL))
+        if (p != NULL && (p->pid > 0 || osubd_act_managed(d, id)))
             continue;
         osub_service_info_t si;
-        pid_t pid = (pid_t)json_integer_value(pv);
-        if (osub_engine_service_info(d->e, id, &si) == 0 && draining_state(si.state) &&
+        pid_t pid = osubd_act_pid(d, id);
+        if (pid > 0 && osub_engine_service_info(d->e, id, &si) == 0 && draining_state(si.state) &&
             kill(pid, 0) != 0 && errno == ESRCH) {
             osubd_note(d, id, "process", "gone", "%s's process %d is gone while %s", id, (int)pid,
                        osub_state_name(si.state));
             exited_cmd(d, id);
         }
     }
+    free(keys);
     reconcile(d);
 }
 
@@ -1137,7 +1158,7 @@ static void reconcile(struct osubd *d)
     void *tmp;
     osub_pool_config_t cfg;
     osub_engine_config(d->e, &cfg);
-    json_object_foreach_safe(d->execs, tmp, id, x)
+    json_object_foreach_safe(d->act->execs, tmp, id, x)
     {
         osub_service_info_t si;
         bool known = osub_engine_service_info(d->e, id, &si) == 0;
@@ -1147,8 +1168,8 @@ static void reconcile(struct osubd *d)
             if (!known) {
                 char gone[OSUB_ID_MAX + 1];
                 snprintf(gone, sizeof(gone), "%s", id);
-                json_object_del(d->execs, gone);
-                d->act_dirty = true;
+                json_object_del(d->act->execs, gone);
+                d->act->dirty = true;
             }
             continue;
         }
@@ -1168,16 +1189,15 @@ static void reconcile(struct osubd *d)
             evtimer_del(p->restart_ev);
         if (alive) {
             if (!p->term_sent)
-                terminate(d, p, osubd_unix_ms() + cfg.grace_ms,
+                terminate(d, p, osubd_now(d) + cfg.grace_ms,
                           known ? "it is no longer running" : "it was released");
             continue;
         }
         if (!known) {
             char gone[OSUB_ID_MAX + 1];
             snprintf(gone, sizeof(gone), "%s", id); /* id is the key deleted next */
-            json_object_del(d->execs, gone);
-            json_object_del(d->procs, gone);
-            d->act_dirty = true;
+            json_object_del(d->act->execs, gone);
+            d->act->dirty = true;
             if (p != NULL)
                 proc_drop(d, p);
         }
@@ -1196,12 +1216,12 @@ static void on_act(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     struct osubd *d = arg;
-    struct act_item *q = d->act_q;
+    struct act_item *q = d->act->act_q;
     size_t done = 0;
     /* a directive or a signal only once its decision is on disk */
-    while (done < d->act_n && q[done].ticket <= d->durable_ticket) {
+    while (done < d->act->act_n && q[done].ticket <= d->durable_ticket) {
         osub_event_t ev = q[done++].ev;
-        json_t *x = json_object_get(d->execs, ev.service);
+        json_t *x = json_object_get(d->act->execs, ev.service);
         bool managed = json_object_get(x, "command") != NULL;
         switch (ev.kind) {
         case OSUB_EV_DEGRADE:
@@ -1226,8 +1246,8 @@ static void on_act(evutil_socket_t fd, short what, void *arg)
         }
     }
     if (done > 0) {
-        memmove(q, q + done, (d->act_n - done) * sizeof(*q));
-        d->act_n -= done;
+        memmove(q, q + done, (d->act->act_n - done) * sizeof(*q));
+        d->act->act_n -= done;
     }
     reconcile(d);
 }
@@ -1242,32 +1262,32 @@ void osubd_act_events(struct osubd *d, const osub_event_t *ev, size_t n)
             k != OSUB_EV_RESUME && k != OSUB_EV_START && k != OSUB_EV_RELEASE &&
             k != OSUB_EV_REQUEUE && k != OSUB_EV_FAIL)
             continue;
-        if (d->act_n == d->act_cap) {
-            size_t cap = d->act_cap ? d->act_cap * 2 : 16;
-            void *nq = realloc(d->act_q, cap * sizeof(struct act_item));
+        if (d->act->act_n == d->act->act_cap) {
+            size_t cap = d->act->act_cap ? d->act->act_cap * 2 : 16;
+            void *nq = realloc(d->act->act_q, cap * sizeof(struct act_item));
             if (nq == NULL) {
                 fprintf(stderr, "oversubd: out of memory queueing an action for %s\n",
                         ev[i].service);
                 continue;
             }
-            d->act_q = nq;
-            d->act_cap = cap;
+            d->act->act_q = nq;
+            d->act->act_cap = cap;
         }
-        struct act_item *q = d->act_q;
-        q[d->act_n].ev = ev[i];
-        q[d->act_n].ticket = d->applied_ticket;
-        d->act_n++;
+        struct act_item *q = d->act->act_q;
+        q[d->act->act_n].ev = ev[i];
+        q[d->act->act_n].ticket = d->applied_ticket;
+        d->act->act_n++;
     }
     /* nothing queued, nothing to do: the watch timer reconciles the rest */
-    if (d->act_ev != NULL && d->act_n > 0)
-        event_active(d->act_ev, EV_TIMEOUT, 0);
+    if (d->act->act_ev != NULL && d->act->act_n > 0)
+        event_active(d->act->act_ev, EV_TIMEOUT, 0);
 }
 
 /* ---- what the API shows, what the state keeps ------------------------------------------- */
 
 void osubd_act_describe(struct osubd *d, const char *id, json_t *o)
 {
-    json_t *x = json_object_get(d->execs, id);
+    json_t *x = json_object_get(d->act->execs, id);
     const char *k;
     json_t *v;
     json_object_foreach(x, k, v)
@@ -1299,7 +1319,7 @@ void osubd_act_describe(struct osubd *d, const char *id, json_t *o)
 void osubd_act_metrics(struct osubd *d, struct evbuffer *b)
 {
     int alive = 0;
-    for (struct osub_proc *p = d->proc_list; p; p = p->next)
+    for (struct osub_proc *p = d->act->proc_list; p; p = p->next)
         alive += p->pid > 0;
     evbuffer_add_printf(
         b,
@@ -1323,32 +1343,169 @@ void osubd_act_metrics(struct osubd *d, struct evbuffer *b)
         "# HELP oversub_webhook_failures_total Directives a webhook could not deliver.\n"
         "# TYPE oversub_webhook_failures_total counter\n"
         "oversub_webhook_failures_total %llu\n",
-        alive, (unsigned long long)d->proc_starts, (unsigned long long)d->proc_exits[0],
-        (unsigned long long)d->proc_exits[1], (unsigned long long)d->proc_exits[2],
-        (unsigned long long)d->directives_sent[0], (unsigned long long)d->directives_sent[1],
-        (unsigned long long)d->directives_sent[2], (unsigned long long)d->directives_sent[3],
-        (unsigned long long)d->webhook_failures);
+        alive, (unsigned long long)d->act->proc_starts, (unsigned long long)d->act->proc_exits[0],
+        (unsigned long long)d->act->proc_exits[1], (unsigned long long)d->act->proc_exits[2],
+        (unsigned long long)d->act->directives_sent[0],
+        (unsigned long long)d->act->directives_sent[1],
+        (unsigned long long)d->act->directives_sent[2],
+        (unsigned long long)d->act->directives_sent[3],
+        (unsigned long long)d->act->webhook_failures);
 }
 
 void osubd_act_meta(struct osubd *d, json_t *meta)
 {
-    osubd_meta_put(meta, "service_exec", d->execs);
-    osubd_meta_put(meta, "managed_procs", d->procs);
+    struct osubd_act *a = d->act;
+    osubd_meta_put(meta, "service_exec", a->execs);
+    json_t *procs = json_object(), *pids = json_object();
+    for (struct osub_proc *p = a->proc_list; p != NULL; p = p->next)
+        if (p->pid > 0)
+            json_object_set_new(procs, p->id,
+                                json_pack("{s:i, s:I, s:i}", "pid", (int)p->pid, "starttime",
+                                          (json_int_t)p->starttime, "restarts", p->restarts));
+    if (a->saved_procs != NULL) /* not adopted yet: kept as they were */
+        json_object_update_missing(procs, a->saved_procs);
+    osubd_meta_put(meta, "managed_procs", procs);
+    for (size_t i = 0; i < osub_idmap_slots(a->pids); i++) {
+        void *v;
+        const char *id = osub_idmap_at(a->pids, i, &v);
+        if (id != NULL)
+            json_object_set_new(pids, id, json_integer(((struct act_pid *)v)->pid));
+    }
+    osubd_meta_put(meta, "service_pids", pids);
+    json_decref(procs);
+    json_decref(pids);
+}
+
+bool osubd_act_dirty(const struct osubd *d)
+{
+    return d->act->dirty;
+}
+
+void osubd_act_saved(struct osubd *d, bool ok)
+{
+    if (ok)
+        d->act->dirty = false;
+}
+
+int osubd_act_set_pid(struct osubd *d, const char *id, pid_t pid)
+{
+    struct act_pid *v = malloc(sizeof(*v));
+    if (v == NULL)
+        return -1;
+    v->pid = pid;
+    if (osub_idmap_put(d->act->pids, id, v) != 0) {
+        free(v);
+        return -1;
+    }
+    d->act->dirty = true;
+    return 0;
+}
+
+pid_t osubd_act_pid(const struct osubd *d, const char *id)
+{
+    const struct act_pid *v = osub_idmap_get(d->act->pids, id);
+    return v != NULL ? v->pid : 0;
+}
+
+osub_idmap_key_t *osubd_act_pid_ids(const struct osubd *d, size_t *n)
+{
+    return osub_idmap_keys(d->act->pids, n);
+}
+
+bool osubd_act_managed(const struct osubd *d, const char *id)
+{
+    return json_object_get(json_object_get(d->act->execs, id), "command") != NULL;
+}
+
+int osubd_act_commit_exec(struct osubd *d, const char *id, json_t *exec)
+{
+    if (json_object_set(d->act->execs, id, exec) != 0)
+        return -1;
+    d->act->dirty = true;
+    return 0;
+}
+
+void osubd_act_forget(struct osubd *d, const char *id)
+{
+    /* the PID and the directives go with the service; how it ran and its process stay until
+     * the process is gone (reconcile) */
+    if (osub_idmap_del(d->act->pids, id))
+        d->act->dirty = true;
+    json_object_del(d->act->directives, id);
+}
+
+/* A JSON object saved under key (an empty one when absent); -1 with err when the state cannot
+ * be read or what it holds is not an object. */
+static json_t *saved_object(struct osubd *d, const char *key, char *err, size_t errlen)
+{
+    char *text = NULL;
+    if (osub_store_meta_get(d->store, key, &text) != 0) {
+        snprintf(err, errlen, "cannot read %s from the state: %s", key, osub_store_error(d->store));
+        return NULL;
+    }
+    json_error_t je;
+    json_t *o = text != NULL ? json_loads(text, 0, &je) : json_object();
+    free(text);
+    if (!json_is_object(o)) {
+        json_decref(o);
+        snprintf(err, errlen, "the state's %s is not a JSON object", key);
+        return NULL;
+    }
+    return o;
+}
+
+int osubd_act_init(struct osubd *d, char *err, size_t errlen)
+{
+    struct osubd_act *a = calloc(1, sizeof(*a));
+    if (a == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    d->act = a;
+    a->pids = osub_idmap_new(free);
+    a->directives = json_object();
+    if (a->pids == NULL || a->directives == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    json_t *pids = saved_object(d, "service_pids", err, errlen);
+    if (pids == NULL)
+        return -1;
+    const char *id;
+    json_t *v;
+    json_object_foreach(pids, id, v)
+    {
+        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 4194304 ||
+            !osub_id_valid(id)) {
+            snprintf(err, errlen, "the state's service_pids has a bad entry for %.63s", id);
+            json_decref(pids);
+            return -1;
+        }
+        if (osubd_act_set_pid(d, id, (pid_t)json_integer_value(v)) != 0) {
+            snprintf(err, errlen, "out of memory");
+            json_decref(pids);
+            return -1;
+        }
+    }
+    json_decref(pids);
+    a->dirty = false;
+    if ((a->execs = saved_object(d, "service_exec", err, errlen)) == NULL ||
+        (a->saved_procs = saved_object(d, "managed_procs", err, errlen)) == NULL)
+        return -1;
+    return 0;
 }
 
 /* ---- start and stop ----------------------------------------------------------------------- */
 
 int osubd_act_start(struct osubd *d, char *err, size_t errlen)
 {
-    d->directives = json_object();
-    d->directive_seq = osubd_unix_ms(); /* directive numbers keep rising across restarts */
-    d->act_ev = event_new(d->base, -1, 0, on_act, d);
-    d->sigchld_ev = evsignal_new(d->base, SIGCHLD, on_sigchld, d);
-    d->watch_ev = event_new(d->base, -1, EV_PERSIST, on_watch, d);
+    d->act->directive_seq = osubd_unix_ms(); /* directive numbers keep rising across restarts */
+    d->act->act_ev = event_new(d->base, -1, 0, on_act, d);
+    d->act->sigchld_ev = evsignal_new(d->base, SIGCHLD, on_sigchld, d);
+    d->act->watch_ev = event_new(d->base, -1, EV_PERSIST, on_watch, d);
     struct timeval tv = {0, WATCH_MS * 1000};
-    if (d->directives == NULL || d->act_ev == NULL || d->sigchld_ev == NULL ||
-        d->watch_ev == NULL || event_add(d->sigchld_ev, NULL) != 0 ||
-        event_add(d->watch_ev, &tv) != 0) {
+    if (d->act->act_ev == NULL || d->act->sigchld_ev == NULL || d->act->watch_ev == NULL ||
+        event_add(d->act->sigchld_ev, NULL) != 0 || event_add(d->act->watch_ev, &tv) != 0) {
         snprintf(err, errlen, "cannot set up the actuators");
         return -1;
     }
@@ -1380,7 +1537,9 @@ int osubd_act_start(struct osubd *d, char *err, size_t errlen)
     const char *key;
     json_t *rec;
     void *tmp;
-    json_object_foreach_safe(d->procs, tmp, key, rec)
+    json_t *saved = d->act->saved_procs;
+    d->act->saved_procs = NULL;
+    json_object_foreach_safe(saved, tmp, key, rec)
     {
         char id[OSUB_ID_MAX + 1];
         snprintf(id, sizeof(id), "%s", key); /* the entry may be replaced below */
@@ -1394,7 +1553,7 @@ int osubd_act_start(struct osubd *d, char *err, size_t errlen)
         p->pid = pid;
         p->child = false;
         p->starttime = st;
-        p->spawned_unix_ms = osubd_unix_ms();
+        p->spawned_unix_ms = osubd_now(d);
         if (st != 0 && proc_starttime(pid) == st) {
             osubd_note(d, id, "process", "adopt",
                        "adopted %s's process %d, alive across oversubd's restart", id, (int)pid);
@@ -1420,30 +1579,36 @@ int osubd_act_start(struct osubd *d, char *err, size_t errlen)
             p->failed = false;
         }
     }
+    json_decref(saved);
     reconcile(d);
     return 0;
 }
 
 void osubd_act_free(struct osubd *d)
 {
+    if (d->act == NULL)
+        return;
     /* managed processes keep running: the next oversubd adopts them */
-    while (d->proc_list != NULL)
-        proc_drop(d, d->proc_list);
-    while (d->act_waiters != NULL) {
-        struct act_waiter *w = d->act_waiters;
+    while (d->act->proc_list != NULL)
+        proc_drop(d, d->act->proc_list);
+    while (d->act->act_waiters != NULL) {
+        struct act_waiter *w = d->act->act_waiters;
         evhttp_connection_set_closecb(evhttp_request_get_connection(w->req), NULL, NULL);
         waiter_free(d, w);
     }
-    if (d->act_ev)
-        event_free(d->act_ev);
-    if (d->sigchld_ev)
-        event_free(d->sigchld_ev);
-    if (d->watch_ev)
-        event_free(d->watch_ev);
-    free(d->act_q);
-    if (d->dns != NULL)
-        evdns_base_free(d->dns, 0);
-    json_decref(d->directives);
-    json_decref(d->execs);
-    json_decref(d->procs);
+    if (d->act->act_ev)
+        event_free(d->act->act_ev);
+    if (d->act->sigchld_ev)
+        event_free(d->act->sigchld_ev);
+    if (d->act->watch_ev)
+        event_free(d->act->watch_ev);
+    free(d->act->act_q);
+    if (d->act->dns != NULL)
+        evdns_base_free(d->act->dns, 0);
+    json_decref(d->act->directives);
+    json_decref(d->act->execs);
+    json_decref(d->act->saved_procs);
+    osub_idmap_free(d->act->pids);
+    free(d->act);
+    d->act = NULL;
 }

@@ -9,6 +9,9 @@
 #include <event2/http.h>
 #include <jansson.h>
 
+#include <sys/types.h>
+
+#include "idmap.h"
 #include "oversub/engine.h"
 
 struct osubd;
@@ -16,11 +19,18 @@ struct osubd;
 /*
  * Takes the actuation fields (command, env, workdir, user, checkpoint_dir, restart,
  * max_restarts, control_url) out of a submitted spec. *exec: a new object, or NULL when none
- * was given. Returns 0, or -1 with a sentence in err (the field and why). trusted says
- * whether the request may make the daemon run programs (the Unix socket, or the admin token).
+ * was given. Returns 0, or -1 with a sentence in err (the field and why), or
+ * OSUBD_ACT_FORBIDDEN when it would run a program and the request may not: trusted says
+ * whether it may (the Unix socket, or the admin token).
  */
+#define OSUBD_ACT_FORBIDDEN (-2)
 int osubd_act_take(const struct osubd *d, json_t *spec, bool trusted, json_t **exec, char *err,
                    size_t errlen);
+
+/* Makes the actuators' state and reads what the last run saved (how services run, their
+ * PIDs, their processes): before the engine replays. Returns 0 or -1 with a sentence in err
+ * (a state that cannot be read is an error, never "nothing saved"). */
+int osubd_act_init(struct osubd *d, char *err, size_t errlen);
 
 /* Starts the actuators once the loop and the writer run: adopts live processes, treats dead
  * ones as exited, starts what should run. Returns 0 or -1 with a sentence in err. */
@@ -44,7 +54,23 @@ struct evbuffer;
 void osubd_act_metrics(struct osubd *d, struct evbuffer *b);
 
 /* A JSON object of the actuators' persistent maps for the writer's meta (service_exec,
- * managed_procs): each value a JSON text. */
+ * managed_procs, service_pids): each value a JSON text. dirty: changed since the last save;
+ * saved(ok): the save went through. */
 void osubd_act_meta(struct osubd *d, json_t *meta);
+bool osubd_act_dirty(const struct osubd *d);
+void osubd_act_saved(struct osubd *d, bool ok);
+
+/* A submit the engine accepted: how the service runs (exec as osubd_act_take made it). */
+int osubd_act_commit_exec(struct osubd *d, const char *id, json_t *exec);
+/* The process whose GPU memory is the service's usage (POST .../ready {"pid"}, or its managed
+ * process); 0 when none. The ids with one, copied (free()). */
+int osubd_act_set_pid(struct osubd *d, const char *id, pid_t pid);
+pid_t osubd_act_pid(const struct osubd *d, const char *id);
+osub_idmap_key_t *osubd_act_pid_ids(const struct osubd *d, size_t *n);
+/* Whether oversubd runs the service's program. */
+bool osubd_act_managed(const struct osubd *d, const char *id);
+/* The service is gone from the engine: its PID and directives are forgotten (its process, if
+ * oversubd runs one, is stopped and forgotten by the reconcile). */
+void osubd_act_forget(struct osubd *d, const char *id);
 
 #endif

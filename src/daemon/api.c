@@ -23,8 +23,6 @@
 #include "oversub/units.h"
 #include "spec_json.h"
 
-#define BODY_MAX (64 * 1024)
-
 struct deferred {
     struct deferred *next;
     struct evhttp_request *req;
@@ -193,7 +191,7 @@ static json_t *read_body(struct osubd *d, struct evhttp_request *req, bool allow
 {
     struct evbuffer *in = evhttp_request_get_input_buffer(req);
     size_t len = evbuffer_get_length(in);
-    if (len > BODY_MAX) {
+    if (len > OSUBD_BODY_MAX) {
         reply_error(d, req, 413, "body_too_large", "the request body is over 64 KiB");
         return NULL;
     }
@@ -321,13 +319,15 @@ static json_t *service_json(struct osubd *d, const char *id)
                                             "held_mib", (json_int_t)si.slots[i].held_mib,
                                             "used_mib", (json_int_t)si.slots[i].used_mib));
     json_object_set_new(o, "placement", pl);
-    json_t *pid = json_object_get(d->pids, id);
-    if (pid != NULL)
-        json_object_set(o, "pid", pid);
-    json_t *route = json_object_get(d->routes, id);
-    const char *rk;
-    json_t *rv;
-    json_object_foreach(route, rk, rv) json_object_set(o, rk, rv);
+    pid_t pid = osubd_act_pid(d, id);
+    if (pid > 0)
+        json_object_set_new(o, "pid", json_integer(pid));
+    const struct osubd_route *route = osubd_routes_get(d->routes, id);
+    if (route != NULL) {
+        json_t *rj = osubd_route_json(route);
+        json_object_update(o, rj);
+        json_decref(rj);
+    }
     osubd_act_describe(d, id, o);
     json_object_set_new(o, "since_unix_ms", json_integer(osubd_engine_to_unix(d, si.since_ms)));
     if (si.deadline_ms > 0)
@@ -424,8 +424,10 @@ static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dr
         return;
     osub_spec_t sp;
     char err[300];
-    json_t *route = NULL;
-    if (osubd_gateway_take(spec, &route, err, sizeof(err)) != 0) {
+    /* what the gateway and the actuators keep of the service is staged here and kept only if
+     * the engine accepts the submit: a refused submit changes nothing anywhere */
+    struct osubd_route *route = NULL;
+    if (osubd_route_take(spec, false, &route, err, sizeof(err)) != 0) {
         json_decref(spec);
         reply_error(d, req, 422, "invalid_spec", err);
         return;
@@ -433,55 +435,54 @@ static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dr
     /* running a program is for the Unix socket, or for the admin token (with a token set,
      * every submit over TCP carries it) */
     json_t *exec = NULL;
-    if (osubd_act_take(d, spec, d->req_trusted || d->cfg.token[0] != '\0', &exec, err,
-                       sizeof(err)) != 0) {
+    int trc =
+        osubd_act_take(d, spec, d->req_trusted || d->cfg.token[0] != '\0', &exec, err, sizeof(err));
+    if (trc != 0) {
         json_decref(spec);
-        json_decref(route);
-        bool forbidden = strstr(err, "Unix socket") != NULL;
+        free(route);
+        bool forbidden = trc == OSUBD_ACT_FORBIDDEN;
         reply_error(d, req, forbidden ? 403 : 422, forbidden ? "forbidden" : "invalid_spec", err);
         return;
     }
-    if (osub_spec_from_json(spec, &sp, err, sizeof(err)) != 0) {
+    int src = osub_spec_from_json(spec, &sp, err, sizeof(err));
+    if (src != 0) {
         json_decref(spec);
-        json_decref(route);
+        free(route);
         json_decref(exec);
-        reply_error(d, req, strstr(err, "unknown field") ? 400 : 422, "invalid_spec", err);
+        reply_error(d, req, src == OSUB_SPEC_UNKNOWN_FIELD ? 400 : 422, "invalid_spec", err);
         return;
-    }
-    /* a live service keeps how it runs: a submit of the same spec again is a retry */
-    osub_service_info_t live;
-    if (exec != NULL && osub_engine_service_info(d->e, sp.id, &live) == 0) {
-        json_decref(exec);
-        exec = NULL;
-    }
-    /* the gateway's settings go with the command that admits the service */
-    if (exec != NULL && !dry) {
-        json_object_set(d->execs, sp.id, exec);
-        d->act_dirty = true;
-    }
-    json_t *old_route = NULL;
-    if (route != NULL && !dry) {
-        old_route = json_incref(json_object_get(d->routes, sp.id));
-        json_object_set(d->routes, sp.id, route);
-        d->routes_dirty = true;
     }
     json_t *cmd = json_pack("{s:s, s:O, s:b}", "op", "submit", "spec", spec, "dry_run", dry);
     json_decref(spec);
     osub_submit_result_t r;
     memset(&r, 0, sizeof(r));
-    int rc = osubd_apply(d, cmd, &r, err, sizeof(err));
+    int rc = cmd != NULL ? osubd_apply(d, cmd, &r, err, sizeof(err)) : OSUB_ENOMEM;
     json_decref(cmd);
-    if (route != NULL && !dry && (err[0] || (rc != 0 && r.outcome == OSUB_SUBMIT_REJECTED))) {
-        if (old_route != NULL)
-            json_object_set(d->routes, sp.id, old_route);
-        else
-            json_object_del(d->routes, sp.id);
+    bool accepted = !dry && err[0] == '\0' && rc == 0 &&
+                    (r.outcome == OSUB_SUBMIT_STARTED || r.outcome == OSUB_SUBMIT_PENDING ||
+                     r.outcome == OSUB_SUBMIT_QUEUED);
+    /* a retry of a live service: the same spec; its route must be the same too (PUT
+     * .../backends changes backends), and it keeps how it runs */
+    bool route_conflict = !dry && err[0] == '\0' && rc == 0 && r.outcome == OSUB_SUBMIT_EXISTS &&
+                          route != NULL &&
+                          !osubd_route_equal(route, osubd_routes_get(d->routes, sp.id));
+    if (accepted) {
+        bool stored = osubd_routes_set(d->routes, sp.id, route) == 0;
+        route = NULL;
+        if (exec != NULL)
+            stored = osubd_act_commit_exec(d, sp.id, exec) == 0 && stored;
+        if (!stored)
+            fprintf(stderr, "oversubd: out of memory keeping %s's gateway or run settings\n",
+                    sp.id);
     }
-    if (exec != NULL && !dry && (err[0] || (rc != 0 && r.outcome == OSUB_SUBMIT_REJECTED)))
-        json_object_del(d->execs, sp.id);
+    free(route);
     json_decref(exec);
-    json_decref(old_route);
-    json_decref(route);
+    if (route_conflict) {
+        reply_error(d, req, 409, osub_errcode(OSUB_ESPEC_CONFLICT),
+                    "a service with this id runs with other gateway settings; change its "
+                    "backends with PUT /v1/services/ID/backends, or release it first");
+        return;
+    }
     if (err[0]) {
         reply_error(d, req, 422, "invalid_spec", err);
         return;
@@ -505,6 +506,12 @@ static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dr
     }
     if (r.queue_position > 0)
         json_object_set_new(dec, "queue_position", json_integer(r.queue_position));
+    if (r.n_gpus > 0) { /* where it starts (or waits for its victims) */
+        json_t *g = json_array();
+        for (int32_t i = 0; i < r.n_gpus; i++)
+            json_array_append_new(g, json_integer(r.gpus[i]));
+        json_object_set_new(dec, "gpus", g);
+    }
     if (rc != 0 && r.outcome == OSUB_SUBMIT_REJECTED) {
         json_object_set_new(dec, "code", json_string(osub_errcode(rc)));
         json_object_set_new(dec, "message", json_string(osub_strerror(rc)));
@@ -555,21 +562,17 @@ static void h_service_cmd(struct osubd *d, struct evhttp_request *req, const cha
         return;
     }
     /* ready may name the service's process: NVML's memory for that PID becomes its usage */
-    json_t *pid = json_object_get(j, "pid");
-    json_t *old_pid = NULL;
-    if (pid != NULL) {
-        if (!json_is_integer(pid) || json_integer_value(pid) < 1 ||
-            json_integer_value(pid) > 4194304) {
+    json_t *pidv = json_object_get(j, "pid");
+    pid_t pid = 0; /* staged: kept only when the engine accepts the command */
+    if (pidv != NULL) {
+        if (!json_is_integer(pidv) || json_integer_value(pidv) < 1 ||
+            json_integer_value(pidv) > 4194304) {
             json_decref(j);
             reply_error(d, req, 422, "invalid_argument",
                         "\"pid\" must be a process id (1 to 4194304)");
             return;
         }
-        if (osub_engine_service_info(d->e, id, &(osub_service_info_t){0}) == 0) {
-            old_pid = json_incref(json_object_get(d->pids, id));
-            json_object_set(d->pids, id, pid);
-            d->pids_dirty = true;
-        }
+        pid = (pid_t)json_integer_value(pidv);
         json_object_del(j, "pid");
     }
     /* the per-GPU form takes objects {gpu, vram_mib}: turn it into the command's list */
@@ -609,14 +612,12 @@ static void h_service_cmd(struct osubd *d, struct evhttp_request *req, const cha
     char err[256];
     int rc = osubd_apply(d, j, NULL, err, sizeof(err));
     json_decref(j);
-    if ((err[0] || rc != 0) && pid != NULL && json_object_get(d->pids, id) != NULL) {
-        /* refused: the process is not the service's after all */
-        if (old_pid != NULL)
-            json_object_set(d->pids, id, old_pid);
-        else
-            json_object_del(d->pids, id);
+    if (err[0] == '\0' && rc == 0 && pid > 0 &&
+        osub_engine_service_info(d->e, id, &(osub_service_info_t){0}) == 0 &&
+        osubd_act_set_pid(d, id, pid) != 0) {
+        reply_error(d, req, 500, "out_of_memory", "out of memory keeping the service's PID");
+        return;
     }
-    json_decref(old_pid);
     if (err[0]) {
         reply_error(d, req, 422, "invalid_argument", err);
         return;
@@ -649,27 +650,35 @@ static void h_backends(struct osubd *d, struct evhttp_request *req, const char *
         reply_rc(d, req, osub_id_valid(id) ? OSUB_EUNKNOWN_SERVICE : OSUB_EBAD_ID);
         return;
     }
-    json_t *route = NULL;
+    struct osubd_route *route = NULL;
     char err[300];
-    if (json_object_get(j, "backends") == NULL ||
-        osubd_gateway_take(j, &route, err, sizeof(err)) != 0) {
+    if (json_object_get(j, "backends") == NULL) {
         json_decref(j);
-        reply_error(d, req, 422, "invalid_backends",
-                    json_object_get(j, "backends") == NULL ? "field 'backends' is required" : err);
+        reply_error(d, req, 422, "invalid_backends", "field 'backends' is required");
+        return;
+    }
+    if (osubd_route_take(j, true, &route, err, sizeof(err)) != 0) {
+        json_decref(j);
+        reply_error(d, req, 422, "invalid_backends", err);
         return;
     }
     json_decref(j);
-    json_t *old = json_object_get(d->routes, id);
-    json_t *merged = old ? json_deep_copy(old) : json_object();
-    json_object_set(merged, "backends", json_object_get(route, "backends"));
-    json_object_set_new(d->routes, id, merged);
-    json_decref(route);
-    d->routes_dirty = true;
+    int src = osubd_routes_set_backends(d->routes, id, route);
+    json_t *list = json_array();
+    for (int32_t i = 0; i < route->n_backends; i++)
+        json_array_append_new(list, json_string(route->backends[i]));
+    free(route);
+    if (src != 0) {
+        json_decref(list);
+        reply_error(d, req, 500, "out_of_memory", "out of memory keeping the backends");
+        return;
+    }
     d->state_version++; /* the gateway's view of the service is stale */
-    char *list = json_dumps(json_object_get(merged, "backends"), JSON_COMPACT);
+    char *text = json_dumps(list, JSON_COMPACT);
+    json_decref(list);
     osubd_note(d, id, "gateway", "backends", "%s registered its backends for the gateway: %s", id,
-               list ? list : "?");
-    free(list);
+               text ? text : "?");
+    free(text);
     json_t *body = service_json(d, id);
     reply_json(d, req, 200, body ? body : json_object());
 }
@@ -1155,7 +1164,7 @@ static struct evhttp *api_http(struct osubd *d, void (*cb)(struct evhttp_request
     struct evhttp *h = evhttp_new(d->base);
     if (h == NULL)
         return NULL;
-    evhttp_set_max_body_size(h, BODY_MAX);
+    evhttp_set_max_body_size(h, OSUBD_BODY_MAX);
     evhttp_set_max_headers_size(h, 16 * 1024);
     evhttp_set_timeout(h, 90); /* a long-poll waits up to 60 s */
     evhttp_set_allowed_methods(h, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |

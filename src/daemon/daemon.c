@@ -45,6 +45,26 @@ int64_t osubd_unix_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Engine time: the monotonic clock since start, from where the last run (or the wall clock,
+ * when it is later) left it. A step of the wall clock (NTP, a VM resumed) moves nothing. */
+int64_t osubd_engine_now(const struct osubd *d)
+{
+    int64_t now = d->engine_start_ms + (mono_ms() - d->mono_start_ms);
+    return now < d->last_engine_ms ? d->last_engine_ms : now;
+}
+
+int64_t osubd_now(const struct osubd *d)
+{
+    return d->base_unix_ms + osubd_engine_now(d);
+}
+
 int64_t osubd_engine_to_unix(const struct osubd *d, int64_t engine_ms)
 {
     return engine_ms > 0 ? d->base_unix_ms + engine_ms : 0;
@@ -94,12 +114,28 @@ static int snapshot_now(struct osubd *d)
 static char *daemon_meta(struct osubd *d)
 {
     json_t *m = json_object();
-    osubd_meta_put(m, "service_pids", d->pids);
-    osubd_meta_put(m, "gateway_routes", d->routes);
+    char *routes = osubd_routes_save(d->routes);
+    if (routes == NULL) {
+        json_decref(m);
+        return NULL;
+    }
+    json_object_set_new(m, "gateway_routes", json_string(routes));
+    free(routes);
     osubd_act_meta(d, m);
     char *out = json_dumps(m, JSON_COMPACT);
     json_decref(m);
     return out;
+}
+
+static bool meta_dirty(const struct osubd *d)
+{
+    return osubd_routes_dirty(d->routes) || osubd_act_dirty(d);
+}
+
+static void meta_saved(struct osubd *d, bool ok)
+{
+    osubd_routes_saved(d->routes, ok);
+    osubd_act_saved(d, ok);
 }
 
 void osubd_meta_put(json_t *meta, const char *key, const json_t *value)
@@ -123,7 +159,7 @@ static void log_command(struct osubd *d, int64_t now, const json_t *cmd, json_t 
     }
     for (size_t i = 0; i < n; i++)
         json_decref(objs[i]);
-    bool dirty = d->pids_dirty || d->routes_dirty || d->act_dirty;
+    bool dirty = meta_dirty(d);
     if (d->writer != NULL) {
         char *snap = NULL;
         if (ok && ++d->since_snapshot >= d->cfg.snapshot_every) {
@@ -144,7 +180,7 @@ static void log_command(struct osubd *d, int64_t now, const json_t *cmd, json_t 
             free(meta);
             return;
         }
-        d->pids_dirty = d->routes_dirty = d->act_dirty = false;
+        meta_saved(d, true);
         d->applied_ticket =
             osub_writer_add(d->writer, now, now + d->base_unix_ms, ctext, texts, n, snap, meta);
         return;
@@ -161,7 +197,7 @@ static void log_command(struct osubd *d, int64_t now, const json_t *cmd, json_t 
             ok && osub_store_meta_set(d->store, k, json_string_value(v)) == 0;
         json_decref(m);
         free(meta);
-        d->pids_dirty = d->routes_dirty = d->act_dirty = !ok;
+        meta_saved(d, ok);
     }
     if (ok && osub_store_append_with_events(d->store, now, now + d->base_unix_ms, ctext,
                                             (const char *const *)texts, n, &d->last_seq, seqs) != 0)
@@ -187,15 +223,47 @@ static void log_command(struct osubd *d, int64_t now, const json_t *cmd, json_t 
     free(ctext);
 }
 
-static int64_t engine_now(struct osubd *d)
-{
-    int64_t now = osubd_unix_ms() - d->base_unix_ms;
-    return now < d->last_engine_ms ? d->last_engine_ms : now; /* the clock may step back */
-}
+static void schedule_tick(struct osubd *d);
+static int apply_at(struct osubd *d, json_t *cmd, int64_t now, osub_submit_result_t *res, char *err,
+                    size_t errlen);
 
 int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *err, size_t errlen)
 {
-    int64_t now = engine_now(d);
+    int64_t now = osubd_engine_now(d);
+    bool dry = json_is_true(json_object_get(cmd, "dry_run"));
+    const char *op = json_string_value(json_object_get(cmd, "op"));
+    /* timers due first, as a command of their own: the command is then checked against the
+     * state at its time, and a refusal changes nothing (a dry run runs them on its copy) */
+    if (!dry && d->e != NULL && osub_engine_next_deadline(d->e) <= now &&
+        (op == NULL || strcmp(op, "tick") != 0)) {
+        json_t *tick = json_pack("{s:s}", "op", "tick");
+        char terr[256];
+        if (tick != NULL)
+            apply_at(d, tick, now, NULL, terr, sizeof(terr));
+        json_decref(tick);
+    }
+    int rc = apply_at(d, cmd, now, res, err, errlen);
+    if (d->tick_ev != NULL)
+        schedule_tick(d);
+    return rc;
+}
+
+/* The services gone from the engine with the command's events: each module forgets its
+ * record (their routes, PIDs, directives; processes are stopped by the actuators). */
+static void forget_gone(struct osubd *d, const osub_event_t *ev, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        osub_service_info_t si;
+        if (ev[i].service[0] == '\0' || osub_engine_service_info(d->e, ev[i].service, &si) == 0)
+            continue;
+        osubd_routes_forget(d->routes, ev[i].service);
+        osubd_act_forget(d, ev[i].service);
+    }
+}
+
+static int apply_at(struct osubd *d, json_t *cmd, int64_t now, osub_submit_result_t *res, char *err,
+                    size_t errlen)
+{
     bool dry = json_is_true(json_object_get(cmd, "dry_run"));
     err[0] = '\0';
     int rc = osub_cmd_apply(d->e, cmd, now, res, err, errlen);
@@ -218,6 +286,7 @@ int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *e
         int lvl = ev[i].level >= 0 && ev[i].level < 3 ? ev[i].level : 3;
         d->ev_counts[ev[i].kind][lvl]++;
     }
+    forget_gone(d, ev, n);
     log_command(d, now, cmd, objs, n);
     osubd_act_events(d, ev, n); /* acted on once the command is durable */
     free(objs);
@@ -233,7 +302,7 @@ void osubd_note(struct osubd *d, const char *id, const char *kind, const char *r
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     fprintf(stderr, "oversubd: %s\n", msg);
-    int64_t now = engine_now(d);
+    int64_t now = osubd_engine_now(d);
     json_t *o =
         json_pack("{s:I, s:s, s:s, s:s, s:s}", "time_unix_ms", (json_int_t)(now + d->base_unix_ms),
                   "kind", kind, "reason", reason, "service", id, "message", msg);
@@ -252,10 +321,30 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     struct osubd *d = arg;
+    d->tick_at = INT64_MAX;
     json_t *cmd = json_pack("{s:s}", "op", "tick");
     char err[256];
-    osubd_apply(d, cmd, NULL, err, sizeof(err));
+    if (cmd != NULL)
+        osubd_apply(d, cmd, NULL, err, sizeof(err));
     json_decref(cmd);
+    schedule_tick(d); /* also when the tick could not be made */
+}
+
+/* The next tick: at the engine's next deadline (an acknowledgement, a grace period, a loading
+ * period ends), and at most tick_ms away (the passes: pressure, restores, the queue). */
+static void schedule_tick(struct osubd *d)
+{
+    int64_t now = osubd_engine_now(d);
+    int64_t at = now + d->cfg.tick_ms;
+    int64_t dl = osub_engine_next_deadline(d->e);
+    if (dl < at)
+        at = dl < now ? now : dl;
+    if (at >= d->tick_at && evtimer_pending(d->tick_ev, NULL))
+        return; /* an earlier wake-up is set */
+    d->tick_at = at;
+    int64_t wait = at - now;
+    struct timeval tv = {(time_t)(wait / 1000), (suseconds_t)(wait % 1000) * 1000};
+    evtimer_add(d->tick_ev, &tv);
 }
 
 static void on_signal(evutil_socket_t fd, short what, void *arg)
@@ -295,6 +384,18 @@ static int replay_cb(void *arg, int64_t seq, int64_t engine_ms, int64_t unix_ms,
     return 0;
 }
 
+/* A value of the state's meta table: *text NULL when absent. A read that fails is an error
+ * (-1 with a sentence in err), never "absent": a new service key or a new state would follow. */
+static int meta_text(struct osubd *d, const char *key, char **text, char *err, size_t errlen)
+{
+    if (osub_store_meta_get(d->store, key, text) != 0) {
+        snprintf(err, errlen, "%s: cannot read '%s' from the state: %s", d->cfg.state_path, key,
+                 osub_store_error(d->store));
+        return -1;
+    }
+    return 0;
+}
+
 /* The pool: NVML's GPUs ("auto" when a driver answers, "nvml"), else simulated ("auto",
  * "sim:8x81920"). names and d->uuids are filled for NVML. */
 static int pool_from(struct osubd *d, const char *gpus, int64_t *vram, char (*names)[96],
@@ -315,9 +416,9 @@ static int pool_from(struct osubd *d, const char *gpus, int64_t *vram, char (*na
                      "auto: no NVIDIA driver (%s), so a simulated pool of 8 x 81920 MiB", nerr);
             spec = "8x81920";
         } else {
-            struct nvml_gpu g[64];
+            struct nvml_gpu g[OSUBD_NVML_GPUS_MAX];
             size_t k = 0;
-            if (osub_nvml_read(d->nvml, g, 64, &k, err, errlen) != 0)
+            if (osub_nvml_read(d->nvml, g, OSUBD_NVML_GPUS_MAX, &k, err, errlen) != 0)
                 return -1;
             if (k == 0) {
                 snprintf(err, errlen, "NVML reports no GPU");
@@ -352,21 +453,24 @@ static int pool_from(struct osubd *d, const char *gpus, int64_t *vram, char (*na
 
 /* GPUs the state knows that NVML no longer shows (gone, or another UUID at that index) are
  * marked lost, their services requeued or released with events. */
-static void check_gpus_found(struct osubd *d)
+static int check_gpus_found(struct osubd *d, char *err, size_t errlen)
 {
     char *stored = NULL;
-    osub_store_meta_get(d->store, "gpu_uuids", &stored);
+    if (meta_text(d, "gpu_uuids", &stored, err, errlen) != 0)
+        return -1;
     if (stored == NULL)
-        return;
-    struct nvml_gpu g[64];
+        return 0;
+    struct nvml_gpu g[OSUBD_NVML_GPUS_MAX];
     size_t k = 0;
-    char err[256];
-    if (d->nvml == NULL || osub_nvml_read(d->nvml, g, 64, &k, err, sizeof(err)) != 0)
+    char nerr[256];
+    if (d->nvml == NULL ||
+        osub_nvml_read(d->nvml, g, OSUBD_NVML_GPUS_MAX, &k, nerr, sizeof(nerr)) != 0)
         k = 0;
     int32_t i = 0;
     char *save = NULL;
     d->n_uuids = 0;
-    for (char *u = strtok_r(stored, ",", &save); u && i < 64; u = strtok_r(NULL, ",", &save), i++) {
+    for (char *u = strtok_r(stored, ",", &save); u && i < OSUBD_NVML_GPUS_MAX;
+         u = strtok_r(NULL, ",", &save), i++) {
         snprintf(d->uuids[i], sizeof(d->uuids[i]), "%s", u);
         d->n_uuids = i + 1;
         bool found = false;
@@ -380,10 +484,11 @@ static void check_gpus_found(struct osubd *d)
                 "its services go back to the queue or are released\n",
                 i, u);
         json_t *cmd = json_pack("{s:s, s:i}", "op", "lost", "gpu", (int)i);
-        osubd_apply(d, cmd, NULL, err, sizeof(err));
+        osubd_apply(d, cmd, NULL, nerr, sizeof(nerr));
         json_decref(cmd);
     }
     free(stored);
+    return 0;
 }
 
 /* Services that told their PID (POST .../ready {"pid"}): their processes' memory on each of
@@ -391,18 +496,14 @@ static void check_gpus_found(struct osubd *d)
  * services that are gone are forgotten. */
 static void report_process_usage(struct osubd *d, const struct nvml_gpu *g, size_t k)
 {
-    const char *id;
-    json_t *pv;
-    void *tmp;
-    json_object_foreach_safe(d->pids, tmp, id, pv)
-    {
+    size_t nk;
+    osub_idmap_key_t *keys = osubd_act_pid_ids(d, &nk); /* a command may forget one */
+    for (size_t ki = 0; ki < nk; ki++) {
+        const char *id = keys[ki];
         osub_service_info_t si;
-        if (osub_engine_service_info(d->e, id, &si) != 0) {
-            json_object_del(d->pids, id);
-            d->pids_dirty = true;
+        json_int_t pid = osubd_act_pid(d, id);
+        if (pid <= 0 || osub_engine_service_info(d->e, id, &si) != 0)
             continue;
-        }
-        json_int_t pid = json_integer_value(pv);
         json_t *per = json_array();
         bool changed = false, seen = false;
         for (int32_t s = 0; s < si.n_slots; s++) {
@@ -423,7 +524,7 @@ static void report_process_usage(struct osubd *d, const struct nvml_gpu *g, size
         /* an external service evicted whose process holds no GPU memory any more has
          * exited, as far as memory goes (managed ones are watched as processes) */
         if (!seen && (si.state == OSUB_STATE_DRAINING || si.state == OSUB_STATE_OVERDUE) &&
-            json_object_get(json_object_get(d->execs, id), "command") == NULL) {
+            !osubd_act_managed(d, id)) {
             json_decref(per);
             fprintf(stderr, "oversubd: NVML shows no memory of %s's process %lld: exited\n", id,
                     (long long)pid);
@@ -443,6 +544,7 @@ static void report_process_usage(struct osubd *d, const struct nvml_gpu *g, size
             json_decref(per);
         }
     }
+    free(keys);
 }
 
 /* The monitor: NVML's view of each GPU. Memory in use that no service reports counts as
@@ -453,10 +555,10 @@ static void on_poll(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     struct osubd *d = arg;
-    struct nvml_gpu g[64];
+    struct nvml_gpu g[OSUBD_NVML_GPUS_MAX];
     size_t k = 0;
     char err[256];
-    if (osub_nvml_read(d->nvml, g, 64, &k, err, sizeof(err)) != 0) {
+    if (osub_nvml_read(d->nvml, g, OSUBD_NVML_GPUS_MAX, &k, err, sizeof(err)) != 0) {
         fprintf(stderr, "oversubd: NVML: %s\n", err);
         return;
     }
@@ -490,26 +592,13 @@ static void on_poll(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-/* A JSON object kept in the state's meta table (an empty one when absent or damaged). */
-static json_t *meta_object(struct osubd *d, const char *key)
-{
-    char *text = NULL;
-    osub_store_meta_get(d->store, key, &text);
-    json_t *o = text ? json_loads(text, 0, NULL) : NULL;
-    free(text);
-    if (!json_is_object(o)) {
-        json_decref(o);
-        o = json_object();
-    }
-    return o;
-}
-
 /* The key per-service tokens derive from: random, made with the state, kept in it (mode 0600),
  * so tokens survive restarts. */
 static int load_service_key(struct osubd *d, char *err, size_t errlen)
 {
     char *hexkey = NULL;
-    osub_store_meta_get(d->store, "service_key", &hexkey);
+    if (meta_text(d, "service_key", &hexkey, err, errlen) != 0)
+        return -1;
     if (hexkey == NULL) {
         uint8_t k[32];
         if (getrandom(k, sizeof(k), 0) != (ssize_t)sizeof(k)) {
@@ -593,12 +682,13 @@ static const char *engine_config_text(const osub_pool_config_t *c)
     return t;
 }
 
-static void engine_config_stored(struct osubd *d, osub_pool_config_t *c)
+static int engine_config_stored(struct osubd *d, osub_pool_config_t *c, char *err, size_t errlen)
 {
     osub_pool_config_default(c);
     c->ratio_milli = d->cfg.ratio_milli;
     char *t = NULL;
-    osub_store_meta_get(d->store, "engine_config", &t);
+    if (meta_text(d, "engine_config", &t, err, errlen) != 0)
+        return -1;
     long long v[14];
     int nv =
         t == NULL
@@ -627,6 +717,17 @@ static void engine_config_stored(struct osubd *d, osub_pool_config_t *c)
         c->margin_mib = 1024; /* a state from before engine_config was kept */
     }
     free(t);
+    return 0;
+}
+
+/* Engine time runs on the monotonic clock from here, from where the last run left it (or the
+ * wall clock since the state was made, when that is later: time passed while we were down). */
+static void start_clock(struct osubd *d)
+{
+    d->engine_start_ms = osubd_unix_ms() - d->base_unix_ms;
+    if (d->engine_start_ms < d->last_engine_ms)
+        d->engine_start_ms = d->last_engine_ms;
+    d->mono_start_ms = mono_ms();
 }
 
 int osubd_start(struct osubd *d, char *err, size_t errlen)
@@ -649,23 +750,41 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
     }
     if (load_service_key(d, err, errlen) != 0)
         return -1;
-    d->pids = meta_object(d, "service_pids");
-    d->routes = meta_object(d, "gateway_routes");
-    d->execs = meta_object(d, "service_exec");
-    d->procs = meta_object(d, "managed_procs");
-    char *pool = NULL, *base = NULL;
-    osub_store_meta_get(d->store, "pool", &pool);
-    osub_store_meta_get(d->store, "base_unix_ms", &base);
-    static int64_t vram[64];
-    static char names[64][96];
-    size_t n = 0;
-    char desc[512];
-    if (pool_from(d, d->cfg.gpus, vram, names, 64, &n, desc, sizeof(desc), err, errlen) != 0) {
-        free(pool);
-        free(base);
+    /* each module's own records, as the last run saved them */
+    char *routes = NULL;
+    d->routes = osubd_routes_new();
+    if (d->routes == NULL) {
+        snprintf(err, errlen, "out of memory");
         return -1;
     }
-    char *snap = NULL;
+    if (meta_text(d, "gateway_routes", &routes, err, errlen) != 0)
+        return -1;
+    int lrc = routes != NULL ? osubd_routes_load(d->routes, routes, e2, sizeof(e2)) : 0;
+    free(routes);
+    if (lrc != 0) {
+        snprintf(err, errlen, "%s: %s", d->cfg.state_path, e2);
+        return -1;
+    }
+    if (osubd_act_init(d, e2, sizeof(e2)) != 0) {
+        snprintf(err, errlen, "%s: %s", d->cfg.state_path, e2);
+        return -1;
+    }
+    char *pool = NULL, *base = NULL, *snap = NULL;
+    int64_t *vram = calloc(OSUB_POOL_GPUS_MAX, sizeof(*vram));
+    char(*names)[96] = calloc(OSUB_POOL_GPUS_MAX, sizeof(*names));
+    const char **np = calloc(OSUB_POOL_GPUS_MAX, sizeof(*np));
+    size_t n = 0;
+    char desc[512];
+    if (vram == NULL || names == NULL || np == NULL) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    if (meta_text(d, "pool", &pool, err, errlen) != 0 ||
+        meta_text(d, "base_unix_ms", &base, err, errlen) != 0)
+        goto fail;
+    if (pool_from(d, d->cfg.gpus, vram, names, OSUB_POOL_GPUS_MAX, &n, desc, sizeof(desc), err,
+                  errlen) != 0)
+        goto fail;
     int64_t upto = 0;
     if (osub_store_load_snapshot(d->store, &snap, &upto) != 0) {
         snprintf(err, errlen, "%s: %s", d->cfg.state_path, osub_store_error(d->store));
@@ -684,7 +803,6 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
             snprintf(err, errlen, "%s: %s", d->cfg.state_path, osub_store_error(d->store));
             goto fail;
         }
-        const char *np[64];
         for (size_t i = 0; i < n; i++)
             np[i] = names[i][0] ? names[i] : NULL;
         int rc = osub_engine_new(&cfg, vram, np, n, NULL, 0, &d->e);
@@ -692,13 +810,14 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
             snprintf(err, errlen, "pool: %s", osub_strerror(rc));
             goto fail;
         }
-        char ul[64 * 97] = "";
+        start_clock(d);
+        char ul[OSUBD_NVML_GPUS_MAX * 97] = "";
         for (int32_t u = 0; u < d->n_uuids; u++) {
             strcat(ul, u ? "," : "");
             strcat(ul, d->uuids[u]);
         }
-        osub_store_meta_set(d->store, "gpu_uuids", ul);
-        if (osub_store_meta_set(d->store, "base_unix_ms", b) != 0 ||
+        if (osub_store_meta_set(d->store, "gpu_uuids", ul) != 0 ||
+            osub_store_meta_set(d->store, "base_unix_ms", b) != 0 ||
             osub_store_meta_set(d->store, "pool", d->nvml ? "nvml" : d->cfg.gpus) != 0) {
             snprintf(err, errlen, "%s: %s", d->cfg.state_path, osub_store_error(d->store));
             goto fail;
@@ -717,18 +836,16 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
         } else {
             /* no snapshot yet: the log replays on the engine as it was made */
             osub_pool_config_t cfg;
-            static int64_t pv[64];
-            static char pnames[64][96];
             size_t pn = 0;
             char pd[512];
-            if (pool_from(d, pool ? pool : "auto", pv, pnames, 64, &pn, pd, sizeof(pd), err,
-                          errlen) != 0)
+            if (pool_from(d, pool ? pool : "auto", vram, names, OSUB_POOL_GPUS_MAX, &pn, pd,
+                          sizeof(pd), err, errlen) != 0)
                 goto fail;
-            engine_config_stored(d, &cfg);
-            const char *np[64];
+            if (engine_config_stored(d, &cfg, err, errlen) != 0)
+                goto fail;
             for (size_t i = 0; i < pn; i++)
-                np[i] = pnames[i][0] ? pnames[i] : NULL;
-            if (osub_engine_new(&cfg, pv, np, pn, NULL, 0, &d->e) != 0) {
+                np[i] = names[i][0] ? names[i] : NULL;
+            if (osub_engine_new(&cfg, vram, np, pn, NULL, 0, &d->e) != 0) {
                 snprintf(err, errlen, "%s: the saved pool '%s' is invalid", d->cfg.state_path,
                          pool ? pool : "?");
                 goto fail;
@@ -742,6 +859,7 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
         }
         d->last_engine_ms = r.last_ms;
         d->last_seq = r.n > 0 ? r.last_seq : upto;
+        start_clock(d);
         osub_pool_info_t pi;
         osub_engine_pool_info(d->e, &pi);
         fprintf(stderr,
@@ -764,7 +882,8 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
                          d->cfg.state_path, nerr);
                 goto fail;
             }
-            check_gpus_found(d);
+            if (check_gpus_found(d, err, errlen) != 0)
+                goto fail;
         } else if (d->nvml != NULL) {
             /* a simulated pool: the real GPUs are not watched */
             osub_nvml_close(d->nvml);
@@ -777,6 +896,12 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
     free(pool);
     free(base);
     free(snap);
+    free(vram);
+    free(names);
+    free(np);
+    vram = NULL;
+    names = NULL;
+    np = NULL;
     /* epoll's changelist folds the add/delete pairs evhttp makes per request into one
      * epoll_ctl at most (measured on the gateway: see docs/performance.md) */
     struct event_config *ecfg = event_config_new();
@@ -806,9 +931,8 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
         return -1;
     if (osubd_act_start(d, err, errlen) != 0)
         return -1;
-    struct timeval tv = {(time_t)(d->cfg.tick_ms / 1000),
-                         (suseconds_t)(d->cfg.tick_ms % 1000) * 1000};
-    d->tick_ev = event_new(d->base, -1, EV_PERSIST, on_tick, d);
+    d->tick_ev = evtimer_new(d->base, on_tick, d);
+    d->tick_at = INT64_MAX;
     d->sigint_ev = evsignal_new(d->base, SIGINT, on_signal, d);
     d->sigterm_ev = evsignal_new(d->base, SIGTERM, on_signal, d);
     if (d->nvml != NULL) {
@@ -821,16 +945,19 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
         }
     }
     if (d->tick_ev == NULL || d->sigint_ev == NULL || d->sigterm_ev == NULL ||
-        event_add(d->tick_ev, &tv) != 0 || event_add(d->sigint_ev, NULL) != 0 ||
-        event_add(d->sigterm_ev, NULL) != 0) {
+        event_add(d->sigint_ev, NULL) != 0 || event_add(d->sigterm_ev, NULL) != 0) {
         snprintf(err, errlen, "cannot set up the event loop");
         return -1;
     }
+    schedule_tick(d);
     return 0;
 fail:
     free(pool);
     free(base);
     free(snap);
+    free(vram);
+    free(names);
+    free(np);
     return -1;
 }
 
@@ -855,9 +982,9 @@ void osubd_stop(struct osubd *d)
         event_free(d->writer_ev);
     osubd_gateway_free(d);
     osubd_act_free(d);
+    osubd_routes_free(d->routes);
+    d->routes = NULL;
     free(d->pool_text);
-    json_decref(d->pids);
-    json_decref(d->routes);
     if (d->store != NULL && d->e != NULL && !d->fatal)
         snapshot_now(d);
     if (d->tick_ev)

@@ -11,7 +11,12 @@
 #include <jansson.h>
 
 #include "oversub/engine.h"
+#include "idmap.h"
+#include "routes.h"
 #include "store.h"
+
+#define OSUBD_NVML_GPUS_MAX 64     /* GPUs of one machine read from NVML */
+#define OSUBD_BODY_MAX (64 * 1024) /* an API request's body (the gateway has its own limit) */
 
 struct osubd_config {
     char listen_host[256];
@@ -41,21 +46,24 @@ struct deferred; /* a reply held until the writer made its command durable */
 struct osub_writer;
 struct osub_gateway;
 struct osub_nvml;
-struct osub_proc;  /* a managed service's process */
-struct act_waiter; /* a long-polling GET .../directives */
+struct osubd_act;    /* the actuators: processes, PIDs, directives (actuator.c) */
+struct osubd_routes; /* the gateway's per-service settings (routes.c) */
 
 struct osubd {
     struct osubd_config cfg;
     struct event_base *base;
     struct evhttp *http;
     struct event *tick_ev, *sigint_ev, *sigterm_ev, *poll_ev;
-    struct osub_nvml *nvml; /* NULL: a simulated pool */
-    char uuids[64][96];     /* per engine GPU (NVML), "" when simulated */
+    struct osub_nvml *nvml;              /* NULL: a simulated pool */
+    char uuids[OSUBD_NVML_GPUS_MAX][96]; /* per engine GPU (NVML), "" when simulated */
     int32_t n_uuids;
     osub_engine_t *e;
     osub_store_t *store;
-    int64_t base_unix_ms; /* engine time 0 */
+    int64_t base_unix_ms;    /* engine time 0, on the wall clock (timestamps shown) */
+    int64_t engine_start_ms; /* engine time when this run started ... */
+    int64_t mono_start_ms;   /* ... and the monotonic clock then: engine time never jumps */
     int64_t last_engine_ms;
+    int64_t tick_at; /* engine time of the next tick (INT64_MAX: none set) */
     int64_t since_snapshot;
     int64_t last_seq;
     int64_t last_event_seq;
@@ -67,34 +75,17 @@ struct osubd {
     uint64_t applied_ticket, durable_ticket;
     struct deferred *deferred_head, *deferred_tail;
     uint64_t commits, commit_items;
-    json_t *pids;    /* service id -> the PID of its process (NVML's memory per process) */
-    bool pids_dirty; /* changed since the last command handed to the store */
-    json_t *routes;  /* service id -> its gateway settings (backends, limits) */
-    struct osub_gateway *gw;
-    bool routes_dirty;
-    uint8_t service_key[32]; /* per-service tokens: HMAC-SHA256(key, id) */
-    uint64_t state_version;  /* counts the commands applied: cached answers key on it */
-    char *pool_text;         /* GET /v1/pool's body at pool_text_version */
+    struct osubd_routes *routes; /* each service's gateway settings (routes.c) */
+    struct osub_gateway *gw;     /* the gateway's listener and connections (gateway.c) */
+    uint8_t service_key[32];     /* per-service tokens: HMAC-SHA256(key, id) */
+    uint64_t state_version;      /* counts the commands applied: cached answers key on it */
+    char *pool_text;             /* GET /v1/pool's body at pool_text_version */
     size_t pool_text_len;
     uint64_t pool_text_version;
     bool fatal;
-    /* actuators (actuator.c) */
     struct evhttp *http_unix; /* the API on the Unix socket: trusted to run programs */
     bool req_trusted;         /* the request being handled came over the Unix socket */
-    json_t *execs;            /* service id -> how to run it (command, env, ...) */
-    json_t *procs;            /* service id -> {pid, starttime, restarts}: for adoption */
-    json_t *directives;       /* service id -> its latest directives (in memory) */
-    bool act_dirty;
-    int64_t directive_seq;
-    struct osub_proc *proc_list;
-    struct act_waiter *act_waiters;
-    void *act_q; /* events waiting for the actuators, each with its command's ticket */
-    size_t act_n, act_cap;
-    struct event *act_ev, *sigchld_ev, *watch_ev;
-    uint64_t proc_starts, proc_exits[3]; /* exits: code 0, other code, signal */
-    uint64_t directives_sent[4];         /* degrade, restore, evict, resume */
-    uint64_t webhook_failures;
-    struct evdns_base *dns; /* webhooks to host names, made when first needed */
+    struct osubd_act *act;    /* the actuators' own state (actuator.c) */
     /* metrics */
     uint64_t http_requests[6]; /* by status class 1xx..5xx, index 0 unused */
     uint64_t latency_buckets[12];
@@ -128,8 +119,12 @@ void osubd_meta_put(json_t *meta, const char *key, const json_t *value);
  * token: 64 hex digits. */
 void osubd_service_token(const struct osubd *d, const char *id, char out[65]);
 
-/* Unix ms now, and its engine time. */
+/* The wall clock (Unix ms): only for what is about the calendar (ages of events, a seed). */
 int64_t osubd_unix_ms(void);
+/* Engine time now: monotonic within a run. osubd_now(): the same as Unix ms (base + engine
+ * time): what deadlines are compared with. */
+int64_t osubd_engine_now(const struct osubd *d);
+int64_t osubd_now(const struct osubd *d);
 int64_t osubd_engine_to_unix(const struct osubd *d, int64_t engine_ms);
 
 /* api.c */

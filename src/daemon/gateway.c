@@ -38,10 +38,9 @@
 
 #include "daemon.h"
 
-#define GW_CONNS 64                   /* most requests in flight per service */
-#define HEAD_MAX (16 * 1024)          /* a request's head: beyond it, 431 */
-#define LINE_MAX_ (8 * 1024)          /* the request line: beyond it, 414 */
-#define BODY_MAX (64LL * 1024 * 1024) /* a request's body: beyond it, 413 */
+#define HEAD_MAX (16 * 1024)             /* a request's head: beyond it, 431 */
+#define LINE_MAX_ (8 * 1024)             /* the request line: beyond it, 414 */
+#define GW_BODY_MAX (64LL * 1024 * 1024) /* a request body through the gateway: beyond it, 413 */
 #define MAX_HEADERS 100
 #define HEAD_TIMEOUT_S 10          /* a request's head must arrive within this */
 #define IDLE_TIMEOUT_S 60          /* a kept-alive client may idle this long */
@@ -193,74 +192,6 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* ---- the spec's gateway fields ----------------------------------------------------------- */
-
-int osubd_gateway_take(json_t *spec, json_t **route, char *err, size_t errlen)
-{
-    *route = NULL;
-    json_t *r = json_object();
-    json_t *b = json_object_get(spec, "backends");
-    if (b != NULL) {
-        if (!json_is_array(b) || json_array_size(b) == 0 || json_array_size(b) > 16) {
-            snprintf(err, errlen, "field 'backends' must list 1 to 16 http://HOST:PORT URLs");
-            json_decref(r);
-            return -1;
-        }
-        size_t i;
-        json_t *u;
-        json_array_foreach(b, i, u)
-        {
-            const char *s = json_string_value(u);
-            struct evhttp_uri *uri = s ? evhttp_uri_parse(s) : NULL;
-            bool ok = uri != NULL && evhttp_uri_get_scheme(uri) != NULL &&
-                      strcmp(evhttp_uri_get_scheme(uri), "http") == 0 &&
-                      evhttp_uri_get_host(uri) != NULL && evhttp_uri_get_port(uri) > 0;
-            if (uri)
-                evhttp_uri_free(uri);
-            if (!ok) {
-                snprintf(err, errlen, "field 'backends': entry %zu is not an http://HOST:PORT URL",
-                         i);
-                json_decref(r);
-                return -1;
-            }
-        }
-        json_object_set(r, "backends", b);
-        json_object_del(spec, "backends");
-    }
-    static const struct {
-        const char *name;
-        json_int_t lo, hi;
-    } ints[] = {{"max_inflight", 1, GW_CONNS},
-                {"max_queue", 0, 100000},
-                {"queue_timeout_ms", 1, 600000},
-                {"upstream_timeout_ms", 100, 600000}};
-    for (size_t k = 0; k < sizeof(ints) / sizeof(ints[0]); k++) {
-        json_t *v = json_object_get(spec, ints[k].name);
-        if (v == NULL)
-            continue;
-        if (!json_is_integer(v) || json_integer_value(v) < ints[k].lo ||
-            json_integer_value(v) > ints[k].hi) {
-            snprintf(err, errlen, "field '%s' must be an integer from %lld to %lld", ints[k].name,
-                     (long long)ints[k].lo, (long long)ints[k].hi);
-            json_decref(r);
-            return -1;
-        }
-        json_object_set(r, ints[k].name, v);
-        json_object_del(spec, ints[k].name);
-    }
-    if (json_object_size(r) == 0) {
-        json_decref(r);
-        return 0;
-    }
-    if (json_object_get(r, "backends") == NULL) {
-        snprintf(err, errlen, "the gateway's fields need 'backends'");
-        json_decref(r);
-        return -1;
-    }
-    *route = r;
-    return 0;
-}
-
 /* ---- the service's limit and the drain rate ---------------------------------------- */
 
 /* Whole seconds until the queue ahead has likely drained, at least 1. */
@@ -274,20 +205,19 @@ static int retry_after(const struct gw_svc *s)
 
 /* ---- the service's limit ------------------------------------------------------------------- */
 
-static json_t *route_of(const struct osubd *d, const char *id)
+static const struct osubd_route *route_of(const struct osubd *d, const char *id)
 {
-    return json_object_get(d->routes, id);
+    return osubd_routes_get(d->routes, id);
 }
 
 static int32_t limit_of(const struct osubd *d, const char *id, const osub_service_info_t *si)
 {
-    json_t *r = route_of(d, id);
-    json_t *m = json_object_get(r, "max_inflight");
-    int32_t base = m                          ? (int32_t)json_integer_value(m)
-                   : si->spec->batch_size > 0 ? si->spec->batch_size
-                                              : 8;
-    if (base > GW_CONNS)
-        base = GW_CONNS;
+    const struct osubd_route *r = route_of(d, id);
+    int32_t base = r != NULL && r->max_inflight > 0 ? r->max_inflight
+                   : si->spec->batch_size > 0       ? si->spec->batch_size
+                                                    : 8;
+    if (base > OSUBD_ROUTE_INFLIGHT_MAX)
+        base = OSUBD_ROUTE_INFLIGHT_MAX;
     if (si->state == OSUB_STATE_DEGRADED) {
         /* for a continuous-batching server the in-flight count is the batch */
         int32_t mb = si->spec->min_batch_size;
@@ -304,8 +234,8 @@ static int32_t limit_of(const struct osubd *d, const char *id, const osub_servic
 
 static int32_t max_queue_of(const struct osubd *d, const char *id, int32_t limit)
 {
-    json_t *m = json_object_get(route_of(d, id), "max_queue");
-    return m ? (int32_t)json_integer_value(m) : 2 * limit;
+    const struct osubd_route *r = route_of(d, id);
+    return r != NULL && r->max_queue >= 0 ? r->max_queue : 2 * limit;
 }
 
 /* Shedding: while a GPU the service runs on is above the high watermark (held, or used where
@@ -916,7 +846,7 @@ static int parse_head(struct gw_req *r, size_t len, int *code, const char **phra
         *why = "two Content-Length headers, or Content-Length with Transfer-Encoding";
         return -1;
     }
-    if (r->body_left > BODY_MAX) {
+    if (r->body_left > GW_BODY_MAX) {
         *code = 413;
         *phrase = "Content Too Large";
         *why = "the body is over 64 MiB";
@@ -1646,16 +1576,13 @@ static void forward_body(struct gw_req *r)
 static void dispatch(struct osub_gateway *g, struct gw_req *r)
 {
     struct gw_svc *s = r->svc;
-    json_t *backends = json_object_get(route_of(g->d, s->id), "backends");
-    size_t nb = json_array_size(backends);
-    if (nb > 16)
-        nb = 16;
+    const struct osubd_route *route = route_of(g->d, s->id);
+    size_t nb = route != NULL ? (size_t)route->n_backends : 0;
     int b = nb ? (int)(s->rr++ % nb) : 0;
     double t = now_s();
     for (size_t k = 0; k < nb && s->down_until[b] > t; k++)
         b = (int)(s->rr++ % nb); /* skip backends out of rotation (all out: probe one) */
-    struct gw_bconn *bc =
-        nb ? bc_get(s, b, json_string_value(json_array_get(backends, (size_t)b))) : NULL;
+    struct gw_bconn *bc = nb ? bc_get(s, b, route->backends[b]) : NULL;
     if (bc == NULL) {
         s->backend_errors++;
         if (nb) {
@@ -1853,7 +1780,7 @@ static int svc_view(struct osub_gateway *g, struct gw_svc *s)
     if (s->view_version == d->state_version && s->view_version != 0)
         return s->view_ok ? 0 : -1;
     osub_service_info_t si;
-    json_t *route = route_of(d, s->id);
+    const struct osubd_route *route = route_of(d, s->id);
     s->view_version = d->state_version;
     s->view_ok = route != NULL && osub_engine_service_info(d->e, s->id, &si) == 0;
     if (!s->view_ok)
@@ -1862,10 +1789,9 @@ static int svc_view(struct osub_gateway *g, struct gw_svc *s)
     s->v_level = si.level;
     s->v_lim = limit_of(d, s->id, &si);
     s->v_maxq = max_queue_of(d, s->id, s->v_lim);
-    json_t *qt = json_object_get(route, "queue_timeout_ms");
-    s->v_qt = qt ? (long)json_integer_value(qt) : 5000;
-    json_t *ut = json_object_get(route, "upstream_timeout_ms");
-    s->v_upstream_ms = ut ? (long)json_integer_value(ut) : BACKEND_TIMEOUT_S * 1000L;
+    s->v_qt = route->queue_timeout_ms > 0 ? route->queue_timeout_ms : 5000;
+    s->v_upstream_ms =
+        route->upstream_timeout_ms > 0 ? route->upstream_timeout_ms : BACKEND_TIMEOUT_S * 1000L;
     s->v_shed = shed_from(d, &si);
     return 0;
 }

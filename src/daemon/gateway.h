@@ -12,12 +12,6 @@
 
 struct osubd;
 
-/* Takes the gateway's fields (backends, max_inflight, max_queue, queue_timeout_ms,
- * upstream_timeout_ms) out of a
- * submitted spec. *route: a new object, or NULL when none was given. Returns 0, or -1 with a
- * sentence in err (the field and why). */
-int osubd_gateway_take(json_t *spec, json_t **route, char *err, size_t errlen);
-
 /* Listens on cfg.gateway_host:gateway_port (nothing when gateway_host is ""). */
 int osubd_gateway_init(struct osubd *d, char *err, size_t errlen);
 void osubd_gateway_free(struct osubd *d);
