@@ -7,7 +7,7 @@ set -euo pipefail
 want=${1:-test}
 build_pkgs=(build-essential cmake pkg-config libevent-dev libjansson-dev libsqlite3-dev
             libyaml-dev libcmocka-dev sqlite3)
-test_pkgs=(valgrind prometheus wrk nginx-light libxml2-utils curl procps python3)
+test_pkgs=(valgrind prometheus wrk nginx-light libxml2-utils curl procps python3 faketime)
 bench_pkgs=(valgrind wrk nginx-light haproxy)
 
 case "$want" in

@@ -417,6 +417,37 @@ static void h_pool(struct osubd *d, struct evhttp_request *req, enum evhttp_cmd_
     reply_json(d, req, 200, pool_json(d));
 }
 
+/* What a submit staged for the modules: kept when the engine accepts the service, saved with
+ * the command; dropped otherwise. */
+struct submit_stage {
+    const char *id;
+    struct osubd_route *route; /* taken when kept */
+    json_t *exec;
+    bool route_conflict; /* a retry with other gateway settings */
+    bool stored;
+};
+
+static void submit_commit(struct osubd *d, int rc, const osub_submit_result_t *r, void *arg)
+{
+    struct submit_stage *st = arg;
+    if (rc == 0 && r->outcome == OSUB_SUBMIT_EXISTS) {
+        /* a retry of a live service: the same spec; its route must be the same too (PUT
+         * .../backends changes backends), and it keeps how it runs */
+        st->route_conflict =
+            st->route != NULL && !osubd_route_equal(st->route, osubd_routes_get(d->routes, st->id));
+        return;
+    }
+    if (rc != 0 || (r->outcome != OSUB_SUBMIT_STARTED && r->outcome != OSUB_SUBMIT_PENDING &&
+                    r->outcome != OSUB_SUBMIT_QUEUED))
+        return;
+    st->stored = osubd_routes_set(d->routes, st->id, st->route) == 0;
+    st->route = NULL;
+    if (st->exec != NULL)
+        st->stored = osubd_act_commit_exec(d, st->id, st->exec) == 0 && st->stored;
+    if (!st->stored)
+        fprintf(stderr, "oversubd: out of memory keeping %s's gateway or run settings\n", st->id);
+}
+
 static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dry)
 {
     json_t *spec = read_body(d, req, false);
@@ -456,28 +487,13 @@ static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dr
     json_decref(spec);
     osub_submit_result_t r;
     memset(&r, 0, sizeof(r));
-    int rc = cmd != NULL ? osubd_apply(d, cmd, &r, err, sizeof(err)) : OSUB_ENOMEM;
+    struct submit_stage st = {.id = sp.id, .route = route, .exec = exec};
+    int rc = cmd != NULL ? osubd_apply_with(d, cmd, &r, err, sizeof(err), submit_commit, &st)
+                         : OSUB_ENOMEM;
     json_decref(cmd);
-    bool accepted = !dry && err[0] == '\0' && rc == 0 &&
-                    (r.outcome == OSUB_SUBMIT_STARTED || r.outcome == OSUB_SUBMIT_PENDING ||
-                     r.outcome == OSUB_SUBMIT_QUEUED);
-    /* a retry of a live service: the same spec; its route must be the same too (PUT
-     * .../backends changes backends), and it keeps how it runs */
-    bool route_conflict = !dry && err[0] == '\0' && rc == 0 && r.outcome == OSUB_SUBMIT_EXISTS &&
-                          route != NULL &&
-                          !osubd_route_equal(route, osubd_routes_get(d->routes, sp.id));
-    if (accepted) {
-        bool stored = osubd_routes_set(d->routes, sp.id, route) == 0;
-        route = NULL;
-        if (exec != NULL)
-            stored = osubd_act_commit_exec(d, sp.id, exec) == 0 && stored;
-        if (!stored)
-            fprintf(stderr, "oversubd: out of memory keeping %s's gateway or run settings\n",
-                    sp.id);
-    }
-    free(route);
+    free(st.route);
     json_decref(exec);
-    if (route_conflict) {
+    if (st.route_conflict) {
         reply_error(d, req, 409, osub_errcode(OSUB_ESPEC_CONFLICT),
                     "a service with this id runs with other gateway settings; change its "
                     "backends with PUT /v1/services/ID/backends, or release it first");
@@ -539,6 +555,22 @@ static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dr
     if (dry)
         code = 200;
     reply_json(d, req, code, body);
+}
+
+/* A ready's PID: kept when the engine accepted the command (saved with it). */
+struct pid_stage {
+    const char *id;
+    pid_t pid;
+    bool stored;
+};
+
+static void pid_commit(struct osubd *d, int rc, const osub_submit_result_t *r, void *arg)
+{
+    (void)r;
+    struct pid_stage *st = arg;
+    if (rc == 0 && st->pid > 0 &&
+        osub_engine_service_info(d->e, st->id, &(osub_service_info_t){0}) == 0)
+        st->stored = osubd_act_set_pid(d, st->id, st->pid) == 0;
 }
 
 static void h_service_cmd(struct osubd *d, struct evhttp_request *req, const char *id,
@@ -610,11 +642,10 @@ static void h_service_cmd(struct osubd *d, struct evhttp_request *req, const cha
     json_object_set_new(j, "op", json_string(op));
     json_object_set_new(j, "id", json_string(id));
     char err[256];
-    int rc = osubd_apply(d, j, NULL, err, sizeof(err));
+    struct pid_stage st = {.id = id, .pid = pid, .stored = true};
+    int rc = osubd_apply_with(d, j, NULL, err, sizeof(err), pid_commit, &st);
     json_decref(j);
-    if (err[0] == '\0' && rc == 0 && pid > 0 &&
-        osub_engine_service_info(d->e, id, &(osub_service_info_t){0}) == 0 &&
-        osubd_act_set_pid(d, id, pid) != 0) {
+    if (!st.stored) {
         reply_error(d, req, 500, "out_of_memory", "out of memory keeping the service's PID");
         return;
     }

@@ -225,9 +225,15 @@ static void log_command(struct osubd *d, int64_t now, const json_t *cmd, json_t 
 
 static void schedule_tick(struct osubd *d);
 static int apply_at(struct osubd *d, json_t *cmd, int64_t now, osub_submit_result_t *res, char *err,
-                    size_t errlen);
+                    size_t errlen, osubd_commit_fn commit, void *arg);
 
 int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *err, size_t errlen)
+{
+    return osubd_apply_with(d, cmd, res, err, errlen, NULL, NULL);
+}
+
+int osubd_apply_with(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *err,
+                     size_t errlen, osubd_commit_fn commit, void *arg)
 {
     int64_t now = osubd_engine_now(d);
     bool dry = json_is_true(json_object_get(cmd, "dry_run"));
@@ -239,10 +245,10 @@ int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *e
         json_t *tick = json_pack("{s:s}", "op", "tick");
         char terr[256];
         if (tick != NULL)
-            apply_at(d, tick, now, NULL, terr, sizeof(terr));
+            apply_at(d, tick, now, NULL, terr, sizeof(terr), NULL, NULL);
         json_decref(tick);
     }
-    int rc = apply_at(d, cmd, now, res, err, errlen);
+    int rc = apply_at(d, cmd, now, res, err, errlen, commit, arg);
     if (d->tick_ev != NULL)
         schedule_tick(d);
     return rc;
@@ -262,13 +268,20 @@ static void forget_gone(struct osubd *d, const osub_event_t *ev, size_t n)
 }
 
 static int apply_at(struct osubd *d, json_t *cmd, int64_t now, osub_submit_result_t *res, char *err,
-                    size_t errlen)
+                    size_t errlen, osubd_commit_fn commit, void *arg)
 {
     bool dry = json_is_true(json_object_get(cmd, "dry_run"));
     err[0] = '\0';
+    osub_submit_result_t local;
+    if (res == NULL)
+        res = &local;
+    memset(res, 0, sizeof(*res));
     int rc = osub_cmd_apply(d->e, cmd, now, res, err, errlen);
     if (err[0] != '\0' || dry)
-        return rc; /* malformed, or a dry run: nothing reached the engine's state */
+        return rc;      /* malformed, or a dry run: nothing reached the engine's state */
+    if (commit != NULL) /* the engine decided: what the caller staged is kept or dropped now,
+                         * before the command is logged, so it is saved with it */
+        commit(d, rc, res, arg);
     d->last_engine_ms = now;
     d->state_version++;
     /* log the command and its events before anyone hears of them */

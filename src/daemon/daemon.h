@@ -106,6 +106,14 @@ void osubd_stop(struct osubd *d);
  * the command is durable. Wakes long-polls once the events are on disk. Returns the engine's code;
  * *logged says whether it reached the engine. OSUB_EINVAL with err for a malformed command. */
 int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *err, size_t errlen);
+/* The same, for a command that staged records in the modules (a submit's route and exec, a
+ * ready's PID): commit(d, rc, res, arg) runs once the engine has decided (rc, res) and before
+ * the command is logged: it keeps the records when the engine accepted, drops them otherwise,
+ * and what it keeps is saved with the command. Not called for malformed commands or dry runs. */
+typedef void (*osubd_commit_fn)(struct osubd *d, int rc, const osub_submit_result_t *res,
+                                void *arg);
+int osubd_apply_with(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *err,
+                     size_t errlen, osubd_commit_fn commit, void *arg);
 
 /* Logs an event of the daemon's own (kind, e.g. "process"; reason, e.g. "exit") for a service,
  * with a "note" command that the engine ignores, and prints it. */
