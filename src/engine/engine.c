@@ -700,9 +700,9 @@ static void svc_to_queue(osub_engine_t *e, struct svc *s)
 }
 
 static void svc_start(osub_engine_t *e, struct svc *s, osub_reason_t reason)
-{
-    bool resume = s->evicted_before;
+{    bool resume = s->evicted_before;
     bool adopted = s->adopted && !resume;
+    bool was_pending = s->state == OSUB_STATE_PENDING;
     s->adopted = false;
     set_state(e, s, adopted ? OSUB_STATE_RUNNING : OSUB_STATE_LOADING);
     s->loading = !adopted;
@@ -712,10 +712,12 @@ static void svc_start(osub_engine_t *e, struct svc *s, osub_reason_t reason)
         s->resumed = true;
         s->resume_ms = e->now;
         e->resumes++;
-    }
-    svc_sync(e, s);
+    }    svc_sync(e, s);
     if (!adopted)
         timer_set(e, s, T_LOAD, e->now + s->restart_cost_ms);
+    else if (was_pending) /* its reservation while it waited was not a peak of the GPU's */
+        for (int32_t i = 0; i < s->n_slots; i++)
+            osub__hist_reset(e, &e->gpus[s->slots[i].gpu]);
     char gb[96];
     fmt_gpus(s, gb, sizeof(gb));
     osub_event_t *ev;
@@ -1177,8 +1179,15 @@ static void describe_failure(const struct plan *p, char *buf, size_t len)
         snprintf(buf, len, "it may not go ahead of the queue's head");
         break;
     default:
-        snprintf(buf, len, "the %s check fails on GPU %d, short by %lld MiB",
-                 osub_check_name(p->check), p->check_gpu, (long long)p->shortfall);
+        if (p->need_gpus > 1)
+            snprintf(buf, len,
+                     "only %d of the %d GPUs it needs can take a share; the closest other, GPU "
+                     "%d, fails the %s check, short by %lld MiB",
+                     p->fit_gpus, p->need_gpus, p->check_gpu, osub_check_name(p->check),
+                     (long long)p->shortfall);
+        else
+            snprintf(buf, len, "the %s check fails on GPU %d, short by %lld MiB",
+                     osub_check_name(p->check), p->check_gpu, (long long)p->shortfall);
     }
 }
 

@@ -275,10 +275,10 @@ struct plan {
     int32_t n_evict, n_degrade;
     int64_t restart_sum;
     int64_t score;
-    /* failure detail */
-    osub_check_t check;
+    /* failure detail */ osub_check_t check;
     int32_t check_gpu;
     int64_t shortfall;
+    int32_t fit_gpus, need_gpus; /* a multi-GPU failure: GPUs that could take a share, of k */
 };
 
 /* Marks a GPU changed: its victim aggregates and room-tree leaves are recomputed lazily. */

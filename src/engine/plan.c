@@ -621,6 +621,7 @@ static void note_failure(struct plan *out, osub_check_t c, int32_t gpu, int64_t 
         out->check = c;
         out->check_gpu = gpu;
         out->shortfall = sf;
+        out->fit_gpus = out->need_gpus = 0;
     }
 }
 
@@ -1255,6 +1256,37 @@ static bool plan_size(osub_engine_t *e, const struct req *r0, int64_t size, stru
         }
     }
     (void)gj;
+    if (nb < k && k > 1 && !r->quiet) {
+        /* some GPUs can take a share, too few: say so, and why the closest other cannot */
+        int32_t cg = -1;
+        osub_check_t cck = OSUB_CHECK_NONE;
+        int64_t csf = INT64_MAX;
+        for (int32_t gi = 0; gi < e->n_gpus; gi++) {
+            struct gpu *g = &e->gpus[gi];
+            bool chosen = false;
+            for (int32_t b = 0; b < nb && !chosen; b++)
+                chosen = best[b].gpu == gi;
+            if (chosen || !gpu_takes(g, r, size))
+                continue;
+            int64_t share = r->exclusive ? g->usable : share0;
+            ws_init(e, &w, r, &gi, &share, 1);
+            int64_t sf;
+            osub_check_t ck = ws_eval(e, &w, &w.g[0], &sf);
+            if (ck != OSUB_CHECK_NONE && sf < csf) {
+                cg = gi;
+                cck = ck;
+                csf = sf;
+            }
+        }
+        if (cg >= 0) {
+            note_failure(fail, cck, cg, csf);
+            if (fail->check == cck && fail->check_gpu == cg && fail->shortfall == csf) {
+                fail->fit_gpus = nb;
+                fail->need_gpus = k;
+            }
+            return false;
+        }
+    }
     if (nb < k) {
         /* say why, on the GPU that came closest */
         if (!r->quiet) {

@@ -567,6 +567,62 @@ static void test_history_forgets_departures_and_reservations(void **state)
     osub_engine_free(e);
 }
 
+/* An adopted service (already running when oversubd restarts) that had to wait for a victim:
+ * what it held while pending was a reservation, not a peak of its GPU. */
+static void test_adopted_pending_reservation_is_not_a_peak(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(1, 81920, 2000);
+    running(e, spec("x", "experiment", 61440, 1, 0), 61440, 0);
+    osub_spec_t o = spec("o", "batch", 40960, 1, 0);
+    osub_submit_result_t r;
+    assert_int_equal(osub_engine_submit(e, &o, 1000, OSUB_SUBMIT_RUNNING, &r), 0);
+    assert_int_equal(r.outcome, OSUB_SUBMIT_PENDING);
+    assert_int_equal(osub_engine_exited(e, "x", NULL, 2000), 0);
+    assert_int_equal(info(e, "o").state, OSUB_STATE_RUNNING); /* adopted: no loading */
+    assert_int_equal(osub_engine_usage(e, "o", 1000, -1, 2000), 0);
+    assert_int_equal(osub_engine_usage(e, "o", 1000, -1, 1800000), 0);
+    osub_spec_t n = spec("n", "batch", 10240, 1, 0);
+    assert_int_equal(sub(e, n, 1800000), OSUB_SUBMIT_STARTED);
+    osub_service_info_t x = info(e, "n");
+    /* o's prediction after half an hour at 1000 MiB is well under its 40960 request; the
+     * 40960 it held while pending must not come back as the GPU's peak */
+    assert_true(info(e, "o").predicted_peak_mib < 40960);
+    assert_true(x.place_projected_mib < 40960 + 10240);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+/* A multi-GPU request that only some GPUs could take: the refusal names a GPU that cannot
+ * and by how much, never one that can with "short by 0 MiB". */
+static void test_multi_gpu_refusal_names_the_closest_miss(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(4, 81920, 1000);
+    assert_int_equal(sub(e, spec("a", "online", 71680, 1, 0), 0), OSUB_SUBMIT_STARTED);
+    assert_int_equal(sub(e, spec("b", "online", 71680, 1, 0), 0), OSUB_SUBMIT_STARTED);
+    assert_int_equal(sub(e, spec("c", "online", 61440, 1, 0), 0), OSUB_SUBMIT_STARTED);
+    osub_spec_t w = spec("w", "online", 102400, 2, 0);
+    osub_submit_result_t r;
+    assert_int_equal(osub_engine_submit(e, &w, 10, 0, &r), OSUB_ENO_ROOM);
+    int32_t free_gpu = -1;
+    for (int32_t g = 0; g < 4; g++)
+        if (ginfo(e, g).n_services == 0)
+            free_gpu = g;
+    assert_true(free_gpu >= 0);
+    assert_int_not_equal(r.check_gpu, free_gpu);
+    /* the closest miss is c's GPU: 61440 + 51200 over 81920 logical */
+    assert_int_equal(r.check, OSUB_CHECK_LOGICAL);
+    assert_int_equal(r.shortfall_mib, 61440 + 51200 - 81920);
+    assert_int_equal(r.check_gpu, info(e, "c").slots[0].gpu);
+    size_t nev;
+    const osub_event_t *ev = osub_engine_events(e, &nev);
+    assert_int_equal(nev, 1);
+    assert_non_null(strstr(ev[0].msg, "only 1 of the 2 GPUs it needs"));
+    check_ok(e);
+    osub_engine_free(e);
+}
+
 static void test_loading_holds_its_grant(void **state)
 {
     (void)state;
@@ -848,8 +904,9 @@ int main(void)
         cmocka_unit_test(test_degraded_start_restored_by_prediction),
         cmocka_unit_test(test_pressure_degrades_before_any_eviction),
         cmocka_unit_test(test_backed_start_never_causes_pressure),
-        cmocka_unit_test(test_restores_share_one_room),
-        cmocka_unit_test(test_history_forgets_departures_and_reservations),
+        cmocka_unit_test(test_restores_share_one_room),        cmocka_unit_test(test_history_forgets_departures_and_reservations),
+        cmocka_unit_test(test_adopted_pending_reservation_is_not_a_peak),
+        cmocka_unit_test(test_multi_gpu_refusal_names_the_closest_miss),
         cmocka_unit_test(test_restore_after_window_without_flapping),
         cmocka_unit_test(test_queue_order_and_backfill),
         cmocka_unit_test(test_backfill_away_from_head_and_aging),
