@@ -25,9 +25,6 @@ OSUB_API void osub_format_ratio(int32_t milli, char *buf, size_t len);
  * unless allow_zero. Up to nine decimals. Errors: OSUB_EBAD_SIZE. */
 OSUB_API int osub_parse_size_mib(const char *s, int allow_zero, int64_t *mib_out);
 
-/* Formats MiB as "81920 MiB" or "80 GiB" when it is a whole number of GiB. */
-OSUB_API void osub_format_mib(int64_t mib, char *buf, size_t len);
-
 /* A GPU size in MiB or a well-known name ("A100-80GB" -> 81920, "A100-40GB" -> 40960,
  * "H100-80GB" -> 81920, "H200" -> 143771, "L40S" -> 46068, "A10" -> 23028...). */
 OSUB_API int osub_parse_gpu_size(const char *s, int64_t *mib_out);

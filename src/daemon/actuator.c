@@ -1266,9 +1266,8 @@ void osubd_act_events(struct osubd *d, const osub_event_t *ev, size_t n)
             size_t cap = d->act->act_cap ? d->act->act_cap * 2 : 16;
             void *nq = realloc(d->act->act_q, cap * sizeof(struct act_item));
             if (nq == NULL) {
-                fprintf(stderr, "oversubd: out of memory queueing an action for %s\n",
-                        ev[i].service);
-                continue;
+                osubd_fatal(d, "out of memory queueing an action");
+                return;
             }
             d->act->act_q = nq;
             d->act->act_cap = cap;

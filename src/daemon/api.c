@@ -445,7 +445,7 @@ static void submit_commit(struct osubd *d, int rc, const osub_submit_result_t *r
     if (st->exec != NULL)
         st->stored = osubd_act_commit_exec(d, st->id, st->exec) == 0 && st->stored;
     if (!st->stored)
-        fprintf(stderr, "oversubd: out of memory keeping %s's gateway or run settings\n", st->id);
+        osubd_fatal(d, "out of memory keeping a service's gateway or run settings");
 }
 
 static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dry)
@@ -569,8 +569,11 @@ static void pid_commit(struct osubd *d, int rc, const osub_submit_result_t *r, v
     (void)r;
     struct pid_stage *st = arg;
     if (rc == 0 && st->pid > 0 &&
-        osub_engine_service_info(d->e, st->id, &(osub_service_info_t){0}) == 0)
-        st->stored = osubd_act_set_pid(d, st->id, st->pid) == 0;
+        osub_engine_service_info(d->e, st->id, &(osub_service_info_t){0}) == 0 &&
+        osubd_act_set_pid(d, st->id, st->pid) != 0) {
+        st->stored = false;
+        osubd_fatal(d, "out of memory keeping a service's PID");
+    }
 }
 
 static void h_service_cmd(struct osubd *d, struct evhttp_request *req, const char *id,

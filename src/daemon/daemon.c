@@ -169,9 +169,7 @@ static void log_command(struct osubd *d, int64_t now, const json_t *cmd, json_t 
         }
         char *meta = ok && dirty ? daemon_meta(d) : NULL;
         if (!ok || (dirty && meta == NULL)) {
-            fprintf(stderr, "oversubd: out of memory logging a command: stopping\n");
-            d->fatal = true;
-            event_base_loopbreak(d->base);
+            osubd_fatal(d, "out of memory logging a command");
             for (size_t i = 0; texts != NULL && i < n; i++)
                 free(texts[i]);
             free(texts);
@@ -288,10 +286,11 @@ static int apply_at(struct osubd *d, json_t *cmd, int64_t now, osub_submit_resul
     size_t n;
     const osub_event_t *ev = osub_engine_events(d->e, &n);
     json_t **objs = calloc(n ? n : 1, sizeof(*objs));
-    if (objs == NULL) {
-        fprintf(stderr, "oversubd: out of memory logging a command: stopping\n");
-        d->fatal = true;
-        event_base_loopbreak(d->base);
+    osub_pool_info_t pi;
+    osub_engine_pool_info(d->e, &pi);
+    if (objs == NULL || pi.events_lost > 0) {
+        free(objs);
+        osubd_fatal(d, "out of memory recording a command's events");
         return rc;
     }
     for (size_t i = 0; i < n; i++) {
@@ -304,6 +303,17 @@ static int apply_at(struct osubd *d, json_t *cmd, int64_t now, osub_submit_resul
     osubd_act_events(d, ev, n); /* acted on once the command is durable */
     free(objs);
     return rc;
+}
+
+void osubd_fatal(struct osubd *d, const char *what)
+{
+    fprintf(stderr,
+            "oversubd: %s: stopping (the state on disk is the truth: a restart replays it and "
+            "repeats what services were told)\n",
+            what);
+    d->fatal = true;
+    if (d->base != NULL)
+        event_base_loopbreak(d->base);
 }
 
 void osubd_note(struct osubd *d, const char *id, const char *kind, const char *reason,

@@ -101,10 +101,11 @@ void osubd_config_default(struct osubd_config *c);
 int osubd_start(struct osubd *d, char *err, size_t errlen);
 void osubd_stop(struct osubd *d);
 
-/* Applies a command at the current time and logs it with its events: before returning (no
- * writer yet, at start-up), or through the writer, in which case every reply is held until
- * the command is durable. Wakes long-polls once the events are on disk. Returns the engine's code;
- * *logged says whether it reached the engine. OSUB_EINVAL with err for a malformed command. */
+/* Applies a command at the current engine time and logs it with its events: before returning
+ * (no writer yet, at start-up), or through the writer, in which case every reply is held until
+ * the command is durable. Timers due by now run first, as a tick command of their own. Wakes
+ * long-polls once the events are on disk. Returns the engine's code; a malformed command
+ * (err set) and a dry run reach no state and are not logged. */
 int osubd_apply(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *err, size_t errlen);
 /* The same, for a command that staged records in the modules (a submit's route and exec, a
  * ready's PID): commit(d, rc, res, arg) runs once the engine has decided (rc, res) and before
@@ -114,6 +115,14 @@ typedef void (*osubd_commit_fn)(struct osubd *d, int rc, const osub_submit_resul
                                 void *arg);
 int osubd_apply_with(struct osubd *d, json_t *cmd, osub_submit_result_t *res, char *err,
                      size_t errlen, osubd_commit_fn commit, void *arg);
+
+/*
+ * Out of memory, one rule: before a command reaches the engine, the request gets 500
+ * out_of_memory and nothing changed; once the engine has decided (an event to record, a record
+ * to keep, an action to queue, the log to write), oversubd stops through osubd_fatal(): the
+ * state on disk is the truth, and a restart replays it and repeats the outstanding directives.
+ */
+void osubd_fatal(struct osubd *d, const char *what);
 
 /* Logs an event of the daemon's own (kind, e.g. "process"; reason, e.g. "exit") for a service,
  * with a "note" command that the engine ignores, and prints it. */

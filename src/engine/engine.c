@@ -700,7 +700,8 @@ static void svc_to_queue(osub_engine_t *e, struct svc *s)
 }
 
 static void svc_start(osub_engine_t *e, struct svc *s, osub_reason_t reason)
-{    bool resume = s->evicted_before;
+{
+    bool resume = s->evicted_before;
     bool adopted = s->adopted && !resume;
     bool was_pending = s->state == OSUB_STATE_PENDING;
     s->adopted = false;
@@ -712,7 +713,8 @@ static void svc_start(osub_engine_t *e, struct svc *s, osub_reason_t reason)
         s->resumed = true;
         s->resume_ms = e->now;
         e->resumes++;
-    }    svc_sync(e, s);
+    }
+    svc_sync(e, s);
     if (!adopted)
         timer_set(e, s, T_LOAD, e->now + s->restart_cost_ms);
     else if (was_pending) /* its reservation while it waited was not a peak of the GPU's */

@@ -149,14 +149,6 @@ int osub_parse_size_mib(const char *s, int allow_zero, int64_t *mib_out)
     return OSUB_EBAD_SIZE;
 }
 
-void osub_format_mib(int64_t mib, char *buf, size_t len)
-{
-    if (mib != 0 && mib % 1024 == 0)
-        snprintf(buf, len, "%lld GiB", (long long)(mib / 1024));
-    else
-        snprintf(buf, len, "%lld MiB", (long long)mib);
-}
-
 struct alias {
     const char *name;
     int64_t mib;

@@ -153,9 +153,6 @@ wait_for 5 test -s "$D/child.pid"
 CPID=$(cat "$D/child.pid")
 alive "$CPID" || bad "the child did not start"
 expect "p0 waits" 202 "$(code POST /v1/services '{"id":"p0","class":"online","vram":"75GiB"}')"
-sleep 1.5
-alive "$SPID" || bad "the evictee was killed before its grace period ended"
-expect "p0 still pending in the grace period" pending "$(state p0)"
 wait_state p0 loading 10 || bad "p0 did not start after the grace period: $(state p0)"
 alive "$SPID" && bad "the evictee survived its grace period"
 alive "$CPID" && bad "the evictee's child survived"
@@ -164,6 +161,9 @@ killed=$(ev_time stubborn process kill)
 term=$(ev_time stubborn process term)
 evict=$(ev_time stubborn evict)
 [ -n "$killed" ] && [ "$killed" -ge "$deadline" ] || bad "SIGKILL at $killed, before the grace end $deadline"
+# p0 waited out the whole grace period (read from the events, whatever the machine's load)
+p0start=$(ev_time p0 start)
+[ -n "$p0start" ] && [ "$p0start" -ge "$deadline" ] || bad "p0 started at $p0start, inside the grace period ending $deadline"
 [ -n "$term" ] && [ $((term - evict)) -lt 2000 ] || bad "SIGTERM not at once: evict $evict, term $term"
 evs stubborn exit | grep -q "killed by signal 9" || bad "stubborn's exit: $(evs stubborn exit)"
 kill "$DPID"; wait "$DPID" 2>/dev/null
@@ -273,11 +273,22 @@ api POST /v1/services/noisy/ready >/dev/null
 api PUT /v1/services/noisy/usage '{"vram_mib":44000}' >/dev/null
 wait_state flex degraded 5 || bad "pressure did not degrade flex: $(state flex)"
 wait_for 5 sh -c "[ \$(curl -s --unix-socket '$S' http://x/v1/services/flex | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"used_mib\"])') -le 20480 ]" || bad "flex did not shrink"
+longest=0
 for _ in 1 2 3 4 5; do
+    t0=$(date +%s%3N)
     api PUT /v1/services/noisy/usage '{"vram_mib":8000}' >/dev/null; sleep 0.4
-    api PUT /v1/services/noisy/usage '{"vram_mib":44000}' >/dev/null; sleep 0.4
+    api PUT /v1/services/noisy/usage '{"vram_mib":44000}' >/dev/null
+    t1=$(date +%s%3N)
+    [ $((t1 - t0)) -gt "$longest" ] && longest=$((t1 - t0))
+    sleep 0.4
 done
-expect "no restore while room comes and goes" 0 "$(count_ev flex restore)"
+# room lasted at most $longest ms each time; only a loaded machine stretches that past the
+# 2500 ms window, and then a restore would be right
+if [ "$longest" -lt 2400 ]; then
+    expect "no restore while room comes and goes" 0 "$(count_ev flex restore)"
+else
+    echo "note: room lasted $longest ms once (a loaded machine): the no-flapping check is skipped"
+fi
 # the room must also hold what noisy has shown it rises to (its predicted peak): it leaves
 t_low=$(date +%s%3N)
 api DELETE /v1/services/noisy >/dev/null
@@ -285,8 +296,10 @@ wait_state flex running 8 || bad "flex not restored: $(state flex)"
 t_res=$(ev_time flex restore)
 [ -n "$t_res" ] && [ $((t_res - t_low)) -ge 2400 ] || bad "restored before the window: low at $t_low, restore at $t_res"
 sleep 2
-expect "one restore" 1 "$(count_ev flex restore)"
-expect "one degrade" 1 "$(count_ev flex degrade)"
+if [ "$longest" -lt 2400 ]; then
+    expect "one restore" 1 "$(count_ev flex restore)"
+    expect "one degrade" 1 "$(count_ev flex degrade)"
+fi
 expect "server back to batch 8" 8 "$(field flex '["batch"]')"
 grep -q "directive .*: restore (batch 8" "$D/st/logs/flex.log" || bad "the server did not see the restore"
 
