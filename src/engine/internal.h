@@ -353,6 +353,97 @@ struct osub_sbuf {
 OSUB_PRINTF(2, 3)
 void osub_sb_printf(struct osub_sbuf *b, const char *fmt, ...);
 
+static inline int64_t osub__max64(int64_t a, int64_t b)
+{
+    return a > b ? a : b;
+}
+static inline int64_t osub__min64(int64_t a, int64_t b)
+{
+    return a < b ? a : b;
+}
+
+/* The engine split along its seams: what each part offers the others (the comments at the
+ * definitions say what each does). */
+/* engine.c: containers, accounting and transitions */
+OSUB__HIDDEN const char *osub__class_of(const osub_engine_t *e, const struct svc *s);
+OSUB_PRINTF(4, 5)
+OSUB__HIDDEN osub_event_t *osub__emit(osub_engine_t *e, osub_event_kind_t kind,
+                                      osub_reason_t reason, const char *fmt, ...);
+OSUB__HIDDEN void osub__ev_svc(osub_event_t *ev, const struct svc *s);
+OSUB__HIDDEN const osub_class_t *osub__find_class(const osub_engine_t *e, const char *name);
+OSUB__HIDDEN void osub__fmt_gpus(const struct svc *s, char *buf, size_t len);
+OSUB__HIDDEN void osub__gpu_add_held(osub_engine_t *e, struct gpu *g, int64_t delta);
+OSUB__HIDDEN void osub__gpu_list_add(osub_engine_t *e, struct gpu *g, struct svc *s);
+OSUB__HIDDEN int osub__gpu_list_reserve(struct gpu *g);
+OSUB__HIDDEN int64_t osub__grant_total(const struct svc *s);
+OSUB__HIDDEN void osub__heap_down(osub_engine_t *e, size_t i);
+OSUB__HIDDEN void osub__heap_set(osub_engine_t *e, size_t i, struct timer_ent t);
+OSUB__HIDDEN int64_t osub__held_total(const struct svc *s);
+OSUB__HIDDEN struct svc *osub__e_lookup(const osub_engine_t *e, const char *id);
+OSUB__HIDDEN int osub__place_reserve(osub_engine_t *e, const int32_t *gpus, int32_t k);
+OSUB__HIDDEN bool osub__queue_before(const struct svc *a, const struct svc *b);
+OSUB__HIDDEN size_t osub__queue_pos(const osub_engine_t *e, const struct svc *s);
+OSUB__HIDDEN size_t osub__queue_push(osub_engine_t *e, struct svc *s);
+OSUB__HIDDEN void osub__set_state(osub_engine_t *e, struct svc *s, osub_state_t st);
+OSUB__HIDDEN int64_t osub__slot_held(const struct svc *s, const struct slot *sl);
+OSUB__HIDDEN void osub__slot_set_grant(osub_engine_t *e, struct svc *s, struct slot *sl, int64_t g);
+OSUB__HIDDEN void osub__slot_set_used(osub_engine_t *e, struct slot *sl, int64_t u);
+OSUB__HIDDEN bool osub__svc_before(const struct svc *a, const struct svc *b);
+OSUB__HIDDEN void osub__svc_degrade(osub_engine_t *e, struct svc *s, const char *cause,
+                                    int32_t cause_level, osub_reason_t reason);
+OSUB__HIDDEN void osub__svc_destroy(osub_engine_t *e, struct svc *s);
+OSUB__HIDDEN void osub__svc_evict(osub_engine_t *e, struct svc *s, const char *cause,
+                                  int32_t cause_level, osub_reason_t reason);
+OSUB__HIDDEN void osub__svc_gone(osub_engine_t *e, struct svc *s, osub_reason_t reason,
+                                 bool by_eviction);
+OSUB__HIDDEN void osub__svc_place(osub_engine_t *e, struct svc *s, const int32_t *gpus,
+                                  const int64_t *shares, const int64_t *charges, int32_t k);
+OSUB__HIDDEN void osub__svc_start(osub_engine_t *e, struct svc *s, osub_reason_t reason);
+OSUB__HIDDEN void osub__svc_sync(osub_engine_t *e, struct svc *s);
+OSUB__HIDDEN void osub__svc_to_queue(osub_engine_t *e, struct svc *s);
+OSUB__HIDDEN void osub__tab_insert_raw(struct svc **tab, size_t cap, struct svc *s);
+OSUB__HIDDEN int osub__tab_reserve(osub_engine_t *e);
+OSUB__HIDDEN void osub__timer_cancel(osub_engine_t *e, struct svc *s, int kind);
+OSUB__HIDDEN int osub__timer_reserve(osub_engine_t *e, size_t more);
+OSUB__HIDDEN void osub__timer_set(osub_engine_t *e, struct svc *s, int kind, int64_t at);
+OSUB__HIDDEN int64_t osub__used_total(const struct svc *s);
+OSUB__HIDDEN void osub__vec_remove(struct svc **v, size_t *n, struct svc *s);
+OSUB__HIDDEN int osub__vec_reserve(struct svc ***v, size_t *cap, size_t n);
+
+/* admit.c: spec resolution and admission */
+OSUB__HIDDEN void osub__admit_apply(osub_engine_t *e, struct svc *s, const struct plan *p,
+                                    osub_reason_t why);
+OSUB__HIDDEN int osub__admit_reserve(osub_engine_t *e, struct svc *s, const struct plan *p);
+OSUB__HIDDEN bool osub__backfill_ok(osub_engine_t *e, const struct plan *p, int32_t lvl);
+OSUB__HIDDEN void osub__describe_failure(const struct plan *p, char *buf, size_t len);
+OSUB__HIDDEN int osub__empty_pool_fit(const osub_engine_t *e, const osub_spec_t *s);
+OSUB__HIDDEN void osub__fill_req(const osub_engine_t *e, const struct svc *s, struct req *r);
+OSUB__HIDDEN void osub__fill_victims(const osub_engine_t *e, const struct plan *p,
+                                     osub_submit_result_t *res);
+OSUB__HIDDEN int64_t osub__min_share(const osub_engine_t *e, const struct svc *s,
+                                     const struct req *r);
+OSUB__HIDDEN bool osub__pending_can_start(const osub_engine_t *e, const struct svc *s);
+OSUB__HIDDEN void osub__plan_for(osub_engine_t *e, const struct svc *s, const struct req *r,
+                                 struct plan *p);
+OSUB__HIDDEN void osub__refresh_sizes(osub_engine_t *e);
+OSUB__HIDDEN int osub__resolve_spec(const osub_engine_t *e, const osub_spec_t *in, osub_spec_t *o,
+                                    const osub_class_t **cls_out);
+OSUB__HIDDEN bool osub__spec_equal(const osub_spec_t *a, const osub_spec_t *b);
+
+/* commands.c: the command discipline */
+OSUB__HIDDEN void osub__advance(osub_engine_t *e, int64_t now_ms);
+OSUB__HIDDEN int osub__check_time(const osub_engine_t *e, int64_t now_ms);
+OSUB__HIDDEN void osub__clear_events(osub_engine_t *e);
+OSUB__HIDDEN void osub__finish(osub_engine_t *e);
+OSUB__HIDDEN int osub__get_svc(osub_engine_t *e, const char *id, struct svc **out);
+
+/* passes.c: timers and passes */
+OSUB__HIDDEN void osub__check_compute(osub_engine_t *e, int32_t gi);
+OSUB__HIDDEN void osub__check_pressure(osub_engine_t *e, int32_t gi);
+OSUB__HIDDEN void osub__process(osub_engine_t *e);
+OSUB__HIDDEN void osub__process_restores(osub_engine_t *e);
+OSUB__HIDDEN void osub__run_timers(osub_engine_t *e);
+
 /* Every allocation in the engine goes through these (engine.c), so that a test can make the
  * nth one fail (osub__alloc_fail_at) and check that each command refuses cleanly. */
 void *osub__malloc(size_t n);
