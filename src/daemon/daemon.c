@@ -467,8 +467,9 @@ static int pool_from(struct osubd *d, const char *gpus, int64_t *vram, char (*na
         return -1;
     }
     if (osub_parse_pool(spec, vram, cap, n) != 0) {
-        snprintf(err, errlen, "--gpus: '%s' is not a pool (sim:8x81920, sim:4x81920,4x40960)",
-                 gpus);
+        snprintf(err, errlen,
+                 "--gpus: '%s' is not a pool (sim:8x81920, sim:4x81920,4x40960; at most %d GPUs)",
+                 gpus, OSUB_POOL_GPUS_MAX);
         return -1;
     }
     return 0;
