@@ -116,6 +116,28 @@ static void test_degraded_start_restored_by_prediction(void **state)
 
 /* Pressure degrades first: when degrades alone bring held under the high watermark, nobody
  * is evicted, even if held stays above the low watermark. */
+/* The watermarks' boundaries, pinned: held at exactly the high watermark is not pressure;
+ * pressure stops once held is projected at or under the low watermark (exactly is enough). */
+static void test_pressure_boundaries_are_exact(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(1, 80000, 2000); /* usable 80000: 95% = 76000, 90% = 72000 */
+    assert_int_equal(sub(e, spec("o", "online", 40000, 1, 0), 0), OSUB_SUBMIT_STARTED);
+    running(e, spec("p", "batch", 36000, 1, 32000), 36000, 0);
+    assert_int_equal(osub_engine_tick(e, 100000), 0);
+    assert_int_equal(ginfo(e, 0).held_mib, 76000);
+    assert_int_equal(info(e, "p").state, OSUB_STATE_RUNNING); /* exactly 95%: no pressure */
+    assert_int_equal(osub_engine_usage(e, "p", 36001, -1, 100001), 0);
+    /* 76001 > 95%: degrading p to its floor projects 40000 + 32000 = 72000, exactly 90% */
+    assert_int_equal(info(e, "p").state, OSUB_STATE_DEGRADED);
+    assert_int_equal(info(e, "p").grant_mib, 32000);
+    osub_pool_info_t pi;
+    osub_engine_pool_info(e, &pi);
+    assert_int_equal(pi.evictions, 0);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
 static void test_pressure_degrades_before_any_eviction(void **state)
 {
     (void)state;
@@ -903,6 +925,7 @@ int main(void)
         cmocka_unit_test(test_pressure_degrades_then_evicts_lowest_first),
         cmocka_unit_test(test_degraded_start_restored_by_prediction),
         cmocka_unit_test(test_pressure_degrades_before_any_eviction),
+        cmocka_unit_test(test_pressure_boundaries_are_exact),
         cmocka_unit_test(test_backed_start_never_causes_pressure),
         cmocka_unit_test(test_restores_share_one_room),
         cmocka_unit_test(test_history_forgets_departures_and_reservations),
