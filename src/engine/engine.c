@@ -233,8 +233,10 @@ void osub__tab_insert_raw(struct svc **tab, size_t cap, struct svc *s)
 {
     size_t m = cap - 1;
     size_t i = fnv1a(s->spec.id) & m;
-    while (tab[i] != NULL)
+    while (tab[i] != NULL) {
+        assert(tab[i] != s && strcmp(tab[i]->spec.id, s->spec.id) != 0); /* ids are unique */
         i = (i + 1) & m;
+    }
     tab[i] = s;
 }
 
@@ -292,6 +294,7 @@ static bool timer_less(const struct timer_ent *a, const struct timer_ent *b)
 
 void osub__heap_set(osub_engine_t *e, size_t i, struct timer_ent t)
 {
+    assert(i < e->cap_heap && t.kind >= 0 && t.kind < T__KINDS);
     e->heap[i] = t;
     t.s->heap_pos[t.kind] = (int32_t)i;
 }
@@ -398,6 +401,7 @@ void osub__gpu_add_held(osub_engine_t *e, struct gpu *g, int64_t delta)
     if (delta < 0 && g->n_pending > 0)
         e->pending_check = true; /* a pending service here may start now */
     g->held += delta;
+    assert(g->held >= 0); /* held is a sum of non-negative slots */
     int64_t *cur = &g->hist[g->hist_minute % e->hist_n];
     if (g->held > *cur)
         *cur = g->held;
@@ -422,17 +426,21 @@ void osub__svc_sync(osub_engine_t *e, struct svc *s)
 void osub__slot_set_grant(osub_engine_t *e, struct svc *s, struct slot *sl, int64_t g)
 {
     struct gpu *gp = &e->gpus[sl->gpu];
+    assert(g >= 0);
     osub__gpu_touch(e, gp);
     gp->granted += g - sl->grant;
     if (s->backed)
         gp->backed += g - sl->grant;
     sl->grant = g;
+    assert(gp->granted >= 0 && gp->backed >= 0 && gp->backed <= gp->granted);
 }
 
 void osub__slot_set_used(osub_engine_t *e, struct slot *sl, int64_t u)
 {
+    assert(u >= 0);
     e->gpus[sl->gpu].used += u - sl->used;
     sl->used = u;
+    assert(e->gpus[sl->gpu].used >= 0);
 }
 
 int osub__gpu_list_reserve(struct gpu *g)
@@ -502,6 +510,7 @@ int osub__place_reserve(osub_engine_t *e, const int32_t *gpus, int32_t k)
 void osub__svc_place(osub_engine_t *e, struct svc *s, const int32_t *gpus, const int64_t *shares,
                      const int64_t *charges, int32_t k)
 {
+    assert(k >= 1 && k <= s->k && k <= OSUB_SERVICE_GPUS_MAX && s->n_slots == 0);
     s->n_slots = k;
     for (int32_t j = 0; j < k; j++) {
         struct slot *sl = &s->slots[j];
