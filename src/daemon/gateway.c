@@ -10,7 +10,7 @@
  * (Content-Length, chunked passed through as framed, or until close for responses). */
 #define _GNU_SOURCE
 #include "gateway.h"
-
+#include "h1.h"
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -38,26 +38,20 @@
 
 #include "daemon.h"
 
-#define HEAD_MAX (16 * 1024)             /* a request's head: beyond it, 431 */
-#define LINE_MAX_ (8 * 1024)             /* the request line: beyond it, 414 */
 #define GW_BODY_MAX (64LL * 1024 * 1024) /* a request body through the gateway: beyond it, 413 */
-#define MAX_HEADERS 100
-#define HEAD_TIMEOUT_S 10          /* a request's head must arrive within this */
-#define IDLE_TIMEOUT_S 60          /* a kept-alive client may idle this long */
-#define BODY_TIMEOUT_S 30          /* between two reads of a request's body */
-#define BACKEND_TIMEOUT_S 60       /* a backend's answer, between two reads */
-#define CONNS_PER_CLIENT 256       /* connections one client address may hold */
-#define OUT_HIGH (4 * 1024 * 1024) /* a client's unsent bytes that pause its backend */
-#define IDLE_PER_BACKEND 64        /* kept-alive backend connections */
+#define GW_DISCARD_MAX (1024 * 1024) /* a refused body read and dropped, so the answer is read */
+#define LINGER_S 5                   /* at most this long */
+#define HEAD_TIMEOUT_S 10            /* a request's head must arrive within this */
+#define IDLE_TIMEOUT_S 60            /* a kept-alive client may idle this long */
+#define BODY_TIMEOUT_S 30            /* between two reads of a request's body */
+#define BACKEND_TIMEOUT_S 60         /* a backend's answer, between two reads */
+#define CONNS_PER_CLIENT 256         /* connections one client address may hold */
+#define OUT_HIGH (4 * 1024 * 1024)   /* a client's unsent bytes that pause its backend */
+#define IDLE_PER_BACKEND 64          /* kept-alive backend connections */
 
 struct gw_svc;
 struct gw_client;
 struct gw_bconn;
-
-struct hdr {
-    const char *name, *value;
-    size_t nlen, vlen;
-};
 
 /* One request, from its head's arrival to its answer's last byte. */
 struct gw_req {
@@ -70,22 +64,17 @@ struct gw_req {
     size_t head_cap;
     const char *method, *uri;
     size_t mlen, ulen;
-    int nh;
     bool http10, keepalive, is_head, by_host;
     bool chunked_body;
     int64_t body_left; /* Content-Length bytes still to pass on */
-    struct chunk_scan {
-        int st; /* 0 size, 1 size ext, 2 size LF, 3 data, 4 data CR, 5 data LF, 6 trailer, 7 done */
-        int64_t left;
-        bool line_empty;
-    } cs;
+    struct h1_chunked cs;
     bool body_done, had_body;
     int retries; /* on a pooled connection that turned out closed */
     int32_t prio;
     struct event *timer;
     bool started; /* the answer's head went out: the body streams */
     double t0, t_sent;
-    struct hdr h[MAX_HEADERS]; /* last: not cleared when the request is reused */
+    struct h1_head hd; /* its head, parsed (h1.h); last: not cleared when reused */
 };
 
 struct gw_client {
@@ -97,9 +86,12 @@ struct gw_client {
     struct gw_req *cur; /* the request being answered; pipelined ones wait in `in` */
     char peer[INET6_ADDRSTRLEN];
     struct peer_count *pc;
-    bool closing;   /* close once out is sent */
-    bool paused_bc; /* its backend's reads wait for out to drain */
-    bool in_head;   /* a head is arriving */
+    bool closing;    /* close once out is sent */
+    bool gone;       /* a write failed: the client left */
+    bool lingering;  /* answered and half-closed: reading and discarding what it still sends */
+    int64_t discard; /* bytes still to read and discard before closing (a refused body) */
+    bool paused_bc;  /* its backend's reads wait for out to drain */
+    bool in_head;    /* a head is arriving */
 };
 
 struct gw_bconn {
@@ -113,7 +105,7 @@ struct gw_bconn {
     bool connected;
     int st; /* 0 head, 1 body by length, 2 chunked, 3 until close, 4 done */
     int64_t left;
-    struct chunk_scan cs;
+    struct h1_chunked cs;
     bool keepalive;
     bool got_bytes; /* something came back: a failure now is not a refusal */
     bool reused;    /* taken from the pool: the backend may have closed it meanwhile */
@@ -155,6 +147,8 @@ struct gw_svc {
     int n_idle[16];
     uint32_t rr;
     uint64_t admitted, completed, rej_full, rej_deadline, rej_unavailable, rej_shed, backend_errors;
+    uint64_t client_gone;   /* requests whose client left (queued or in flight) */
+    uint64_t answers[6];    /* the backends' answers by status class (1xx..5xx) */
     double rate, last_done; /* completions a second (moving average), and when the last was */
     /* a backend that failed is out of rotation until down_until; the first request after
      * that probes it (failing again doubles the wait, up to 30 s) */
@@ -164,6 +158,7 @@ struct gw_svc {
     socklen_t baddr_len[16];
     char baddr_url[16][300];          /* the URL baddr was resolved from */
     struct hist queue_wait, upstream; /* seconds */
+    struct hist ttfb;                 /* sent to the backend -> the answer's head: seconds */
     /* the view of the engine and the route (svc_view), as of state version view_version */
     uint64_t view_version;
     bool view_ok, v_serving;
@@ -177,8 +172,9 @@ struct osub_gateway {
     struct event *pump;
     struct gw_svc *svcs;
     struct peer_count *peers[1024]; /* connections per client address, hashed */
-    uint64_t no_route, bad_requests, refused_conns;
+    uint64_t no_route, bad_requests, refused_conns, too_large, client_gone;
     struct evbuffer *scratch; /* one message at a time passes through it */
+    struct h1_head resp;      /* the backend answer's head being parsed */
     struct gw_req *free_reqs; /* requests to reuse */
     struct gw_client *clients;
     bool stopping;
@@ -195,12 +191,19 @@ static double now_s(void)
 /* ---- the service's limit and the drain rate ---------------------------------------- */
 
 /* Whole seconds until the queue ahead has likely drained, at least 1. */
+/* Milliseconds until a refused client likely finds room: its place behind the queue over the
+ * rate at which the service completes requests (1 s when unknown), spread by jitter between
+ * half and one and a half of that, so that refused clients do not come back together. Between
+ * 100 ms and 60 s. */
 static int retry_after(const struct gw_svc *s)
 {
-    if (s->rate <= 0.0)
-        return 1;
-    double t = ceil((double)(s->n_queued + 1) / s->rate);
-    return t < 1 ? 1 : t > 60 ? 60 : (int)t;
+    static uint64_t x = 0x9e3779b97f4a7c15ULL;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    double base = s->rate > 0.0 ? (double)(s->n_queued + 1) / s->rate * 1000.0 : 1000.0;
+    double ms = base * (0.5 + (double)(x >> 11) / 9007199254740992.0); /* [0.5, 1.5) x base */
+    return ms < 100 ? 100 : ms > 60000 ? 60000 : (int)ms;
 }
 
 /* ---- the service's limit ------------------------------------------------------------------- */
@@ -346,154 +349,33 @@ static bool send_buffer(int fd, struct evbuffer *out, struct event *wev, struct 
     return true;
 }
 
-/* Chunked framing, scanned as it passes (the bytes are forwarded as they are, or with data not
- * NULL only the chunks' data is added there). Returns how many of p's n bytes belong to the
- * message; cs->st is 7 once its end was reached, -1 on bad framing. */
-static size_t chunk_feed(struct chunk_scan *cs, const char *p, size_t n, struct evbuffer *data)
-{
-    size_t i = 0;
-    while (i < n && cs->st != 7 && cs->st >= 0) {
-        char ch = p[i];
-        switch (cs->st) {
-        case 0: {
-            int v = ch >= '0' && ch <= '9'   ? ch - '0'
-                    : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
-                    : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
-                                             : -1;
-            if (v >= 0) {
-                if (cs->left > (1LL << 40)) {
-                    cs->st = -1;
-                    break;
-                }
-                cs->left = cs->left * 16 + v;
-            } else if (ch == ';' || ch == ' ' || ch == '\t') {
-                cs->st = 1;
-            } else if (ch == '\r') {
-                cs->st = 2;
-            } else if (ch == '\n') {
-                cs->st = cs->left > 0 ? 3 : 6;
-                cs->line_empty = true;
-            } else {
-                cs->st = -1;
-                break;
-            }
-            i++;
-            break;
-        }
-        case 1:
-            if (ch == '\r')
-                cs->st = 2;
-            else if (ch == '\n') {
-                cs->st = cs->left > 0 ? 3 : 6;
-                cs->line_empty = true;
-            }
-            i++;
-            break;
-        case 2:
-            if (ch != '\n') {
-                cs->st = -1;
-                break;
-            }
-            cs->st = cs->left > 0 ? 3 : 6;
-            cs->line_empty = true;
-            i++;
-            break;
-        case 3: {
-            size_t k = n - i < (size_t)cs->left ? n - i : (size_t)cs->left;
-            if (data != NULL)
-                evbuffer_add(data, p + i, k); /* de-chunked, for an HTTP/1.0 client */
-            i += k;
-            cs->left -= (int64_t)k;
-            if (cs->left == 0)
-                cs->st = 4;
-            break;
-        }
-        case 4:
-            if (ch == '\r')
-                cs->st = 5;
-            else if (ch == '\n')
-                cs->st = 0;
-            else {
-                cs->st = -1;
-                break;
-            }
-            i++;
-            break;
-        case 5:
-            if (ch != '\n') {
-                cs->st = -1;
-                break;
-            }
-            cs->st = 0;
-            i++;
-            break;
-        case 6:
-            if (ch == '\n') {
-                if (cs->line_empty)
-                    cs->st = 7;
-                cs->line_empty = true;
-            } else if (ch != '\r') {
-                cs->line_empty = false;
-            }
-            i++;
-            break;
-        }
-    }
-    return i;
-}
-
-static const struct hdr *hfind(const struct hdr *h, int nh, const char *name)
-{
-    size_t n = strlen(name);
-    for (int i = 0; i < nh; i++)
-        if (h[i].nlen == n && strncasecmp(h[i].name, name, n) == 0)
-            return &h[i];
-    return NULL;
-}
-
-/* Does the comma-separated list (a Connection header) hold token? */
-static bool list_has(const char *v, size_t vlen, const char *token, size_t tlen)
-{
-    size_t i = 0;
-    while (i < vlen) {
-        while (i < vlen && (v[i] == ' ' || v[i] == ',' || v[i] == '\t'))
-            i++;
-        size_t s = i;
-        while (i < vlen && v[i] != ',' && v[i] != ' ' && v[i] != '\t')
-            i++;
-        if (i - s == tlen && strncasecmp(v + s, token, tlen) == 0)
-            return true;
-    }
-    return false;
-}
-
-/* Hop-by-hop: RFC 9110's list, and whatever the message's Connection header names. */
-static bool hop_by_hop(const char *name, size_t n, const struct hdr *conn)
-{
-    static const char *const hop[] = {"Connection",
-                                      "Keep-Alive",
-                                      "Proxy-Connection",
-                                      "TE",
-                                      "Trailer",
-                                      "Transfer-Encoding",
-                                      "Upgrade",
-                                      "Proxy-Authenticate",
-                                      "Proxy-Authorization"};
-    for (size_t i = 0; i < sizeof(hop) / sizeof(hop[0]); i++)
-        if (strlen(hop[i]) == n && strncasecmp(name, hop[i], n) == 0)
-            return true;
-    return conn != NULL && list_has(conn->value, conn->vlen, name, n);
-}
-
 /* ---- clients ------------------------------------------------------------------------------ */
 
 static void cl_close(struct gw_client *c);
+static void cl_arm(struct gw_client *c, int seconds);
 static void cl_process(struct gw_client *c);
 static void bc_close(struct gw_bconn *bc);
 static void pump(struct osub_gateway *g, struct gw_svc *s);
 static void forward_body(struct gw_req *r);
 
 /* A request to fill: reused from earlier ones when there are (its head buffer with it). */
+/* Room for a head of head_len bytes (and its NUL) in r->head; -1 (r freed) without memory. */
+static int req_reserve(struct gw_req *r, size_t head_len)
+{
+    if (r->head_cap >= head_len + 1)
+        return 0;
+    size_t want = head_len + 1 < 2048 ? 2048 : head_len + 1;
+    char *nh = realloc(r->head, want);
+    if (nh == NULL) {
+        free(r->head);
+        free(r);
+        return -1;
+    }
+    r->head = nh;
+    r->head_cap = want;
+    return 0;
+}
+
 static struct gw_req *req_new(struct osub_gateway *g, size_t head_len)
 {
     struct gw_req *r = g->free_reqs;
@@ -508,21 +390,12 @@ static struct gw_req *req_new(struct osub_gateway *g, size_t head_len)
     }
     char *head = r->head;
     size_t cap = r->head_cap;
-    memset(r, 0, offsetof(struct gw_req, h)); /* the header array is filled as parsed */
+    memset(r, 0, offsetof(struct gw_req, hd)); /* the head is filled as parsed */
     r->head = head;
     r->head_cap = cap;
-    if (r->head_cap < head_len + 1) {
-        size_t want = head_len + 1 < 2048 ? 2048 : head_len + 1;
-        char *nh = realloc(r->head, want);
-        if (nh == NULL) {
-            free(r->head);
-            free(r);
-            return NULL;
-        }
-        r->head = nh;
-        r->head_cap = want;
-    }
     r->g = g;
+    if (req_reserve(r, head_len) != 0)
+        return NULL;
     return r;
 }
 
@@ -554,9 +427,38 @@ static void req_detach(struct gw_req *r)
 static void cl_send(struct gw_client *c, const char *p, size_t n)
 {
     if (!send_bytes(c->fd, c->out, c->wev, p, n)) {
-        c->closing = true; /* the client is gone */
+        c->closing = c->gone = true; /* the client is gone */
         evbuffer_drain(c->out, evbuffer_get_length(c->out));
     }
+}
+
+/* The client left (closed, reset, or cannot be written to): its request's backend connection
+ * is closed, never pooled (vLLM and TGI stop generating when theirs closes), its slot freed at
+ * once, a queued request leaves the queue. */
+static void client_gone(struct gw_client *c, const char *why)
+{
+    (void)why;
+    if (c->cur != NULL) {
+        c->g->client_gone++;
+        if (c->cur->svc != NULL)
+            c->cur->svc->client_gone++;
+    }
+    cl_close(c);
+}
+
+/* A connection done with: closed, or when a refused body is still coming, half-closed after
+ * the answer and read (and dropped) for a while, so the client reads the answer instead of a
+ * reset. */
+static void cl_end(struct gw_client *c)
+{
+    if (c->discard > 0 && !c->lingering && !c->gone) {
+        c->lingering = true;
+        shutdown(c->fd, SHUT_WR);
+        event_add(c->rev, NULL);
+        cl_arm(c, LINGER_S);
+        return;
+    }
+    cl_close(c);
 }
 
 /* After an answer: close when asked to and all is sent, else read on (pipelined requests). */
@@ -575,28 +477,37 @@ static void cl_after(struct gw_client *c)
  * a lookup and a send. */
 struct canned {
     const char *ecode, *reason, *msg;
-    int code, retry_after;
+    int code;
     bool close, head;
-    int len;
+    int len, split; /* bytes; the Retry-After fields go in at split */
     char bytes[1280];
 };
 
-/* A JSON error answer, head and body, into buf; returns its length. */
+/* A JSON error answer, head and body, into buf; returns its length. *split: where fields of
+ * the moment (Retry-After) may be inserted (after the fixed fields). */
 static int format_answer(char *buf, size_t len, int code, const char *phrase, const char *ecode,
                          const char *reason, const char *msg, int retry_after, bool close_it,
-                         bool head)
+                         bool head, int *split)
 {
-    char body[768], ra[40] = "";
+    char body[768], ra[80] = "";
+    /* OpenAI's error shape (message, type, param, code), which its SDKs read; reason: ours */
+    const char *type = code == 429   ? "rate_limit_error"
+                       : code >= 500 ? "server_error"
+                                     : "invalid_request_error";
     int bl = snprintf(body, sizeof(body),
-                      "{\"error\":{\"code\":\"%s\",\"reason\":\"%s\",\"message\":\"%s\"}}\n", ecode,
-                      reason, msg);
+                      "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,"
+                      "\"code\":\"%s\",\"reason\":\"%s\"}}\n",
+                      msg, type, ecode, reason);
     if (retry_after > 0)
-        snprintf(ra, sizeof(ra), "Retry-After: %d\r\n", retry_after);
-    int n =
-        snprintf(buf, len,
-                 "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-                 "%s%s\r\n%s",
-                 code, phrase, bl, ra, close_it ? "Connection: close\r\n" : "", head ? "" : body);
+        snprintf(ra, sizeof(ra), "Retry-After: %d\r\nRetry-After-Ms: %d\r\n",
+                 (retry_after + 999) / 1000, retry_after);
+    int n = snprintf(buf, len,
+                     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n",
+                     code, phrase, bl);
+    if (split != NULL)
+        *split = n;
+    n += snprintf(buf + n, len - (size_t)n, "%s%s\r\n%s", ra,
+                  close_it ? "Connection: close\r\n" : "", head ? "" : body);
     return n < (int)len ? n : (int)len - 1;
 }
 
@@ -616,34 +527,48 @@ static void reply(struct gw_req *r, int code, const char *phrase, const char *ec
     struct canned *k = NULL;
     for (int i = 0; i < 16 && k == NULL; i++)
         if (cache[i].msg == msg && cache[i].code == code && cache[i].ecode == ecode &&
-            cache[i].reason == reason && cache[i].retry_after == retry_after &&
-            cache[i].close == close_it && cache[i].head == head)
+            cache[i].reason == reason && cache[i].close == close_it && cache[i].head == head)
             k = &cache[i];
     if (k == NULL) {
         k = &cache[next_slot++ % 16];
-        k->len = format_answer(k->bytes, sizeof(k->bytes), code, phrase, ecode, reason, msg,
-                               retry_after, close_it, head);
+        k->len = format_answer(k->bytes, sizeof(k->bytes), code, phrase, ecode, reason, msg, 0,
+                               close_it, head, &k->split);
         k->msg = msg;
         k->code = code;
         k->ecode = ecode;
         k->reason = reason;
-        k->retry_after = retry_after;
         k->close = close_it;
         k->head = head;
     }
     if (close_it)
         c->closing = true;
     req_detach(r);
-    cl_send(c, k->bytes, (size_t)k->len);
+    if (retry_after <= 0) {
+        cl_send(c, k->bytes, (size_t)k->len);
+        return;
+    }
+    /* Retry-After of the moment (spread by jitter): between the fixed fields and the rest */
+    char buf[1400];
+    memcpy(buf, k->bytes, (size_t)k->split);
+    int n = k->split + snprintf(buf + k->split, 80, "Retry-After: %d\r\nRetry-After-Ms: %d\r\n",
+                                (retry_after + 999) / 1000, retry_after);
+    memcpy(buf + n, k->bytes + k->split, (size_t)(k->len - k->split));
+    cl_send(c, buf, (size_t)(n + k->len - k->split));
 }
 
 /* A request that never became one (bad head): answer and close. */
-static void reply_bad(struct gw_client *c, int code, const char *phrase, const char *reason,
-                      const char *msg)
+static void reply_bad(struct gw_client *c, int code, const char *phrase, const char *msg)
 {
     char buf[1280];
-    int n =
-        format_answer(buf, sizeof(buf), code, phrase, "bad_request", reason, msg, 0, true, false);
+    const char *ecode = code == 413   ? "body_too_large"
+                        : code == 414 ? "uri_too_long"
+                        : code == 431 ? "headers_too_large"
+                        : code == 501 ? "not_implemented"
+                        : code == 505 ? "http_version_not_supported"
+                        : code == 503 ? "unavailable"
+                                      : "bad_request";
+    const char *reason = code == 503 ? "memory" : code == 400 ? "malformed" : "limit";
+    int n = format_answer(buf, sizeof(buf), code, phrase, ecode, reason, msg, 0, true, false, NULL);
     c->g->bad_requests++;
     c->closing = true;
     evbuffer_drain(c->in, evbuffer_get_length(c->in));
@@ -661,7 +586,11 @@ static void cl_on_timer(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     struct gw_client *c = arg;
-    if (c->in_head && evbuffer_get_length(c->in) > 0 && c->cur == NULL) {
+    if (c->gone) {
+        client_gone(c, "its request's framing broke");
+        return;
+    }
+    if (!c->lingering && c->in_head && evbuffer_get_length(c->in) > 0 && c->cur == NULL) {
         /* a head that did not arrive in time (slowloris): 408 and close */
         char buf[] =
             "HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
@@ -679,7 +608,7 @@ static void cl_on_write(evutil_socket_t fd, short what, void *arg)
         if (w < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
                 return;
-            cl_close(c);
+            client_gone(c, "a write failed");
             return;
         }
         if (w == 0)
@@ -690,8 +619,8 @@ static void cl_on_write(evutil_socket_t fd, short what, void *arg)
         c->paused_bc = false;
         event_add(c->cur->bc->rev, NULL);
     }
-    if (c->closing && c->cur == NULL)
-        cl_close(c);
+    if (c->closing && c->cur == NULL && !c->lingering)
+        cl_end(c);
 }
 
 static void cl_on_read(evutil_socket_t fd, short what, void *arg)
@@ -699,14 +628,18 @@ static void cl_on_read(evutil_socket_t fd, short what, void *arg)
     (void)what;
     struct gw_client *c = arg;
     int n = read_into(c->in, fd);
-    if (n == 0 && c->cur != NULL && c->cur->body_done) {
-        /* the client half-closed after a whole request: it still gets its answer */
-        c->closing = true;
-        event_del(c->rev);
+    if (c->lingering) {
+        evbuffer_drain(c->in, evbuffer_get_length(c->in));
+        c->discard -= n > 0 ? n : 0;
+        if (n == 0 || c->discard <= 0 ||
+            (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            cl_close(c);
         return;
     }
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        cl_close(c);
+        /* the end of the client's side while its request waits or runs: it left (an SDK that
+         * gives up closes its socket), as nginx and HAProxy read it by default */
+        client_gone(c, n == 0 ? "closed" : "reset");
         return;
     }
     if (n < 0)
@@ -718,149 +651,43 @@ static void cl_on_read(evutil_socket_t fd, short what, void *arg)
     cl_process(c);
 }
 
-static int parse_head(struct gw_req *r, size_t len, int *code, const char **phrase,
-                      const char **why)
+/* A request's fields from its parsed head (r->hd, into r->head). */
+static void req_from_head(struct gw_req *r)
 {
-    char *p = r->head, *end = r->head + len;
-    *code = 400;
-    *phrase = "Bad Request";
-    /* request line */
-    char *eol = memchr(p, '\n', (size_t)(end - p));
-    if (eol == NULL) {
-        *why = "no request line";
-        return -1;
-    }
-    if (eol - p > LINE_MAX_) {
-        *code = 414;
-        *phrase = "URI Too Long";
-        *why = "the request line is over 8 KiB";
-        return -1;
-    }
-    char *sp1 = memchr(p, ' ', (size_t)(eol - p));
-    char *sp2 = sp1 ? memchr(sp1 + 1, ' ', (size_t)(eol - sp1 - 1)) : NULL;
-    if (sp1 == NULL || sp2 == NULL || sp1 == p || sp1 - p > 16 || sp2 == sp1 + 1) {
-        *why = "the request line is not METHOD URI HTTP/1.x";
-        return -1;
-    }
-    for (char *q = p; q < sp1; q++)
-        if (*q < 'A' || *q > 'Z') {
-            *why = "the method is not a token";
-            return -1;
-        }
-    r->method = p;
-    r->mlen = (size_t)(sp1 - p);
-    r->uri = sp1 + 1;
-    r->ulen = (size_t)(sp2 - sp1 - 1);
-    if (r->uri[0] != '/') {
-        *why = "the request target must be a path (/...)";
-        return -1;
-    }
-    for (size_t i = 0; i < r->ulen; i++)
-        if ((unsigned char)r->uri[i] <= ' ' || r->uri[i] == 0x7f) {
-            *why = "the request target holds a control character or a space";
-            return -1;
-        }
-    char *ver = sp2 + 1;
-    size_t vl = (size_t)(eol - ver) - (eol > ver && eol[-1] == '\r' ? 1 : 0);
-    if (vl == 8 && memcmp(ver, "HTTP/1.1", 8) == 0) {
-        r->http10 = false;
-    } else if (vl == 8 && memcmp(ver, "HTTP/1.0", 8) == 0) {
-        r->http10 = true;
-    } else if (vl >= 5 && memcmp(ver, "HTTP/", 5) == 0) {
-        *code = 505;
-        *phrase = "HTTP Version Not Supported";
-        *why = "only HTTP/1.0 and HTTP/1.1";
-        return -1;
-    } else {
-        *why = "the request line does not end in HTTP/1.x";
-        return -1;
-    }
-    r->is_head = r->mlen == 4 && memcmp(r->method, "HEAD", 4) == 0;
-    /* headers */
-    p = eol + 1;
-    int n_cl = 0, n_te = 0;
-    while (p < end) {
-        eol = memchr(p, '\n', (size_t)(end - p));
-        if (eol == NULL)
-            break;
-        char *le = eol > p && eol[-1] == '\r' ? eol - 1 : eol;
-        if (le == p)
-            break; /* the empty line */
-        if (*p == ' ' || *p == '\t') {
-            *why = "folded header lines are not accepted";
-            return -1;
-        }
-        char *colon = memchr(p, ':', (size_t)(le - p));
-        if (colon == NULL || colon == p) {
-            *why = "a header line without a name and a colon";
-            return -1;
-        }
-        for (char *q = p; q < colon; q++)
-            if (*q <= ' ' || *q == 0x7f) {
-                *why = "a header name holds a space or a control character";
-                return -1;
-            }
-        if (r->nh == MAX_HEADERS) {
-            *code = 431;
-            *phrase = "Request Header Fields Too Large";
-            *why = "more than 100 header fields";
-            return -1;
-        }
-        char *v = colon + 1, *ve = le;
-        while (v < ve && (*v == ' ' || *v == '\t'))
-            v++;
-        while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t'))
-            ve--;
-        struct hdr *h = &r->h[r->nh++];
-        h->name = p;
-        h->nlen = (size_t)(colon - p);
-        h->value = v;
-        h->vlen = (size_t)(ve - v);
-        if (h->nlen == 14 && strncasecmp(p, "Content-Length", 14) == 0) {
-            n_cl++;
-            if (h->vlen == 0 || h->vlen > 18) {
-                *why = "a malformed Content-Length";
-                return -1;
-            }
-            int64_t cl = 0;
-            for (size_t i = 0; i < h->vlen; i++) {
-                if (v[i] < '0' || v[i] > '9') {
-                    *why = "a malformed Content-Length";
-                    return -1;
-                }
-                cl = cl * 10 + (v[i] - '0');
-            }
-            r->body_left = cl;
-        } else if (h->nlen == 17 && strncasecmp(p, "Transfer-Encoding", 17) == 0) {
-            n_te++;
-            if (h->vlen != 7 || strncasecmp(v, "chunked", 7) != 0) {
-                *code = 501;
-                *phrase = "Not Implemented";
-                *why = "the only transfer coding accepted is chunked";
-                return -1;
-            }
-        }
-        p = eol + 1;
-    }
-    if (n_cl > 1 || (n_cl > 0 && n_te > 0) || n_te > 1) {
-        *why = "two Content-Length headers, or Content-Length with Transfer-Encoding";
-        return -1;
-    }
-    if (r->body_left > GW_BODY_MAX) {
-        *code = 413;
-        *phrase = "Content Too Large";
-        *why = "the body is over 64 MiB";
-        return -1;
-    }
-    r->chunked_body = n_te > 0;
+    const struct h1_head *h = &r->hd;
+    r->method = h->method;
+    r->mlen = h->mlen;
+    r->uri = h->target;
+    r->ulen = h->tlen;
+    r->http10 = h->minor == 0;
+    r->keepalive = h->keepalive;
+    r->is_head = h->mlen == 4 && memcmp(h->method, "HEAD", 4) == 0;
+    r->chunked_body = h->chunked;
+    r->body_left = h->content_length > 0 ? h->content_length : 0;
     r->body_done = !r->chunked_body && r->body_left == 0;
     r->had_body = !r->body_done;
-    const struct hdr *conn = hfind(r->h, r->nh, "Connection");
-    if (r->http10)
-        r->keepalive = conn != NULL && list_has(conn->value, conn->vlen, "keep-alive", 10);
-    else
-        r->keepalive = conn == NULL || !list_has(conn->value, conn->vlen, "close", 5);
-    return 0;
+    if (r->chunked_body)
+        h1_chunked_init(&r->cs, GW_BODY_MAX, h->lf_only);
+}
+
+static const char *phrase_of(int code)
+{
+    switch (code) {
+    case 400:
+        return "Bad Request";
+    case 413:
+        return "Content Too Large";
+    case 414:
+        return "URI Too Long";
+    case 431:
+        return "Request Header Fields Too Large";
+    case 501:
+        return "Not Implemented";
+    case 505:
+        return "HTTP Version Not Supported";
+    default:
+        return "Error";
+    }
 }
 
 static void handle(struct gw_client *c, struct gw_req *r);
@@ -891,40 +718,51 @@ static void cl_process_inner(struct gw_client *c)
             cl_arm(c, IDLE_TIMEOUT_S);
             return;
         }
-        struct evbuffer_ptr pos = evbuffer_search(c->in, "\r\n\r\n", 4, NULL);
-        size_t hl = pos.pos >= 0 ? (size_t)pos.pos + 4 : 0;
-        if (pos.pos < 0) {
-            /* a bare-LF head */
-            pos = evbuffer_search(c->in, "\n\n", 2, NULL);
-            hl = pos.pos >= 0 ? (size_t)pos.pos + 2 : 0;
+        /* the head, found and checked by the codec: one line-ending policy for the whole
+         * head, so a bare-LF head never swallows the request pipelined after it */
+        size_t look = len < H1_HEAD_MAX + 1 ? len : H1_HEAD_MAX + 1;
+        const char *buf = (const char *)evbuffer_pullup(c->in, (ssize_t)look);
+        struct gw_req *r = req_new(c->g, 0);
+        if (r == NULL) {
+            reply_bad(c, 503, "Service Unavailable", "out of memory");
+            return;
         }
-        if (hl == 0 || hl > HEAD_MAX) {
-            if (len > HEAD_MAX || hl > HEAD_MAX) {
-                reply_bad(c, 431, "Request Header Fields Too Large", "head_too_large",
-                          "the request's head is over 16 KiB");
-                return;
-            }
+        int prc = h1_parse_request(buf, look, &r->hd);
+        if (prc == H1_PARTIAL) {
+            req_free(r);
             if (!c->in_head) {
                 c->in_head = true; /* the head's clock starts at its first byte, once */
                 cl_arm(c, HEAD_TIMEOUT_S);
             }
             return;
         }
-        c->in_head = false;
-        event_del(c->timer);
-        struct gw_req *r = req_new(c->g, hl);
-        if (r == NULL) {
-            reply_bad(c, 503, "Service Unavailable", "memory", "out of memory");
+        if (prc == H1_BAD) {
+            int code = r->hd.err_status;
+            const char *why = r->hd.err_why;
+            req_free(r);
+            reply_bad(c, code, phrase_of(code), why);
             return;
         }
-        evbuffer_remove(c->in, r->head, hl);
+        size_t hl = r->hd.len;
+        c->in_head = false;
+        event_del(c->timer);
+        if (req_reserve(r, hl) != 0) {
+            reply_bad(c, 503, "Service Unavailable", "out of memory");
+            return;
+        }
+        memcpy(r->head, buf, hl);
         r->head[hl] = '\0';
+        h1_head_rebase(&r->hd, buf, r->head);
+        evbuffer_drain(c->in, hl);
         r->cl = c;
-        int code;
-        const char *phrase, *why;
-        if (parse_head(r, hl, &code, &phrase, &why) != 0) {
+        req_from_head(r);
+        if (r->body_left > GW_BODY_MAX) {
+            /* refused before its body: read and discard a bounded amount, so that the
+             * client gets to read the answer instead of a reset */
+            c->g->too_large++;
+            c->discard = GW_DISCARD_MAX;
             req_free(r);
-            reply_bad(c, code, phrase, "malformed", why);
+            reply_bad(c, 413, "Content Too Large", "the body is over 64 MiB");
             return;
         }
         c->cur = r;
@@ -937,8 +775,8 @@ static void cl_process_inner(struct gw_client *c)
 static void cl_process(struct gw_client *c)
 {
     cl_process_inner(c);
-    if (c->closing && c->cur == NULL && evbuffer_get_length(c->out) == 0)
-        cl_close(c);
+    if (c->closing && c->cur == NULL && evbuffer_get_length(c->out) == 0 && !c->lingering)
+        cl_end(c);
 }
 
 static unsigned peer_hash(const char *a)
@@ -1230,7 +1068,7 @@ static void stage_flush(struct gw_bconn *bc)
         return;
     struct gw_client *c = bc->r->cl;
     if (!send_buffer(c->fd, c->out, c->wev, st))
-        c->closing = true;
+        c->closing = c->gone = true;
     evbuffer_drain(st, evbuffer_get_length(st));
     if (evbuffer_get_length(c->out) > OUT_HIGH) {
         c->paused_bc = true;
@@ -1241,87 +1079,61 @@ static void stage_flush(struct gw_bconn *bc)
 /* The answer's head: status and headers passed on, hop-by-hop ones dropped, the framing kept. */
 static int bc_head(struct gw_bconn *bc)
 {
-    struct evbuffer_ptr pos = evbuffer_search(bc->in, "\r\n\r\n", 4, NULL);
-    size_t hl = pos.pos >= 0 ? (size_t)pos.pos + 4 : 0;
-    if (hl == 0) {
-        pos = evbuffer_search(bc->in, "\n\n", 2, NULL);
-        hl = pos.pos >= 0 ? (size_t)pos.pos + 2 : 0;
-    }
-    if (hl == 0)
-        return evbuffer_get_length(bc->in) > 65536 ? -1 : 0;
-    char *h = (char *)evbuffer_pullup(bc->in, (ssize_t)hl);
-    int code = 0;
-    char *eol = memchr(h, '\n', hl);
-    if (eol == NULL || hl < 12 || memcmp(h, "HTTP/1.", 7) != 0 || h[8] != ' ' || h[9] < '1' ||
-        h[9] > '5' || h[10] < '0' || h[10] > '9' || h[11] < '0' || h[11] > '9')
+    size_t len = evbuffer_get_length(bc->in);
+    size_t look = len < H1_HEAD_MAX ? len : H1_HEAD_MAX;
+    const char *h = (const char *)evbuffer_pullup(bc->in, (ssize_t)look);
+    struct gw_req *r = bc->r;
+    struct h1_head *hd = &bc->svc->g->resp;
+    int prc = h1_parse_response(h, look, r->is_head, hd);
+    if (prc == H1_PARTIAL)
+        return 0;
+    if (prc == H1_BAD)
         return -1;
-    code = (h[9] - '0') * 100 + (h[10] - '0') * 10 + (h[11] - '0');
-    bool b10 = h[7] == '0';
-    char *reason = h + 12;
-    while (reason < eol && *reason == ' ')
-        reason++;
-    char *rend = eol > reason && eol[-1] == '\r' ? eol - 1 : eol;
-    if (code >= 100 && code < 200 && code != 101) {
+    size_t hl = hd->len;
+    int code = hd->status;
+    if (code < 200 && code != 101) {
         evbuffer_drain(bc->in, hl); /* 100 Continue and the like: not passed on */
         return 1;
     }
-    struct hdr hs[MAX_HEADERS];
-    int nh = 0;
-    int64_t cl = -1;
-    bool chunked = false;
-    for (char *p = eol + 1; p < h + hl;) {
-        char *e = memchr(p, '\n', (size_t)(h + hl - p));
-        if (e == NULL)
-            break;
-        char *le = e > p && e[-1] == '\r' ? e - 1 : e;
-        if (le == p)
-            break;
-        char *colon = memchr(p, ':', (size_t)(le - p));
-        if (colon != NULL && nh < MAX_HEADERS) {
-            char *v = colon + 1;
-            while (v < le && (*v == ' ' || *v == '\t'))
-                v++;
-            hs[nh] = (struct hdr){p, v, (size_t)(colon - p), (size_t)(le - v)};
-            if (hs[nh].nlen == 14 && strncasecmp(p, "Content-Length", 14) == 0)
-                cl = strtoll(v, NULL, 10);
-            if (hs[nh].nlen == 17 && strncasecmp(p, "Transfer-Encoding", 17) == 0)
-                chunked = list_has(v, hs[nh].vlen, "chunked", 7);
-            nh++;
-        }
-        p = e + 1;
-    }
-    const struct hdr *conn = hfind(hs, nh, "Connection");
-    bc->keepalive = b10 ? conn != NULL && list_has(conn->value, conn->vlen, "keep-alive", 10)
-                        : conn == NULL || !list_has(conn->value, conn->vlen, "close", 5);
-    struct gw_req *r = bc->r;
+    struct gw_svc *s = bc->svc;
+    s->answers[code / 100 < 6 ? code / 100 : 5]++;
+    observe(&s->ttfb, now_s() - r->t_sent);
+    const struct h1_header *conn = h1_find(hd, "Connection");
+    bc->keepalive = hd->keepalive;
     struct gw_client *c = r->cl;
-    bool nobody = r->is_head || code == 204 || code == 304;
+    bool nobody = hd->no_body;
     if (nobody)
         bc->st = 4;
-    else if (chunked)
-        bc->st = 2;
-    else if (cl >= 0)
-        bc->st = 1, bc->left = cl;
+    else if (hd->chunked)
+        bc->st = 2, h1_chunked_init(&bc->cs, 0, hd->lf_only);
+    else if (hd->content_length >= 0)
+        bc->st = 1, bc->left = hd->content_length;
     else
         bc->st = 3, r->keepalive = false; /* until close: so is the client's */
     if (r->http10 && bc->st == 2)
         r->keepalive = false;
     /* the client's head */
+    const char *reason = h + 12, *rend = memchr(h, '\n', hl);
+    if (rend > h && rend[-1] == '\r')
+        rend--;
+    while (reason < rend && *reason == ' ')
+        reason++;
     struct evbuffer *out = c->g->scratch;
     evbuffer_add(out, "HTTP/1.1 ", 9);
     evbuffer_add(out, h + 9, 3);
     evbuffer_add(out, " ", 1);
     evbuffer_add(out, reason, (size_t)(rend - reason));
     evbuffer_add(out, "\r\n", 2);
-    for (int i = 0; i < nh; i++)
-        if (!hop_by_hop(hs[i].name, hs[i].nlen, conn) ||
-            (chunked && !nobody && !r->http10 && hs[i].nlen == 17 &&
-             strncasecmp(hs[i].name, "Transfer-Encoding", 17) == 0)) {
-            evbuffer_add(out, hs[i].name, hs[i].nlen);
+    for (int i = 0; i < hd->nh; i++) {
+        const struct h1_header *f = &hd->h[i];
+        bool te = f->nlen == 17 && strncasecmp(f->name, "Transfer-Encoding", 17) == 0;
+        if (!h1_hop_by_hop(f->name, f->nlen, conn) || (te && bc->st == 2 && !r->http10)) {
+            evbuffer_add(out, f->name, f->nlen);
             evbuffer_add(out, ": ", 2);
-            evbuffer_add(out, hs[i].value, hs[i].vlen);
+            evbuffer_add(out, f->value, f->vlen);
             evbuffer_add(out, "\r\n", 2);
         }
+    }
     if (!r->keepalive)
         evbuffer_add(out, "Connection: close\r\n", 19);
     else if (r->http10)
@@ -1329,8 +1141,12 @@ static int bc_head(struct gw_bconn *bc)
     evbuffer_add(out, "\r\n", 2);
     evbuffer_drain(bc->in, hl);
     r->started = true;
-    (void)c; /* the head stays staged in out (the scratch buffer) with the body that follows */
-    return 1;
+    return 1; /* the head stays staged in out (the scratch buffer) with the body that follows */
+}
+
+static void add_data(void *arg, const char *p, size_t n)
+{
+    evbuffer_add(arg, p, n);
 }
 
 static void bc_on_read(evutil_socket_t fd, short what, void *arg)
@@ -1374,8 +1190,9 @@ static void bc_on_read(evutil_socket_t fd, short what, void *arg)
         } else if (bc->st == 2 && len > 0) {
             const char *p = (const char *)evbuffer_pullup(bc->in, -1);
             bool dechunk = bc->r->http10; /* HTTP/1.0 has no chunks: the data, until close */
-            size_t k = chunk_feed(&bc->cs, p, len, dechunk ? bc->svc->g->scratch : NULL);
-            if (bc->cs.st < 0) {
+            size_t k =
+                h1_chunked_feed(&bc->cs, p, len, dechunk ? add_data : NULL, bc->svc->g->scratch);
+            if (bc->cs.st == H1C_BAD) {
                 stage_flush(bc);
                 bc_fail(bc, false);
                 return;
@@ -1384,7 +1201,7 @@ static void bc_on_read(evutil_socket_t fd, short what, void *arg)
                 evbuffer_drain(bc->in, k);
             else
                 to_client(bc, k);
-            if (bc->cs.st == 7)
+            if (bc->cs.st == H1C_DONE)
                 bc->st = 4;
         } else if (bc->st == 3 && len > 0) {
             to_client(bc, len);
@@ -1392,6 +1209,10 @@ static void bc_on_read(evutil_socket_t fd, short what, void *arg)
         break;
     }
     stage_flush(bc);
+    if (bc->r != NULL && bc->r->cl != NULL && bc->r->cl->gone) {
+        client_gone(bc->r->cl, "a write failed"); /* closes bc too */
+        return;
+    }
     if (bc->st == 4) {
         bc_done(bc);
         return;
@@ -1548,12 +1369,19 @@ static void forward_body(struct gw_req *r)
         if (len == 0)
             return;
         const char *p = (const char *)evbuffer_pullup(c->in, -1);
-        k = chunk_feed(&r->cs, p, len, NULL);
-        if (r->cs.st < 0) {
-            c->closing = true; /* the framing is broken: nothing after it can be trusted */
+        k = h1_chunked_feed(&r->cs, p, len, NULL, NULL);
+        if (r->cs.st == H1C_BAD) {
+            /* the framing is broken (or the body over the limit): nothing after it can be
+             * trusted, and nothing of it goes on */
+            if (r->cs.too_large)
+                c->g->too_large++;
+            /* closed from the loop (the timer at once): the callers still hold c */
+            c->closing = c->gone = true;
+            struct timeval now = {0, 0};
+            event_add(c->timer, &now);
             return;
         }
-        if (r->cs.st == 7)
+        if (r->cs.st == H1C_DONE)
             r->body_done = true;
     } else {
         k = len < (size_t)r->body_left ? len : (size_t)r->body_left;
@@ -1597,7 +1425,6 @@ static void dispatch(struct osub_gateway *g, struct gw_req *r)
     bc->r = r;
     bc->st = 0;
     bc->got_bytes = false;
-    memset(&bc->cs, 0, sizeof(bc->cs));
     r->bc = bc;
     r->t_sent = t;
     observe(&s->queue_wait, t - r->t0);
@@ -1622,12 +1449,12 @@ static void dispatch(struct osub_gateway *g, struct gw_req *r)
     evbuffer_add(out, " HTTP/1.1\r\nHost: ", 17);
     evbuffer_add(out, s->bhost[b], strlen(s->bhost[b]));
     evbuffer_add(out, "\r\n", 2);
-    const struct hdr *conn = hfind(r->h, r->nh, "Connection");
-    const struct hdr *xff = NULL;
+    const struct h1_header *conn = h1_find(&r->hd, "Connection");
+    const struct h1_header *xff = NULL;
     bool expect100 = false;
-    for (int i = 0; i < r->nh; i++) {
-        const struct hdr *h = &r->h[i];
-        if (hop_by_hop(h->name, h->nlen, conn) ||
+    for (int i = 0; i < r->hd.nh; i++) {
+        const struct h1_header *h = &r->hd.h[i];
+        if (h1_hop_by_hop(h->name, h->nlen, conn) ||
             (h->nlen == 4 && strncasecmp(h->name, "Host", 4) == 0))
             continue;
         if (h->nlen == 15 && strncasecmp(h->name, "X-Forwarded-For", 15) == 0) {
@@ -1834,7 +1661,7 @@ static void handle(struct gw_client *c, struct gw_req *r)
     if (s == NULL) {
         /* by Host: its first label names the service (chat.example.com, chat:8080), and
          * the whole path goes to the backend */
-        const struct hdr *host = hfind(r->h, r->nh, "Host");
+        const struct h1_header *host = h1_find(&r->hd, "Host");
         size_t k = 0;
         while (host != NULL && k < host->vlen && host->value[k] != '.' && host->value[k] != ':' &&
                k <= OSUB_ID_MAX)
@@ -1852,7 +1679,7 @@ static void handle(struct gw_client *c, struct gw_req *r)
     }
     /* priority: the service's class, or a lower one the client asks for */
     int32_t prio = s->v_level;
-    const struct hdr *xp = hfind(r->h, r->nh, "X-Priority");
+    const struct h1_header *xp = h1_find(&r->hd, "X-Priority");
     if (xp != NULL) {
         size_t nc;
         const osub_class_t *cls = osub_engine_classes(d->e, &nc);
@@ -1868,7 +1695,7 @@ static void handle(struct gw_client *c, struct gw_req *r)
         prio = lvl > s->v_level ? lvl : s->v_level; /* never above the service's own */
     }
     long deadline = s->v_qt;
-    const struct hdr *xd = hfind(r->h, r->nh, "X-Request-Deadline-Ms");
+    const struct h1_header *xd = h1_find(&r->hd, "X-Request-Deadline-Ms");
     if (xd != NULL) {
         long v = 0;
         bool okv = xd->vlen > 0 && xd->vlen < 10;
@@ -2045,9 +1872,10 @@ void osubd_gateway_metrics(struct osubd *d, struct evbuffer *b)
         "# TYPE oversub_gateway_refused_total counter\n"
         "oversub_gateway_refused_total{why=\"no_route\"} %llu\n"
         "oversub_gateway_refused_total{why=\"bad_request\"} %llu\n"
-        "oversub_gateway_refused_total{why=\"client_share\"} %llu\n",
+        "oversub_gateway_refused_total{why=\"client_share\"} %llu\n"
+        "oversub_gateway_refused_total{why=\"too_large\"} %llu\n",
         (unsigned long long)g->no_route, (unsigned long long)g->bad_requests,
-        (unsigned long long)g->refused_conns);
+        (unsigned long long)g->refused_conns, (unsigned long long)g->too_large);
     evbuffer_add_printf(b, "# HELP oversub_gateway_inflight Requests in flight to a service.\n"
                            "# TYPE oversub_gateway_inflight gauge\n");
     for (struct gw_svc *s = g->svcs; s; s = s->next)
@@ -2056,16 +1884,18 @@ void osubd_gateway_metrics(struct osubd *d, struct evbuffer *b)
                            "# TYPE oversub_gateway_queued gauge\n");
     for (struct gw_svc *s = g->svcs; s; s = s->next)
         evbuffer_add_printf(b, "oversub_gateway_queued{service=\"%s\"} %d\n", s->id, s->n_queued);
-    static const char *const hn[] = {"queue_wait", "upstream"};
-    static const char *const hh[] = {"Time a request waited in the service's queue.",
-                                     "Time from sending to a backend to its last byte."};
-    for (int k = 0; k < 2; k++) {
+    static const char *const hn[] = {"queue_wait", "upstream", "first_byte"};
+    static const char *const hh[] = {
+        "Time a request waited in the service's queue.",
+        "Time from sending to a backend to its last byte (for a stream, its length).",
+        "Time from sending to a backend to the head of its answer (time to first byte)."};
+    for (int k = 0; k < 3; k++) {
         evbuffer_add_printf(
             b,
             "# HELP oversub_gateway_%s_seconds %s\n# TYPE oversub_gateway_%s_seconds histogram\n",
             hn[k], hh[k], hn[k]);
         for (struct gw_svc *s = g->svcs; s; s = s->next) {
-            const struct hist *h = k == 0 ? &s->queue_wait : &s->upstream;
+            const struct hist *h = k == 0 ? &s->queue_wait : k == 1 ? &s->upstream : &s->ttfb;
             uint64_t cum = 0;
             for (int i = 0; i < GW_BUCKETS; i++) {
                 cum += h->count[i];
@@ -2086,14 +1916,34 @@ void osubd_gateway_metrics(struct osubd *d, struct evbuffer *b)
     evbuffer_add_printf(b, "# HELP oversub_gateway_requests_total Requests by outcome.\n"
                            "# TYPE oversub_gateway_requests_total counter\n");
     for (struct gw_svc *s = g->svcs; s; s = s->next) {
-        static const char *const what[] = {"admitted",    "queue_full", "deadline",
-                                           "not_running", "shed",       "backend_error"};
-        uint64_t v[] = {s->admitted,        s->rej_full, s->rej_deadline,
-                        s->rej_unavailable, s->rej_shed, s->backend_errors};
-        for (int i = 0; i < 6; i++)
+        static const char *const what[] = {"admitted", "queue_full",    "deadline",   "not_running",
+                                           "shed",     "backend_error", "client_gone"};
+        uint64_t v[] = {s->admitted, s->rej_full,       s->rej_deadline, s->rej_unavailable,
+                        s->rej_shed, s->backend_errors, s->client_gone};
+        for (int i = 0; i < 7; i++)
             evbuffer_add_printf(b,
                                 "oversub_gateway_requests_total{service=\"%s\",outcome=\"%s\"} "
                                 "%llu\n",
                                 s->id, what[i], (unsigned long long)v[i]);
+    }
+    evbuffer_add_printf(b, "# HELP oversub_gateway_backend_answers_total The backends' answers "
+                           "by status class.\n"
+                           "# TYPE oversub_gateway_backend_answers_total counter\n");
+    for (struct gw_svc *s = g->svcs; s; s = s->next)
+        for (int i = 1; i < 6; i++)
+            evbuffer_add_printf(
+                b,
+                "oversub_gateway_backend_answers_total{service=\"%s\",class=\"%dxx\"} "
+                "%llu\n",
+                s->id, i, (unsigned long long)s->answers[i]);
+    evbuffer_add_printf(b, "# HELP oversub_gateway_backend_up A backend in rotation (1) or out of "
+                           "it after failures (0).\n"
+                           "# TYPE oversub_gateway_backend_up gauge\n");
+    double t = now_s();
+    for (struct gw_svc *s = g->svcs; s; s = s->next) {
+        const struct osubd_route *rt = route_of(d, s->id);
+        for (int i = 0; rt != NULL && i < rt->n_backends; i++)
+            evbuffer_add_printf(b, "oversub_gateway_backend_up{service=\"%s\",backend=\"%s\"} %d\n",
+                                s->id, rt->backends[i], s->down_until[i] > t ? 0 : 1);
     }
 }

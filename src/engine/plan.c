@@ -1435,12 +1435,14 @@ static int plan_admission_fast(osub_engine_t *e, const struct req *r, struct pla
             continue;
         if (!found || key_cmp(&cur, out) < 0) {
             osub_check_t c = out->check;
-            int32_t cg = out->check_gpu;
+            int32_t cg = out->check_gpu, fit = out->fit_gpus, need = out->need_gpus;
             int64_t sf = out->shortfall;
             *out = cur;
             out->check = c;
             out->check_gpu = cg;
             out->shortfall = sf;
+            out->fit_gpus = fit;
+            out->need_gpus = need;
             found = true;
         }
     }

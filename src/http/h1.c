@@ -60,9 +60,15 @@ const struct h1_header *h1_find(const struct h1_head *h, const char *name)
 
 bool h1_hop_by_hop(const char *name, size_t n, const struct h1_header *conn)
 {
-    static const char *const hop[] = {"Connection", "Keep-Alive",         "Proxy-Connection",
-                                      "TE",         "Trailer",            "Transfer-Encoding",
-                                      "Upgrade",    "Proxy-Authenticate", "Proxy-Authorization"};
+    static const char *const hop[] = {"Connection",
+                                      "Keep-Alive",
+                                      "Proxy-Connection",
+                                      "TE",
+                                      "Trailer",
+                                      "Transfer-Encoding",
+                                      "Upgrade",
+                                      "Proxy-Authenticate",
+                                      "Proxy-Authorization"};
     for (size_t i = 0; i < sizeof(hop) / sizeof(hop[0]); i++)
         if (strlen(hop[i]) == n && strncasecmp(name, hop[i], n) == 0)
             return true;

@@ -77,20 +77,29 @@ bool h1_hop_by_hop(const char *name, size_t nlen, const struct h1_header *connec
 bool h1_is_tchar(unsigned char c);
 
 /* A chunked body, scanned as it passes. */
-enum { H1C_SIZE, H1C_EXT, H1C_SIZE_LF, H1C_DATA, H1C_DATA_CR, H1C_DATA_LF, H1C_TRAILER,
-       H1C_DONE, H1C_BAD };
+enum {
+    H1C_SIZE,
+    H1C_EXT,
+    H1C_SIZE_LF,
+    H1C_DATA,
+    H1C_DATA_CR,
+    H1C_DATA_LF,
+    H1C_TRAILER,
+    H1C_DONE,
+    H1C_BAD
+};
 struct h1_chunked {
     int st;
     int64_t left;      /* the chunk's data still to come */
     int64_t total;     /* data seen so far */
     int64_t max_total; /* 0: no limit; beyond it: H1C_BAD with too_large */
     int ndigits;
-    bool lf_ok;        /* bare LF line endings accepted (the head had them) */
+    bool lf_ok; /* bare LF line endings accepted (the head had them) */
     bool too_large;
-    int tline;         /* bytes of the current trailer line */
-    int tbytes;        /* bytes of the trailer section */
+    int tline;  /* bytes of the current trailer line */
+    int tbytes; /* bytes of the trailer section */
     bool tline_colon, tline_bad;
-    const char *why;   /* H1C_BAD: why */
+    const char *why; /* H1C_BAD: why */
 };
 
 void h1_chunked_init(struct h1_chunked *cs, int64_t max_total, bool lf_ok);

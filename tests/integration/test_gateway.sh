@@ -226,16 +226,57 @@ echo "gateway fuzz: $(cat "$tmp/fuzz")"
 expect "fuzz: every answer an HTTP/1.1 status line" 0 "$(json 'd["results"]["bad"]' <"$tmp/fuzz")"
 expect "fuzz: some valid, some refused" True "$(json 'd["results"]["2xx"] > 0 and d["results"]["4xx"] > 0' <"$tmp/fuzz")"
 expect "gateway alive after the fuzz" 200 "$(curl -s -o /dev/null -w '%{http_code}' "$G/chat/echo")"
-expect "a half-closed client still gets its answer" 200 "$(python3 -c '
-import socket, sys
+# ---- a client that leaves is cancelled: its backend connection closed, its slot freed at once,
+# its queued request out of the queue (an SDK that gives up closes its socket) ----
+metric() { curl -s "$A/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
+wait_metric() { # name value seconds: waits for the event, at most that long
+    for _ in $(seq 1 $(($3 * 10))); do [ "$(metric "$1")" = "$2" ] && return 0; sleep 0.1; done
+    return 1
+}
+gone0=$(metric 'oversub_gateway_requests_total{service="chat",outcome="client_gone"}')
+# the clients close when the test says so (a file appears): each step waits for its event
+python3 - "$GW" "$tmp/go1" <<'PY' &
+import os, socket, sys, time
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-s.sendall(b"GET /chat/echo HTTP/1.1\r\nHost: x\r\n\r\n"); s.shutdown(socket.SHUT_WR)
-d = b""
-while True:
-    b = s.recv(4096)
-    if not b: break
-    d += b
-print(d.split(b" ")[1].decode() if d else "closed")' "$GW")"
+s.sendall(b"GET /chat/slow?ms=20000&tag=abandoned HTTP/1.1\r\nHost: x\r\n\r\n")
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.05)
+s.close()
+PY
+CLP=$!
+wait_metric 'oversub_gateway_inflight{service="chat"}' 1 10 || bad "the slow request did not start"
+touch "$tmp/go1"
+wait_metric 'oversub_gateway_requests_total{service="chat",outcome="client_gone"}' $((gone0 + 1)) 10 || bad "the abandoned request was not counted as client_gone"
+wait "$CLP"
+expect "the abandoned request's slot is free (20 s before the backend would finish)" 0 "$(metric 'oversub_gateway_inflight{service="chat"}')"
+expect "the next request served at once" 200 "$(curl -s -o /dev/null -w '%{http_code}' -m 5 "$G/chat/echo")"
+# a queued client that leaves: out of the queue
+python3 - "$GW" "$tmp/go2" "$tmp/go3" <<'PY' &
+import os, socket, sys, time
+def until(f):
+    while not os.path.exists(f):
+        time.sleep(0.05)
+hold = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+hold.sendall(b"GET /chat/slow?ms=20000&tag=holder HTTP/1.1\r\nHost: x\r\n\r\n")
+q = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+until(sys.argv[2])
+q.sendall(b"GET /chat/echo HTTP/1.1\r\nHost: x\r\n\r\n")
+until(sys.argv[3])
+q.close()
+until(sys.argv[3] + "b")
+hold.close()
+PY
+QP=$!
+wait_metric 'oversub_gateway_inflight{service="chat"}' 1 10 || bad "the holder did not start"
+touch "$tmp/go2"
+wait_metric 'oversub_gateway_queued{service="chat"}' 1 10 || bad "the second request was not queued"
+touch "$tmp/go3"
+wait_metric 'oversub_gateway_queued{service="chat"}' 0 10 || bad "the queued request whose client left stayed queued"
+expect "  while the holder still runs" 1 "$(metric 'oversub_gateway_inflight{service="chat"}')"
+touch "$tmp/go3b"
+wait "$QP"
+wait_metric 'oversub_gateway_inflight{service="chat"}' 0 10 || bad "the holder's slot was not freed when it left"
+expect "both counted as client_gone" $((gone0 + 3)) "$(metric 'oversub_gateway_requests_total{service="chat",outcome="client_gone"}')"
 
 # ---- slow clients: one address holds at most its share; a head must arrive within 10 s ----
 python3 - "$GW" >"$tmp/slow" <<'PY'
@@ -340,7 +381,7 @@ expect "one 502, then the live backend only" " 502 200 200 200 200 200" "$codes"
 
 # ---- metrics ----
 curl -s "$A/metrics" >"$tmp/metrics"
-grep -q 'oversub_gateway_requests_total{service="chat",outcome="queue_full"} 1' "$tmp/metrics" && ok || bad "gateway metrics: $(grep gateway "$tmp/metrics" | head -5)"
+grep -Eq '^oversub_gateway_requests_total\{service="chat",outcome="queue_full"\} [1-9]' "$tmp/metrics" && ok || bad "gateway metrics: $(grep gateway "$tmp/metrics" | head -5)"
 grep -q '^oversub_gateway_refused_total{why="client_share"} 44$' "$tmp/metrics" && ok || bad "client share metric: $(grep refused_total "$tmp/metrics")"
 grep -Eq '^oversub_gateway_refused_total\{why="bad_request"\} [1-9]' "$tmp/metrics" && ok || bad "bad request metric: $(grep refused_total "$tmp/metrics")"
 # the queue-wait histogram saw the queued requests wait (some over 0.25 s), upstream the slow ones

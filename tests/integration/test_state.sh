@@ -15,8 +15,10 @@ start() { # dir, extra args... ; sets PORT and PID (env FAKE=1: under libfaketim
     (
         cd "$dir" || exit 1
         if [ "${FAKE:-0}" = 1 ]; then
+            # (a sanitizer build wants its runtime first: libfaketime goes before it)
             export LD_PRELOAD=$FAKETIME_LIB FAKETIME_TIMESTAMP_FILE=$tmp/faketime \
-                FAKETIME_NO_CACHE=1 FAKETIME_DONT_FAKE_MONOTONIC=1
+                FAKETIME_NO_CACHE=1 FAKETIME_DONT_FAKE_MONOTONIC=1 \
+                ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0
         fi
         exec "$bin" --listen 127.0.0.1:0 --state "$dir/state.db" --socket "$dir/d.sock" \
             --ratio 1.5 --tick-ms 200 "$@" >"$dir/out" 2>"$dir/err"

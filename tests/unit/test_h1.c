@@ -40,8 +40,8 @@ static const struct req_case reqs[] = {
     {"bare CR in a value", "GET / HTTP/1.1" CRLF H "X-A: a\rX-Injected: yes" CRLF CRLF, 0, H1_BAD,
      400, 0},
     {"bare CR smuggling TE",
-     "POST / HTTP/1.1" CRLF H "X-A: z\rTransfer-Encoding: chunked" CRLF "Content-Length: 4" CRLF
-         CRLF "abcd",
+     "POST / HTTP/1.1" CRLF H "X-A: z\rTransfer-Encoding: chunked" CRLF
+     "Content-Length: 4" CRLF CRLF "abcd",
      0, H1_BAD, 400, 0},
     {"NUL in a value", NUL_REQ, sizeof(NUL_REQ) - 1, H1_BAD, 400, 0},
     {"control char in a value", "GET / HTTP/1.1" CRLF H "X-A: a\x01" CRLF CRLF, 0, H1_BAD, 400, 0},
@@ -50,15 +50,23 @@ static const struct req_case reqs[] = {
     {"name not a token", "GET / HTTP/1.1" CRLF H "X(A): a" CRLF CRLF, 0, H1_BAD, 400, 0},
     {"empty name", "GET / HTTP/1.1" CRLF H ": a" CRLF CRLF, 0, H1_BAD, 400, 0},
     {"no colon", "GET / HTTP/1.1" CRLF H "garbage" CRLF CRLF, 0, H1_BAD, 400, 0},
-    {"two Content-Length", "POST / HTTP/1.1" CRLF H "Content-Length: 1" CRLF "Content-Length: 1" CRLF CRLF, 0, H1_BAD, 400, 0},
+    {"two Content-Length",
+     "POST / HTTP/1.1" CRLF H "Content-Length: 1" CRLF "Content-Length: 1" CRLF CRLF, 0, H1_BAD,
+     400, 0},
     {"CL list", "POST / HTTP/1.1" CRLF H "Content-Length: 1, 1" CRLF CRLF, 0, H1_BAD, 400, 0},
     {"CL sign", "POST / HTTP/1.1" CRLF H "Content-Length: +1" CRLF CRLF, 0, H1_BAD, 400, 0},
     {"CL huge", "POST / HTTP/1.1" CRLF H "Content-Length: 99999999999999999999" CRLF CRLF, 0,
      H1_BAD, 400, 0},
-    {"CL and TE", "POST / HTTP/1.1" CRLF H "Content-Length: 1" CRLF "Transfer-Encoding: chunked" CRLF CRLF, 0, H1_BAD, 400, 0},
-    {"TE twice", "POST / HTTP/1.1" CRLF H "Transfer-Encoding: chunked" CRLF "Transfer-Encoding: chunked" CRLF CRLF, 0, H1_BAD, 400, 0},
+    {"CL and TE",
+     "POST / HTTP/1.1" CRLF H "Content-Length: 1" CRLF "Transfer-Encoding: chunked" CRLF CRLF, 0,
+     H1_BAD, 400, 0},
+    {"TE twice",
+     "POST / HTTP/1.1" CRLF H "Transfer-Encoding: chunked" CRLF
+     "Transfer-Encoding: chunked" CRLF CRLF,
+     0, H1_BAD, 400, 0},
     {"TE gzip", "POST / HTTP/1.1" CRLF H "Transfer-Encoding: gzip" CRLF CRLF, 0, H1_BAD, 501, 0},
-    {"TE chunked not last", "POST / HTTP/1.1" CRLF H "Transfer-Encoding: chunked, gzip" CRLF CRLF, 0, H1_BAD, 400, 0},
+    {"TE chunked not last", "POST / HTTP/1.1" CRLF H "Transfer-Encoding: chunked, gzip" CRLF CRLF,
+     0, H1_BAD, 400, 0},
     {"TE in HTTP/1.0", "POST / HTTP/1.0" CRLF "Transfer-Encoding: chunked" CRLF CRLF, 0, H1_BAD,
      400, 0},
     {"TE chunked ok", "POST / HTTP/1.1" CRLF H "Transfer-Encoding:  Chunked " CRLF CRLF, 0, H1_DONE,
@@ -105,9 +113,9 @@ static void test_requests(void **state)
 static void test_request_fields(void **state)
 {
     (void)state;
-    const char *in = "POST /v1/chat?x=1 HTTP/1.1" CRLF "Host: gw" CRLF "Content-Length: 12" CRLF
-                     "X-Empty:" CRLF "Connection: keep-alive, Upgrade" CRLF
-                     "Expect: 100-continue" CRLF CRLF "hello world!";
+    const char *in =
+        "POST /v1/chat?x=1 HTTP/1.1" CRLF "Host: gw" CRLF "Content-Length: 12" CRLF "X-Empty:" CRLF
+        "Connection: keep-alive, Upgrade" CRLF "Expect: 100-continue" CRLF CRLF "hello world!";
     struct h1_head h;
     assert_int_equal(h1_parse_request(in, strlen(in), &h), H1_DONE);
     assert_int_equal(h.mlen, 4);
@@ -185,7 +193,9 @@ static const struct resp_case resps[] = {
     {"gzip then chunked", "HTTP/1.1 200 OK" CRLF "Transfer-Encoding: gzip, chunked" CRLF CRLF,
      false, H1_DONE, true, false, false, true, -1},
     {"until close", "HTTP/1.1 200 OK" CRLF CRLF, false, H1_DONE, false, true, false, false, -1},
-    {"1.0 keep-alive CL", "HTTP/1.0 200 OK" CRLF "Connection: keep-alive" CRLF "Content-Length: 0" CRLF CRLF, false, H1_DONE, false, false, false, true, 0},
+    {"1.0 keep-alive CL",
+     "HTTP/1.0 200 OK" CRLF "Connection: keep-alive" CRLF "Content-Length: 0" CRLF CRLF, false,
+     H1_DONE, false, false, false, true, 0},
     {"204", "HTTP/1.1 204 No Content" CRLF CRLF, false, H1_DONE, false, false, true, true, -1},
     {"304", "HTTP/1.1 304 Not Modified" CRLF "Content-Length: 10" CRLF CRLF, false, H1_DONE, false,
      false, true, true, 10},
@@ -194,7 +204,9 @@ static const struct resp_case resps[] = {
     {"no reason", "HTTP/1.1 200" CRLF "Content-Length: 0" CRLF CRLF, false, H1_DONE, false, false,
      false, true, 0},
     {"bad status", "HTTP/1.1 2x0 OK" CRLF CRLF, false, H1_BAD, false, false, false, false, -1},
-    {"CL and TE", "HTTP/1.1 200 OK" CRLF "Content-Length: 1" CRLF "Transfer-Encoding: chunked" CRLF CRLF, false, H1_BAD, false, false, false, false, -1},
+    {"CL and TE",
+     "HTTP/1.1 200 OK" CRLF "Content-Length: 1" CRLF "Transfer-Encoding: chunked" CRLF CRLF, false,
+     H1_BAD, false, false, false, false, -1},
     {"bare CR", "HTTP/1.1 200 OK" CRLF "X: a\rb" CRLF CRLF, false, H1_BAD, false, false, false,
      false, -1},
     {"HTTP/2", "HTTP/2 200 OK" CRLF CRLF, false, H1_BAD, false, false, false, false, -1},
@@ -213,8 +225,8 @@ static void test_responses(void **state)
             assert_int_equal(h.err_status, 502);
             continue;
         }
-        if (h.chunked != c->chunked || h.until_close != c->until_close ||
-            h.no_body != c->no_body || h.keepalive != c->keepalive || h.content_length != c->cl)
+        if (h.chunked != c->chunked || h.until_close != c->until_close || h.no_body != c->no_body ||
+            h.keepalive != c->keepalive || h.content_length != c->cl)
             fail_msg("%s: chunked %d until_close %d no_body %d keepalive %d cl %lld", c->name,
                      h.chunked, h.until_close, h.no_body, h.keepalive, (long long)h.content_length);
     }
@@ -223,9 +235,9 @@ static void test_responses(void **state)
 struct chunk_case {
     const char *name;
     const char *in;
-    int st;          /* the state after feeding all of in */
+    int st;           /* the state after feeding all of in */
     const char *data; /* H1C_DONE: the de-chunked data */
-    size_t used;     /* H1C_DONE: bytes that belonged to the body (0: all) */
+    size_t used;      /* H1C_DONE: bytes that belonged to the body (0: all) */
 };
 
 static const struct chunk_case chunks[] = {
@@ -282,8 +294,8 @@ static void test_chunked(void **state)
                     used += h1_chunked_feed(&cs, c->in + k, 1, collect, &s);
             }
             if (cs.st != c->st)
-                fail_msg("%s (%s): state %d, want %d (%s)", c->name, bytewise ? "bytewise" : "whole",
-                         cs.st, c->st, cs.why ? cs.why : "");
+                fail_msg("%s (%s): state %d, want %d (%s)", c->name,
+                         bytewise ? "bytewise" : "whole", cs.st, c->st, cs.why ? cs.why : "");
             if (c->st == H1C_DONE) {
                 assert_int_equal(s.n, strlen(c->data));
                 assert_memory_equal(s.buf, c->data, s.n);
@@ -323,9 +335,9 @@ static void test_chunked_limits(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_requests),  cmocka_unit_test(test_request_fields),
+        cmocka_unit_test(test_requests),       cmocka_unit_test(test_request_fields),
         cmocka_unit_test(test_request_limits), cmocka_unit_test(test_responses),
-        cmocka_unit_test(test_chunked),   cmocka_unit_test(test_chunked_limits),
+        cmocka_unit_test(test_chunked),        cmocka_unit_test(test_chunked_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
