@@ -3,6 +3,8 @@
 #include "daemon.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <stdarg.h>
 #include <sys/random.h>
 #include <signal.h>
@@ -768,6 +770,24 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
             return -1;
         }
     }
+    /* one oversubd per state: a lock file beside it, held while we run (flock: not disturbed
+     * by SQLite's own POSIX locks); a second daemon is refused before it opens the database */
+    char lock[600];
+    snprintf(lock, sizeof(lock), "%s.lock", d->cfg.state_path);
+    d->lock_fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (d->lock_fd < 0) {
+        snprintf(err, errlen, "%s: %s", lock, strerror(errno));
+        return -1;
+    }
+    if (flock(d->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        snprintf(err, errlen,
+                 "%s: another oversubd runs on this state (it holds %s); stop it first, or give "
+                 "this one another --state",
+                 d->cfg.state_path, lock);
+        close(d->lock_fd);
+        d->lock_fd = -1;
+        return -1;
+    }
     if (osub_store_open(d->cfg.state_path, &d->store, e2, sizeof(e2)) != 0) {
         snprintf(err, errlen, "%s", e2);
         return -1;
@@ -1028,6 +1048,8 @@ void osubd_stop(struct osubd *d)
         event_base_free(d->base);
     osub_engine_free(d->e);
     osub_store_close(d->store);
+    if (d->lock_fd >= 0)
+        close(d->lock_fd); /* the lock goes with it */
     if (d->cfg.socket_path[0])
         unlink(d->cfg.socket_path);
 }

@@ -290,6 +290,7 @@ int main(int argc, char **argv)
 {
     struct osubd d;
     memset(&d, 0, sizeof(d));
+    d.lock_fd = -1;
     osubd_config_default(&d.cfg);
     static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
                                          {"listen", required_argument, NULL, 'l'},

@@ -74,13 +74,20 @@ static const char *const schema_v1 =
 int osub_store_open(const char *path, osub_store_t **out, char *err, size_t errlen)
 {
     *out = NULL;
-    /* create it 0600 ourselves: SQLite would follow the umask */
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        return -1;
+    /* create it 0600 ourselves (SQLite would follow the umask), and only when it does not
+     * exist: closing any descriptor of an open database drops this process's POSIX locks on
+     * it (SQLite's connections included), and the next outside connection to close would then
+     * delete the WAL under our feet */
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        int fd = errno == ENOENT ? open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600) : -1;
+        if (fd < 0 && errno != EEXIST) {
+            snprintf(err, errlen, "%s: %s", path, strerror(errno));
+            return -1;
+        }
+        if (fd >= 0)
+            close(fd);
     }
-    close(fd);
     osub_store_t *s = calloc(1, sizeof(*s));
     if (s == NULL) {
         snprintf(err, errlen, "%s: out of memory", path);

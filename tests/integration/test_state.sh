@@ -84,6 +84,20 @@ expect "restart: chat's pid" "$$" "$(json 'd["pid"]' <"$tmp/body")"
 expect "restart: old has still no backends" False "$(code "$(U /v1/services/old)" >/dev/null; json '"backends" in d' <"$tmp/body")"
 stop
 
+# ---- one daemon per state; an outside reader never costs an acknowledged command ----------
+start "$tmp/one" --gpus sim:2x81920 || exit 1
+"$bin" --listen 127.0.0.1:0 --state "$tmp/one/state.db" --socket "" --gpus sim:2x81920 >/dev/null 2>"$tmp/one/second.err"
+expect "a second oversubd on the same state: refused" 1 "$?"
+expect "  saying another one runs" True "$(grep -q "another oversubd runs on this state" "$tmp/one/second.err" && echo True || echo False)"
+expect "before" 201 "$(post /v1/services '{"id":"before","class":"batch","vram":"5GiB"}')"
+sqlite3 "$tmp/one/state.db" "SELECT count(*) FROM log" >/dev/null
+expect "the WAL is still there after an outside reader" True "$([ -e "$tmp/one/state.db-wal" ] && echo True || echo False)"
+expect "after" 201 "$(post /v1/services '{"id":"after","class":"batch","vram":"5GiB"}')"
+kill -9 "$PID"; wait "$PID" 2>/dev/null
+start "$tmp/one" --gpus sim:2x81920 || exit 1
+expect "kill -9: both acknowledged services back" "after before" "$(code "$(U /v1/services)" >/dev/null; json '" ".join(sorted(s["id"] for s in d["services"]))' <"$tmp/body")"
+stop
+
 # ---- a damaged saved route stops the start with a sentence, never a silent loss -------------
 cp "$tmp/a/state.db" "$tmp/damaged.db"
 sqlite3 "$tmp/damaged.db" "UPDATE meta SET value = '{\"chat\":{\"backends\":\"nope\"}}' WHERE key = 'gateway_routes'"
