@@ -1411,6 +1411,12 @@ osub_idmap_key_t *osubd_act_pid_ids(const struct osubd *d, size_t *n)
     return osub_idmap_keys(d->act->pids, n);
 }
 
+bool osubd_act_exec_equal(const struct osubd *d, const char *id, const json_t *exec)
+{
+    const json_t *live = json_object_get(d->act->execs, id);
+    return live != NULL && json_equal((json_t *)live, (json_t *)exec);
+}
+
 bool osubd_act_managed(const struct osubd *d, const char *id)
 {
     return json_object_get(json_object_get(d->act->execs, id), "command") != NULL;

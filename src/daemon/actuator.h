@@ -67,6 +67,8 @@ int osubd_act_commit_exec(struct osubd *d, const char *id, json_t *exec);
 int osubd_act_set_pid(struct osubd *d, const char *id, pid_t pid);
 pid_t osubd_act_pid(const struct osubd *d, const char *id);
 osub_idmap_key_t *osubd_act_pid_ids(const struct osubd *d, size_t *n);
+/* Whether a retry's exec is the live service's. */
+bool osubd_act_exec_equal(const struct osubd *d, const char *id, const json_t *exec);
 /* Whether oversubd runs the service's program. */
 bool osubd_act_managed(const struct osubd *d, const char *id);
 /* The service is gone from the engine: its PID and directives are forgotten (its process, if

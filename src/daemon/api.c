@@ -15,6 +15,7 @@
 
 #include <event2/buffer.h>
 #include <event2/keyvalq_struct.h>
+#include <sys/queue.h>
 #include <event2/listener.h>
 
 #include "daemon.h"
@@ -423,22 +424,24 @@ struct submit_stage {
     const char *id;
     struct osubd_route *route; /* taken when kept */
     json_t *exec;
-    bool route_conflict; /* a retry with other gateway settings */
+    bool route_conflict; /* a retry with other gateway settings or another way to run */
     bool stored;
+    bool dry;
 };
 
 static void submit_commit(struct osubd *d, int rc, const osub_submit_result_t *r, void *arg)
 {
     struct submit_stage *st = arg;
     if (rc == 0 && r->outcome == OSUB_SUBMIT_EXISTS) {
-        /* a retry of a live service: the same spec; its route must be the same too (PUT
-         * .../backends changes backends), and it keeps how it runs */
-        st->route_conflict =
-            st->route != NULL && !osubd_route_equal(st->route, osubd_routes_get(d->routes, st->id));
+        /* a retry of a live service: the same spec, the same gateway settings (PUT
+         * .../backends changes backends) and the same way to run it (or none given) */
+        st->route_conflict = !osubd_route_equal(st->route, osubd_routes_get(d->routes, st->id)) ||
+                             (st->exec != NULL && !osubd_act_exec_equal(d, st->id, st->exec));
         return;
     }
-    if (rc != 0 || (r->outcome != OSUB_SUBMIT_STARTED && r->outcome != OSUB_SUBMIT_PENDING &&
-                    r->outcome != OSUB_SUBMIT_QUEUED))
+    if (rc != 0 || st->dry ||
+        (r->outcome != OSUB_SUBMIT_STARTED && r->outcome != OSUB_SUBMIT_PENDING &&
+         r->outcome != OSUB_SUBMIT_QUEUED))
         return;
     st->stored = osubd_routes_set(d->routes, st->id, st->route) == 0;
     st->route = NULL;
@@ -487,16 +490,19 @@ static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dr
     json_decref(spec);
     osub_submit_result_t r;
     memset(&r, 0, sizeof(r));
-    struct submit_stage st = {.id = sp.id, .route = route, .exec = exec};
+    struct submit_stage st = {.id = sp.id, .route = route, .exec = exec, .dry = dry};
     int rc = cmd != NULL ? osubd_apply_with(d, cmd, &r, err, sizeof(err), submit_commit, &st)
                          : OSUB_ENOMEM;
     json_decref(cmd);
+    if (dry && err[0] == '\0')
+        submit_commit(d, rc, &r, &st); /* a dry run keeps nothing, but answers the same */
     free(st.route);
     json_decref(exec);
     if (st.route_conflict) {
         reply_error(d, req, 409, osub_errcode(OSUB_ESPEC_CONFLICT),
-                    "a service with this id runs with other gateway settings; change its "
-                    "backends with PUT /v1/services/ID/backends, or release it first");
+                    "a service with this id runs with other gateway settings or another "
+                    "command; change its backends with PUT /v1/services/ID/backends, or release "
+                    "it first");
         return;
     }
     if (err[0]) {
@@ -509,7 +515,12 @@ static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dr
         json_object_set_new(dec, "check", json_string(osub_check_name(r.check)));
         if (r.check_gpu >= 0)
             json_object_set_new(dec, "gpu", json_integer(r.check_gpu));
-        json_object_set_new(dec, "shortfall_mib", json_integer(r.shortfall_mib));
+        /* the shortfall in the check's own unit */
+        const char *unit = r.check == OSUB_CHECK_COMPUTE     ? "shortfall_pct"
+                           : r.check == OSUB_CHECK_EXCLUSIVE ? "shortfall_services"
+                           : r.check == OSUB_CHECK_GPUS      ? "shortfall_gpus"
+                                                             : "shortfall_mib";
+        json_object_set_new(dec, unit, json_integer(r.shortfall_mib));
     }
     if (r.n_victims > 0) {
         json_t *v = json_array();
@@ -739,8 +750,28 @@ static void h_services(struct osubd *d, struct evhttp_request *req, enum evhttp_
             evbuffer_add_printf(b, "]}\n");
             reply_buf(d, req, 200, b);
         } else if (m == EVHTTP_REQ_POST) {
-            bool dry =
-                query != NULL && (strstr(query, "dry_run=1") || strstr(query, "dry_run=true"));
+            /* ?dry_run=1|true|0|false, and nothing else */
+            struct evkeyvalq q;
+            TAILQ_INIT(&q);
+            bool dry = false, ok = query == NULL || evhttp_parse_query_str(query, &q) == 0;
+            struct evkeyval *kv;
+            TAILQ_FOREACH(kv, &q, next)
+            {
+                if (strcmp(kv->key, "dry_run") != 0) {
+                    ok = false;
+                } else if (strcmp(kv->value, "1") == 0 || strcmp(kv->value, "true") == 0) {
+                    dry = true;
+                } else if (strcmp(kv->value, "0") != 0 && strcmp(kv->value, "false") != 0) {
+                    ok = false;
+                }
+            }
+            evhttp_clear_headers(&q);
+            if (!ok) {
+                reply_error(d, req, 400, "bad_query",
+                            "POST /v1/services takes one query parameter: dry_run=1 (or true, "
+                            "0, false)");
+                return;
+            }
             h_services_post(d, req, dry);
         } else {
             reply_error(d, req, 405, "method_not_allowed", "GET or POST /v1/services");

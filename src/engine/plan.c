@@ -1071,16 +1071,6 @@ static void tree_collect(const struct room_tree *t, const int64_t *tr, int64_t s
     }
 }
 
-/* The GPU of group t with the most room for level L (the one that came closest). */
-static int32_t tree_argmax(const struct room_tree *t, int32_t L)
-{
-    int32_t x = 1;
-    while (x < t->leaves)
-        x = t->t[L][2 * x] >= t->t[L][2 * x + 1] ? 2 * x : 2 * x + 1;
-    int32_t pos = x - t->leaves;
-    return pos < t->n ? t->gpus[pos] : -1;
-}
-
 /* Plans the best placement for one GPU size. Returns true and fills *p when one exists.
  * Candidates come from the room trees: first the GPUs where it fits without victims (ranked
  * exactly), then, only if fewer than k of those, level by level from the lowest priority up,
@@ -1256,50 +1246,39 @@ static bool plan_size(osub_engine_t *e, const struct req *r0, int64_t size, stru
         }
     }
     (void)gj;
-    if (nb < k && k > 1 && !r->quiet) {
-        /* some GPUs can take a share, too few: say so, and why the closest other cannot */
-        int32_t cg = -1;
-        osub_check_t cck = OSUB_CHECK_NONE;
-        int64_t csf = INT64_MAX;
-        for (int32_t gi = 0; gi < e->n_gpus; gi++) {
-            struct gpu *g = &e->gpus[gi];
-            bool chosen = false;
-            for (int32_t b = 0; b < nb && !chosen; b++)
-                chosen = best[b].gpu == gi;
-            if (chosen || !gpu_takes(g, r, size))
-                continue;
-            int64_t share = r->exclusive ? g->usable : share0;
-            ws_init(e, &w, r, &gi, &share, 1);
-            int64_t sf;
-            osub_check_t ck = ws_eval(e, &w, &w.g[0], &sf);
-            if (ck != OSUB_CHECK_NONE && sf < csf) {
-                cg = gi;
-                cck = ck;
-                csf = sf;
-            }
-        }
-        if (cg >= 0) {
-            note_failure(fail, cck, cg, csf);
-            if (fail->check == cck && fail->check_gpu == cg && fail->shortfall == csf) {
-                fail->fit_gpus = nb;
-                fail->need_gpus = k;
-            }
-            return false;
-        }
-    }
     if (nb < k) {
-        /* say why, on the GPU that came closest */
+        /* say why: the closest GPU of this size that cannot take a share, and by how much;
+         * when every other one is out of reach (cordoned, lost, exclusive), the GPUs short */
         if (!r->quiet) {
-            int32_t gi = tree_argmax(grp, e->max_level);
-            if (gi >= 0) {
+            int32_t cg = -1;
+            osub_check_t cck = OSUB_CHECK_NONE;
+            int64_t csf = INT64_MAX;
+            for (int32_t gi = 0; gi < e->n_gpus; gi++) {
                 struct gpu *g = &e->gpus[gi];
+                bool chosen = false;
+                for (int32_t b = 0; b < nb && !chosen; b++)
+                    chosen = best[b].gpu == gi;
+                if (chosen || !gpu_takes(g, r, size))
+                    continue;
                 int64_t share = r->exclusive ? g->usable : share0;
                 ws_init(e, &w, r, &gi, &share, 1);
                 int64_t sf;
                 osub_check_t ck = ws_eval(e, &w, &w.g[0], &sf);
-                if (ck == OSUB_CHECK_NONE)
-                    ck = OSUB_CHECK_HELD; /* fits alone, yet not with the others' needs */
-                note_failure(fail, ck, gi, sf);
+                if (ck != OSUB_CHECK_NONE && sf < csf) {
+                    cg = gi;
+                    cck = ck;
+                    csf = sf;
+                }
+            }
+            if (cg >= 0) {
+                note_failure(fail, cck, cg, csf);
+                if (k > 1 && fail->check == cck && fail->check_gpu == cg &&
+                    fail->shortfall == csf) {
+                    fail->fit_gpus = nb;
+                    fail->need_gpus = k;
+                }
+            } else {
+                note_failure(fail, OSUB_CHECK_GPUS, -1, k - nb);
             }
         }
         return false;

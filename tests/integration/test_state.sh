@@ -46,6 +46,11 @@ expect "chat" 201 "$(post /v1/services '{"id":"chat","class":"online","vram":"20
 expect "other spec, other backend" 409 "$(post /v1/services '{"id":"chat","class":"online","vram":"30GiB","backends":["http://127.0.0.1:9999"]}')"
 expect "same spec, other backend" 409 "$(post /v1/services '{"id":"chat","class":"online","vram":"20GiB","backends":["http://127.0.0.1:9999"]}')"
 expect "  says how to change backends" True "$(json '"backends" in d["error"]["message"]' <"$tmp/body")"
+expect "dry run of other backends: the same 409" 409 "$(code -X POST "$(U '/v1/services?dry_run=1')" -d '{"id":"chat","class":"online","vram":"20GiB","backends":["http://127.0.0.1:9999"]}')"
+expect "a retry without the gateway settings: 409 too" 409 "$(post /v1/services '{"id":"chat","class":"online","vram":"20GiB"}')"
+expect "?dry_run=yes refused, not run" 400 "$(code -X POST "$(U '/v1/services?dry_run=yes')" -d '{"id":"dry1","class":"batch","vram":"1GiB"}')"
+expect "?dryrun=1 refused, not run" 400 "$(code -X POST "$(U '/v1/services?dryrun=1')" -d '{"id":"dry1","class":"batch","vram":"1GiB"}')"
+expect "  neither submitted" 404 "$(code "$(U /v1/services/dry1)")"
 expect "same spec, same backend: a retry" 200 "$(post /v1/services '{"id":"chat","class":"online","vram":"20GiB","backends":["http://127.0.0.1:9001"]}')"
 code "$(U /v1/services/chat)" >/dev/null
 expect "chat keeps its backend" "['http://127.0.0.1:9001']" "$(json 'd["backends"]' <"$tmp/body")"

@@ -641,6 +641,20 @@ static void test_multi_gpu_refusal_names_the_closest_miss(void **state)
     const osub_event_t *ev = osub_engine_events(e, &nev);
     assert_int_equal(nev, 1);
     assert_non_null(strstr(ev[0].msg, "only 1 of the 2 GPUs it needs"));
+    /* the other GPUs out of reach (cordoned): the GPUs short, not a GPU that fits */
+    assert_int_equal(osub_engine_cordon(e, free_gpu, true, 20), 0);
+    assert_int_equal(osub_engine_cordon(e, info(e, "a").slots[0].gpu, true, 20), 0);
+    assert_int_equal(osub_engine_cordon(e, info(e, "b").slots[0].gpu, true, 20), 0);
+    osub_spec_t w2 = spec("w2", "online", 3 * 5120, 3, 0);
+    assert_int_equal(osub_engine_submit(e, &w2, 30, 0, &r), OSUB_ENO_ROOM);
+    assert_int_equal(r.check, OSUB_CHECK_GPUS);
+    assert_int_equal(r.shortfall_mib, 2); /* only c's GPU takes a share: two short */
+    for (int32_t g = 0; g < 4; g++)
+        assert_int_equal(osub_engine_cordon(e, g, true, 40), 0);
+    osub_spec_t one = spec("one", "batch", 1024, 1, 0);
+    one.queue = OSUB_TRI_NO;
+    assert_int_equal(osub_engine_submit(e, &one, 50, 0, &r), OSUB_ENO_ROOM);
+    assert_int_equal(r.check, OSUB_CHECK_GPUS);
     check_ok(e);
     osub_engine_free(e);
 }
