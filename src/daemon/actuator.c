@@ -1504,6 +1504,14 @@ int osubd_act_init(struct osubd *d, char *err, size_t errlen)
 
 int osubd_act_start(struct osubd *d, char *err, size_t errlen)
 {
+    /* PIDs of services the engine does not know (a damaged or older state): forgotten, so
+     * that a new service of that id inherits nothing */
+    size_t nk;
+    osub_idmap_key_t *keys = osub_idmap_keys(d->act->pids, &nk);
+    for (size_t k = 0; k < nk; k++)
+        if (osub_engine_service_info(d->e, keys[k], &(osub_service_info_t){0}) != 0)
+            osubd_act_forget(d, keys[k]);
+    free(keys);
     d->act->directive_seq = osubd_unix_ms(); /* directive numbers keep rising across restarts */
     d->act->act_ev = event_new(d->base, -1, 0, on_act, d);
     d->act->sigchld_ev = evsignal_new(d->base, SIGCHLD, on_sigchld, d);

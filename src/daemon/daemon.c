@@ -383,6 +383,7 @@ static void on_signal(evutil_socket_t fd, short what, void *arg)
 
 struct replay {
     osub_engine_t *e;
+    int64_t expect; /* the next sequence number: the log has no gap */
     int64_t last_seq;
     int64_t last_ms;
     int64_t n;
@@ -400,9 +401,24 @@ static int replay_cb(void *arg, int64_t seq, int64_t engine_ms, int64_t unix_ms,
                  je.text);
         return -1;
     }
+    if (seq != r->expect) {
+        json_decref(j);
+        snprintf(r->err, sizeof(r->err),
+                 "the log misses commands %lld to %lld (the snapshot covers up to %lld): the "
+                 "state is damaged",
+                 (long long)r->expect, (long long)seq - 1, (long long)r->expect - 1);
+        return -1;
+    }
+    r->expect++;
     char err[256];
+    err[0] = '\0';
     osub_cmd_apply(r->e, j, engine_ms, NULL, err, sizeof(err));
     json_decref(j);
+    if (err[0] != '\0') { /* refused commands are logged; malformed ones never are */
+        snprintf(r->err, sizeof(r->err), "command %lld in the log is not one: %s", (long long)seq,
+                 err);
+        return -1;
+    }
     r->last_ms = engine_ms;
     r->last_seq = seq;
     r->n++;
@@ -620,11 +636,19 @@ static void on_poll(evutil_socket_t fd, short what, void *arg)
 
 /* The key per-service tokens derive from: random, made with the state, kept in it (mode 0600),
  * so tokens survive restarts. */
-static int load_service_key(struct osubd *d, char *err, size_t errlen)
+static int load_service_key(struct osubd *d, bool existing, char *err, size_t errlen)
 {
     char *hexkey = NULL;
     if (meta_text(d, "service_key", &hexkey, err, errlen) != 0)
         return -1;
+    if (hexkey == NULL && existing) {
+        /* a new key would invalidate every service's token: refuse instead */
+        snprintf(err, errlen,
+                 "%s: the state has no service key (its meta table is damaged); every service's "
+                 "token derives from it",
+                 d->cfg.state_path);
+        return -1;
+    }
     if (hexkey == NULL) {
         uint8_t k[32];
         if (getrandom(k, sizeof(k), 0) != (ssize_t)sizeof(k)) {
@@ -739,6 +763,13 @@ static int engine_config_stored(struct osubd *d, osub_pool_config_t *c, char *er
             c->prediction_trust_ms = v[12];
             c->floor_start_after_ms = v[13];
         }
+    } else if (t != NULL) {
+        snprintf(err, errlen,
+                 "%s: the state's engine settings are damaged ('%.60s'): its log cannot be "
+                 "replayed as it was made",
+                 d->cfg.state_path, t);
+        free(t);
+        return -1;
     } else if (d->nvml != NULL) {
         c->margin_mib = 1024; /* a state from before engine_config was kept */
     }
@@ -792,7 +823,13 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
         snprintf(err, errlen, "%s", e2);
         return -1;
     }
-    if (load_service_key(d, err, errlen) != 0)
+    /* an existing state (it has a base time) must have all it was made with */
+    char *probe = NULL;
+    if (meta_text(d, "base_unix_ms", &probe, err, errlen) != 0)
+        return -1;
+    bool existing = probe != NULL;
+    free(probe);
+    if (load_service_key(d, existing, err, errlen) != 0)
         return -1;
     /* each module's own records, as the last run saved them */
     char *routes = NULL;
@@ -868,7 +905,19 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
         }
         fprintf(stderr, "oversubd: new state in %s; GPUs: %s\n", d->cfg.state_path, desc);
     } else {
-        d->base_unix_ms = strtoll(base, NULL, 10);
+        char *bend = NULL;
+        errno = 0;
+        d->base_unix_ms = strtoll(base, &bend, 10);
+        if (errno != 0 || bend == base || *bend != '\0' || d->base_unix_ms <= 0) {
+            snprintf(err, errlen, "%s: the state's base time is damaged ('%.40s')",
+                     d->cfg.state_path, base);
+            goto fail;
+        }
+        if (pool == NULL) {
+            snprintf(err, errlen, "%s: the state has no pool recorded (its meta table is damaged)",
+                     d->cfg.state_path);
+            goto fail;
+        }
         if (snap != NULL) {
             size_t line = 0;
             int rc = osub_engine_load(snap, &d->e, &line);
@@ -895,7 +944,7 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
                 goto fail;
             }
         }
-        struct replay r = {.e = d->e};
+        struct replay r = {.e = d->e, .expect = upto + 1};
         if (osub_store_replay(d->store, upto, replay_cb, &r) != 0) {
             snprintf(err, errlen, "%s: %s", d->cfg.state_path,
                      r.err[0] ? r.err : osub_store_error(d->store));

@@ -385,6 +385,19 @@ int main(int argc, char **argv)
     }
     if (token_file[0] && read_token(token_file, &d.cfg) != 0)
         return 2;
+    /* the pool, checked before anything is touched: auto, nvml, or sim:POOL */
+    if (strcmp(d.cfg.gpus, "auto") != 0 && strcmp(d.cfg.gpus, "nvml") != 0) {
+        static int64_t pv[OSUB_POOL_GPUS_MAX];
+        size_t pn = 0;
+        if (strncmp(d.cfg.gpus, "sim:", 4) != 0 ||
+            osub_parse_pool(d.cfg.gpus + 4, pv, OSUB_POOL_GPUS_MAX, &pn) != 0) {
+            fprintf(stderr,
+                    "oversubd: --gpus: '%s' is not auto, nvml or sim:POOL (sim:8x81920, "
+                    "sim:4x81920,4x40960; at most %d GPUs)\n",
+                    d.cfg.gpus, OSUB_POOL_GPUS_MAX);
+            return 2;
+        }
+    }
     if (!loopback(d.cfg.listen_host) && d.cfg.token[0] == '\0') {
         fprintf(stderr,
                 "oversubd: refusing to listen on %s without an admin token: give --token-file "

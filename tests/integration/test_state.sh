@@ -112,6 +112,48 @@ cp "$tmp/damaged.db" "$tmp/d/state.db"
 expect "damaged route: refused" 1 "$?"
 expect "  and says which" True "$(grep -q "route of chat" "$tmp/d/err" && echo True || echo False)"
 
+# ---- a damaged state is refused with a sentence, never started with a silent loss ----------
+start "$tmp/dm" --gpus sim:2x81920 || exit 1
+post /v1/services '{"id":"r1","class":"batch","vram":"5GiB"}' >/dev/null
+post /v1/services '{"id":"r2","class":"batch","vram":"5GiB"}' >/dev/null
+post /v1/services '{"id":"r3","class":"batch","vram":"5GiB"}' >/dev/null
+kill -9 "$PID"; wait "$PID" 2>/dev/null
+sqlite3 "$tmp/dm/state.db" "PRAGMA wal_checkpoint(TRUNCATE)" >/dev/null
+rm -f "$tmp/dm/state.db.lock"
+damaged() { # name, SQL, what the refusal says
+    mkdir -p "$tmp/dmg"
+    rm -f "$tmp/dmg/"*
+    cp "$tmp/dm/state.db" "$tmp/dmg/state.db"
+    sqlite3 "$tmp/dmg/state.db" "$2"
+    "$bin" --listen 127.0.0.1:0 --state "$tmp/dmg/state.db" --socket "" --gpus sim:2x81920 \
+        >/dev/null 2>"$tmp/dmg/err" &
+    local p=$!
+    local rc=0
+    for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.05; done
+    if kill -0 "$p" 2>/dev/null; then
+        kill -9 "$p"; wait "$p" 2>/dev/null
+        bad "$1: started anyway"
+        return
+    fi
+    wait "$p"; rc=$?
+    expect "$1: refused" 1 "$rc"
+    grep -q "$3" "$tmp/dmg/err" || bad "$1: says '$3': $(cat "$tmp/dmg/err")"
+}
+damaged "engine settings garbage" "UPDATE meta SET value = 'garbage' WHERE key = 'engine_config'" "engine settings are damaged"
+damaged "base time garbage" "UPDATE meta SET value = '1796102395901xyz' WHERE key = 'base_unix_ms'" "base time is damaged"
+damaged "pool row gone" "DELETE FROM meta WHERE key = 'pool'" "no pool recorded"
+damaged "service key gone" "DELETE FROM meta WHERE key = 'service_key'" "no service key"
+damaged "a log row gone" "DELETE FROM log WHERE seq = (SELECT min(seq) FROM log)" "the log misses commands"
+damaged "a command that is not one" "UPDATE log SET cmd = '{\"op\":\"frob\"}' WHERE seq = (SELECT max(seq) FROM log)" "is not one"
+# PIDs saved for a service the state does not know are forgotten: a new service inherits none
+mkdir -p "$tmp/pid"
+cp "$tmp/dm/state.db" "$tmp/pid/state.db"
+sqlite3 "$tmp/pid/state.db" "INSERT OR REPLACE INTO meta (key, value) VALUES ('service_pids', '{\"zz\":5}')"
+start "$tmp/pid" --gpus sim:2x81920 || exit 1
+expect "zz" 201 "$(post /v1/services '{"id":"zz","class":"batch","vram":"1GiB"}')"
+expect "  inherits no pid" False "$(json '"pid" in d' <"$tmp/body")"
+stop
+
 # ---- 1,024 GPUs ------------------------------------------------------------------------------
 start "$tmp/big" --gpus sim:1024x81920 || exit 1
 code "$(U /v1/pool)" >/dev/null
@@ -120,7 +162,7 @@ expect "a 64-GPU service" 201 "$(post /v1/services '{"id":"wide","class":"online
 expect "  on 64 GPUs" 64 "$(json 'len(d["placement"])' <"$tmp/body")"
 stop
 "$bin" --listen 127.0.0.1:0 --state "$tmp/huge.db" --socket "$tmp/huge.sock" --gpus sim:4097x81920 >/dev/null 2>"$tmp/huge.err"
-expect "4097 GPUs refused" 1 "$?"
+expect "4097 GPUs refused (a bad flag: exit 2, nothing touched)" "2 no" "$? $([ -e "$tmp/huge.db" ] && echo yes || echo no)"
 expect "  naming the limit" True "$(grep -q "at most 4096 GPUs" "$tmp/huge.err" && echo True || echo False)"
 
 # ---- the wall clock jumps a day: no deadline fires -----------------------------------------
