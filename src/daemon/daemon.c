@@ -37,6 +37,7 @@ void osubd_config_default(struct osubd_config *c)
     c->events_keep = 100000;
     c->poll_ms = 1000;
     c->service_log_max = 10 * 1024 * 1024;
+    c->shutdown_grace_ms = 30000;
     osub_pool_config_default(&c->engine);
 }
 
@@ -372,13 +373,98 @@ static void schedule_tick(struct osubd *d)
     evtimer_add(d->tick_ev, &tv);
 }
 
+/* While stopping gracefully: done when the gateway has no connection left, or the grace ended. */
+static void on_drain(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct osubd *d = arg;
+    int open = osubd_gateway_open_clients(d);
+    if (open == 0) {
+        fprintf(stderr, "oversubd: the gateway drained: stopping\n");
+        event_base_loopbreak(d->base);
+    } else if (osubd_engine_now(d) >= d->drain_until_ms) {
+        fprintf(stderr,
+                "oversubd: the grace period (%lld ms) ended with %d gateway connection(s) still "
+                "open: stopping\n",
+                (long long)d->cfg.shutdown_grace_ms, open);
+        event_base_loopbreak(d->base);
+    }
+}
+
+/* SIGTERM, SIGINT: the gateway stops accepting and lets what is in flight (streams too)
+ * finish, up to shutdown_grace_ms; a second signal stops at once. */
 static void on_signal(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
     struct osubd *d = arg;
-    fprintf(stderr, "oversubd: stopping\n");
-    event_base_loopbreak(d->base);
+    if (d->drain_ev != NULL || d->gw == NULL || d->cfg.shutdown_grace_ms == 0) {
+        fprintf(stderr, "oversubd: stopping\n");
+        event_base_loopbreak(d->base);
+        return;
+    }
+    int open = osubd_gateway_drain(d);
+    fprintf(stderr,
+            "oversubd: stopping: the gateway accepts no more connections and lets %d finish "
+            "(at most %lld ms; a second signal stops at once)\n",
+            open, (long long)d->cfg.shutdown_grace_ms);
+    d->drain_until_ms = osubd_engine_now(d) + d->cfg.shutdown_grace_ms;
+    d->drain_ev = event_new(d->base, -1, EV_PERSIST, on_drain, d);
+    struct timeval tv = {0, 50000};
+    if (d->drain_ev == NULL || event_add(d->drain_ev, &tv) != 0)
+        event_base_loopbreak(d->base);
+    else
+        on_drain(-1, 0, d);
+}
+
+/* SIGHUP: never a stop. The admin token is read again from its file; other settings are read
+ * at start, and the message says so. */
+static void on_hup(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct osubd *d = arg;
+    char err[600];
+    if (d->cfg.token_file[0] == '\0') {
+        fprintf(stderr, "oversubd: SIGHUP: nothing to reload (no --token-file); other settings "
+                        "are read at start: restart oversubd to change them\n");
+        return;
+    }
+    if (osubd_read_token(d->cfg.token_file, d->cfg.token, sizeof(d->cfg.token), err, sizeof(err)) !=
+        0) {
+        fprintf(stderr, "oversubd: SIGHUP: %s: the old token stays\n", err);
+        return;
+    }
+    fprintf(stderr,
+            "oversubd: SIGHUP: the admin token was read again from %s; other settings "
+            "are read at start: restart oversubd to change them\n",
+            d->cfg.token_file);
+}
+
+int osubd_read_token(const char *path, char *out, size_t outlen, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    char buf[512];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *s = buf;
+    while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')
+        s++;
+    size_t l = strlen(s);
+    while (l > 0 && (s[l - 1] == ' ' || s[l - 1] == '\t' || s[l - 1] == '\n' || s[l - 1] == '\r'))
+        s[--l] = '\0';
+    if (l == 0 || l >= outlen) {
+        snprintf(err, errlen, "%s: the token must be 1 to %zu characters", path, outlen - 1);
+        return -1;
+    }
+    memcpy(out, s, l + 1);
+    return 0;
 }
 
 struct replay {
@@ -1028,6 +1114,7 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
     d->tick_at = INT64_MAX;
     d->sigint_ev = evsignal_new(d->base, SIGINT, on_signal, d);
     d->sigterm_ev = evsignal_new(d->base, SIGTERM, on_signal, d);
+    d->sighup_ev = evsignal_new(d->base, SIGHUP, on_hup, d);
     if (d->nvml != NULL) {
         struct timeval pv = {(time_t)(d->cfg.poll_ms / 1000),
                              (suseconds_t)(d->cfg.poll_ms % 1000) * 1000};
@@ -1038,7 +1125,8 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
         }
     }
     if (d->tick_ev == NULL || d->sigint_ev == NULL || d->sigterm_ev == NULL ||
-        event_add(d->sigint_ev, NULL) != 0 || event_add(d->sigterm_ev, NULL) != 0) {
+        d->sighup_ev == NULL || event_add(d->sigint_ev, NULL) != 0 ||
+        event_add(d->sigterm_ev, NULL) != 0 || event_add(d->sighup_ev, NULL) != 0) {
         snprintf(err, errlen, "cannot set up the event loop");
         return -1;
     }
@@ -1086,6 +1174,10 @@ void osubd_stop(struct osubd *d)
         event_free(d->sigint_ev);
     if (d->sigterm_ev)
         event_free(d->sigterm_ev);
+    if (d->sighup_ev)
+        event_free(d->sighup_ev);
+    if (d->drain_ev)
+        event_free(d->drain_ev);
     if (d->poll_ev)
         event_free(d->poll_ev);
     osub_nvml_close(d->nvml);

@@ -25,7 +25,9 @@ struct osubd_config {
     char state_path[512];
     char gpus[512]; /* auto | sim:8x81920 */
     int32_t ratio_milli;
-    char token[256]; /* "" = none */
+    char token[256];           /* "" = none */
+    char token_file[512];      /* where the token was read from: read again on SIGHUP */
+    int64_t shutdown_grace_ms; /* SIGTERM: in-flight gateway requests may finish this long */
     int64_t tick_ms;
     int64_t snapshot_every; /* commands between snapshots */
     int64_t events_keep;
@@ -36,6 +38,7 @@ struct osubd_config {
     char gateway_host[256];   /* "" = no gateway */
     int gateway_port;
     int32_t gateway_conns_per_client; /* connections one client address may hold (256) */
+    char gateway_access_log[512];     /* "" = none; else one JSON line per request */
     bool allow_root_services;         /* managed commands may run as root */
     int64_t service_log_max;          /* bytes per service log before it is rotated */
     osub_pool_config_t engine;        /* timings and watermarks of a new state */
@@ -53,8 +56,10 @@ struct osubd {
     struct osubd_config cfg;
     struct event_base *base;
     struct evhttp *http;
-    struct event *tick_ev, *sigint_ev, *sigterm_ev, *poll_ev;
-    struct osub_nvml *nvml;              /* NULL: a simulated pool */
+    struct event *tick_ev, *sigint_ev, *sigterm_ev, *sighup_ev, *poll_ev;
+    struct event *drain_ev; /* while stopping gracefully: checks the gateway has drained */
+    int64_t drain_until_ms; /* engine time the grace ends */
+    struct osub_nvml *nvml; /* NULL: a simulated pool */
     char uuids[OSUBD_NVML_GPUS_MAX][96]; /* per engine GPU (NVML), "" when simulated */
     int32_t n_uuids;
     osub_engine_t *e;
@@ -136,6 +141,9 @@ void osubd_meta_put(json_t *meta, const char *key, const json_t *value);
 /* The token a service's own calls (usage, ready, ack, exited) may carry instead of the admin
  * token: 64 hex digits. */
 void osubd_service_token(const struct osubd *d, const char *id, char out[65]);
+
+/* Reads an admin token from a file (whitespace around it dropped): 0, or -1 with err. */
+int osubd_read_token(const char *path, char *out, size_t outlen, char *err, size_t errlen);
 
 /* The wall clock (Unix ms): only for what is about the calendar (ages of events, a seed). */
 int64_t osubd_unix_ms(void);

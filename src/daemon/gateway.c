@@ -73,6 +73,7 @@ struct gw_req {
     int32_t prio;
     struct event *timer;
     bool started; /* the answer's head went out: the body streams */
+    int status;   /* the answer's status (the gateway's own or the backend's) */
     double t0, t_sent;
     struct h1_head hd; /* its head, parsed (h1.h); last: not cleared when reused */
 };
@@ -86,12 +87,13 @@ struct gw_client {
     struct gw_req *cur; /* the request being answered; pipelined ones wait in `in` */
     char peer[INET6_ADDRSTRLEN];
     struct peer_count *pc;
-    bool closing;    /* close once out is sent */
-    bool gone;       /* a write failed: the client left */
-    bool lingering;  /* answered and half-closed: reading and discarding what it still sends */
-    int64_t discard; /* bytes still to read and discard before closing (a refused body) */
-    bool paused_bc;  /* its backend's reads wait for out to drain */
-    bool in_head;    /* a head is arriving */
+    bool closing;      /* close once out is sent */
+    bool gone;         /* a write failed: the client left */
+    bool last_request; /* stopping: no request read after the current one */
+    bool lingering;    /* answered and half-closed: reading and discarding what it still sends */
+    int64_t discard;   /* bytes still to read and discard before closing (a refused body) */
+    bool paused_bc;    /* its backend's reads wait for out to drain */
+    bool in_head;      /* a head is arriving */
 };
 
 struct gw_bconn {
@@ -177,7 +179,9 @@ struct osub_gateway {
     struct h1_head resp;      /* the backend answer's head being parsed */
     struct gw_req *free_reqs; /* requests to reuse */
     struct gw_client *clients;
-    bool stopping;
+    int n_clients;
+    bool stopping, draining;
+    FILE *access; /* the access log (NULL: none) */
     int n_free;
 };
 
@@ -353,6 +357,7 @@ static bool send_buffer(int fd, struct evbuffer *out, struct event *wev, struct 
 
 static void cl_close(struct gw_client *c);
 static void cl_arm(struct gw_client *c, int seconds);
+static void access_log(struct gw_req *r, int status, const char *outcome);
 static void cl_process(struct gw_client *c);
 static void bc_close(struct gw_bconn *bc);
 static void pump(struct osub_gateway *g, struct gw_svc *s);
@@ -442,6 +447,7 @@ static void client_gone(struct gw_client *c, const char *why)
         c->g->client_gone++;
         if (c->cur->svc != NULL)
             c->cur->svc->client_gone++;
+        access_log(c->cur, 499, "client_gone"); /* nginx's number for it */
     }
     cl_close(c);
 }
@@ -470,6 +476,31 @@ static void cl_after(struct gw_client *c)
         return;
     }
     cl_process(c);
+}
+
+/* One JSON line per request in the access log: when, who, what, the answer and why. */
+static void access_log(struct gw_req *r, int status, const char *outcome)
+{
+    struct osub_gateway *g = r->g;
+    if (g == NULL || g->access == NULL)
+        return;
+    double t = now_s();
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    char path[300];
+    size_t n = r->ulen < sizeof(path) - 1 ? r->ulen : sizeof(path) - 1;
+    for (size_t i = 0; i < n; i++) /* a target has no control characters (the codec): quotes */
+        path[i] = r->uri[i] == '"' || r->uri[i] == '\\' ? '_' : r->uri[i];
+    path[n] = '\0';
+    fprintf(g->access,
+            "{\"time_unix_ms\":%lld,\"client\":\"%s\",\"service\":\"%s\",\"method\":\"%.*s\","
+            "\"path\":\"%s\",\"status\":%d,\"outcome\":\"%s\",\"ms\":%.1f",
+            (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000, r->cl ? r->cl->peer : "",
+            r->svc ? r->svc->id : "", (int)r->mlen, r->method, path, status, outcome,
+            r->t0 > 0 ? (t - r->t0) * 1000.0 : 0.0);
+    if (r->t_sent > 0)
+        fprintf(g->access, ",\"queue_ms\":%.1f", (r->t_sent - r->t0) * 1000.0);
+    fputs("}\n", g->access);
 }
 
 /* An answer of the gateway's own: JSON, one write. The texts are the gateway's own literals, so
@@ -521,6 +552,7 @@ static void reply(struct gw_req *r, int code, const char *phrase, const char *ec
         req_free(r);
         return;
     }
+    access_log(r, code, reason);
     /* a body we will not read: the connection cannot carry another request */
     bool close_it = !r->keepalive || !r->body_done;
     bool head = r->is_head;
@@ -703,6 +735,10 @@ static void cl_process_inner(struct gw_client *c)
                 event_del(c->rev);
             return;
         }
+        if (c->last_request) {
+            c->closing = true; /* the gateway is stopping: its answer was the last */
+            return;
+        }
         size_t len = evbuffer_get_length(c->in);
         /* empty lines before a request line are allowed (RFC 9112, 2.2) */
         while (len > 0) {
@@ -832,6 +868,7 @@ static void cl_close(struct gw_client *c)
         c->prev->next = c->next;
     else
         c->g->clients = c->next;
+    c->g->n_clients--;
     if (c->next)
         c->next->prev = c->prev;
     event_free(c->rev);
@@ -913,6 +950,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     if (g->clients)
         g->clients->prev = c;
     g->clients = c;
+    g->n_clients++;
     event_add(c->rev, NULL);
     cl_arm(c, HEAD_TIMEOUT_S);
 }
@@ -1097,6 +1135,7 @@ static int bc_head(struct gw_bconn *bc)
     }
     struct gw_svc *s = bc->svc;
     s->answers[code / 100 < 6 ? code / 100 : 5]++;
+    r->status = code;
     observe(&s->ttfb, now_s() - r->t_sent);
     const struct h1_header *conn = h1_find(hd, "Connection");
     bc->keepalive = hd->keepalive;
@@ -1498,6 +1537,7 @@ static void finish(struct gw_req *r, bool ok)
 {
     struct gw_svc *s = r->svc;
     double t = now_s();
+    access_log(r, r->status, ok ? "served" : "backend_error");
     if (ok) {
         observe(&s->upstream, t - r->t_sent);
         if (s->last_done > 0) {
@@ -1652,6 +1692,24 @@ static void handle(struct gw_client *c, struct gw_req *r)
 {
     struct osub_gateway *g = c->g;
     struct osubd *d = g->d;
+    /* the gateway's own health: /-/healthz (no service id starts with '-'), and /healthz
+     * while no service is named so; 503 while it drains, so load balancers move on */
+    if ((r->ulen == 10 && memcmp(r->uri, "/-/healthz", 10) == 0) ||
+        (r->ulen == 8 && memcmp(r->uri, "/healthz", 8) == 0 && route_of(d, "healthz") == NULL)) {
+        if (g->draining) {
+            reply(r, 503, "Service Unavailable", "draining", "draining",
+                  "the gateway is stopping: it finishes what it has and takes nothing new", 0);
+            return;
+        }
+        static const char ok[] = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                 "Content-Length: 16\r\n\r\n{\"status\":\"ok\"}\n";
+        bool head = r->is_head, close_it = !r->keepalive || !r->body_done;
+        if (close_it)
+            c->closing = true;
+        req_detach(r);
+        cl_send(c, ok, head ? sizeof(ok) - 1 - 16 : sizeof(ok) - 1);
+        return;
+    }
     size_t n = 0;
     const char *p = r->uri + 1;
     while (n < r->ulen - 1 && p[n] != '/' && p[n] != '?' && n <= OSUB_ID_MAX)
@@ -1762,6 +1820,16 @@ int osubd_gateway_init(struct osubd *d, char *err, size_t errlen)
     }
     g->d = d;
     g->scratch = evbuffer_new();
+    if (d->cfg.gateway_access_log[0] != '\0') {
+        g->access = fopen(d->cfg.gateway_access_log, "ae");
+        if (g->access == NULL) {
+            snprintf(err, errlen, "gateway_access_log %s: %s", d->cfg.gateway_access_log,
+                     strerror(errno));
+            free(g);
+            return -1;
+        }
+        setvbuf(g->access, NULL, _IOLBF, 0); /* a line per request, as it happens */
+    }
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
     char port[16];
     snprintf(port, sizeof(port), "%d", d->cfg.gateway_port);
@@ -1839,6 +1907,8 @@ void osubd_gateway_free(struct osubd *d)
     }
     if (g->scratch)
         evbuffer_free(g->scratch);
+    if (g->access)
+        fclose(g->access);
     free(g);
     d->gw = NULL;
 }
@@ -1858,6 +1928,35 @@ bool osubd_http_ambiguous_length(struct evhttp_request *req)
         return true;
     }
     return false;
+}
+
+int osubd_gateway_open_clients(const struct osubd *d)
+{
+    return d->gw != NULL ? d->gw->n_clients : 0;
+}
+
+int osubd_gateway_drain(struct osubd *d)
+{
+    struct osub_gateway *g = d->gw;
+    if (g == NULL)
+        return 0;
+    g->draining = true;
+    evconnlistener_disable(g->lis);
+    for (struct gw_client *c = g->clients, *next; c != NULL; c = next) {
+        next = c->next;
+        if (c->cur == NULL && evbuffer_get_length(c->out) == 0) {
+            cl_close(c); /* idle: nothing to finish */
+            continue;
+        }
+        /* its answer goes out (its body still comes in), with Connection: close when its head
+         * has not gone yet; no request after it */
+        c->last_request = true;
+        if (c->cur != NULL && !c->cur->started)
+            c->cur->keepalive = false;
+    }
+    if (g->access != NULL)
+        fflush(g->access);
+    return g->n_clients;
 }
 
 void osubd_gateway_metrics(struct osubd *d, struct evbuffer *b)

@@ -21,6 +21,11 @@ void osubd_gateway_free(struct osubd *d);
 struct evhttp_request;
 bool osubd_http_ambiguous_length(struct evhttp_request *req);
 
+/* Graceful stop: accepts no more connections, closes the idle ones, and lets the others close
+ * after their answer (queued requests are still served). Returns the connections still open. */
+int osubd_gateway_drain(struct osubd *d);
+int osubd_gateway_open_clients(const struct osubd *d);
+
 /* The gateway's series for /metrics. */
 void osubd_gateway_metrics(struct osubd *d, struct evbuffer *b);
 

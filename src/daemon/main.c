@@ -255,6 +255,17 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
             } else {
                 *k->i32 = (int32_t)t;
             }
+        } else if (strcmp(key, "gateway_access_log") == 0) {
+            snprintf(c->gateway_access_log, sizeof(c->gateway_access_log), "%s", sv);
+        } else if (strcmp(key, "shutdown_grace_ms") == 0) {
+            char *end;
+            long t = strtol(sv, &end, 10);
+            if (*end != '\0' || sv[0] == '\0' || t < 0 || t > 600000) {
+                fprintf(stderr, "oversubd: %s: key 'shutdown_grace_ms' must be 0 to 600000\n",
+                        where);
+                rc = -1;
+            }
+            c->shutdown_grace_ms = t;
         } else if (strcmp(key, "poll_ms") == 0) {
             char *end;
             long t = strtol(sv, &end, 10);
@@ -383,6 +394,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "oversubd: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
+    snprintf(d.cfg.token_file, sizeof(d.cfg.token_file), "%s", token_file);
     if (token_file[0] && read_token(token_file, &d.cfg) != 0)
         return 2;
     /* the pool, checked before anything is touched: auto, nvml, or sim:POOL */

@@ -10,9 +10,9 @@
 
 #include <jansson.h>
 
-#define OSUBD_ROUTE_BACKENDS_MAX 16 /* backends of one service */
-#define OSUBD_ROUTE_URL_MAX 255     /* an http://HOST:PORT URL */
-#define OSUBD_ROUTE_INFLIGHT_MAX 64 /* max_inflight's ceiling */
+#define OSUBD_ROUTE_BACKENDS_MAX 16   /* backends of one service */
+#define OSUBD_ROUTE_URL_MAX 255       /* an http://HOST:PORT URL */
+#define OSUBD_ROUTE_INFLIGHT_MAX 4096 /* max_inflight's ceiling (vLLM runs 256 at once) */
 #define OSUBD_ROUTE_QUEUE_MAX 100000
 
 struct osubd_route {

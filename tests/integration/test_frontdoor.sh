@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# test_frontdoor.sh - the gateway as an LLM front door, through the real oversubd on loopback:
+# limits that fit real servers, the OpenAI error shape, 413 before the body (the client reads
+# it, no reset), Retry-After spread by jitter, the access log, /-/healthz, SIGHUP that reloads
+# the admin token and never stops the daemon, and SIGTERM that lets a stream in flight finish.
+# Usage: test_frontdoor.sh PATH/TO/oversubd
+set -u
+bin=$(realpath "$1")
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib.sh"
+waitline() { # file, pattern -> the port
+    for _ in $(seq 1 200); do
+        l=$(grep -o "$2[0-9]*" "$1" 2>/dev/null | head -1)
+        [ -n "$l" ] && { echo "${l##*[!0-9]}"; return 0; }
+        sleep 0.05
+    done
+    return 1
+}
+
+FLAG=$tmp/flag python3 "$here/backend.py" >"$tmp/backend.out" 2>&1 &
+pids+=($!)
+BPORT=$(waitline "$tmp/backend.out" "port ") || { echo "backend did not start"; exit 1; }
+B="http://127.0.0.1:$BPORT"
+echo "first-token" >"$tmp/token"
+cat >"$tmp/oversub.yaml" <<EOF
+gateway_access_log: $tmp/access.log
+shutdown_grace_ms: 20000
+token_file: $tmp/token
+EOF
+"$bin" --config "$tmp/oversub.yaml" --listen 127.0.0.1:0 --gateway 127.0.0.1:0 --socket "" \
+    --state "$tmp/state.db" --gpus sim:2x81920 --ratio 1.5 --tick-ms 100 >"$tmp/out" 2>"$tmp/err" &
+DPID=$!
+pids+=($DPID)
+PORT=$(waitline "$tmp/out" "listening on http://127.0.0.1:") || { echo "oversubd did not start: $(cat "$tmp/err")"; exit 1; }
+GW=$(waitline "$tmp/out" "gateway on http://127.0.0.1:") || { echo "no gateway line"; exit 1; }
+A="http://127.0.0.1:$PORT"
+G="http://127.0.0.1:$GW"
+TOK="first-token"
+api() { curl -s -o "$tmp/body" -w '%{http_code}' -H "Authorization: Bearer $TOK" "$@"; }
+
+# ---- limits that fit real servers: up to 4096 in flight, queues to 100,000 ----
+expect "max_inflight 4096" 201 "$(api -X POST "$A/v1/services" -d "{\"id\":\"big\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"$B\"],\"max_inflight\":4096,\"max_queue\":100000}")"
+expect "max_inflight 4097 refused" 422 "$(api -X POST "$A/v1/services" -d "{\"id\":\"big2\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"$B\"],\"max_inflight\":4097}")"
+expect "chat" 201 "$(api -X POST "$A/v1/services" -d "{\"id\":\"chat\",\"class\":\"online\",\"vram\":\"10GiB\",\"backends\":[\"$B\"],\"max_inflight\":1,\"max_queue\":0}")"
+api -X POST "$A/v1/services/chat/ready" >/dev/null
+api -X POST "$A/v1/services/big/ready" >/dev/null
+
+# ---- health, and errors in OpenAI's shape ----
+expect "/-/healthz" '200 {"status":"ok"}' "$(curl -s -w '%{http_code} ' -o "$tmp/h" "$G/-/healthz"; cat "$tmp/h")"
+expect "unknown service: 404" 404 "$(curl -s -o "$tmp/e" -w '%{http_code}' "$G/nobody/v1/chat/completions")"
+expect "  OpenAI's error shape" "invalid_request_error unknown_service True" "$(json 'd["error"]["type"] + " " + d["error"]["code"] + " " + str(len(d["error"]["message"]) > 0 and "param" in d["error"])' <"$tmp/e")"
+
+# ---- 413 before the body: the client reads the answer, not a reset ----
+python3 - "$GW" >"$tmp/413" <<'PY'
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"POST /chat/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+          b"Content-Length: 100000000\r\n\r\n")
+out = b""
+try:
+    for _ in range(64):  # it keeps sending its body, as an SDK does
+        s.sendall(b"x" * 16384)
+except (BrokenPipeError, ConnectionResetError):
+    pass
+try:
+    s.settimeout(10)
+    while True:
+        b = s.recv(65536)
+        if not b:
+            break
+        out += b
+except (ConnectionResetError, socket.timeout) as e:
+    out += b" <" + type(e).__name__.encode() + b">"
+print(out.split(b"\r\n")[0].decode(), b"body_too_large" in out, b"Reset" in out)
+PY
+expect "413 read by a client that kept sending" "HTTP/1.1 413 Content Too Large True False" "$(cat "$tmp/413")"
+
+# ---- Retry-After from the likely wait, spread by jitter ----
+curl -s "$G/chat/slow?ms=8000&tag=hold" >/dev/null &
+HOLD=$!
+for _ in $(seq 1 100); do
+    [ "$(curl -s "$A/metrics" | awk '$1 == "oversub_gateway_inflight{service=\"chat\"}" {print $2}')" = 1 ] && break
+    sleep 0.05
+done
+for i in $(seq 1 20); do
+    curl -s -D - -o /dev/null "$G/chat/echo" | tr -d '\r' | awk -F': ' 'tolower($1) == "retry-after-ms" {print $2}'
+done >"$tmp/ra"
+kill "$HOLD" 2>/dev/null
+python3 - "$tmp/ra" >"$tmp/spread" <<'PY'
+import statistics, sys
+v = [int(x) for x in open(sys.argv[1]) if x.strip()]
+med = statistics.median(v)
+print(len(v), len(set(v)) >= 15, (max(v) - min(v)) >= 0.3 * med)
+PY
+expect "20 refusals, spread (not one second for all)" "20 True True" "$(cat "$tmp/spread")"
+
+# ---- the access log: one JSON line per request ----
+python3 - "$tmp/access.log" >"$tmp/acc" <<'PY'
+import json, sys
+ls = [json.loads(l) for l in open(sys.argv[1])]
+st = {}
+for l in ls:
+    st[l["status"]] = st.get(l["status"], 0) + 1
+print(all({"time_unix_ms", "client", "service", "method", "path", "status", "outcome", "ms"} <= set(l) for l in ls),
+      st.get(429, 0) >= 20, st.get(404, 0) >= 1)
+PY
+expect "access log lines" "True True True" "$(cat "$tmp/acc")"
+
+# ---- SIGHUP: the daemon stays; the admin token is read again ----
+echo "second-token" >"$tmp/token"
+kill -HUP "$DPID"
+for _ in $(seq 1 100); do grep -q "SIGHUP" "$tmp/err" && break; sleep 0.05; done
+kill -0 "$DPID" 2>/dev/null && ok || bad "SIGHUP killed oversubd"
+expect "the new token works" 200 "$(curl -s -o /dev/null -w '%{http_code}' -X PUT -H 'Authorization: Bearer second-token' "$A/v1/pool" -d '{"ratio":"1.5"}')"
+expect "the old one no more" 401 "$(curl -s -o /dev/null -w '%{http_code}' -X PUT -H 'Authorization: Bearer first-token' "$A/v1/pool" -d '{"ratio":"1.5"}')"
+grep -q "restart oversubd to change them" "$tmp/err" || bad "SIGHUP does not say what it cannot reload: $(grep SIGHUP "$tmp/err")"
+TOK="second-token"
+
+# ---- SIGTERM with a stream in flight: no new connections, the stream ends whole, then exit ----
+rm -f "$tmp/flag"
+curl -s -N "$G/big/stream" >"$tmp/stream" 2>&1 &
+CP=$!
+for _ in $(seq 1 100); do grep -q first "$tmp/stream" 2>/dev/null && break; sleep 0.05; done
+expect "the stream's first chunk" first "$(head -1 "$tmp/stream")"
+kill -TERM "$DPID"
+for _ in $(seq 1 100); do grep -q "accepts no more connections" "$tmp/err" && break; sleep 0.05; done
+kill -0 "$DPID" 2>/dev/null && ok || bad "SIGTERM stopped oversubd with a stream in flight"
+expect "no new connection while draining" 000 "$(curl -s -o /dev/null -w '%{http_code}' -m 3 "$G/chat/echo")"
+touch "$tmp/flag"
+wait "$CP"
+expect "the stream ended whole" "0 first after-flag" "$? $(tr '\n' ' ' <"$tmp/stream" | sed 's/ $//')"
+wait "$DPID"
+expect "then oversubd exited cleanly" 0 "$?"
+grep -q "the gateway drained" "$tmp/err" || bad "no drain message: $(tail -3 "$tmp/err")"
+
+echo "test_frontdoor: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
