@@ -19,13 +19,27 @@ case "$want" in
     *) echo "install-deps.sh: unknown set '$want' (build, test, bench or all)" >&2; exit 2 ;;
 esac
 
+# the OpenAI Node SDK for the gateway's tests: Node from Debian unless one is there already
+if [ "$want" = test ] || [ "$want" = all ]; then
+    command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
+fi
+
 missing=()
 for p in "${pkgs[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
         missing+=("$p")
     fi
 done
+sdk_install() { # the SDK's exact versions (tests/sdk/package-lock.json), once
+    local sdk
+    sdk=$(cd "$(dirname "$0")/.." && pwd)/tests/sdk
+    if { [ "$want" = test ] || [ "$want" = all ]; } && [ ! -d "$sdk/node_modules/openai" ]; then
+        echo "install-deps.sh: npm ci in tests/sdk (the OpenAI Node SDK)" >&2
+        (cd "$sdk" && npm ci --no-audit --no-fund >/dev/null)
+    fi
+}
 if [ ${#missing[@]} -eq 0 ]; then
+    sdk_install
     exit 0
 fi
 echo "install-deps.sh: installing ${missing[*]}" >&2
@@ -38,3 +52,4 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+sdk_install

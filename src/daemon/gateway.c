@@ -39,15 +39,15 @@
 #include "daemon.h"
 
 #define GW_BODY_MAX (64LL * 1024 * 1024) /* a request body through the gateway: beyond it, 413 */
-#define GW_DISCARD_MAX (1024 * 1024) /* a refused body read and dropped, so the answer is read */
-#define LINGER_S 5                   /* at most this long */
-#define HEAD_TIMEOUT_S 10            /* a request's head must arrive within this */
-#define IDLE_TIMEOUT_S 60            /* a kept-alive client may idle this long */
-#define BODY_TIMEOUT_S 30            /* between two reads of a request's body */
-#define BACKEND_TIMEOUT_S 60         /* a backend's answer, between two reads */
-#define CONNS_PER_CLIENT 256         /* connections one client address may hold */
-#define OUT_HIGH (4 * 1024 * 1024)   /* a client's unsent bytes that pause its backend */
-#define IDLE_PER_BACKEND 64          /* kept-alive backend connections */
+#define GW_DISCARD_MAX (1LL << 30) /* a refused body read and dropped, so the answer is read */
+#define LINGER_S 5                 /* at most this long */
+#define HEAD_TIMEOUT_S 10          /* a request's head must arrive within this */
+#define IDLE_TIMEOUT_S 60          /* a kept-alive client may idle this long */
+#define BODY_TIMEOUT_S 30          /* between two reads of a request's body */
+#define BACKEND_TIMEOUT_S 60       /* a backend's answer, between two reads */
+#define CONNS_PER_CLIENT 256       /* connections one client address may hold */
+#define OUT_HIGH (4 * 1024 * 1024) /* a client's unsent bytes that pause its backend */
+#define IDLE_PER_BACKEND 64        /* kept-alive backend connections */
 
 struct gw_svc;
 struct gw_client;
@@ -796,7 +796,7 @@ static void cl_process_inner(struct gw_client *c)
             /* refused before its body: read and discard a bounded amount, so that the
              * client gets to read the answer instead of a reset */
             c->g->too_large++;
-            c->discard = GW_DISCARD_MAX;
+            c->discard = r->body_left < GW_DISCARD_MAX ? r->body_left : GW_DISCARD_MAX;
             req_free(r);
             reply_bad(c, 413, "Content Too Large", "the body is over 64 MiB");
             return;

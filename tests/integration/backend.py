@@ -3,15 +3,27 @@
   /echo            the path and headers it got, as JSON
   /slow?ms=N&tag=T records T in arrival order, waits N ms, answers T
   /order           the tags in arrival order, as JSON
+  /stats           completions finished and abandoned (the client left), as JSON
+  POST .../chat/completions  an OpenAI-like answer (see completions())
   /stream          a chunked body: "first", then (once the file named by FLAG exists, at
                    most 5 s later) "after-flag" or "timeout"
 """
-import json, os, sys, threading, time
+import json, os, select, socket, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse, parse_qs
 
 order = []
 lock = threading.Lock()
+stats = {"aborted": 0, "completed": 0}
+
+
+def gone(sock):
+    """The client closed its side (as vLLM and TGI check between tokens)."""
+    try:
+        r, _, _ = select.select([sock], [], [], 0)
+        return bool(r) and sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
 
 class H(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -39,7 +51,52 @@ class H(BaseHTTPRequestHandler):
         else:
             n = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(n).decode()
+        if self.path.endswith("/chat/completions"):
+            return self.completions(json.loads(body or "{}"))
         self.send(200, json.dumps({"path": self.path, "body": body}))
+
+    def completions(self, req):
+        """An OpenAI-like chat completion: the user message "delay:N" waits N ms first,
+        "chunks:N" streams N tokens 50 ms apart; a client that leaves stops the work."""
+        text = (req.get("messages") or [{}])[-1].get("content", "")
+        delay = int(text.split("delay:")[1].split()[0]) if "delay:" in text else 0
+        n = int(text.split("chunks:")[1].split()[0]) if "chunks:" in text else 3
+        t = time.time()
+        while (time.time() - t) * 1000 < delay:
+            if gone(self.connection):
+                with lock:
+                    stats["aborted"] += 1
+                return
+            time.sleep(0.02)
+        base = {"id": "c1", "object": "chat.completion", "created": int(time.time()),
+                "model": req.get("model", "m")}
+        if not req.get("stream"):
+            base["choices"] = [{"index": 0, "finish_reason": "stop",
+                                "message": {"role": "assistant", "content": "ok"}}]
+            with lock:
+                stats["completed"] += 1
+            return self.send(200, json.dumps(base))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            for i in range(n + 1):
+                if gone(self.connection):
+                    raise BrokenPipeError
+                c = dict(base, object="chat.completion.chunk",
+                         choices=[{"index": 0, "delta": {"content": "t%d " % i}, "finish_reason": None}])
+                ev = b"data: " + json.dumps(c).encode() + b"\n\n" if i < n else b"data: [DONE]\n\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
+                self.wfile.flush()
+                time.sleep(0.05)
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+            with lock:
+                stats["completed"] += 1
+        except (BrokenPipeError, ConnectionResetError):
+            with lock:
+                stats["aborted"] += 1
     def do_HEAD(self):
         # a length without a body, as HEAD answers are: the proxy must not wait for it
         self.send_response(200)
@@ -57,6 +114,9 @@ class H(BaseHTTPRequestHandler):
                 order.append(tag)
             time.sleep(int(q.get("ms", ["100"])[0]) / 1000.0)
             self.send(200, tag, "text/plain")
+        elif u.path == "/stats":
+            with lock:
+                self.send(200, json.dumps(stats))
         elif u.path == "/order":
             with lock:
                 self.send(200, json.dumps(order))
