@@ -1118,6 +1118,8 @@ static void stage_flush(struct gw_bconn *bc)
 static int bc_head(struct gw_bconn *bc)
 {
     size_t len = evbuffer_get_length(bc->in);
+    if (len == 0)
+        return 0;
     size_t look = len < H1_HEAD_MAX ? len : H1_HEAD_MAX;
     const char *h = (const char *)evbuffer_pullup(bc->in, (ssize_t)look);
     struct gw_req *r = bc->r;

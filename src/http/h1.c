@@ -238,7 +238,7 @@ static void head_init(struct h1_head *out)
 static const char *start_line(const char *buf, size_t len, const char **le, bool *crlf)
 {
     size_t lim = len < H1_HEAD_MAX ? len : H1_HEAD_MAX;
-    const char *nl = memchr(buf, '\n', lim);
+    const char *nl = lim > 0 ? memchr(buf, '\n', lim) : NULL;
     if (nl == NULL)
         return NULL;
     *crlf = nl > buf && nl[-1] == '\r';
