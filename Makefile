@@ -6,7 +6,7 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 CMAKE_FLAGS ?=
 
-.PHONY: efficacy all deps build run scenario test test-unit test-asan bench bench-engine bench-sim bench-daemon bench-gateway format format-check clean help
+.PHONY: efficacy all deps build run scenario test test-unit test-asan bench bench-engine bench-sim bench-daemon bench-gateway bench-streams fuzz format format-check clean help
 
 all: build
 
@@ -59,7 +59,13 @@ test-asan: deps $(ASAN_BUILD)/CMakeCache.txt
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		ctest --output-on-failure -j $(JOBS)
 
-bench: bench-engine bench-sim bench-daemon bench-gateway
+bench: bench-engine bench-sim bench-daemon bench-gateway bench-streams
+
+bench-streams:
+	@scripts/install-deps.sh bench
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS) --target oversubd bench_backend bench_streams
+	./bench/run-streams.sh $(BUILD)
 
 bench-gateway:
 	@scripts/install-deps.sh bench

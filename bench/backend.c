@@ -10,6 +10,7 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 #include <event2/http.h>
+#include <event2/listener.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -39,10 +40,63 @@ static void on_later(evutil_socket_t fd, short what, void *arg)
     free(l);
 }
 
+/* /stream?n=N&ms=M: a server-sent-events answer, N events M ms apart, chunked */
+struct stream {
+    struct evhttp_request *req;
+    struct event *ev;
+    int left, ms, seq;
+};
+
+static void on_stream(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct stream *st = arg;
+    struct evbuffer *b = evbuffer_new();
+    if (st->left-- > 0)
+        evbuffer_add_printf(b, "data: {\"seq\":%d,\"text\":\"a token from the backend\"}\n\n",
+                            st->seq++);
+    else
+        evbuffer_add_printf(b, "data: [DONE]\n\n");
+    evhttp_send_reply_chunk(st->req, b);
+    evbuffer_free(b);
+    if (st->left < 0) {
+        evhttp_send_reply_end(st->req);
+        event_free(st->ev);
+        free(st);
+        return;
+    }
+    struct timeval tv = {st->ms / 1000, (st->ms % 1000) * 1000};
+    evtimer_add(st->ev, &tv);
+}
+
+static void start_stream(struct event_base *base, struct evhttp_request *req, const char *q)
+{
+    struct stream *st = calloc(1, sizeof(*st));
+    if (st == NULL)
+        return;
+    st->req = req;
+    st->left = 20;
+    st->ms = 50;
+    const char *n = strstr(q, "n="), *m = strstr(q, "ms=");
+    if (n != NULL)
+        st->left = atoi(n + 2);
+    if (m != NULL)
+        st->ms = atoi(m + 3);
+    st->ev = evtimer_new(base, on_stream, st);
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "text/event-stream");
+    evhttp_send_reply_start(req, 200, "OK");
+    on_stream(-1, 0, st); /* the first event at once: the time to first byte is the proxy's */
+}
+
 static void on_request(struct evhttp_request *req, void *arg)
 {
     struct event_base *base = arg;
     const char *uri = evhttp_request_get_uri(req);
+    if (strncmp(uri, "/stream", 7) == 0) {
+        start_stream(base, req, uri);
+        return;
+    }
     if (strcmp(uri, "/hang") == 0)
         return; /* never answered: the connection stays busy */
     if (strncmp(uri, "/sleep?ms=", 10) == 0) {
@@ -65,8 +119,14 @@ int main(int argc, char **argv)
     struct event_base *base = event_base_new();
     struct evhttp *http = evhttp_new(base);
     evhttp_set_gencb(http, on_request, base);
-    struct evhttp_bound_socket *h =
-        evhttp_bind_socket_with_handle(http, "127.0.0.1", (uint16_t)port);
+    /* a deep accept queue: a thousand streams connect at once */
+    struct sockaddr_in la = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct evconnlistener *lis =
+        evconnlistener_new_bind(base, NULL, NULL, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 4096,
+                                (struct sockaddr *)&la, sizeof(la));
+    struct evhttp_bound_socket *h = lis ? evhttp_bind_listener(http, lis) : NULL;
     if (h == NULL) {
         fprintf(stderr, "bench_backend: cannot listen\n");
         return 1;

@@ -47,7 +47,7 @@
 #define BACKEND_TIMEOUT_S 60       /* a backend's answer, between two reads */
 #define CONNS_PER_CLIENT 256       /* connections one client address may hold */
 #define OUT_HIGH (4 * 1024 * 1024) /* a client's unsent bytes that pause its backend */
-#define IDLE_PER_BACKEND 64        /* kept-alive backend connections */
+#define IDLE_PER_BACKEND 1024      /* kept-alive backend connections (as many as streams at once) */
 
 struct gw_svc;
 struct gw_client;

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# run-streams.sh - 1,000 concurrent server-sent-event streams (an LLM's token stream: 20
+# events 50 ms apart, the first at once) through oversub's gateway and through nginx
+# (proxy_buffering off, keep-alive upstream), side by side in one run on the same backend; and
+# straight to the backend, for the latency the proxies add. Streams completed per second, time
+# to the first byte (p50, p99) and what the proxy adds to it, the proxy's peak RSS.
+# Usage: bench/run-streams.sh [BUILD_DIR]   (make bench-streams)
+set -euo pipefail
+build=$(realpath "${1:-build}")
+runs=${RUNS:-3}
+dur=${DURATION:-6}
+conns=${CONNS:-1000}
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/oversub-st.XXXXXX")
+procs=()
+cleanup() { for p in "${procs[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
+trap cleanup EXIT
+ulimit -n 16384
+median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+if [ "$(nproc)" -ge 2 ]; then P0="taskset -c 0"; P1="taskset -c 1"; else P0=""; P1=""; fi
+waitfor() { for _ in $(seq 1 100); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done; return 1; }
+field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
+hwm() { awk '/VmHWM/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
+
+$P1 "$build/bench/bench_backend" >"$tmp/backend.out" &
+procs+=($!)
+waitfor "$tmp/backend.out" "port " || { echo "backend did not start"; exit 1; }
+bport=$(awk '{print $2}' "$tmp/backend.out")
+
+cat >"$tmp/oversub.yaml" <<EOF
+gateway_conns_per_client: 16384
+EOF
+$P0 "$build/oversubd" --config "$tmp/oversub.yaml" --listen 127.0.0.1:0 --gateway 127.0.0.1:0 \
+    --socket "" --state "$tmp/state.db" --gpus sim:8x81920 --ratio 1.5 --tick-ms 1000 \
+    >"$tmp/o.out" 2>"$tmp/o.err" &
+opid=$!
+procs+=($opid)
+waitfor "$tmp/o.out" "gateway on" || { echo "oversubd did not start: $(cat "$tmp/o.err")"; exit 1; }
+api=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$tmp/o.out" | head -1 | sed 's/.*://')
+gw=$(grep -o 'gateway on http://127.0.0.1:[0-9]*' "$tmp/o.out" | sed 's/.*://')
+curl -s -o /dev/null -X POST "http://127.0.0.1:$api/v1/services" \
+    -d "{\"id\":\"llm\",\"class\":\"online\",\"vram\":\"10GiB\",\"backends\":[\"http://127.0.0.1:$bport\"],\"max_inflight\":4096,\"max_queue\":4096}"
+curl -s -o /dev/null -X POST "http://127.0.0.1:$api/v1/services/llm/ready"
+
+nport=$(free_port)
+mkdir -p "$tmp/n"
+cat >"$tmp/nginx.conf" <<NG
+daemon off; master_process off; worker_processes 1; worker_rlimit_nofile 16384;
+error_log $tmp/nginx.err; pid $tmp/nginx.pid;
+events { worker_connections 8192; }
+http {
+    access_log off;
+    client_body_temp_path $tmp/n/b; proxy_temp_path $tmp/n/p; fastcgi_temp_path $tmp/n/f;
+    uwsgi_temp_path $tmp/n/u; scgi_temp_path $tmp/n/s;
+    upstream backend { server 127.0.0.1:$bport; keepalive 1024; }
+    server {
+        listen 127.0.0.1:$nport backlog=4096;
+        location /llm/ {
+            proxy_pass http://backend/;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }
+    }
+}
+NG
+$P0 nginx -c "$tmp/nginx.conf" -p "$tmp" &
+npid=$!
+procs+=($npid)
+sleep 0.5
+
+path="stream?n=20&ms=50"
+echo "machine: $(nproc) CPUs; proxies on core 0, the client and the backend on core 1"
+echo "$conns concurrent streams (20 events 50 ms apart each, the first at once), ${dur}s x $runs runs"
+for r in $(seq 1 "$runs"); do
+    $P1 "$build/bench/bench_streams" 127.0.0.1 "$bport" "/$path" "$conns" "$dur" >"$tmp/direct.$r"
+    $P1 "$build/bench/bench_streams" 127.0.0.1 "$gw" "/llm/$path" "$conns" "$dur" >"$tmp/oversub.$r"
+    $P1 "$build/bench/bench_streams" 127.0.0.1 "$nport" "/llm/$path" "$conns" "$dur" >"$tmp/nginx.$r"
+done
+for who in direct oversub nginx; do
+    sps=$(for r in $(seq 1 "$runs"); do field "$tmp/$who.$r" streams_per_s; done | median)
+    t50=$(for r in $(seq 1 "$runs"); do field "$tmp/$who.$r" ttfb_p50_ms; done | median)
+    t99=$(for r in $(seq 1 "$runs"); do field "$tmp/$who.$r" ttfb_p99_ms; done | median)
+    err=$(for r in $(seq 1 "$runs"); do field "$tmp/$who.$r" errors; done | median)
+    printf "%-8s streams/s median %7.1f   time to first byte p50 %6.1f ms p99 %6.1f ms   errors %s\n" \
+        "$who" "$sps" "$t50" "$t99" "$err"
+    eval "sps_$who=$sps t99_$who=$t99 t50_$who=$t50"
+done
+echo "added to the first byte's p99 (proxy - direct): oversub $(python3 -c "print(round($t99_oversub - $t99_direct, 1))") ms, nginx $(python3 -c "print(round($t99_nginx - $t99_direct, 1))") ms"
+echo "streams/s oversub/nginx: $(python3 -c "print(round($sps_oversub / $sps_nginx, 2))")"
+nw=$(pgrep -P "$npid" nginx | head -1 || true)
+echo "peak RSS: oversubd $(hwm "$opid") KiB (the whole daemon), nginx $(hwm "${nw:-$npid}") KiB"
