@@ -61,6 +61,12 @@ test-asan: deps $(ASAN_BUILD)/CMakeCache.txt
 
 bench: bench-engine bench-sim bench-daemon bench-gateway bench-streams
 
+fuzz:
+	@scripts/install-deps.sh test
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS) --target fuzz_h1_bin h1dump
+	bash tests/fuzz/run_h1.sh $(BUILD)/tests/fuzz_h1 $(BUILD)/tests/h1dump $${FUZZ_SECONDS:-600}
+
 bench-streams:
 	@scripts/install-deps.sh bench
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null

@@ -197,8 +197,8 @@ static double now_s(void)
 /* Whole seconds until the queue ahead has likely drained, at least 1. */
 /* Milliseconds until a refused client likely finds room: its place behind the queue over the
  * rate at which the service completes requests (1 s when unknown), spread by jitter between
- * half and one and a half of that, so that refused clients do not come back together. Between
- * 100 ms and 60 s. */
+ * half and one and a half of that (the wait at least 100 ms), so that refused clients do not
+ * come back together. At most 60 s. */
 static int retry_after(const struct gw_svc *s)
 {
     static uint64_t x = 0x9e3779b97f4a7c15ULL;
@@ -206,8 +206,10 @@ static int retry_after(const struct gw_svc *s)
     x ^= x >> 7;
     x ^= x << 17;
     double base = s->rate > 0.0 ? (double)(s->n_queued + 1) / s->rate * 1000.0 : 1000.0;
+    if (base < 100)
+        base = 100; /* sooner is not worth a round trip; the jitter still spreads */
     double ms = base * (0.5 + (double)(x >> 11) / 9007199254740992.0); /* [0.5, 1.5) x base */
-    return ms < 100 ? 100 : ms > 60000 ? 60000 : (int)ms;
+    return ms > 60000 ? 60000 : (int)ms;
 }
 
 /* ---- the service's limit ------------------------------------------------------------------- */

@@ -50,6 +50,58 @@ expect "/-/healthz" '200 {"status":"ok"}' "$(curl -s -w '%{http_code} ' -o "$tmp
 expect "unknown service: 404" 404 "$(curl -s -o "$tmp/e" -w '%{http_code}' "$G/nobody/v1/chat/completions")"
 expect "  OpenAI's error shape" "invalid_request_error unknown_service True" "$(json 'd["error"]["type"] + " " + d["error"]["code"] + " " + str(len(d["error"]["message"]) > 0 and "param" in d["error"])' <"$tmp/e")"
 
+# ---- framing at the gateway (each of these passed or hung before the codec) ----
+python3 - "$GW" "$B" >"$tmp/framing" <<'PY'
+import json, socket, sys, time, urllib.request
+gw = int(sys.argv[1])
+def talk(data, wait=3.0):
+    s = socket.create_connection(("127.0.0.1", gw))
+    s.sendall(data)
+    s.settimeout(wait)
+    out, t0 = b"", time.time()
+    try:
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            out += b
+    except socket.timeout:
+        out += b"<open>"
+    s.close()
+    return out, time.time() - t0
+def first(out):
+    return out.split(b"\r\n")[0].decode(errors="replace")
+# a bare-LF request pipelined before a CRLF one: two requests, two answers
+out, _ = talk(b"GET /chat/echo HTTP/1.1\nHost: x\n\nGET /chat/echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+print("pipelined", out.count(b"HTTP/1.1 200"))
+# a bare CR inside a field value: refused, never two fields at the backend
+out, _ = talk(b"GET /chat/echo HTTP/1.1\r\nHost: x\r\nX-A: a\rX-Injected: yes\r\n\r\n")
+print("bare-cr", first(out), b"X-Injected" in out)
+out, _ = talk(b"GET /chat/echo HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n")
+print("nul", first(out))
+# a chunk size of 18 f's: closed at once, not a slot held for 60 s
+out, dt = talk(b"POST /chat/gen HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffff\r\n")
+print("huge-chunk", b"<open>" not in out and dt < 2.5)
+# an empty chunk-size line is not the last chunk: closed
+out, dt = talk(b"POST /chat/gen HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n\r\n0\r\n\r\n")
+print("empty-size", b"HTTP/1.1 200" not in out and b"<open>" not in out)
+# a trailer holding a request line: closed, the request never reaches the backend
+out, dt = talk(b"POST /chat/gen HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"0\r\nGET /order?smuggled HTTP/1.1\r\n\r\n")
+print("trailer", b"HTTP/1.1 200" not in out)
+# a chunked body over 64 MiB: the size line alone ends it
+out, dt = talk(b"POST /chat/gen HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5000000\r\n")
+print("chunked-cap", b"<open>" not in out and dt < 2.5)
+PY
+expect "a bare-LF request, then a CRLF one: two answers" "pipelined 2" "$(grep ^pipelined "$tmp/framing")"
+expect "a bare CR in a value: 400, nothing injected" "bare-cr HTTP/1.1 400 Bad Request False" "$(grep ^bare-cr "$tmp/framing")"
+expect "a NUL in a value: 400" "nul HTTP/1.1 400 Bad Request" "$(grep ^nul "$tmp/framing")"
+expect "a chunk size of 18 hex digits: closed at once" "huge-chunk True" "$(grep ^huge-chunk "$tmp/framing")"
+expect "an empty chunk-size line: closed" "empty-size True" "$(grep ^empty-size "$tmp/framing")"
+expect "a trailer holding a request line: closed" "trailer True" "$(grep ^trailer "$tmp/framing")"
+expect "a chunked body over 64 MiB: closed at its size line" "chunked-cap True" "$(grep ^chunked-cap "$tmp/framing")"
+expect "the smuggled request never reached the backend" False "$(curl -s "$B/order" | json '"smuggled" in str(d)')"
+
 # ---- 413 before the body: the client reads the answer, not a reset ----
 python3 - "$GW" >"$tmp/413" <<'PY'
 import socket, sys
