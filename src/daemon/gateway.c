@@ -90,6 +90,7 @@ struct gw_client {
     bool closing;      /* close once out is sent */
     bool gone;         /* a write failed: the client left */
     bool last_request; /* stopping: no request read after the current one */
+    bool bad_framing;  /* its request's body framing broke: closed, counted as a bad request */
     bool lingering;    /* answered and half-closed: reading and discarding what it still sends */
     int64_t discard;   /* bytes still to read and discard before closing (a refused body) */
     bool paused_bc;    /* its backend's reads wait for out to drain */
@@ -111,6 +112,8 @@ struct gw_bconn {
     bool keepalive;
     bool got_bytes; /* something came back: a failure now is not a refusal */
     bool reused;    /* taken from the pool: the backend may have closed it meanwhile */
+    bool broken;    /* a send failed: failed from the loop (the timer at once), not from the
+                     * sender, whose caller still holds the client */
 };
 
 struct peer_count {
@@ -205,9 +208,15 @@ static int retry_after(const struct gw_svc *s)
     x ^= x << 13;
     x ^= x >> 7;
     x ^= x << 17;
-    double base = s->rate > 0.0 ? (double)(s->n_queued + 1) / s->rate * 1000.0 : 1000.0;
-    if (base < 100)
-        base = 100; /* sooner is not worth a round trip; the jitter still spreads */
+    double rate = s->rate;
+    if (rate > 0.0 && s->last_done > 0) {
+        double quiet = now_s() - s->last_done; /* nothing completed for this long: slower */
+        if (quiet * rate > 1.0)
+            rate = 1.0 / quiet;
+    }
+    double base = rate > 0.0 ? (double)(s->n_queued + 1) / rate * 1000.0 : 1000.0;
+    if (base < 200)
+        base = 200; /* sooner is not worth a round trip; with the jitter, 100 to 300 ms */
     double ms = base * (0.5 + (double)(x >> 11) / 9007199254740992.0); /* [0.5, 1.5) x base */
     return ms > 60000 ? 60000 : (int)ms;
 }
@@ -360,6 +369,9 @@ static bool send_buffer(int fd, struct evbuffer *out, struct event *wev, struct 
 static void cl_close(struct gw_client *c);
 static void cl_arm(struct gw_client *c, int seconds);
 static void access_log(struct gw_req *r, int status, const char *outcome);
+static int format_answer(char *buf, size_t len, int code, const char *phrase, const char *ecode,
+                         const char *reason, const char *msg, int retry_after, bool close_it,
+                         bool head, int *split);
 static void cl_process(struct gw_client *c);
 static void bc_close(struct gw_bconn *bc);
 static void pump(struct osub_gateway *g, struct gw_svc *s);
@@ -621,14 +633,19 @@ static void cl_on_timer(evutil_socket_t fd, short what, void *arg)
     (void)what;
     struct gw_client *c = arg;
     if (c->gone) {
-        client_gone(c, "its request's framing broke");
+        if (c->bad_framing)
+            cl_close(c);
+        else
+            client_gone(c, "a write failed");
         return;
     }
     if (!c->lingering && c->in_head && evbuffer_get_length(c->in) > 0 && c->cur == NULL) {
         /* a head that did not arrive in time (slowloris): 408 and close */
-        char buf[] =
-            "HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
-        send(c->fd, buf, sizeof(buf) - 1, MSG_NOSIGNAL);
+        char buf[1280];
+        int n =
+            format_answer(buf, sizeof(buf), 408, "Request Timeout", "timeout", "head_timeout",
+                          "the request's head did not arrive within 10 s", 0, true, false, NULL);
+        send(c->fd, buf, (size_t)n, MSG_NOSIGNAL);
     }
     cl_close(c);
 }
@@ -700,8 +717,8 @@ static void req_from_head(struct gw_req *r)
     r->body_left = h->content_length > 0 ? h->content_length : 0;
     r->body_done = !r->chunked_body && r->body_left == 0;
     r->had_body = !r->body_done;
-    if (r->chunked_body)
-        h1_chunked_init(&r->cs, GW_BODY_MAX, h->lf_only);
+    if (r->chunked_body) /* CRLF framing only: a bare LF would be read otherwise behind us */
+        h1_chunked_init(&r->cs, GW_BODY_MAX, false);
 }
 
 static const char *phrase_of(int code)
@@ -1031,6 +1048,7 @@ static void bc_fail(struct gw_bconn *bc, bool timeout)
     s->inflight--;
     if (r->started) {
         /* the answer stops short: the client sees it by the closed connection */
+        access_log(r, r->status, "cut");
         c->closing = true;
         req_detach(r);
     } else if (timeout) {
@@ -1061,7 +1079,7 @@ static void bc_on_timer(evutil_socket_t fd, short what, void *arg)
         bc_close(bc);
         return;
     }
-    bc_fail(bc, true);
+    bc_fail(bc, !bc->broken);
 }
 
 /* The answer is complete: the connection goes back to the pool, the client reads on. */
@@ -1073,8 +1091,10 @@ static void bc_done(struct gw_bconn *bc)
     bc->r = NULL;
     r->bc = NULL;
     s->backoff[b] = 0;
-    if (bc->keepalive && bc->st != 3 && evbuffer_get_length(bc->in) == 0 &&
-        s->n_idle[b] < IDLE_PER_BACKEND) {
+    /* back to the pool only when the whole request went out and nothing is left over: a
+     * backend that answered before the body was sent would read the rest as a request */
+    if (bc->keepalive && bc->st != 3 && evbuffer_get_length(bc->in) == 0 && r->body_done &&
+        !bc->broken && evbuffer_get_length(bc->out) == 0 && s->n_idle[b] < IDLE_PER_BACKEND) {
         bc->st = 0;
         bc->next = s->idle[b];
         s->idle[b] = bc;
@@ -1086,8 +1106,8 @@ static void bc_done(struct gw_bconn *bc)
         bc_close(bc);
     }
     struct gw_client *c = r->cl;
-    if (!r->keepalive)
-        c->closing = true;
+    if (!r->keepalive || !r->body_done)
+        c->closing = true; /* the rest of its body would be read as a request: close */
     finish(r, true);
     cl_after(c);
 }
@@ -1307,12 +1327,17 @@ static void bc_on_write(evutil_socket_t fd, short what, void *arg)
 
 static void bc_send(struct gw_bconn *bc, struct evbuffer *b)
 {
+    if (bc->broken)
+        return;
     if (!bc->connected) {
         evbuffer_add_buffer(bc->out, b);
         return;
     }
-    if (!send_buffer(bc->fd, bc->out, bc->wev, b))
-        bc_fail(bc, false);
+    if (!send_buffer(bc->fd, bc->out, bc->wev, b)) {
+        bc->broken = true;
+        struct timeval now = {0, 0};
+        event_add(bc->timer, &now);
+    }
 }
 
 /* The backend's address, resolved once per URL. */
@@ -1418,8 +1443,10 @@ static void forward_body(struct gw_req *r)
              * trusted, and nothing of it goes on */
             if (r->cs.too_large)
                 c->g->too_large++;
-            /* closed from the loop (the timer at once): the callers still hold c */
-            c->closing = c->gone = true;
+            /* closed from the loop (the timer at once): the callers still hold c; a bad
+             * request, not a client that left */
+            c->g->bad_requests++;
+            c->closing = c->gone = c->bad_framing = true;
             struct timeval now = {0, 0};
             event_add(c->timer, &now);
             return;
@@ -1875,7 +1902,8 @@ void osubd_gateway_free(struct osubd *d)
         return;
     if (g->pump)
         event_free(g->pump);
-    evconnlistener_free(g->lis);
+    if (g->lis != NULL)
+        evconnlistener_free(g->lis);
     g->stopping = true;
     while (g->clients != NULL)
         cl_close(g->clients);
@@ -1945,7 +1973,10 @@ int osubd_gateway_drain(struct osubd *d)
     if (g == NULL)
         return 0;
     g->draining = true;
-    evconnlistener_disable(g->lis);
+    if (g->lis != NULL) { /* closed, not paused: a new connection is refused, not left hanging */
+        evconnlistener_free(g->lis);
+        g->lis = NULL;
+    }
     for (struct gw_client *c = g->clients, *next; c != NULL; c = next) {
         next = c->next;
         if (c->cur == NULL && evbuffer_get_length(c->out) == 0) {

@@ -74,6 +74,11 @@ bool h1_hop_by_hop(const char *name, size_t n, const struct h1_header *conn)
             return true;
     if (conn == NULL)
         return false;
+    /* a message's framing and target are never the Connection field's to remove (a client
+     * naming Content-Length there would make its body the next request on a pooled connection) */
+    if ((n == 14 && strncasecmp(name, "Content-Length", 14) == 0) ||
+        (n == 4 && strncasecmp(name, "Host", 4) == 0))
+        return false;
     char tok[64];
     if (n >= sizeof(tok))
         return false;
@@ -422,6 +427,7 @@ size_t h1_chunked_feed(struct h1_chunked *cs, const char *p, size_t n,
             }
             if (ch == ';' || ch == ' ' || ch == '\t') {
                 cs->st = H1C_EXT;
+                cs->tline = 0;
                 cs->tline_colon = ch == ';'; /* reused: the extension's ';' was seen */
             } else if (ch == '\r') {
                 cs->st = H1C_SIZE_LF;
@@ -435,6 +441,8 @@ size_t h1_chunked_feed(struct h1_chunked *cs, const char *p, size_t n,
             break;
         }
         case H1C_EXT:
+            if (++cs->tline > H1_CHUNK_EXT_MAX)
+                return cbad(cs, i, "a chunk extension over 4 KiB");
             if (ch == '\r') {
                 if (!cs->tline_colon)
                     return cbad(cs, i, "whitespace after a chunk size without an extension");

@@ -12,6 +12,7 @@
 #define H1_HEADERS_MAX 100      /* header fields in one head: beyond, 431 */
 #define H1_CHUNK_MAX (INT64_C(1) << 40)
 #define H1_TRAILER_MAX (8 * 1024) /* the trailer section of a chunked body */
+#define H1_CHUNK_EXT_MAX 4096     /* the extensions of one chunk */
 
 enum { H1_DONE = 0, H1_PARTIAL = 1, H1_BAD = -1 };
 
@@ -72,7 +73,8 @@ void h1_head_rebase(struct h1_head *h, const char *from, const char *to);
 const struct h1_header *h1_find(const struct h1_head *h, const char *name);
 /* Whether a comma-separated field value holds token (case-insensitive). */
 bool h1_list_has(const char *v, size_t vlen, const char *token);
-/* Whether a field is hop-by-hop (RFC 9110 7.6.1's list, or named by the Connection field). */
+/* Whether a field is hop-by-hop (RFC 9110 7.6.1's list, or named by the Connection field,
+ * which may never name Content-Length or Host). */
 bool h1_hop_by_hop(const char *name, size_t nlen, const struct h1_header *connection);
 bool h1_is_tchar(unsigned char c);
 

@@ -102,6 +102,86 @@ expect "a trailer holding a request line: closed" "trailer True" "$(grep ^traile
 expect "a chunked body over 64 MiB: closed at its size line" "chunked-cap True" "$(grep ^chunked-cap "$tmp/framing")"
 expect "the smuggled request never reached the backend" False "$(curl -s "$B/order" | json '"smuggled" in str(d)')"
 
+# ---- what a helper's attack found (each crashed or poisoned the gateway before) ----
+python3 - "$GW" "$B" "$A" "$TOK" >"$tmp/attack" <<'PY'
+import json, socket, sys, time, urllib.request
+gw, backend, api = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+def raw(data, wait=3.0):
+    s = socket.create_connection(("127.0.0.1", gw))
+    s.sendall(data)
+    s.settimeout(wait)
+    out = b""
+    try:
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            out += b
+    except socket.timeout:
+        pass
+    s.close()
+    return out
+def victim():
+    r = raw(b"GET /big/echo?victim HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    return b"victim" in r and b"EVIL" not in r
+# a client naming Content-Length in Connection: its body must not become the next request
+evil = b"GET /slow?ms=100&tag=EVIL HTTP/1.1\r\nHost: x\r\n\r\n"
+print("conn-cl", raw(b"POST /big/x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n"
+                     b"Connection: Content-Length\r\n\r\n" % len(evil) + evil).split(b"\r\n")[0].decode(),
+      victim())
+# a backend that answers before the body: the connection is not pooled with the body half sent
+out = raw(b"GET /big/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+          b"GET /slow?ms=100&tag=EVIL2 HTTP/1.1\r\nX-Junk: ", wait=1.0)
+print("early", victim())
+time.sleep(0.3)
+order = json.load(urllib.request.urlopen(backend + "/order"))
+# (a backend that does not read a GET's body may read its bytes as a request of its own: that
+# is between it and the one client that sent them; no other client may get its answer)
+print("smuggled", "EVIL" in order, order)
+# a chunk extension bomb: closed, not a way around the body limit
+out = raw(b"POST /big/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1;" + b"a" * 20000 + b"\r\nz\r\n0\r\n\r\n")
+print("ext-bomb", b"HTTP/1.1 200" not in out)
+# a backend that resets while the client still uploads: the daemon lives
+lis = socket.socket()
+lis.bind(("127.0.0.1", 0))
+lis.listen(64)
+port = lis.getsockname()[1]
+auth = {"Authorization": "Bearer " + sys.argv[4]}
+req = urllib.request.Request(api + "/v1/services", data=json.dumps({"id": "rst", "class": "online", "vram": "1GiB", "backends": ["http://127.0.0.1:%d" % port], "max_inflight": 8}).encode(), method="POST", headers=auth)
+urllib.request.urlopen(req).read()
+urllib.request.urlopen(urllib.request.Request(api + "/v1/services/rst/ready", data=b"", method="POST", headers=auth)).read()
+import struct
+for i in range(40):
+    c = socket.create_connection(("127.0.0.1", gw))
+    c.sendall(b"POST /rst/x HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\nA")
+    lis.settimeout(3)
+    try:
+        b, _ = lis.accept()
+    except socket.timeout:
+        c.close()
+        continue
+    b.recv(4096)
+    try:
+        c.send(b"B")
+    except OSError:
+        pass
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    b.close()
+    c.settimeout(2)
+    try:
+        c.recv(4096)
+    except OSError:
+        pass
+    c.close()
+ok = urllib.request.urlopen(api + "/healthz").status == 200
+print("rst-upload", ok)
+PY
+expect "Connection naming Content-Length: refused or answered alone" "conn-cl True" "$(grep ^conn-cl "$tmp/attack" | awk '{print $1, $NF}')"
+expect "an answer before the body: nothing poisoned" "early True" "$(grep ^early "$tmp/attack")"
+expect "the Connection: Content-Length body never reached the backend as a request" "smuggled False" "$(grep ^smuggled "$tmp/attack" | awk '{print $1, $2}')"
+expect "a chunk extension bomb: closed" "ext-bomb True" "$(grep ^ext-bomb "$tmp/attack")"
+expect "a backend resetting during uploads: the daemon lives" "rst-upload True" "$(grep ^rst-upload "$tmp/attack")"
+
 # ---- 413 before the body: the client reads the answer, not a reset ----
 python3 - "$GW" >"$tmp/413" <<'PY'
 import socket, sys

@@ -135,6 +135,13 @@ static void test_request_fields(void **state)
     assert_true(h1_hop_by_hop("Upgrade", 7, conn));
     assert_true(h1_hop_by_hop("keep-alive", 10, conn));
     assert_false(h1_hop_by_hop("Host", 4, conn));
+    /* Connection may not make the framing or the target hop-by-hop */
+    const char *cc = "POST / HTTP/1.1" CRLF H "Content-Length: 3" CRLF
+                     "Connection: Content-Length, Host" CRLF CRLF;
+    assert_int_equal(h1_parse_request(cc, strlen(cc), &h), H1_DONE);
+    const struct h1_header *cn = h1_find(&h, "Connection");
+    assert_false(h1_hop_by_hop("Content-Length", 14, cn));
+    assert_false(h1_hop_by_hop("Host", 4, cn));
     /* Connection: close in 1.1, keep-alive in 1.0 */
     const char *c1 = "GET / HTTP/1.1" CRLF H "Connection: Close" CRLF CRLF;
     assert_int_equal(h1_parse_request(c1, strlen(c1), &h), H1_DONE);
@@ -322,6 +329,13 @@ static void test_chunked_limits(void **state)
     const char *lf = "5\nhello\n0\n\n";
     assert_int_equal(h1_chunked_feed(&cs, lf, strlen(lf), NULL, NULL), strlen(lf));
     assert_int_equal(cs.st, H1C_DONE);
+    /* a chunk extension over 4 KiB: not a way around the body limit */
+    h1_chunked_init(&cs, 10, false);
+    static char ext[6000];
+    memset(ext, 'a', sizeof(ext));
+    memcpy(ext, "1;", 2);
+    h1_chunked_feed(&cs, ext, sizeof(ext), NULL, NULL);
+    assert_int_equal(cs.st, H1C_BAD);
     /* a trailer section over 8 KiB */
     h1_chunked_init(&cs, 0, false);
     static char big[H1_TRAILER_MAX + 100];
