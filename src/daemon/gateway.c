@@ -91,10 +91,11 @@ struct gw_client {
     bool gone;         /* a write failed: the client left */
     bool last_request; /* stopping: no request read after the current one */
     bool bad_framing;  /* its request's body framing broke: closed, counted as a bad request */
-    bool lingering;    /* answered and half-closed: reading and discarding what it still sends */
-    int64_t discard;   /* bytes still to read and discard before closing (a refused body) */
-    bool paused_bc;    /* its backend's reads wait for out to drain */
-    bool in_head;      /* a head is arriving */
+    struct event *hup, *hup_tick; /* while its reads are paused: its leaving is still seen */
+    bool lingering;  /* answered and half-closed: reading and discarding what it still sends */
+    int64_t discard; /* bytes still to read and discard before closing (a refused body) */
+    bool paused_bc;  /* its backend's reads wait for out to drain */
+    bool in_head;    /* a head is arriving */
 };
 
 struct gw_bconn {
@@ -443,6 +444,44 @@ static void req_detach(struct gw_req *r)
     req_free(r);
 }
 
+static void client_gone(struct gw_client *c, const char *why);
+
+/* A paused client's end: EV_CLOSED (EPOLLRDHUP) for a FIN; a reset shows only as an error on
+ * the socket (libevent reports EPOLLHUP as read and write, which a paused client does not
+ * wait for), so a timer looks at SO_ERROR every 250 ms while paused. */
+static void cl_on_hup(evutil_socket_t fd, short what, void *arg)
+{
+    int err = 0;
+    socklen_t l = sizeof(err);
+    if ((what & EV_CLOSED) || (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l) == 0 && err != 0))
+        client_gone(arg, "closed while its reads were paused");
+}
+
+/* Reads paused (a body beyond what is buffered for a queued request, or a backend slower than
+ * the client): a client that leaves meanwhile is still noticed, by EV_CLOSED (EPOLLRDHUP). */
+static void cl_read_pause(struct gw_client *c)
+{
+    event_del(c->rev);
+    if (c->hup == NULL) {
+        c->hup = event_new(c->g->d->base, c->fd, EV_CLOSED | EV_PERSIST, cl_on_hup, c);
+        c->hup_tick = event_new(c->g->d->base, c->fd, EV_PERSIST, cl_on_hup, c);
+    }
+    struct timeval tv = {0, 250000};
+    if (c->hup != NULL)
+        event_add(c->hup, NULL);
+    if (c->hup_tick != NULL)
+        event_add(c->hup_tick, &tv);
+}
+
+static void cl_read_resume(struct gw_client *c)
+{
+    if (c->hup != NULL)
+        event_del(c->hup);
+    if (c->hup_tick != NULL)
+        event_del(c->hup_tick);
+    event_add(c->rev, NULL);
+}
+
 static void cl_send(struct gw_client *c, const char *p, size_t n)
 {
     if (!send_bytes(c->fd, c->out, c->wev, p, n)) {
@@ -751,7 +790,7 @@ static void cl_process_inner(struct gw_client *c)
                 forward_body(c->cur);
             /* a queued request's body waits in `in`; beyond 1 MiB we stop reading */
             if (evbuffer_get_length(c->in) > 1024 * 1024)
-                event_del(c->rev);
+                cl_read_pause(c);
             return;
         }
         if (c->last_request) {
@@ -893,6 +932,10 @@ static void cl_close(struct gw_client *c)
     event_free(c->rev);
     event_free(c->wev);
     event_free(c->timer);
+    if (c->hup != NULL)
+        event_free(c->hup);
+    if (c->hup_tick != NULL)
+        event_free(c->hup_tick);
     evbuffer_free(c->in);
     evbuffer_free(c->out);
     close(c->fd);
@@ -1320,7 +1363,7 @@ static void bc_on_write(evutil_socket_t fd, short what, void *arg)
     event_del(bc->wev);
     /* the client's body may go on */
     if (bc->r != NULL && !bc->r->body_done && bc->r->cl != NULL) {
-        event_add(bc->r->cl->rev, NULL);
+        cl_read_resume(bc->r->cl);
         forward_body(bc->r);
     }
 }
@@ -1428,7 +1471,7 @@ static void forward_body(struct gw_req *r)
     if (bc == NULL || r->body_done)
         return;
     if (evbuffer_get_length(bc->out) > 1024 * 1024) {
-        event_del(c->rev); /* the backend reads slower: wait for its write event */
+        cl_read_pause(c); /* the backend reads slower: wait for its write event */
         return;
     }
     size_t len = evbuffer_get_length(c->in);
@@ -1559,7 +1602,7 @@ static void dispatch(struct osub_gateway *g, struct gw_req *r)
     if (expect100 && !r->body_done)
         cl_send(c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
     if (!r->body_done) {
-        event_add(c->rev, NULL);
+        cl_read_resume(c);
         forward_body(r);
     }
 }

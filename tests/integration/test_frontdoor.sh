@@ -182,6 +182,38 @@ expect "the Connection: Content-Length body never reached the backend as a reque
 expect "a chunk extension bomb: closed" "ext-bomb True" "$(grep ^ext-bomb "$tmp/attack")"
 expect "a backend resetting during uploads: the daemon lives" "rst-upload True" "$(grep ^rst-upload "$tmp/attack")"
 
+# ---- a queued client with a big body (its reads paused) that leaves: out of the queue at once ----
+expect "q1" 201 "$(api -X POST "$A/v1/services" -d "{\"id\":\"q1\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"$B\"],\"max_inflight\":1,\"max_queue\":4,\"queue_timeout_ms\":20000}")"
+api -X POST "$A/v1/services/q1/ready" >/dev/null
+curl -s -m 30 "$G/q1/slow?ms=12000&tag=q1hold" >/dev/null &
+QH=$!
+qmetric() { curl -s "$A/metrics" | awk -v m="oversub_gateway_$1{service=\"q1\"}" '$1 == m {print $2}'; }
+for _ in $(seq 1 100); do [ "$(qmetric inflight)" = 1 ] && break; sleep 0.05; done
+python3 - "$GW" "$tmp/qgo" <<'PY' &
+import os, socket, struct, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"POST /q1/gen HTTP/1.1\r\nHost: x\r\nContent-Length: 3000000\r\n\r\n")
+s.setblocking(False)
+sent = 0
+while sent < 3000000 and not os.path.exists(sys.argv[2]):
+    try:
+        sent += s.send(b"x" * 65536)
+    except BlockingIOError:
+        time.sleep(0.05)
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.05)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+s.close()
+PY
+QC=$!
+for _ in $(seq 1 100); do [ "$(qmetric queued)" = 1 ] && break; sleep 0.05; done
+expect "the big-bodied request waits in the queue" 1 "$(qmetric queued)"
+touch "$tmp/qgo"
+wait "$QC"
+for _ in $(seq 1 100); do [ "$(qmetric queued)" = 0 ] && break; sleep 0.05; done
+expect "  and leaves it when its client does (its holder still running)" "0 1" "$(qmetric queued) $(qmetric inflight)"
+kill "$QH" 2>/dev/null; wait "$QH" 2>/dev/null
+
 # ---- 413 before the body: the client reads the answer, not a reset ----
 python3 - "$GW" >"$tmp/413" <<'PY'
 import socket, sys
