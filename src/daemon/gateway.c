@@ -562,13 +562,15 @@ static void access_log(struct gw_req *r, int status, const char *outcome)
 struct canned {
     const char *ecode, *reason, *msg;
     int code;
-    bool close, head;
+    bool close, head, ka10;
     int len, split; /* bytes; the Retry-After fields go in at split */
     char bytes[1280];
 };
 
 /* A JSON error answer, head and body, into buf; returns its length. *split: where fields of
  * the moment (Retry-After) may be inserted (after the fixed fields). */
+static bool keep_alive_10; /* the answer being formatted goes to an HTTP/1.0 keep-alive client */
+
 static int format_answer(char *buf, size_t len, int code, const char *phrase, const char *ecode,
                          const char *reason, const char *msg, int retry_after, bool close_it,
                          bool head, int *split)
@@ -591,7 +593,10 @@ static int format_answer(char *buf, size_t len, int code, const char *phrase, co
     if (split != NULL)
         *split = n;
     n += snprintf(buf + n, len - (size_t)n, "%s%s\r\n%s", ra,
-                  close_it ? "Connection: close\r\n" : "", head ? "" : body);
+                  close_it        ? "Connection: close\r\n"
+                  : keep_alive_10 ? "Connection: keep-alive\r\n"
+                                  : "",
+                  head ? "" : body);
     return n < (int)len ? n : (int)len - 1;
 }
 
@@ -608,16 +613,20 @@ static void reply(struct gw_req *r, int code, const char *phrase, const char *ec
     access_log(r, code, reason);
     /* a body we will not read: the connection cannot carry another request */
     bool close_it = !r->keepalive || !r->body_done;
-    bool head = r->is_head;
+    bool head = r->is_head, ka10 = r->http10 && !close_it;
     struct canned *k = NULL;
     for (int i = 0; i < 16 && k == NULL; i++)
         if (cache[i].msg == msg && cache[i].code == code && cache[i].ecode == ecode &&
-            cache[i].reason == reason && cache[i].close == close_it && cache[i].head == head)
+            cache[i].reason == reason && cache[i].close == close_it && cache[i].head == head &&
+            cache[i].ka10 == ka10)
             k = &cache[i];
     if (k == NULL) {
         k = &cache[next_slot++ % 16];
+        keep_alive_10 = ka10;
         k->len = format_answer(k->bytes, sizeof(k->bytes), code, phrase, ecode, reason, msg, 0,
                                close_it, head, &k->split);
+        keep_alive_10 = false;
+        k->ka10 = ka10;
         k->msg = msg;
         k->code = code;
         k->ecode = ecode;
@@ -655,6 +664,13 @@ static void reply_bad(struct gw_client *c, int code, const char *phrase, const c
     const char *reason = code == 503 ? "memory" : code == 400 ? "malformed" : "limit";
     int n = format_answer(buf, sizeof(buf), code, phrase, ecode, reason, msg, 0, true, false, NULL);
     c->g->bad_requests++;
+    if (c->g->access != NULL) { /* no request was parsed: who, the answer and why */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        fprintf(c->g->access,
+                "{\"time_unix_ms\":%lld,\"client\":\"%s\",\"status\":%d,\"outcome\":\"%s\"}\n",
+                (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000, c->peer, code, ecode);
+    }
     c->closing = true;
     evbuffer_drain(c->in, evbuffer_get_length(c->in));
     cl_send(c, buf, (size_t)n);
@@ -678,7 +694,7 @@ static void cl_on_timer(evutil_socket_t fd, short what, void *arg)
             client_gone(c, "a write failed");
         return;
     }
-    if (!c->lingering && c->in_head && evbuffer_get_length(c->in) > 0 && c->cur == NULL) {
+    if (!c->lingering && c->in_head && c->cur == NULL) {
         /* a head that did not arrive in time (slowloris): 408 and close */
         char buf[1280];
         int n =
@@ -798,7 +814,9 @@ static void cl_process_inner(struct gw_client *c)
             return;
         }
         size_t len = evbuffer_get_length(c->in);
-        /* empty lines before a request line are allowed (RFC 9112, 2.2) */
+        /* empty lines before a request line are allowed (RFC 9112, 2.2); they start the head's
+         * clock like any other byte of it (a client may not idle on them) */
+        bool stripped = false;
         while (len > 0) {
             unsigned char ch;
             evbuffer_copyout(c->in, &ch, 1);
@@ -806,10 +824,15 @@ static void cl_process_inner(struct gw_client *c)
                 break;
             evbuffer_drain(c->in, 1);
             len--;
+            stripped = true;
+        }
+        if (stripped && !c->in_head) {
+            c->in_head = true;
+            cl_arm(c, HEAD_TIMEOUT_S);
         }
         if (len == 0) {
-            c->in_head = false;
-            cl_arm(c, IDLE_TIMEOUT_S);
+            if (!c->in_head)
+                cl_arm(c, IDLE_TIMEOUT_S);
             return;
         }
         /* the head, found and checked by the codec: one line-ending policy for the whole
@@ -1196,7 +1219,9 @@ static int bc_head(struct gw_bconn *bc)
         return -1;
     size_t hl = hd->len;
     int code = hd->status;
-    if (code < 200 && code != 101) {
+    if (code == 101)
+        return -1; /* an upgrade (WebSocket): the gateway does not tunnel; 502 */
+    if (code < 200) {
         evbuffer_drain(bc->in, hl); /* 100 Continue and the like: not passed on */
         return 1;
     }
@@ -1775,13 +1800,21 @@ static void handle(struct gw_client *c, struct gw_req *r)
                   "the gateway is stopping: it finishes what it has and takes nothing new", 0);
             return;
         }
-        static const char ok[] = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                                 "Content-Length: 16\r\n\r\n{\"status\":\"ok\"}\n";
         bool head = r->is_head, close_it = !r->keepalive || !r->body_done;
+        char ok[200];
+        int n =
+            snprintf(ok, sizeof(ok),
+                     "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 16\r\n"
+                     "%s\r\n%s",
+                     close_it    ? "Connection: close\r\n"
+                     : r->http10 ? "Connection: keep-alive\r\n"
+                                 : "",
+                     head ? "" : "{\"status\":\"ok\"}\n");
         if (close_it)
             c->closing = true;
+        access_log(r, 200, "healthz");
         req_detach(r);
-        cl_send(c, ok, head ? sizeof(ok) - 1 - 16 : sizeof(ok) - 1);
+        cl_send(c, ok, (size_t)n);
         return;
     }
     size_t n = 0;

@@ -4,6 +4,7 @@
   /slow?ms=N&tag=T records T in arrival order, waits N ms, answers T
   /order           the tags in arrival order, as JSON
   /stats           completions finished and abandoned (the client left), as JSON
+  /upgrade         101 Switching Protocols (a WebSocket upgrade)
   POST .../chat/completions  an OpenAI-like answer (see completions())
   /stream          a chunked body: "first", then (once the file named by FLAG exists, at
                    most 5 s later) "after-flag" or "timeout"
@@ -114,6 +115,12 @@ class H(BaseHTTPRequestHandler):
                 order.append(tag)
             time.sleep(int(q.get("ms", ["100"])[0]) / 1000.0)
             self.send(200, tag, "text/plain")
+        elif u.path == "/upgrade":
+            self.send_response(101)
+            self.send_header("Upgrade", "websocket")
+            self.send_header("Connection", "Upgrade")
+            self.end_headers()
+            self.close_connection = True
         elif u.path == "/stats":
             with lock:
                 self.send(200, json.dumps(stats))

@@ -38,6 +38,28 @@ G="http://127.0.0.1:$GW"
 TOK="first-token"
 api() { curl -s -o "$tmp/body" -w '%{http_code}' -H "Authorization: Bearer $TOK" "$@"; }
 
+# ---- a head made of empty lines only: the head's clock runs (408), it does not idle (background) ----
+python3 - "$GW" >"$tmp/emptylines" <<'PY' &
+import socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+t0 = time.time()
+out = b""
+s.settimeout(1)
+while time.time() - t0 < 20:
+    try:
+        s.sendall(b"\r\n")
+        b = s.recv(4096)
+        if not b:
+            break
+        out += b
+    except socket.timeout:
+        continue
+    except OSError:
+        break
+print(out.split(b"\r\n")[0].decode() or "nothing", round(time.time() - t0) < 16)
+PY
+EMPTY=$!
+
 # ---- limits that fit real servers: up to 4096 in flight, queues to 100,000 ----
 expect "max_inflight 4096" 201 "$(api -X POST "$A/v1/services" -d "{\"id\":\"big\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"$B\"],\"max_inflight\":4096,\"max_queue\":100000}")"
 expect "max_inflight 4097 refused" 422 "$(api -X POST "$A/v1/services" -d "{\"id\":\"big2\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"$B\"],\"max_inflight\":4097}")"
@@ -214,6 +236,20 @@ for _ in $(seq 1 100); do [ "$(qmetric queued)" = 0 ] && break; sleep 0.05; done
 expect "  and leaves it when its client does (its holder still running)" "0 1" "$(qmetric queued) $(qmetric inflight)"
 kill "$QH" 2>/dev/null; wait "$QH" 2>/dev/null
 
+# ---- HTTP/1.0 keep-alive answers say so; a backend's 101 is not tunnelled (502) ----
+python3 - "$GW" >"$tmp/ka10" <<'PY'
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.settimeout(3)
+s.sendall(b"GET /-/healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+a = s.recv(4096)
+s.sendall(b"GET /nobody/x HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+b = s.recv(4096)
+print(b"Connection: keep-alive" in a, b"Connection: keep-alive" in b, b.split(b" ")[1].decode())
+PY
+expect "HTTP/1.0 keep-alive: healthz and a 404 say keep-alive" "True True 404" "$(cat "$tmp/ka10")"
+expect "a backend's 101: 502" 502 "$(curl -s -o /dev/null -w '%{http_code}' "$G/big/upgrade")"
+
 # ---- 413 before the body: the client reads the answer, not a reset ----
 python3 - "$GW" >"$tmp/413" <<'PY'
 import socket, sys
@@ -265,10 +301,14 @@ ls = [json.loads(l) for l in open(sys.argv[1])]
 st = {}
 for l in ls:
     st[l["status"]] = st.get(l["status"], 0) + 1
-print(all({"time_unix_ms", "client", "service", "method", "path", "status", "outcome", "ms"} <= set(l) for l in ls),
-      st.get(429, 0) >= 20, st.get(404, 0) >= 1)
+full = [l for l in ls if "method" in l]
+print(all({"time_unix_ms", "client", "service", "method", "path", "status", "outcome", "ms"} <= set(l) for l in full),
+      st.get(429, 0) >= 20, st.get(404, 0) >= 1, st.get(400, 0) >= 1)
 PY
-expect "access log lines" "True True True" "$(cat "$tmp/acc")"
+expect "access log lines (malformed requests too)" "True True True True" "$(cat "$tmp/acc")"
+
+wait "$EMPTY"
+expect "empty lines only: 408 within the head's 10 s" "HTTP/1.1 408 Request Timeout True" "$(cat "$tmp/emptylines")"
 
 # ---- SIGHUP: the daemon stays; the admin token is read again ----
 echo "second-token" >"$tmp/token"
