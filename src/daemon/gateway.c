@@ -636,6 +636,9 @@ static void reply(struct gw_req *r, int code, const char *phrase, const char *ec
     }
     if (close_it)
         c->closing = true;
+    if (!r->body_done) /* its body, unread: read and dropped after the answer, so it is read */
+        c->discard =
+            r->chunked_body || r->body_left > GW_DISCARD_MAX ? GW_DISCARD_MAX : r->body_left;
     req_detach(r);
     if (retry_after <= 0) {
         cl_send(c, k->bytes, (size_t)k->len);

@@ -274,6 +274,36 @@ except (ConnectionResetError, socket.timeout) as e:
 print(out.split(b"\r\n")[0].decode(), b"body_too_large" in out, b"Reset" in out)
 PY
 expect "413 read by a client that kept sending" "HTTP/1.1 413 Content Too Large True False" "$(cat "$tmp/413")"
+# a 429 for a POST whose 3 MB body was not read: the client reads the 429, then an orderly close
+curl -s "$G/chat/slow?ms=4000&tag=hold429" >/dev/null &
+H429=$!
+for _ in $(seq 1 100); do
+    [ "$(curl -s "$A/metrics" | awk '$1 == "oversub_gateway_inflight{service=\"chat\"}" {print $2}')" = 1 ] && break
+    sleep 0.05
+done
+python3 - "$GW" >"$tmp/429body" <<'PY'
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"POST /chat/gen HTTP/1.1\r\nHost: x\r\nContent-Length: 3000000\r\n\r\n")
+out = b""
+try:
+    for _ in range(45):
+        s.sendall(b"x" * 65536)
+except (BrokenPipeError, ConnectionResetError):
+    pass
+try:
+    s.settimeout(10)
+    while True:
+        b = s.recv(65536)
+        if not b:
+            break
+        out += b
+except (ConnectionResetError, socket.timeout) as e:
+    out += b" <" + type(e).__name__.encode() + b">"
+print(out.split(b"\r\n")[0].decode(), b"Reset" in out)
+PY
+expect "a refused POST's unread body: the 429 read, no reset" "HTTP/1.1 429 Too Many Requests False" "$(cat "$tmp/429body")"
+kill "$H429" 2>/dev/null
 
 # ---- Retry-After from the likely wait, spread by jitter ----
 curl -s "$G/chat/slow?ms=8000&tag=hold" >/dev/null &
