@@ -1,7 +1,6 @@
 /* main.c - oversubd: flags, configuration, start-up and the event loop */
 #define _POSIX_C_SOURCE 200809L
 #include <arpa/inet.h>
-#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
@@ -84,27 +83,11 @@ static bool loopback(const char *host)
 
 static int read_token(const char *path, struct osubd_config *c)
 {
-    FILE *f = fopen(path, "r");
-    if (f == NULL) {
-        fprintf(stderr, "oversubd: --token-file %s: %s\n", path, strerror(errno));
+    char err[700];
+    if (osubd_read_token(path, c->token, sizeof(c->token), err, sizeof(err)) != 0) {
+        fprintf(stderr, "oversubd: --token-file %s\n", err);
         return -1;
     }
-    char buf[512];
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    char *s = buf;
-    while (isspace((unsigned char)*s))
-        s++;
-    size_t l = strlen(s);
-    while (l > 0 && isspace((unsigned char)s[l - 1]))
-        s[--l] = '\0';
-    if (l == 0 || l >= sizeof(c->token)) {
-        fprintf(stderr, "oversubd: --token-file %s: the token must be 1 to %zu characters\n", path,
-                sizeof(c->token) - 1);
-        return -1;
-    }
-    memcpy(c->token, s, l + 1);
     return 0;
 }
 

@@ -15,14 +15,6 @@ cli=$(realpath "$3")
 LLM=$ex/fake-llm-server
 JOB=$ex/batch-job
 
-waitline() { # file, pattern -> the port
-    for _ in $(seq 1 100); do
-        p=$(grep -o "$2[0-9]*" "$1" 2>/dev/null | head -1 | sed 's/.*[: ]//')
-        [ -n "$p" ] && { echo "$p"; return 0; }
-        sleep 0.05
-    done
-    return 1
-}
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # start_d NAME POOL RATIO [config lines...]: a daemon of its own; sets D (its folder), S (its

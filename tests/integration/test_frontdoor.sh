@@ -8,14 +8,6 @@ set -u
 bin=$(realpath "$1")
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
-waitline() { # file, pattern -> the port
-    for _ in $(seq 1 200); do
-        l=$(grep -o "$2[0-9]*" "$1" 2>/dev/null | head -1)
-        [ -n "$l" ] && { echo "${l##*[!0-9]}"; return 0; }
-        sleep 0.05
-    done
-    return 1
-}
 
 FLAG=$tmp/flag python3 "$here/backend.py" >"$tmp/backend.out" 2>&1 &
 pids+=($!)

@@ -10,14 +10,6 @@ bin=$(realpath "$1")
 ex=$(realpath "$2")
 here=$(cd "$(dirname "$0")" && pwd)
 . "$(dirname "$0")/lib.sh"
-waitline() { # file, pattern -> the port
-    for _ in $(seq 1 100); do
-        p=$(grep -o "$2[0-9]*" "$1" 2>/dev/null | head -1 | sed 's/.*[: ]//')
-        [ -n "$p" ] && { echo "$p"; return 0; }
-        sleep 0.05
-    done
-    return 1
-}
 
 FLAG=$tmp/flag python3 "$here/backend.py" >"$tmp/backend.out" 2>&1 &
 pids+=($!)

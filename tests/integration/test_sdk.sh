@@ -8,14 +8,6 @@ here=$(cd "$(dirname "$0")" && pwd)
 sdk=$here/../sdk
 . "$here/lib.sh"
 [ -d "$sdk/node_modules/openai" ] || { echo "test_sdk: the SDK is not installed (scripts/install-deps.sh test runs npm ci in tests/sdk)"; exit 1; }
-waitline() {
-    for _ in $(seq 1 200); do
-        l=$(grep -o "$2[0-9]*" "$1" 2>/dev/null | head -1)
-        [ -n "$l" ] && { echo "${l##*[!0-9]}"; return 0; }
-        sleep 0.05
-    done
-    return 1
-}
 python3 "$here/backend.py" >"$tmp/backend.out" 2>&1 &
 pids+=($!)
 BPORT=$(waitline "$tmp/backend.out" "port ") || { echo "backend did not start"; exit 1; }
