@@ -414,14 +414,8 @@ int osub_engine_ready(osub_engine_t *e, const char *id, int64_t now_ms)
         return rc;
     osub__advance(e, now_ms);
     if (s->loading) {
-        s->loading = false;
         osub__timer_cancel(e, s, T_LOAD);
-        if (s->state == OSUB_STATE_LOADING)
-            osub__set_state(e, s, OSUB_STATE_RUNNING);
-        osub__svc_sync(e, s);
-        for (int32_t i = 0; i < s->n_slots; i++) /* the reservation was not a peak */
-            osub__hist_reset(e, &e->gpus[s->slots[i].gpu]);
-        e->dirty = true;
+        osub__end_loading(e, s);
         osub_event_t *ev = osub__emit(e, OSUB_EV_READY, OSUB_R_USER,
                                       "%s reported ready; held now follows its usage (%lld MiB)",
                                       s->spec.id, (long long)osub__held_total(s));

@@ -699,6 +699,19 @@ void osub__svc_to_queue(osub_engine_t *e, struct svc *s)
     osub__queue_push(e, s);
 }
 
+/* Its loading period is over (it said it is ready, or the period ran out): held follows its
+ * usage from now; what it held as a reservation was not a peak of its GPUs. */
+void osub__end_loading(osub_engine_t *e, struct svc *s)
+{
+    s->loading = false;
+    if (s->state == OSUB_STATE_LOADING)
+        osub__set_state(e, s, OSUB_STATE_RUNNING);
+    osub__svc_sync(e, s);
+    for (int32_t i = 0; i < s->n_slots; i++)
+        osub__hist_reset(e, &e->gpus[s->slots[i].gpu]);
+    e->dirty = true;
+}
+
 void osub__svc_start(osub_engine_t *e, struct svc *s, osub_reason_t reason)
 {
     bool resume = s->evicted_before;

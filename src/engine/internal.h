@@ -365,6 +365,7 @@ static inline int64_t osub__min64(int64_t a, int64_t b)
 /* The engine split along its seams: what each part offers the others (the comments at the
  * definitions say what each does). */
 /* engine.c: containers, accounting and transitions */
+OSUB__HIDDEN void osub__end_loading(osub_engine_t *e, struct svc *s);
 OSUB__HIDDEN const char *osub__class_of(const osub_engine_t *e, const struct svc *s);
 OSUB_PRINTF(4, 5)
 OSUB__HIDDEN osub_event_t *osub__emit(osub_engine_t *e, osub_event_kind_t kind,

@@ -70,13 +70,7 @@ static void on_load(osub_engine_t *e, struct svc *s)
     s->timer_at[T_LOAD] = 0;
     if (!s->loading)
         return;
-    s->loading = false;
-    if (s->state == OSUB_STATE_LOADING)
-        osub__set_state(e, s, OSUB_STATE_RUNNING);
-    osub__svc_sync(e, s);
-    for (int32_t i = 0; i < s->n_slots; i++) /* the reservation was not a peak */
-        osub__hist_reset(e, &e->gpus[s->slots[i].gpu]);
-    e->dirty = true;
+    osub__end_loading(e, s);
     osub_event_t *ev = osub__emit(e, OSUB_EV_READY, OSUB_R_LOADED,
                                   "%s is taken as loaded after %lld ms; held now follows its usage",
                                   s->spec.id, (long long)s->restart_cost_ms);
