@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# test_shim.sh - liboversub-cuda.so against the fake driver (tests/fakes/fake_cuda.c), no GPU:
+# the grant enforced whichever way a program reaches the driver, many processes and threads
+# sharing one grant without over-admission, a SIGKILLed holder reclaimed, a grant lowered and
+# raised mid-run, a P0 neighbour keeping every byte while a batch process pushes, fork, dlsym's
+# RTLD_NEXT kept intact.
+# usage: test_shim.sh SHIM CUDA_CLIENT CUDA_CLIENT_DL SEGTOOL FAKECUDA_DIR PROBE_MAIN
+set -u
+shim=$1 client=$2 client_dl=$3 segtool=$4 fakedir=$5 probe=$6
+. "$(dirname "$0")/lib.sh"
+
+export LD_LIBRARY_PATH="$fakedir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+unset OVERSUB_SHIM_SEGMENT OVERSUB_VRAM_MIB OVERSUB_SHIM_LOG FAKE_CUDA_STATE
+export FAKE_CUDA_MEM_MIB=81920
+pre() { LD_PRELOAD="$shim${LD_PRELOAD:+ $LD_PRELOAD}" "$@"; }
+# the value of key=N in the output line that starts with word
+field() { grep "^$2" <<<"$1" | head -1 | grep -o "$3=[0-9-]*" | cut -d= -f2; }
+
+# --- every way in, every entry point: standalone grant of 1000 MiB -----------------------------
+script=(alloc:600 expect:0 alloc:600 expect:2 info totalmem free
+        managed:100 expect:0 async:100 expect:0 pool:100 expect:0 create:100 expect:0
+        pitch:1000x1024 expect:0 array:1024x1024 expect:0 array3d:256x256x16 expect:0
+        mipmap:1024x1024:3 expect:0 info alloc:600 expect:2 freeall expect:0 info
+        create:1001 expect:2 alloc:1000 expect:0 free)
+for way in link dlsym procaddr; do
+    bin=$client_dl
+    [ $way = link ] && bin=$client
+    out=$(OVERSUB_VRAM_MIB=1000 pre "$bin" --via $way "${script[@]}" 2>"$tmp/err")
+    expect "$way: script ran" 0 $?
+    expect "$way: total is the grant" 1000 "$(field "$out" info total_mib)"
+    expect "$way: free after 600" 400 "$(field "$out" info free_mib)"
+    expect "$way: cuDeviceTotalMem is the grant" 1000 "$(field "$out" totalmem mib)"
+    # 100 x4 + 1024 rows of 1024 rounded to 1024 (1 MiB) + 4 MiB + 4 MiB + (4+1+0.25 -> 5.25 MiB
+    # rounded by the driver to 64 KiB) = 414.25 MiB -> 585 MiB free
+    expect "$way: every entry point counted" 585 "$(grep '^info' <<<"$out" | sed -n 2p | grep -o 'free_mib=[0-9]*' | cut -d= -f2)"
+    expect "$way: all back after freeing" 1000 "$(grep '^info' <<<"$out" | sed -n 3p | grep -o 'free_mib=[0-9]*' | cut -d= -f2)"
+    grep -q "refused 600 MiB on device 0: grant 1000 MiB, 600 MiB reserved" "$tmp/err" || bad "$way: the refusal is said once on stderr: $(cat "$tmp/err")"
+    expect "$way: said once" 1 "$(grep -c refused "$tmp/err")"
+done
+
+# without the shim the fake is the whole card; with it and no grant configured, pass-through
+out=$("$client" alloc:2000 expect:0 info)
+expect "no shim: the card" 81920 "$(field "$out" info total_mib)"
+out=$(pre "$client" alloc:2000 expect:0 info 2>"$tmp/err")
+expect "shim without a grant passes through" 0 $?
+expect "shim without a grant: the card" 81920 "$(field "$out" info total_mib)"
+expect "shim without a grant says nothing" "" "$(cat "$tmp/err")"
+
+# a grant that cannot be read refuses (fails closed), says why, never exits the program
+out=$(OVERSUB_VRAM_MIB=lots pre "$client" alloc:1 expect:2 info 2>"$tmp/err")
+expect "bad OVERSUB_VRAM_MIB: refused, program carries on" 0 $?
+grep -q "OVERSUB_VRAM_MIB='lots' is not a whole number of MiB" "$tmp/err" || bad "bad OVERSUB_VRAM_MIB is named: $(cat "$tmp/err")"
+out=$(OVERSUB_SHIM_SEGMENT=$tmp/nope pre "$client" alloc:1 expect:2 2>"$tmp/err")
+expect "missing segment: refused" 0 $?
+grep -q "cannot open $tmp/nope" "$tmp/err" || bad "missing segment named: $(cat "$tmp/err")"
+echo junk >"$tmp/junk"
+out=$(OVERSUB_SHIM_SEGMENT=$tmp/junk pre "$client" alloc:1 expect:2 2>"$tmp/err")
+expect "not a segment: refused" 0 $?
+grep -q "not a grant segment" "$tmp/err" || bad "bad segment named: $(cat "$tmp/err")"
+
+# fork: the child has a slot of its own and shares the grant
+out=$(OVERSUB_VRAM_MIB=1000 pre "$client" alloc:600 forkalloc:500 forkalloc:400 2>/dev/null)
+expect "fork: the child is held to what is left" 2 "$(field "$out" forkalloc:500 rc)"
+expect "fork: the child gets what is left" 0 "$(field "$out" forkalloc:400 rc)"
+
+# dlsym(RTLD_NEXT) still means "after the caller", not "after the shim"
+expect "RTLD_NEXT without the shim" "next=2" "$("$probe")"
+expect "RTLD_NEXT with the shim" "next=2" "$(pre "$probe")"
+
+# --- many processes, many threads, one grant: never over it -------------------------------------
+"$segtool" create "$tmp/race.seg" 1 1000 || bad "segtool create"
+export FAKE_CUDA_STATE=$tmp/race.gpu FAKE_CUDA_MEM_MIB=100000
+rm -f "$tmp/race.gpu"
+kids=()
+for i in 1 2 3 4 5; do
+    way=link bin=$client
+    [ $i = 4 ] && way=procaddr bin=$client_dl
+    [ $i = 5 ] && way=dlsym bin=$client_dl
+    OVERSUB_SHIM_SEGMENT=$tmp/race.seg pre "$bin" --via $way touch:$tmp/ready.$i wait:$tmp/go \
+        hammer:4:5000:300 >"$tmp/race.$i" 2>/dev/null &
+    kids+=($!)
+done
+# all five start together
+for i in 1 2 3 4 5; do while [ ! -e "$tmp/ready.$i" ]; do sleep 0.02; done; done
+touch "$tmp/go"
+for k in "${kids[@]}"; do wait "$k" || bad "a racer failed: $(cat "$tmp"/race.*)"; done
+ooms=0 oks=0
+for i in 1 2 3 4 5; do
+    oks=$((oks + $(field "$(cat "$tmp/race.$i")" hammer ok)))
+    ooms=$((ooms + $(field "$(cat "$tmp/race.$i")" hammer oom)))
+done
+[ "$ooms" -gt 100 ] || bad "the race reached the grant (refusals: $ooms)"
+[ "$oks" -gt 20000 ] || bad "the race allocated (admissions: $oks)"
+phys=$("$client" phys)
+peak=$(field "$phys" phys peak_mib)
+[ "$peak" -le 1000 ] && [ "$peak" -gt 700 ] || bad "the device never held more than the grant: peak $peak MiB"
+expect "race: all given back to the device" 0 "$(field "$phys" phys used_mib)"
+show=$("$segtool" show "$tmp/race.seg")
+expect "race: the segment is back to zero" 0 "$(field "$show" dev=0 reserved)"
+expect "race: no process left in it" 0 "$(field "$show" live live)"
+
+# --- a holder SIGKILLed: its reservation comes back (the shim reclaims when it is refused) -------
+"$segtool" create "$tmp/kill.seg" 1 1000
+export FAKE_CUDA_STATE=$tmp/kill.gpu
+# (not through pre: $! must be the program itself, not a subshell running a function)
+LD_PRELOAD=$shim OVERSUB_SHIM_SEGMENT=$tmp/kill.seg "$client" alloc:700 expect:0 touch:$tmp/held hold >/dev/null 2>&1 &
+holder=$!
+pids+=($holder)
+OVERSUB_SHIM_SEGMENT=$tmp/kill.seg pre "$client" wait:$tmp/held alloc:400 expect:2 touch:$tmp/refused \
+    wait:$tmp/killed alloc:1000 expect:0 info >"$tmp/kill.out" 2>/dev/null &
+other=$!
+while [ ! -e "$tmp/refused" ] && kill -0 $other 2>/dev/null; do sleep 0.02; done
+expect "kill: both processes in the segment" 2 "$(field "$("$segtool" show "$tmp/kill.seg")" live live)"
+kill -9 $holder
+wait $holder 2>/dev/null
+touch "$tmp/killed"
+wait $other
+expect "kill: the survivor gets the whole grant once the holder is dead" 0 $?
+expect "kill: its grant is all its own" 0 "$(field "$(cat "$tmp/kill.out")" info free_mib)"
+show=$("$segtool" show "$tmp/kill.seg")
+expect "kill: one slot reclaimed" 1 "$(field "$show" live reclaimed_slots)"
+expect "kill: 700 MiB reclaimed" 700 "$(field "$show" live reclaimed_mib)"
+
+# --- the grant lowered mid-run (a degrade), then raised (a restore) ------------------------------
+"$segtool" create "$tmp/deg.seg" 1 1000
+OVERSUB_SHIM_SEGMENT=$tmp/deg.seg pre "$client" alloc:600 touch:$tmp/d1 wait:$tmp/g1 info alloc:10 expect:2 \
+    free alloc:300 expect:0 alloc:200 expect:2 touch:$tmp/d2 wait:$tmp/g2 info alloc:600 expect:0 \
+    >"$tmp/deg.out" 2>/dev/null &
+p=$!
+while [ ! -e "$tmp/d1" ] && kill -0 $p 2>/dev/null; do sleep 0.02; done
+"$segtool" grant "$tmp/deg.seg" 0 400
+touch "$tmp/g1"
+while [ ! -e "$tmp/d2" ] && kill -0 $p 2>/dev/null; do sleep 0.02; done
+"$segtool" grant "$tmp/deg.seg" 0 1000
+touch "$tmp/g2"
+wait $p
+expect "degrade then restore: the script held" 0 $?
+expect "degraded: the card looks like the new grant" 400 "$(grep '^info' "$tmp/deg.out" | sed -n 1p | grep -o 'total_mib=[0-9]*' | cut -d= -f2)"
+expect "degraded: nothing free while over it" 0 "$(grep '^info' "$tmp/deg.out" | sed -n 1p | grep -o 'free_mib=[0-9]*' | cut -d= -f2)"
+expect "restored: the card looks whole again" 1000 "$(grep '^info' "$tmp/deg.out" | sed -n 2p | grep -o 'total_mib=[0-9]*' | cut -d= -f2)"
+
+# --- a P0 neighbour keeps every byte it was promised while a batch process pushes --------------
+# one card of 1000 MiB: the P0 service is granted 600, the batch one 400
+export FAKE_CUDA_MEM_MIB=1000 FAKE_CUDA_STATE=$tmp/p0.gpu
+"$segtool" create "$tmp/p0.seg" 1 600
+"$segtool" create "$tmp/batch.seg" 1 400
+OVERSUB_SHIM_SEGMENT=$tmp/batch.seg pre "$client" touch:$tmp/pushing hammer:4:20000:100 fill:50 \
+    touch:$tmp/full wait:$tmp/p0done >"$tmp/batch.out" 2>/dev/null &
+batch=$!
+OVERSUB_SHIM_SEGMENT=$tmp/p0.seg pre "$client" wait:$tmp/pushing fill:50 freeall fill:50 freeall \
+    fill:50 wait:$tmp/full info >"$tmp/p0.out" 2>/dev/null
+expect "P0 ran" 0 $?
+expect "P0 got all 600 MiB while the batch pushed (1st)" 12 "$(grep '^fill' "$tmp/p0.out" | sed -n 1p | grep -o 'chunks=[0-9]*' | cut -d= -f2)"
+expect "P0 got all 600 MiB (2nd)" 12 "$(grep '^fill' "$tmp/p0.out" | sed -n 2p | grep -o 'chunks=[0-9]*' | cut -d= -f2)"
+expect "P0 got all 600 MiB with the batch at its grant" 12 "$(grep '^fill' "$tmp/p0.out" | sed -n 3p | grep -o 'chunks=[0-9]*' | cut -d= -f2)"
+touch "$tmp/p0done"
+wait $batch
+expect "the batch process ran" 0 $?
+expect "the batch stopped at its grant" 8 "$(field "$(cat "$tmp/batch.out")" fill chunks)"
+[ "$(field "$(cat "$tmp/batch.out")" hammer oom)" -gt 0 ] || bad "the batch process was refused while pushing"
+# the control: the same batch without the shim takes the card and the P0 process gets nothing
+rm -f "$tmp/p0.gpu" "$tmp/full2"
+"$client" fill:50 touch:$tmp/full2 hold >"$tmp/nb.out" 2>/dev/null &
+nb=$!
+pids+=($nb)
+rm -f "$tmp/p0.seg" && "$segtool" create "$tmp/p0.seg" 1 600
+out=$(OVERSUB_SHIM_SEGMENT=$tmp/p0.seg pre "$client" wait:$tmp/full2 fill:50 2>/dev/null)
+expect "control: without the shim the batch takes the card" 20 "$(field "$(cat "$tmp/nb.out")" fill chunks)"
+expect "control: and the P0 process gets nothing" 0 "$(field "$out" fill chunks)"
+kill -9 $nb 2>/dev/null
+
+echo "test_shim: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
