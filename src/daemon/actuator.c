@@ -25,6 +25,7 @@
 
 #include "daemon.h"
 #include "idmap.h"
+#include "segment.h"
 
 extern char **environ;
 
@@ -50,6 +51,9 @@ struct osub_proc {
     int restarts;
     struct event *kill_ev;    /* SIGKILL to the group when the grace period ends */
     struct event *restart_ev; /* a restart waiting out its backoff */
+    struct osub_segment seg;  /* its CUDA shim's grant segment (seg.s NULL: none) */
+    char seg_path[700];
+    uint64_t seg_reported[OSUB_SEG_DEVICES]; /* the usage last reported from it, MiB */
     struct osubd *d;
 };
 
@@ -70,7 +74,9 @@ struct osubd_act {
     uint64_t proc_starts, proc_exits[3]; /* exits: code 0, other code, signal */
     uint64_t directives_sent[4];         /* degrade, restore, evict, resume */
     uint64_t webhook_failures;
-    struct evdns_base *dns; /* webhooks to host names, made when first needed */
+    struct evdns_base *dns;        /* webhooks to host names, made when first needed */
+    char shim_path[PATH_MAX];      /* liboversub-cuda.so, "" when services run without it */
+    uint64_t shim_reclaimed_bytes; /* taken back from processes that died holding them */
 };
 
 struct act_pid {
@@ -174,13 +180,19 @@ int osubd_act_take(const struct osubd *d, json_t *spec, bool trusted, json_t **e
             FAIL("field 'restart' must be \"never\" or \"on-failure\"");
         json_object_set(x, "restart", v);
     }
+    if ((v = json_object_get(spec, "cuda_shim")) != NULL) {
+        if (!json_is_boolean(v))
+            FAIL("field 'cuda_shim' must be true or false (false: run without liboversub-cuda.so)");
+        json_object_set(x, "cuda_shim", v);
+    }
     if ((v = json_object_get(spec, "max_restarts")) != NULL) {
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 100)
             FAIL("field 'max_restarts' must be an integer from 0 to 100");
         json_object_set(x, "max_restarts", v);
     }
     static const char *const all[] = {"command",        "env",     "workdir",      "user",
-                                      "checkpoint_dir", "restart", "max_restarts", "control_url"};
+                                      "checkpoint_dir", "restart", "max_restarts", "control_url",
+                                      "cuda_shim"};
     for (size_t k = 0; k < sizeof(all) / sizeof(all[0]); k++)
         json_object_del(spec, all[k]);
     if (json_object_size(x) == 0) {
@@ -189,7 +201,8 @@ int osubd_act_take(const struct osubd *d, json_t *spec, bool trusted, json_t **e
     }
     bool runs = json_object_get(x, "command") != NULL;
     if (!runs && json_object_size(x) > (json_object_get(x, "control_url") ? 1u : 0u))
-        FAIL("fields env, workdir, user, checkpoint_dir, restart and max_restarts need 'command'");
+        FAIL("fields env, workdir, user, checkpoint_dir, restart, max_restarts and cuda_shim need "
+             "'command'");
     if (runs && !trusted) {
         snprintf(err, errlen,
                  "a spec with 'command' makes oversubd run a program: send it over the Unix "
@@ -237,6 +250,7 @@ static struct osub_proc *proc_get(struct osubd *d, const char *id)
     if (p == NULL)
         return NULL;
     snprintf(p->id, sizeof(p->id), "%s", id);
+    p->seg.fd = p->seg.probe_fd = -1;
     p->d = d;
     p->next = d->act->proc_list;
     d->act->proc_list = p;
@@ -254,6 +268,10 @@ static void proc_drop(struct osubd *d, struct osub_proc *p)
         event_free(p->kill_ev);
     if (p->restart_ev)
         event_free(p->restart_ev);
+    if (p->seg.s != NULL) {
+        osub_seg_cleanup(&p->seg);
+        unlink(p->seg_path);
+    }
     free(p);
 }
 
@@ -457,6 +475,58 @@ static void env_set(struct envb *e, const char *k, const char *val)
         e->n++;
 }
 
+static const char *env_get(const struct envb *e, const char *k)
+{
+    size_t kl = strlen(k);
+    for (size_t i = 0; i < e->n; i++)
+        if (strncmp(e->v[i], k, kl) == 0 && e->v[i][kl] == '=')
+            return e->v[i] + kl + 1;
+    return NULL;
+}
+
+/* The service's grant segment for this start (docs/shim.md): one device per GPU of its
+ * placement, as CUDA_VISIBLE_DEVICES numbers them, each granted the service's share there;
+ * created afresh in the state's shim/ folder (0711: passable, not listable), 0600 and owned by
+ * the user the service runs as. 0, or -1 with why. */
+static int shim_prepare(struct osubd *d, struct osub_proc *p, const osub_service_info_t *si,
+                        const char *user, uid_t uid, gid_t gid, char *why, size_t len)
+{
+    if (p->seg.s != NULL) {
+        osub_seg_cleanup(&p->seg);
+        unlink(p->seg_path);
+    }
+    memset(p->seg_reported, 0, sizeof(p->seg_reported));
+    if (si->n_slots < 1 || si->n_slots > OSUB_SEG_DEVICES) {
+        snprintf(why, len, "the CUDA shim grants at most %d GPUs (the service has %d)",
+                 OSUB_SEG_DEVICES, (int)si->n_slots);
+        return -1;
+    }
+    char sd[512], dir[600];
+    state_dir(d, sd, sizeof(sd));
+    snprintf(dir, sizeof(dir), "%s/shim", sd);
+    struct stat st;
+    if (mkdirs(dir, 0711) != 0 || lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) ||
+        chmod(dir, 0711) != 0) {
+        snprintf(why, len, "cannot make %s for the CUDA shim: %s", dir, strerror(errno));
+        return -1;
+    }
+    if (user != NULL && stat(sd, &st) == 0 && (st.st_mode & 0111) != 0111)
+        chmod(sd, (st.st_mode & 07777) | 0111); /* passable by the service's user */
+    snprintf(p->seg_path, sizeof(p->seg_path), "%s/%s.seg", dir, p->id);
+    if (lstat(p->seg_path, &st) == 0)
+        unlink(p->seg_path); /* a segment left by an earlier start or run: ours, in our folder */
+    uint64_t grants[OSUB_SEG_DEVICES];
+    for (int32_t i = 0; i < si->n_slots; i++)
+        grants[i] = (uint64_t)si->slots[i].grant_mib << 20;
+    char err[512];
+    if (osub_seg_create(&p->seg, p->seg_path, user ? uid : (uid_t)-1, user ? gid : (gid_t)-1, p->id,
+                        (uint32_t)si->n_slots, grants, err, sizeof(err)) != 0) {
+        snprintf(why, len, "CUDA shim: %s", err);
+        return -1;
+    }
+    return 0;
+}
+
 static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_t *si)
 {
     json_t *x = json_object_get(d->act->execs, p->id);
@@ -573,6 +643,25 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
     osubd_service_token(d, p->id, tok);
     env_set(&env, "OVERSUB_TOKEN", tok);
     env_set(&env, "OVERSUB_CHECKPOINT_DIR", ckdir);
+    if (d->act->shim_path[0] && !json_is_false(json_object_get(x, "cuda_shim"))) {
+        if (shim_prepare(d, p, si, user, uid, gid, why, sizeof(why)) != 0) {
+            close(logfd);
+            close(nullfd);
+            for (size_t i = 0; i < env.n; i++)
+                free(env.v[i]);
+            apply_fail(d, p, why);
+            return;
+        }
+        /* after what the service preloads itself (a sanitizer runtime must stay first) */
+        const char *had = env_get(&env, "LD_PRELOAD");
+        char *pre = NULL;
+        if (asprintf(&pre, "%s%s%s", had ? had : "", had && *had ? " " : "", d->act->shim_path) >=
+            0) {
+            env_set(&env, "LD_PRELOAD", pre);
+            free(pre);
+        }
+        env_set(&env, "OVERSUB_SHIM_SEGMENT", p->seg_path);
+    }
     if (si->checkpoint[0])
         env_set(&env, "OVERSUB_RESUME_FROM", si->checkpoint);
     env.v[env.n] = NULL;
@@ -1112,6 +1201,46 @@ static void rotate_log(struct osubd *d, const char *id)
     fprintf(stderr, "oversubd: cannot rotate %s: %s\n", logf, strerror(errno));
 }
 
+/* A service's shim segment, every watch round: processes that died give back what they held;
+ * the engine's grant on each GPU becomes the segment's (a degrade lowers it, a restore raises
+ * it); what the processes hold becomes the service's usage, exact and per GPU (a command only
+ * when it changed, and only while a process of it uses the shim). */
+static void shim_sync(struct osubd *d, struct osub_proc *p)
+{
+    uint64_t got = 0;
+    if (osub_seg_reclaim(&p->seg, &got) > 0 || got > 0) {
+        d->act->shim_reclaimed_bytes += got;
+        osubd_note(d, p->id, "shim", "reclaimed",
+                   "%s: %llu MiB held by processes that died taken back into its grant", p->id,
+                   (unsigned long long)((got + (1u << 20) - 1) >> 20));
+    }
+    osub_service_info_t si;
+    if (osub_engine_service_info(d->e, p->id, &si) != 0)
+        return;
+    uint32_t n = p->seg.s->n_devices;
+    for (uint32_t i = 0; i < n && i < (uint32_t)si.n_slots; i++) {
+        uint64_t want = (uint64_t)si.slots[i].grant_mib << 20;
+        if (osub_seg_grant(&p->seg, i) != want)
+            osub_seg_set_grant(&p->seg, i, want);
+    }
+    if (osub_seg_live(&p->seg) == 0 || n != (uint32_t)si.n_slots || !live_state(si.state))
+        return;
+    bool changed = false;
+    json_t *per = json_array();
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t mib = (osub_seg_reserved(&p->seg, i) + (1u << 20) - 1) >> 20;
+        changed = changed || mib != p->seg_reported[i] || (int64_t)mib != si.slots[i].used_mib;
+        p->seg_reported[i] = mib;
+        json_array_append_new(per, json_integer((json_int_t)mib));
+    }
+    if (!changed) {
+        json_decref(per);
+        return;
+    }
+    json_t *cmd = json_pack("{s:s, s:s, s:o}", "op", "usage", "id", p->id, "gpus", per);
+    apply(d, cmd);
+}
+
 static void on_watch(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -1121,6 +1250,8 @@ static void on_watch(evutil_socket_t fd, short what, void *arg)
     rounds++;
     for (struct osub_proc *p = d->act->proc_list, *next; p; p = next) {
         next = p->next;
+        if (p->seg.s != NULL)
+            shim_sync(d, p);
         if (p->pid <= 0)
             continue;
         if (!p->child && proc_starttime(p->pid) != p->starttime)
@@ -1313,6 +1444,28 @@ void osubd_act_describe(struct osubd *d, const char *id, json_t *o)
     if (p != NULL && p->pid > 0)
         json_object_set_new(proc, "pid", json_integer(p->pid));
     json_object_set_new(o, "process", proc);
+    if (p != NULL && p->seg.s != NULL) {
+        json_t *grant = json_array(), *held = json_array(), *peak = json_array();
+        uint64_t refused = 0;
+        for (uint32_t i = 0; i < p->seg.s->n_devices; i++) {
+            json_array_append_new(grant,
+                                  json_integer((json_int_t)(osub_seg_grant(&p->seg, i) >> 20)));
+            json_array_append_new(
+                held,
+                json_integer((json_int_t)((osub_seg_reserved(&p->seg, i) + (1u << 20) - 1) >> 20)));
+            json_array_append_new(
+                peak, json_integer((json_int_t)((atomic_load(&p->seg.s->dev[i].peak_bytes) +
+                                                 (1u << 20) - 1) >>
+                                                20)));
+            refused += atomic_load(&p->seg.s->dev[i].refused);
+        }
+        json_object_set_new(o, "shim",
+                            json_pack("{s:s, s:i, s:o, s:o, s:o, s:I, s:I}", "segment", p->seg_path,
+                                      "processes", osub_seg_live(&p->seg), "grant_mib", grant,
+                                      "held_mib", held, "peak_mib", peak, "refused",
+                                      (json_int_t)refused, "reclaimed_mib",
+                                      (json_int_t)(atomic_load(&p->seg.s->reclaimed_bytes) >> 20)));
+    }
 }
 
 void osubd_act_metrics(struct osubd *d, struct evbuffer *b)
@@ -1467,6 +1620,38 @@ int osubd_act_init(struct osubd *d, char *err, size_t errlen)
         return -1;
     }
     d->act = a;
+    const char *shim = d->cfg.cuda_shim;
+    if (strcmp(shim, "none") == 0) {
+        a->shim_path[0] = '\0';
+    } else if (shim[0] != '\0') {
+        if (shim[0] != '/' || access(shim, R_OK) != 0) {
+            snprintf(err, errlen,
+                     "cuda_shim: '%.400s' is not a readable absolute path (\"none\" "
+                     "runs services without it)",
+                     shim);
+            return -1;
+        }
+        snprintf(a->shim_path, sizeof(a->shim_path), "%s", shim);
+    } else {
+        /* next to oversubd (a build), or in ../lib/oversub (an install) */
+        char exe[PATH_MAX], cand[PATH_MAX + 64];
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+        if (n > 0) {
+            exe[n] = '\0';
+            *strrchr(exe, '/') = '\0';
+            for (int i = 0; i < 2 && !a->shim_path[0]; i++) {
+                snprintf(cand, sizeof(cand), "%s/%sliboversub-cuda.so", exe,
+                         i == 0 ? "" : "../lib/oversub/");
+                char *r = realpath(cand, NULL);
+                if (r != NULL && access(r, R_OK) == 0 && strlen(r) < sizeof(a->shim_path))
+                    snprintf(a->shim_path, sizeof(a->shim_path), "%s", r);
+                free(r);
+            }
+        }
+        if (!a->shim_path[0])
+            fprintf(stderr, "oversubd: liboversub-cuda.so not found next to oversubd: managed "
+                            "services run without the CUDA shim (set cuda_shim)\n");
+    }
     a->pids = osub_idmap_new(free);
     a->directives = json_object();
     if (a->pids == NULL || a->directives == NULL) {
@@ -1624,4 +1809,12 @@ void osubd_act_free(struct osubd *d)
     osub_idmap_free(d->act->pids);
     free(d->act);
     d->act = NULL;
+}
+
+int osubd_act_shim_processes(const struct osubd *d, const char *id)
+{
+    for (struct osub_proc *p = d->act->proc_list; p; p = p->next)
+        if (strcmp(p->id, id) == 0)
+            return p->seg.s != NULL ? osub_seg_live(&p->seg) : 0;
+    return 0;
 }

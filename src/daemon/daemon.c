@@ -630,7 +630,8 @@ static void report_process_usage(struct osubd *d, const struct nvml_gpu *g, size
         const char *id = keys[ki];
         osub_service_info_t si;
         json_int_t pid = osubd_act_pid(d, id);
-        if (pid <= 0 || osub_engine_service_info(d->e, id, &si) != 0)
+        if (pid <= 0 || osub_engine_service_info(d->e, id, &si) != 0 ||
+            osubd_act_shim_processes(d, id) > 0) /* the shim's figure is exact: it wins */
             continue;
         json_t *per = json_array();
         bool changed = false, seen = false;

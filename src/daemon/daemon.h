@@ -33,6 +33,7 @@ struct osubd_config {
     int64_t events_keep;
     int64_t events_days; /* 0: no age limit */
     char nvml_lib[512];  /* "" = libnvidia-ml.so.1 or $OSUB_NVML_LIB */
+    char cuda_shim[512]; /* liboversub-cuda.so: "" = next to oversubd, "none" = never preload */
     int64_t poll_ms;
     bool metrics_per_service; /* per-service series on /metrics (cardinality: opt-in) */
     char gateway_host[256];   /* "" = no gateway */

@@ -257,6 +257,8 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
                 rc = -1;
             }
             c->poll_ms = t;
+        } else if (strcmp(key, "cuda_shim") == 0) {
+            snprintf(c->cuda_shim, sizeof(c->cuda_shim), "%s", sv);
         } else if (strcmp(key, "nvml_lib") == 0) {
             snprintf(c->nvml_lib, sizeof(c->nvml_lib), "%s", sv);
         } else if (strcmp(key, "token_file") == 0) {

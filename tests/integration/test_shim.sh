@@ -4,9 +4,11 @@
 # sharing one grant without over-admission, a SIGKILLed holder reclaimed, a grant lowered and
 # raised mid-run, a P0 neighbour keeping every byte while a batch process pushes, fork, dlsym's
 # RTLD_NEXT kept intact.
-# usage: test_shim.sh SHIM CUDA_CLIENT CUDA_CLIENT_DL SEGTOOL FAKECUDA_DIR PROBE_MAIN
+# Then through oversubd: a managed service gets the shim, its exact usage reaches the engine,
+# a degrade lowers its grant inside the process, the ack follows the memory it frees.
+# usage: test_shim.sh SHIM CUDA_CLIENT CUDA_CLIENT_DL SEGTOOL FAKECUDA_DIR PROBE_MAIN OVERSUBD
 set -u
-shim=$1 client=$2 client_dl=$3 segtool=$4 fakedir=$5 probe=$6
+shim=$1 client=$2 client_dl=$3 segtool=$4 fakedir=$5 probe=$6 oversubd=$7
 . "$(dirname "$0")/lib.sh"
 
 export LD_LIBRARY_PATH="$fakedir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -167,7 +169,56 @@ rm -f "$tmp/p0.seg" && "$segtool" create "$tmp/p0.seg" 1 600
 out=$(OVERSUB_SHIM_SEGMENT=$tmp/p0.seg pre "$client" wait:$tmp/full2 fill:50 2>/dev/null)
 expect "control: without the shim the batch takes the card" 20 "$(field "$(cat "$tmp/nb.out")" fill chunks)"
 expect "control: and the P0 process gets nothing" 0 "$(field "$out" fill chunks)"
-kill -9 $nb 2>/dev/null
+kill -9 $nb 2>/dev/null; wait $nb 2>/dev/null
+
+# --- through oversubd ----------------------------------------------------------------------------
+D=$tmp/d
+mkdir -p "$D"
+printf '%s\n' "ack_timeout_ms: 60000" "hysteresis_ms: 500" "min_runtime_ms: 0" "allow_root_services: true" >"$D/c.yaml"
+unset FAKE_CUDA_STATE
+export FAKE_CUDA_MEM_MIB=10000
+"$oversubd" --config "$D/c.yaml" --listen 127.0.0.1:0 --socket "$D/s.sock" --state "$D/st/db" \
+    --gpus sim:1x10000 --ratio 2.0 --tick-ms 100 >"$D/out" 2>"$D/err" &
+pids+=($!)
+S=$D/s.sock
+for _ in $(seq 1 200); do [ -S "$S" ] && curl -s --unix-socket "$S" http://x/healthz >/dev/null && break; sleep 0.05; done
+api() { curl -s --unix-socket "$S" -X "$1" "http://x$2" ${3:+-d "$3"}; }
+svc() { api GET "/v1/services/$1" | json "$2" 2>/dev/null; }
+wait_for() { local n=$(($1 * 10)); shift; for _ in $(seq 1 "$n"); do "$@" && return 0; sleep 0.1; done; return 1; }
+F=$tmp/e2e
+job='{"id":"job","class":"batch","vram":"6000MiB","min_vram":"2000MiB","command":["'$client'",
+ "alloc:5000","expect:0","alloc:1500","expect:2","touch:'$F'.a","wait:'$F'.b","alloc:100","expect:2",
+ "info","freeall","touch:'$F'.c","hold"],"env":{"LD_LIBRARY_PATH":"'$fakedir'"}}'
+api POST /v1/services "$job" >/dev/null
+wait_for 20 test -e "$F.a" || bad "the managed service did not start: $(tail -3 "$D/err"; cat "$D"/st/logs/job* 2>/dev/null | tail -5)"
+api POST /v1/services/job/ready '{}' >/dev/null
+used() { [ "$(svc job 'd["used_mib"]')" = "$1" ]; }
+wait_for 20 used 5000 || bad "the shim's 5000 MiB became the service's usage: $(svc job 'd["used_mib"]')"
+expect "the service's view shows the shim" "1 [6000] [5000]" "$(svc job '"%d %s %s" % (d["shim"]["processes"], d["shim"]["grant_mib"], d["shim"]["held_mib"])')"
+expect "its refusal is counted" 1 "$(svc job 'd["shim"]["refused"]')"
+# an online service needs the room: the batch service is degraded, its grant lowered inside it
+api POST /v1/services '{"id":"chat","class":"online","vram":"6000MiB"}' >/dev/null
+lowered() { g=$(svc job 'd["shim"]["grant_mib"][0]'); [ -n "$g" ] && [ "$g" -lt 6000 ]; }
+wait_for 20 lowered || bad "the degrade reached the segment: $(svc job 'd["shim"]')"
+expect "the segment holds the engine's new grant" "$(svc job 'd["grant_mib"]')" "$(svc job 'd["shim"]["grant_mib"][0]')"
+touch "$F.b"
+wait_for 20 test -e "$F.c" || bad "the process was not refused at its lowered grant: $(cat "$D"/st/logs/job* 2>/dev/null | tail -5)"
+grep -q "^info free_mib=0 total_mib=$(svc job 'd["grant_mib"]')" "$D"/st/logs/job* || bad "the process saw its lowered grant as its card: $(grep ^info "$D"/st/logs/job*)"
+chat_up() { [ "$(svc chat 'd["state"]')" = loading ] || [ "$(svc chat 'd["state"]')" = running ]; }
+wait_for 20 chat_up || bad "the freed memory acknowledged the degrade and chat started: $(svc chat 'd["state"]')"
+api DELETE /v1/services/chat >/dev/null
+restored() { [ "$(svc job 'd["shim"]["grant_mib"][0]')" = 6000 ]; }
+wait_for 30 restored || bad "the restore raised the segment's grant: $(svc job 'd["shim"]')"
+expect "no usage from NVML or the API was needed" 0 "$(svc job 'd["used_mib"]')"
+# cuda_shim: false runs the program without it
+api POST /v1/services '{"id":"plain","class":"batch","vram":"1000MiB","cuda_shim":false,"command":["'$client'","alloc:3000","expect:0","touch:'$F'.p","hold"],"env":{"LD_LIBRARY_PATH":"'$fakedir'"}}' >/dev/null
+wait_for 20 test -e "$F.p" || bad "cuda_shim: false: the program allocated past its grant"
+expect "cuda_shim: false has no segment" None "$(svc plain 'd.get("shim")')"
+expect "cuda_shim must be a boolean" 422 "$(curl -s -o /dev/null -w '%{http_code}' --unix-socket "$S" -X POST http://x/v1/services -d '{"id":"b","class":"batch","vram":"1GiB","cuda_shim":"no","command":["true"]}')"
+api DELETE /v1/services/job >/dev/null
+api DELETE /v1/services/plain >/dev/null
+gone() { [ ! -e "$D/st/shim/job.seg" ]; }
+wait_for 20 gone || bad "the segment goes with the service"
 
 echo "test_shim: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
