@@ -6,7 +6,7 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 CMAKE_FLAGS ?=
 
-.PHONY: efficacy all deps build run scenario test test-unit test-asan bench bench-engine bench-sim bench-daemon bench-gateway bench-streams fuzz format format-check clean help
+.PHONY: efficacy all deps build run scenario test test-unit test-asan bench bench-engine bench-sim bench-daemon bench-gateway bench-streams bench-shim fuzz format format-check clean help
 
 all: build
 
@@ -18,6 +18,7 @@ help:
 	@echo "make bench-sim  the simulator's replay rate (a synthetic week, the GenAI trace)"
 	@echo "make bench-daemon  oversubd on loopback: GET /v1/pool vs nginx, durable mutations vs bare SQLite, RSS"
 	@echo "make bench-gateway the gateway vs nginx and haproxy on one backend, and its rejection path"
+	@echo "make bench-shim what liboversub-cuda.so adds to a cuMemAlloc/cuMemFree pair (fake driver)"
 	@echo "make efficacy   the GPUs saved on held-back pods, other GPU sizes, buffers, class mixes and synthetic traces (docs/results.md)"
 	@echo "make format     clang-format every C file in place"
 	@echo "make clean      remove the build folders"
@@ -59,7 +60,12 @@ test-asan: deps $(ASAN_BUILD)/CMakeCache.txt
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:verify_asan_link_order=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		ctest --output-on-failure -j $(JOBS)
 
-bench: bench-engine bench-sim bench-daemon bench-gateway bench-streams
+bench: bench-engine bench-sim bench-daemon bench-gateway bench-streams bench-shim
+
+bench-shim:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS) --target oversub-cuda bench_shim
+	./bench/run-shim.sh $(BUILD)
 
 fuzz:
 	@scripts/install-deps.sh test

@@ -146,7 +146,7 @@ expect "restored: the card looks whole again" 1000 "$(grep '^info' "$tmp/deg.out
 export FAKE_CUDA_MEM_MIB=1000 FAKE_CUDA_STATE=$tmp/p0.gpu
 "$segtool" create "$tmp/p0.seg" 1 600
 "$segtool" create "$tmp/batch.seg" 1 400
-OVERSUB_SHIM_SEGMENT=$tmp/batch.seg pre "$client" touch:$tmp/pushing hammer:4:20000:100 fill:50 \
+OVERSUB_SHIM_SEGMENT=$tmp/batch.seg pre "$client" touch:$tmp/pushing hammer:4:20000:300 fill:50 \
     touch:$tmp/full wait:$tmp/p0done >"$tmp/batch.out" 2>/dev/null &
 batch=$!
 OVERSUB_SHIM_SEGMENT=$tmp/p0.seg pre "$client" wait:$tmp/pushing fill:50 freeall fill:50 freeall \
