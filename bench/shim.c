@@ -1,6 +1,7 @@
 /* shim.c - cuMemAlloc_v2/cuMemFree_v2 pairs per second on the fake driver, THREADS threads at
  * once: run as is, then under LD_PRELOAD=liboversub-cuda.so (bench/run-shim.sh), to measure
  * what the shim adds per pair. Prints "ns_per_pair=N". */
+#define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
