@@ -1241,6 +1241,21 @@ static void shim_sync(struct osubd *d, struct osub_proc *p)
     apply(d, cmd);
 }
 
+/* A process adopted after oversubd restarted keeps the segment it was started with: map it
+ * again (once; a missing or foreign file means it runs without one). */
+static void shim_adopt(struct osubd *d, struct osub_proc *p)
+{
+    if (p->seg_path[0] != '\0')
+        return; /* tried before */
+    char sd[512];
+    state_dir(d, sd, sizeof(sd));
+    snprintf(p->seg_path, sizeof(p->seg_path), "%s/shim/%s.seg", sd, p->id);
+    char err[512];
+    if (access(p->seg_path, F_OK) == 0 &&
+        osub_seg_open(&p->seg, p->seg_path, err, sizeof(err)) != 0)
+        fprintf(stderr, "oversubd: %s: its CUDA shim segment cannot be used: %s\n", p->id, err);
+}
+
 static void on_watch(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -1250,6 +1265,8 @@ static void on_watch(evutil_socket_t fd, short what, void *arg)
     rounds++;
     for (struct osub_proc *p = d->act->proc_list, *next; p; p = next) {
         next = p->next;
+        if (p->seg.s == NULL && p->pid > 0 && !p->child && d->act->shim_path[0])
+            shim_adopt(d, p);
         if (p->seg.s != NULL)
             shim_sync(d, p);
         if (p->pid <= 0)

@@ -177,11 +177,15 @@ mkdir -p "$D"
 printf '%s\n' "ack_timeout_ms: 60000" "hysteresis_ms: 500" "min_runtime_ms: 0" "allow_root_services: true" >"$D/c.yaml"
 unset FAKE_CUDA_STATE
 export FAKE_CUDA_MEM_MIB=10000
-"$oversubd" --config "$D/c.yaml" --listen 127.0.0.1:0 --socket "$D/s.sock" --state "$D/st/db" \
-    --gpus sim:1x10000 --ratio 2.0 --tick-ms 100 >"$D/out" 2>"$D/err" &
-pids+=($!)
-S=$D/s.sock
-for _ in $(seq 1 200); do [ -S "$S" ] && curl -s --unix-socket "$S" http://x/healthz >/dev/null && break; sleep 0.05; done
+start_d() {
+    "$oversubd" --config "$D/c.yaml" --listen 127.0.0.1:0 --socket "$D/s.sock" --state "$D/st/db" \
+        --gpus sim:1x10000 --ratio 2.0 --tick-ms 100 >>"$D/out" 2>>"$D/err" &
+    DPID=$!
+    pids+=($DPID)
+    S=$D/s.sock
+    for _ in $(seq 1 200); do [ -S "$S" ] && curl -s --unix-socket "$S" http://x/healthz >/dev/null && break; sleep 0.05; done
+}
+start_d
 api() { curl -s --unix-socket "$S" -X "$1" "http://x$2" ${3:+-d "$3"}; }
 svc() { api GET "/v1/services/$1" | json "$2" 2>/dev/null; }
 wait_for() { local n=$(($1 * 10)); shift; for _ in $(seq 1 "$n"); do "$@" && return 0; sleep 0.1; done; return 1; }
@@ -210,6 +214,13 @@ api DELETE /v1/services/chat >/dev/null
 restored() { [ "$(svc job 'd["shim"]["grant_mib"][0]')" = 6000 ]; }
 wait_for 30 restored || bad "the restore raised the segment's grant: $(svc job 'd["shim"]')"
 expect "no usage from NVML or the API was needed" 0 "$(svc job 'd["used_mib"]')"
+# oversubd killed and started again: the adopted process keeps its segment, and oversubd maps it
+kill -9 $DPID
+wait $DPID 2>/dev/null
+rm -f "$S"
+start_d
+adopted() { [ "$(svc job 'd["shim"]["processes"]')" = 1 ]; }
+wait_for 20 adopted || bad "after a restart, the adopted process's segment is read again: $(svc job 'd.get("shim")')"
 # cuda_shim: false runs the program without it
 api POST /v1/services '{"id":"plain","class":"batch","vram":"1000MiB","cuda_shim":false,"command":["'$client'","alloc:3000","expect:0","touch:'$F'.p","hold"],"env":{"LD_LIBRARY_PATH":"'$fakedir'"}}' >/dev/null
 wait_for 20 test -e "$F.p" || bad "cuda_shim: false: the program allocated past its grant"
