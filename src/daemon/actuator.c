@@ -7,6 +7,7 @@
 #include <grp.h>
 #include <limits.h>
 #include <pwd.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1201,34 +1202,112 @@ static void rotate_log(struct osubd *d, const char *id)
     fprintf(stderr, "oversubd: cannot rotate %s: %s\n", logf, strerror(errno));
 }
 
+/* What oversubd reads of a segment, copied out under the guard below. */
+struct seg_view {
+    uint32_t n;
+    int live;
+    uint64_t grant[OSUB_SEG_DEVICES], held[OSUB_SEG_DEVICES], peak[OSUB_SEG_DEVICES];
+    uint64_t refused, reclaimed, got;
+};
+
+/* A segment is a file of the service's user, who can shrink it under our mapping: a read past
+ * its end is SIGBUS. Every look at one runs under this guard; a fault drops that segment (the
+ * service runs on, its processes' shim refusing what it cannot account for) instead of the
+ * daemon. */
+static sigjmp_buf *seg_guard;
+
+static void on_sigbus(int sig, siginfo_t *info, void *ctx)
+{
+    (void)info;
+    (void)ctx;
+    if (seg_guard != NULL)
+        siglongjmp(*seg_guard, 1);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void seg_drop(struct osubd *d, struct osub_proc *p, const char *why)
+{
+    osubd_note(d, p->id, "shim", "damaged",
+               "%s: its CUDA shim segment %s %s: no longer read (its grant is not updated)", p->id,
+               p->seg_path, why);
+    osub_seg_cleanup(&p->seg);
+}
+
+/* Reads the segment (and, with si, first reclaims dead processes and writes the engine's
+ * grants into it). false when it had to be dropped. */
+static bool seg_look(struct osubd *d, struct osub_proc *p, const osub_service_info_t *si,
+                     struct seg_view *v)
+{
+    struct stat st;
+    if (fstat(p->seg.fd, &st) != 0 || st.st_size != (off_t)sizeof(struct osub_seg)) {
+        seg_drop(d, p, "changed size");
+        return false;
+    }
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 1) != 0) {
+        seg_guard = NULL;
+        seg_drop(d, p, "was cut short while oversubd read it");
+        return false;
+    }
+    seg_guard = &jb;
+    memset(v, 0, sizeof(*v));
+    struct osub_seg *g = p->seg.s;
+    if (si != NULL) {
+        osub_seg_reclaim(&p->seg, &v->got);
+        for (uint32_t i = 0; i < g->n_devices && i < (uint32_t)si->n_slots; i++) {
+            uint64_t want = (uint64_t)si->slots[i].grant_mib << 20;
+            if (osub_seg_grant(&p->seg, i) != want)
+                osub_seg_set_grant(&p->seg, i, want);
+        }
+    }
+    v->n = g->n_devices;
+    if (v->n > OSUB_SEG_DEVICES)
+        v->n = OSUB_SEG_DEVICES;
+    v->live = osub_seg_live(&p->seg);
+    for (uint32_t i = 0; i < v->n; i++) {
+        v->grant[i] = osub_seg_grant(&p->seg, i);
+        v->held[i] = osub_seg_reserved(&p->seg, i);
+        v->peak[i] = atomic_load(&g->dev[i].peak_bytes);
+        v->refused += atomic_load(&g->dev[i].refused);
+    }
+    v->reclaimed = atomic_load(&g->reclaimed_bytes);
+    seg_guard = NULL;
+    return true;
+}
+
+static uint64_t to_mib(uint64_t bytes)
+{
+    return (bytes + (1u << 20) - 1) >> 20;
+}
+
 /* A service's shim segment, every watch round: processes that died give back what they held;
  * the engine's grant on each GPU becomes the segment's (a degrade lowers it, a restore raises
  * it); what the processes hold becomes the service's usage, exact and per GPU (a command only
- * when it changed, and only while a process of it uses the shim). */
+ * when it changed; once more when the last process using the shim is gone). */
 static void shim_sync(struct osubd *d, struct osub_proc *p)
 {
-    uint64_t got = 0;
-    if (osub_seg_reclaim(&p->seg, &got) > 0 || got > 0) {
-        d->act->shim_reclaimed_bytes += got;
-        osubd_note(d, p->id, "shim", "reclaimed",
-                   "%s: %llu MiB held by processes that died taken back into its grant", p->id,
-                   (unsigned long long)((got + (1u << 20) - 1) >> 20));
-    }
     osub_service_info_t si;
     if (osub_engine_service_info(d->e, p->id, &si) != 0)
         return;
-    uint32_t n = p->seg.s->n_devices;
-    for (uint32_t i = 0; i < n && i < (uint32_t)si.n_slots; i++) {
-        uint64_t want = (uint64_t)si.slots[i].grant_mib << 20;
-        if (osub_seg_grant(&p->seg, i) != want)
-            osub_seg_set_grant(&p->seg, i, want);
+    struct seg_view v;
+    if (!seg_look(d, p, &si, &v))
+        return;
+    if (v.got > 0) {
+        d->act->shim_reclaimed_bytes += v.got;
+        osubd_note(d, p->id, "shim", "reclaimed",
+                   "%s: %llu MiB held by processes that died taken back into its grant", p->id,
+                   (unsigned long long)to_mib(v.got));
     }
-    if (osub_seg_live(&p->seg) == 0 || n != (uint32_t)si.n_slots || !live_state(si.state))
+    bool reported = false;
+    for (uint32_t i = 0; i < v.n; i++)
+        reported = reported || p->seg_reported[i] != 0;
+    if ((v.live == 0 && !reported) || v.n != (uint32_t)si.n_slots || !live_state(si.state))
         return;
     bool changed = false;
     json_t *per = json_array();
-    for (uint32_t i = 0; i < n; i++) {
-        uint64_t mib = (osub_seg_reserved(&p->seg, i) + (1u << 20) - 1) >> 20;
+    for (uint32_t i = 0; i < v.n; i++) {
+        uint64_t mib = to_mib(v.held[i]);
         changed = changed || mib != p->seg_reported[i] || (int64_t)mib != si.slots[i].used_mib;
         p->seg_reported[i] = mib;
         json_array_append_new(per, json_integer((json_int_t)mib));
@@ -1461,27 +1540,19 @@ void osubd_act_describe(struct osubd *d, const char *id, json_t *o)
     if (p != NULL && p->pid > 0)
         json_object_set_new(proc, "pid", json_integer(p->pid));
     json_object_set_new(o, "process", proc);
-    if (p != NULL && p->seg.s != NULL) {
+    struct seg_view sv;
+    if (p != NULL && p->seg.s != NULL && seg_look(d, p, NULL, &sv)) {
         json_t *grant = json_array(), *held = json_array(), *peak = json_array();
-        uint64_t refused = 0;
-        for (uint32_t i = 0; i < p->seg.s->n_devices; i++) {
-            json_array_append_new(grant,
-                                  json_integer((json_int_t)(osub_seg_grant(&p->seg, i) >> 20)));
-            json_array_append_new(
-                held,
-                json_integer((json_int_t)((osub_seg_reserved(&p->seg, i) + (1u << 20) - 1) >> 20)));
-            json_array_append_new(
-                peak, json_integer((json_int_t)((atomic_load(&p->seg.s->dev[i].peak_bytes) +
-                                                 (1u << 20) - 1) >>
-                                                20)));
-            refused += atomic_load(&p->seg.s->dev[i].refused);
+        for (uint32_t i = 0; i < sv.n; i++) {
+            json_array_append_new(grant, json_integer((json_int_t)(sv.grant[i] >> 20)));
+            json_array_append_new(held, json_integer((json_int_t)to_mib(sv.held[i])));
+            json_array_append_new(peak, json_integer((json_int_t)to_mib(sv.peak[i])));
         }
         json_object_set_new(o, "shim",
                             json_pack("{s:s, s:i, s:o, s:o, s:o, s:I, s:I}", "segment", p->seg_path,
-                                      "processes", osub_seg_live(&p->seg), "grant_mib", grant,
-                                      "held_mib", held, "peak_mib", peak, "refused",
-                                      (json_int_t)refused, "reclaimed_mib",
-                                      (json_int_t)(atomic_load(&p->seg.s->reclaimed_bytes) >> 20)));
+                                      "processes", sv.live, "grant_mib", grant, "held_mib", held,
+                                      "peak_mib", peak, "refused", (json_int_t)sv.refused,
+                                      "reclaimed_mib", (json_int_t)(sv.reclaimed >> 20)));
     }
 }
 
@@ -1637,6 +1708,12 @@ int osubd_act_init(struct osubd *d, char *err, size_t errlen)
         return -1;
     }
     d->act = a;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, NULL);
     const char *shim = d->cfg.cuda_shim;
     if (strcmp(shim, "none") == 0) {
         a->shim_path[0] = '\0';
@@ -1828,10 +1905,11 @@ void osubd_act_free(struct osubd *d)
     d->act = NULL;
 }
 
-int osubd_act_shim_processes(const struct osubd *d, const char *id)
+int osubd_act_shim_processes(struct osubd *d, const char *id)
 {
+    struct seg_view v;
     for (struct osub_proc *p = d->act->proc_list; p; p = p->next)
         if (strcmp(p->id, id) == 0)
-            return p->seg.s != NULL ? osub_seg_live(&p->seg) : 0;
+            return p->seg.s != NULL && seg_look(d, p, NULL, &v) ? v.live : 0;
     return 0;
 }

@@ -72,7 +72,7 @@ bool osubd_act_exec_equal(const struct osubd *d, const char *id, const json_t *e
 /* Whether oversubd runs the service's program. */
 bool osubd_act_managed(const struct osubd *d, const char *id);
 /* Processes of the service using the CUDA shim now (its usage then comes from the shim). */
-int osubd_act_shim_processes(const struct osubd *d, const char *id);
+int osubd_act_shim_processes(struct osubd *d, const char *id);
 /* The service is gone from the engine: its PID and directives are forgotten (its process, if
  * oversubd runs one, is stopped and forgotten by the reconcile). */
 void osubd_act_forget(struct osubd *d, const char *id);

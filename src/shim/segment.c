@@ -216,6 +216,14 @@ static int slot_lock(const struct osub_segment *g, int i, int cmd, short type)
     return cmd == F_OFD_GETLK ? (fl.l_type == F_UNLCK ? 0 : 1) : 0;
 }
 
+/* a lock (or unlock) of slot i through the probe description: 0 or a negative errno */
+static int probe_lock(const struct osub_segment *g, int i, short type)
+{
+    struct flock fl = {
+        .l_type = type, .l_whence = SEEK_SET, .l_start = slot_byte(g->s, i), .l_len = 1};
+    return fcntl(g->probe_fd, F_OFD_SETLK, &fl) != 0 ? -errno : 0;
+}
+
 /* 1 when some open file description holds slot i's lock, 0 when none, <0 on error */
 static int slot_held(const struct osub_segment *g, int i)
 {
@@ -236,6 +244,7 @@ static void free_slot(const struct osub_segment *g, int i, bool unlock, uint64_t
     atomic_store_explicit(&sl->claimed_ns, 0, RLX);
     if (unlock)
         slot_lock(g, i, F_OFD_SETLK, F_UNLCK);
+    atomic_fetch_add_explicit(&s->epoch, 1, ACQREL);
     atomic_store_explicit(&sl->state, OSUB_SLOT_FREE, REL);
     if (bytes != NULL)
         *bytes += total;
@@ -246,9 +255,7 @@ int osub_seg_reclaim(struct osub_segment *g, uint64_t *bytes)
     struct osub_seg *s = g->s;
     uint64_t got = 0;
     int n = 0, alive = 0;
-    uint64_t before[OSUB_SEG_DEVICES];
-    for (uint32_t d = 0; d < s->n_devices; d++)
-        before[d] = atomic_load_explicit(&s->dev[d].reserved_bytes, ACQ);
+    uint64_t epoch0 = atomic_load_explicit(&s->epoch, ACQ);
     for (int i = 0; i < (int)s->n_slots; i++) {
         uint32_t st = atomic_load_explicit(&s->slot[i].state, ACQ);
         if (st == OSUB_SLOT_FREE)
@@ -262,20 +269,29 @@ int osub_seg_reclaim(struct osub_segment *g, uint64_t *bytes)
             alive++;
             continue;
         }
+        /* an abandoned claim: take its lock ourselves first, so that a claimer that was only
+         * slow cannot lock it between our look and our taking it */
+        bool probe_locked = false;
         if (st == OSUB_SLOT_CLAIMING) {
             uint64_t at = atomic_load_explicit(&s->slot[i].claimed_ns, RLX);
-            if (at == 0 || boottime_ns() - at < OSUB_SEG_CLAIM_STALE_NS) {
+            if (at == 0 || boottime_ns() - at < OSUB_SEG_CLAIM_STALE_NS ||
+                probe_lock(g, i, F_WRLCK) != 0) {
                 alive++;
                 continue;
             }
+            probe_locked = true;
         }
         if (!atomic_compare_exchange_strong_explicit(&s->slot[i].state, &st, OSUB_SLOT_RECLAIMING,
                                                      ACQREL, RLX)) {
+            if (probe_locked)
+                probe_lock(g, i, F_UNLCK);
             alive++;
             continue;
         }
         uint64_t b = 0;
         free_slot(g, i, false, &b);
+        if (probe_locked)
+            probe_lock(g, i, F_UNLCK);
         got += b;
         n++;
     }
@@ -285,16 +301,17 @@ int osub_seg_reclaim(struct osub_segment *g, uint64_t *bytes)
     }
     if (alive == 0) {
         /* nobody left: what the counters still hold was left by a process killed between two
-         * of its updates. A process that starts meanwhile changes the counter, and then this
-         * compare-and-swap fails and its value stands. */
+         * of its updates. Each counter is read, then the epoch checked (a claim since our look
+         * began changes it: stop), then swapped to zero only if it still holds what was read
+         * (a claimer's reservation since changes it, and its value stands). */
         for (uint32_t d = 0; d < s->n_devices; d++) {
-            uint64_t cur = before[d];
-            if (cur != 0 && cur == atomic_load_explicit(&s->dev[d].reserved_bytes, ACQ)) {
-                uint64_t left = cur;
-                if (atomic_compare_exchange_strong_explicit(&s->dev[d].reserved_bytes, &cur, 0,
-                                                            ACQREL, RLX))
-                    got += left;
-            }
+            uint64_t cur = atomic_load_explicit(&s->dev[d].reserved_bytes, ACQ);
+            if (atomic_load_explicit(&s->epoch, ACQ) != epoch0 + (uint64_t)n)
+                break;
+            uint64_t left = cur;
+            if (cur != 0 && atomic_compare_exchange_strong_explicit(&s->dev[d].reserved_bytes, &cur,
+                                                                    0, ACQREL, RLX))
+                got += left;
         }
     }
     if (bytes != NULL)
@@ -321,11 +338,14 @@ int osub_seg_claim(struct osub_segment *g)
             if (!atomic_compare_exchange_strong_explicit(&s->slot[i].state, &st, OSUB_SLOT_CLAIMING,
                                                          ACQREL, RLX))
                 continue;
+            atomic_fetch_add_explicit(&s->epoch, 1, ACQREL);
             atomic_store_explicit(&s->slot[i].claimed_ns, boottime_ns(), RLX);
             if (slot_lock(g, i, F_OFD_SETLK, F_WRLCK) != 0) {
-                /* held: its last owner is still letting go of it */
-                atomic_store_explicit(&s->slot[i].claimed_ns, 0, RLX);
-                atomic_store_explicit(&s->slot[i].state, OSUB_SLOT_FREE, REL);
+                /* held: its last owner is still letting go of it, or our claim was taken as
+                 * abandoned and the slot is someone else's now: give it back only if ours */
+                uint32_t mine = OSUB_SLOT_CLAIMING;
+                atomic_compare_exchange_strong_explicit(&s->slot[i].state, &mine, OSUB_SLOT_FREE,
+                                                        ACQREL, RLX);
                 continue;
             }
             struct osub_seg_slot *sl = &s->slot[i];

@@ -62,7 +62,9 @@ struct osub_seg {
     _Atomic uint64_t generation;      /* bumped by oversubd at each grant change */
     _Atomic uint64_t reclaimed_bytes; /* taken back from processes that died holding them */
     _Atomic uint64_t reclaimed_slots;
-    uint64_t pad1[5];
+    _Atomic uint64_t epoch; /* bumped by every claim and every slot freed: a reclaim resets
+                             * the counters only if no slot changed hands while it looked */
+    uint64_t pad1[4];
     char service[64];
     struct osub_seg_dev dev[OSUB_SEG_DEVICES];
     struct osub_seg_slot slot[OSUB_SEG_SLOTS];

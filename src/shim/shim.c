@@ -157,6 +157,8 @@ static int tab_grow(void)
 }
 
 /* 0, or -1 when out of memory (the caller undoes the allocation) */
+static void give(uint32_t dev, uint64_t bytes);
+
 static int remember(enum kind kind, uint64_t key, uint32_t dev, uint64_t bytes)
 {
     pthread_mutex_lock(&tab_mu);
@@ -167,10 +169,15 @@ static int remember(enum kind kind, uint64_t key, uint32_t dev, uint64_t bytes)
     size_t j = slot_of(key, kind, tab_cap);
     while (tab[j].kind != K_EMPTY && !(tab[j].kind == kind && tab[j].key == key))
         j = (j + 1) & (tab_cap - 1);
+    struct ent stale = tab[j];
     if (tab[j].kind == K_EMPTY)
         tab_n++;
     tab[j] = (struct ent){.key = key, .kind = kind, .dev = dev, .bytes = bytes};
     pthread_mutex_unlock(&tab_mu);
+    /* the driver handed out a key we still held: it was freed without us (a context destroyed
+     * or reset frees everything in it), so what it held goes back to the grant */
+    if (stale.kind != K_EMPTY)
+        give(stale.dev, stale.bytes);
     return 0;
 }
 
@@ -319,11 +326,9 @@ __attribute__((constructor)) static void shim_load(void)
     resolve_dlsym();
 }
 
-__attribute__((destructor)) static void shim_unload(void)
-{
-    if (mode == MODE_ON && my_slot >= 0)
-        osub_seg_unclaim(&seg, my_slot);
-}
+/* No destructor gives the slot back at exit: another thread may still be allocating. The
+ * slot's lock goes with the process and the reservations are reclaimed (by oversubd within a
+ * watch round, or by any process of the service before it refuses). */
 
 /* ---- reserving ---------------------------------------------------------------------------- */
 

@@ -226,6 +226,14 @@ api POST /v1/services '{"id":"plain","class":"batch","vram":"1000MiB","cuda_shim
 wait_for 20 test -e "$F.p" || bad "cuda_shim: false: the program allocated past its grant"
 expect "cuda_shim: false has no segment" None "$(svc plain 'd.get("shim")')"
 expect "cuda_shim must be a boolean" 422 "$(curl -s -o /dev/null -w '%{http_code}' --unix-socket "$S" -X POST http://x/v1/services -d '{"id":"b","class":"batch","vram":"1GiB","cuda_shim":"no","command":["true"]}')"
+# a service that cuts its segment short under oversubd's mapping does not take oversubd down
+api POST /v1/services '{"id":"evil","class":"batch","vram":"500MiB","command":["'$client'","alloc:10","shrinkseg","touch:'$F'.e","hold"],"env":{"LD_LIBRARY_PATH":"'$fakedir'"}}' >/dev/null
+wait_for 20 test -e "$F.e" || bad "the segment-cutting service ran"
+dropped() { api GET "/v1/events?since=0" | grep -q "evil: its CUDA shim segment .* no longer read"; }
+wait_for 20 dropped || bad "oversubd noticed the cut segment: $(tail -3 "$D/err")"
+kill -0 $DPID 2>/dev/null || bad "oversubd survived a segment cut short under it"
+expect "and it still answers" ok "$(curl -s --unix-socket "$S" http://x/healthz | json 'd.get("status","ok")' 2>/dev/null || echo down)"
+api DELETE /v1/services/evil >/dev/null
 api DELETE /v1/services/job >/dev/null
 api DELETE /v1/services/plain >/dev/null
 gone() { [ ! -e "$D/st/shim/job.seg" ]; }

@@ -352,6 +352,11 @@ static int run(const char *cmd)
         if (k < 0 || waitpid(k, &st, 0) != k)
             die("forkalloc: fork failed");
         report(cmd, WIFEXITED(st) ? WEXITSTATUS(st) : 99);
+    } else if (strcmp(step, "shrinkseg") == 0) {
+        /* a hostile service: cut its grant segment short under oversubd's mapping */
+        const char *seg = getenv("OVERSUB_SHIM_SEGMENT");
+        if (seg == NULL || truncate(seg, 0) != 0)
+            die("shrinkseg: no segment to cut");
     } else if (strcmp(step, "hold") == 0) {
         for (;;)
             pause();

@@ -219,6 +219,31 @@ static void test_dead_process_reclaimed(void **state)
     osub_seg_cleanup(&g);
 }
 
+/* A claim abandoned (CLAIMING, no lock, long ago) is taken back; one whose claimer holds the
+ * lock is not, however old; a claimer whose slot was taken back never frees its new owner's. */
+static void test_abandoned_claims(void **state)
+{
+    (void)state;
+    struct osub_segment g;
+    make(&g, "f", 1, 1000 * MIB);
+    atomic_store(&g.s->slot[3].state, OSUB_SLOT_CLAIMING);
+    atomic_store(&g.s->slot[3].claimed_ns, 1); /* at boot: long ago */
+    uint64_t b;
+    assert_int_equal(osub_seg_reclaim(&g, &b), 1);
+    assert_int_equal(atomic_load(&g.s->slot[3].state), OSUB_SLOT_FREE);
+    /* a live claimer of slot 0, then its slot marked as an old claim: its lock keeps it */
+    int s = osub_seg_claim(&g);
+    assert_int_equal(s, 0);
+    assert_int_equal(osub_seg_reserve(&g, s, 0, 300 * MIB), 0);
+    atomic_store(&g.s->slot[0].state, OSUB_SLOT_CLAIMING);
+    atomic_store(&g.s->slot[0].claimed_ns, 1);
+    assert_int_equal(osub_seg_reclaim(&g, &b), 0);
+    assert_int_equal(osub_seg_reserved(&g, 0), 300 * MIB); /* and no reset with it alive */
+    atomic_store(&g.s->slot[0].state, OSUB_SLOT_LIVE);
+    osub_seg_unclaim(&g, s);
+    osub_seg_cleanup(&g);
+}
+
 static void test_refuses_what_is_not_a_segment(void **state)
 {
     (void)state;
@@ -274,6 +299,7 @@ int main(void)
         cmocka_unit_test(test_threads_never_pass_the_grant),
         cmocka_unit_test(test_processes_never_pass_the_grant),
         cmocka_unit_test(test_dead_process_reclaimed),
+        cmocka_unit_test(test_abandoned_claims),
         cmocka_unit_test(test_refuses_what_is_not_a_segment),
         cmocka_unit_test(test_slots_run_out_cleanly),
     };
