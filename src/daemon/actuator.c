@@ -152,8 +152,10 @@ int osubd_act_take(const struct osubd *d, json_t *spec, bool trusted, json_t **e
         {
             if (!env_name_ok(k))
                 FAIL("field 'env': '%.64s' is not a variable name ([A-Za-z_][A-Za-z0-9_]*)", k);
-            if (strncmp(k, "OVERSUB_", 8) == 0 || strcmp(k, "CUDA_VISIBLE_DEVICES") == 0 ||
-                strcmp(k, "CUDA_DEVICE_ORDER") == 0)
+            bool shim_knob =
+                strcmp(k, "OVERSUB_SHIM_LOG") == 0 || strcmp(k, "OVERSUB_SHIM_LIBCUDA") == 0;
+            if ((strncmp(k, "OVERSUB_", 8) == 0 && !shim_knob) ||
+                strcmp(k, "CUDA_VISIBLE_DEVICES") == 0 || strcmp(k, "CUDA_DEVICE_ORDER") == 0)
                 FAIL("field 'env': %s is set by oversubd", k);
             if (!json_is_string(ev) || json_string_length(ev) > 8192 ||
                 strlen(json_string_value(ev)) != json_string_length(ev))
@@ -644,7 +646,8 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
     osubd_service_token(d, p->id, tok);
     env_set(&env, "OVERSUB_TOKEN", tok);
     env_set(&env, "OVERSUB_CHECKPOINT_DIR", ckdir);
-    if (d->act->shim_path[0] && !json_is_false(json_object_get(x, "cuda_shim"))) {
+    bool shim_on = d->act->shim_path[0] && !json_is_false(json_object_get(x, "cuda_shim"));
+    if (shim_on) {
         if (shim_prepare(d, p, si, user, uid, gid, why, sizeof(why)) != 0) {
             close(logfd);
             close(nullfd);
@@ -698,6 +701,12 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
         if (user != NULL && (setgroups(1, &gid) != 0 || setgid(gid) != 0 || setuid(uid) != 0))
             goto child_fail;
         stage = 4;
+        /* as the service's user: can it load the shim and open its segment? (else ld.so
+         * would skip the shim with a warning, and the grant would go unenforced) */
+        if (shim_on &&
+            (access(d->act->shim_path, R_OK) != 0 || access(p->seg_path, R_OK | W_OK) != 0))
+            goto child_fail;
+        stage = 5;
         execve(path, argv, env.v);
     child_fail:;
         int msg[2] = {stage, errno};
@@ -718,11 +727,14 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
         free(env.v[i]);
     if (r == (ssize_t)sizeof(msg)) {
         /* exec failed: the child is gone (reaped by SIGCHLD as a stranger) */
-        static const char *const stages[] = {"setsid", "redirect its output", "chdir",
-                                             "switch user", "exec"};
+        static const char *const stages[] = {"setsid",      "redirect its output", "chdir",
+                                             "switch user", "reach the CUDA shim", "exec"};
         waitpid(pid, NULL, 0);
-        snprintf(why, sizeof(why), "cannot start '%.200s': %s failed: %s", path,
-                 stages[msg[0] >= 0 && msg[0] <= 4 ? msg[0] : 4], strerror(msg[1]));
+        snprintf(why, sizeof(why), "cannot start '%.200s': %s failed: %s%s", path,
+                 stages[msg[0] >= 0 && msg[0] <= 5 ? msg[0] : 5], strerror(msg[1]),
+                 msg[0] == 4 ? " (its user must be able to read liboversub-cuda.so and the "
+                               "folders above it and the state; or set cuda_shim: false)"
+                             : "");
         apply_fail(d, p, why);
         return;
     }

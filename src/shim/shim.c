@@ -293,9 +293,9 @@ static void shim_init(void)
         uint64_t bytes;
         if (!parse_mib(vram, &bytes)) {
             mode = MODE_BROKEN;
-            say("oversub-cuda: OVERSUB_VRAM_MIB='%.32s' is not a whole number of MiB; refusing "
-                "device memory",
-                vram);
+            say("oversub-cuda: OVERSUB_VRAM_MIB='%.32s' is not a whole number of MiB (at most "
+                "%" PRIu64 "); refusing device memory",
+                vram, UINT64_MAX >> 20);
         } else if (osub_seg_create_anon(&seg, OSUB_SEG_DEVICES, bytes, err, sizeof(err)) != 0 ||
                    (my_slot = osub_seg_claim(&seg)) < 0) {
             mode = MODE_BROKEN;
@@ -351,8 +351,9 @@ static void tell_refusal(uint32_t dev, uint64_t bytes)
     if (!verbose && atomic_exchange(&told_refusal, 1) != 0)
         return;
     if (mode != MODE_ON) {
-        say("oversub-cuda: refused %" PRIu64 " bytes on device %u: the grant cannot be read", bytes,
-            dev);
+        say("oversub-cuda: refused %" PRIu64 " MiB on device %u: no usable grant (see the first "
+            "line this library printed)",
+            (bytes + (1u << 20) - 1) >> 20, dev);
         return;
     }
     say("oversub-cuda: refused %" PRIu64 " MiB on device %u: grant %" PRIu64 " MiB, %" PRIu64
@@ -706,6 +707,7 @@ SHIM_API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     uint32_t dev;
     uint64_t grant = 0, held = 0;
     if (mode == MODE_ON && current_device(&dev) == CUDA_SUCCESS) {
+        osub_seg_reclaim(&seg, NULL); /* what dead processes held is room again */
         grant = osub_seg_grant(&seg, dev);
         held = osub_seg_reserved(&seg, dev);
     }

@@ -343,7 +343,7 @@ if [ "$(id -u)" = 0 ]; then
     expect "root refused" 422 "$(code POST /v1/services '{"id":"t2","class":"batch","vram":"1GiB","command":["/bin/true"]}')"
     grep -q "allow_root_services" "$tmp/body" || bad "root refusal message: $(cat "$tmp/body")"
     chmod 711 "$tmp" "$D" # the test's own folders: the user must pass through them
-    expect "as nobody" 201 "$(code POST /v1/services '{"id":"who","class":"batch","vram":"1GiB","user":"nobody","command":["/bin/sh","-c","id -u; echo saved >\"$OVERSUB_CHECKPOINT_DIR/ck\" && echo wrote; sleep 30"],"env":{"SECRET_KEY":"hunter2"}}')"
+    expect "as nobody" 201 "$(code POST /v1/services '{"id":"who","class":"batch","vram":"1GiB","user":"nobody","cuda_shim":false,"command":["/bin/sh","-c","id -u; echo saved >\"$OVERSUB_CHECKPOINT_DIR/ck\" && echo wrote; sleep 30"],"env":{"SECRET_KEY":"hunter2"}}')"
     wait_for 5 grep -q . "$D/st/logs/who.log" || bad "no log"
     expect "runs as nobody" "$(id -u nobody)" "$(head -1 "$D/st/logs/who.log")"
     wait_for 5 grep -q wrote "$D/st/logs/who.log" || bad "nobody could not write its checkpoint folder: $(cat "$D/st/logs/who.log")"

@@ -227,13 +227,21 @@ wait_for 20 test -e "$F.p" || bad "cuda_shim: false: the program allocated past 
 expect "cuda_shim: false has no segment" None "$(svc plain 'd.get("shim")')"
 expect "cuda_shim must be a boolean" 422 "$(curl -s -o /dev/null -w '%{http_code}' --unix-socket "$S" -X POST http://x/v1/services -d '{"id":"b","class":"batch","vram":"1GiB","cuda_shim":"no","command":["true"]}')"
 # a service that cuts its segment short under oversubd's mapping does not take oversubd down
-api POST /v1/services '{"id":"evil","class":"batch","vram":"500MiB","command":["'$client'","alloc:10","shrinkseg","touch:'$F'.e","hold"],"env":{"LD_LIBRARY_PATH":"'$fakedir'"}}' >/dev/null
+api POST /v1/services '{"id":"evil","class":"batch","vram":"500MiB","command":["'$client'","alloc:10","shrinkseg","touch:'$F'.e","hold"],"env":{"LD_LIBRARY_PATH":"'$fakedir'","OVERSUB_SHIM_LOG":"1"}}' >/dev/null
 wait_for 20 test -e "$F.e" || bad "the segment-cutting service ran"
 dropped() { api GET "/v1/events?since=0" | grep -q "evil: its CUDA shim segment .* no longer read"; }
 wait_for 20 dropped || bad "oversubd noticed the cut segment: $(tail -3 "$D/err")"
 kill -0 $DPID 2>/dev/null || bad "oversubd survived a segment cut short under it"
 expect "and it still answers" ok "$(curl -s --unix-socket "$S" http://x/healthz | json 'd.get("status","ok")' 2>/dev/null || echo down)"
 api DELETE /v1/services/evil >/dev/null
+# a service whose user cannot reach the shim or its segment is not started without it
+if [ "$(id -u)" = 0 ]; then
+    chmod 700 "$tmp"
+    api POST /v1/services '{"id":"who","class":"batch","vram":"500MiB","user":"nobody","command":["/bin/true"]}' >/dev/null
+    said() { api GET "/v1/events?since=0" | grep -q "who.*reach the CUDA shim failed: Permission denied"; }
+    wait_for 20 said || bad "an unreachable shim fails the start, saying why: $(api GET "/v1/events?since=0" | grep -o '"message":"[^"]*who[^"]*"' | tail -2)"
+    api DELETE /v1/services/who >/dev/null
+fi
 api DELETE /v1/services/job >/dev/null
 api DELETE /v1/services/plain >/dev/null
 gone() { [ ! -e "$D/st/shim/job.seg" ]; }
