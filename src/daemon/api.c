@@ -822,12 +822,17 @@ static void h_gpu(struct osubd *d, struct evhttp_request *req, enum evhttp_cmd_t
                   const char *rest)
 {
     char *end;
+    errno = 0;
     long gpu = strtol(rest, &end, 10);
-    if (end == rest || *end != '/' || m != EVHTTP_REQ_POST) {
+    if (end == rest || *end != '/' || m != EVHTTP_REQ_POST || rest[0] < '0' || rest[0] > '9') {
         reply_error(d, req, 404, "not_found", "POST /v1/gpus/{index}/cordon, /uncordon or /drain");
         return;
     }
     const char *action = end + 1;
+    if (errno != 0 || gpu > OSUB_POOL_GPUS_MAX) { /* never cut down to some other GPU's index */
+        reply_rc(d, req, OSUB_EBAD_GPU);
+        return;
+    }
     json_t *cmd;
     if (strcmp(action, "cordon") == 0 || strcmp(action, "uncordon") == 0)
         cmd = json_pack("{s:s, s:i, s:b}", "op", "cordon", "gpu", (int)gpu, "on", action[0] == 'c');
@@ -911,11 +916,15 @@ static void h_events(struct osubd *d, struct evhttp_request *req, const char *qu
     evhttp_parse_query_str(query ? query : "", &q);
     const char *s = evhttp_find_header(&q, "since");
     const char *wt = evhttp_find_header(&q, "wait");
-    char *end;
+    char *end = NULL, *wend = NULL;
+    errno = 0;
     int64_t since = s ? strtoll(s, &end, 10) : 0;
-    long wait = wt ? strtol(wt, &end, 10) : 0;
+    bool bad = s != NULL && (errno != 0 || end == s || *end != '\0');
+    errno = 0;
+    long wait = wt ? strtol(wt, &wend, 10) : 0;
+    bad = bad || (wt != NULL && (errno != 0 || wend == wt || *wend != '\0'));
     evhttp_clear_headers(&q);
-    if (since < 0 || wait < 0 || wait > 300) {
+    if (bad || since < 0 || wait < 0 || wait > 300) {
         reply_error(d, req, 400, "invalid_query", "since >= 0, wait between 0 and 300 seconds");
         return;
     }
@@ -1191,7 +1200,12 @@ static int bind_unix(struct osubd *d, char *err, size_t errlen)
     }
     memcpy(sa.sun_path, path, strlen(path) + 1);
     struct stat st;
-    if (stat(path, &st) == 0) {
+    if (lstat(path, &st) == 0 && !S_ISSOCK(st.st_mode)) {
+        snprintf(err, errlen,
+                 "%s exists and is not a socket: not removing it (choose another --socket)", path);
+        return -1;
+    }
+    if (lstat(path, &st) == 0) {
         int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
             close(probe);
@@ -1210,6 +1224,8 @@ static int bind_unix(struct osubd *d, char *err, size_t errlen)
     mode_t old = umask(0077);
     int rc = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
     umask(old);
+    if (rc == 0)
+        d->socket_bound = true;
     if (rc != 0 || listen(fd, 128) != 0) {
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
         close(fd);

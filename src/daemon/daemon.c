@@ -1191,7 +1191,7 @@ void osubd_stop(struct osubd *d)
     osub_engine_free(d->e);
     osub_store_close(d->store);
     if (d->lock_fd >= 0)
-        close(d->lock_fd); /* the lock goes with it */
-    if (d->cfg.socket_path[0])
+        close(d->lock_fd);                        /* the lock goes with it */
+    if (d->cfg.socket_path[0] && d->socket_bound) /* never another daemon's, never a file */
         unlink(d->cfg.socket_path);
 }

@@ -66,6 +66,7 @@ struct osubd {
     osub_engine_t *e;
     osub_store_t *store;
     int lock_fd;             /* STATE.lock, flock'ed while we run (-1: none) */
+    bool socket_bound;       /* the Unix socket is ours to remove at exit */
     int64_t base_unix_ms;    /* engine time 0, on the wall clock (timestamps shown) */
     int64_t engine_start_ms; /* engine time when this run started ... */
     int64_t mono_start_ms;   /* ... and the monotonic clock then: engine time never jumps */

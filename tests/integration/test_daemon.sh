@@ -118,6 +118,14 @@ expect "uncordon" 200 "$(code -X POST "$(U /v1/gpus/7/uncordon)")"
 expect "drain" 200 "$(code -X POST "$(U /v1/gpus/6/drain)")"
 expect "drained" draining "$(curl -s "$(U /v1/services/new-service)" | json 'd["state"]')"
 expect "bad gpu" 404 "$(code -X POST "$(U /v1/gpus/99/cordon)")"
+# an index past a long is not cut down to another GPU's (4294967297 was GPU 1)
+cordoned=$(curl -s "$(U /v1/pool)" | json 'sum(g["cordoned"] for g in d["gpus"])')
+expect "huge gpu index" 404 "$(code -X POST "$(U /v1/gpus/4294967297/cordon)")"
+expect "gpu index beyond long" 404 "$(code -X POST "$(U /v1/gpus/99999999999999999999999/cordon)")"
+expect "signed gpu index" 404 "$(code -X POST "$(U /v1/gpus/+1/cordon)")"
+expect "nothing cordoned by them" "$cordoned" "$(curl -s "$(U /v1/pool)" | json 'sum(g["cordoned"] for g in d["gpus"])')"
+expect "since beyond int64" 400 "$(code "$(U '/v1/events?since=99999999999999999999999')")"
+expect "since not a number" 400 "$(code "$(U '/v1/events?since=12abc')")"
 expect "exited" 200 "$(code -X POST "$(U /v1/services/new-service/exited)")"
 expect "delete" 200 "$(code -X DELETE "$(U /v1/services/chat-2)")"
 expect "deleted" 404 "$(code "$(U /v1/services/chat-2)")"
@@ -303,7 +311,14 @@ start "$tmp/a" || exit 1
 "$bin" --listen 127.0.0.1:0 --state "$tmp/a/other.db" --socket "$tmp/a/d.sock" >"$tmp/out2" 2>"$tmp/err2"
 expect "live socket refused" 1 "$?"
 grep -q "another oversubd" "$tmp/err2" && ok || bad "live socket: $(cat "$tmp/err2")"
+expect "the refused daemon left the live socket in place" 200 "$(curl -s -o /dev/null -w '%{http_code}' --unix-socket "$tmp/a/d.sock" http://x/healthz)"
 kill -TERM "$PID"; wait "$PID" 2>/dev/null
+# a --socket that names a regular file: refused, the file kept
+echo precious >"$tmp/a/notasock"
+"$bin" --listen 127.0.0.1:0 --state "$tmp/a/other.db" --socket "$tmp/a/notasock" >"$tmp/out2" 2>"$tmp/err2"
+expect "regular file as socket refused" 1 "$?"
+expect "the file is kept" precious "$(cat "$tmp/a/notasock")"
+grep -q "exists and is not a socket" "$tmp/err2" && ok || bad "regular file socket: $(cat "$tmp/err2")"
 
 # ---- the admin token ----
 echo "  s3cret  " >"$tmp/token"
