@@ -402,6 +402,25 @@ int main(int argc, char **argv)
                 d.cfg.listen_host);
         return 2;
     }
+    /* the engine's settings, checked before the state is touched (a trial engine of one GPU) */
+    {
+        const osub_pool_config_t *ec = &d.cfg.engine;
+        if (ec->low_watermark_pct > ec->high_watermark_pct) {
+            fprintf(stderr,
+                    "oversubd: low_watermark_pct (%d) must not be above high_watermark_pct (%d)\n",
+                    (int)ec->low_watermark_pct, (int)ec->high_watermark_pct);
+            return 2;
+        }
+        int64_t one = 81920;
+        osub_engine_t *trial = NULL;
+        int trc = osub_engine_new(ec, &one, NULL, 1, NULL, 0, &trial);
+        osub_engine_free(trial);
+        if (trc != 0) {
+            fprintf(stderr, "oversubd: the engine settings of the configuration: %s\n",
+                    osub_strerror(trc));
+            return 2;
+        }
+    }
     signal(SIGPIPE, SIG_IGN);
     char err[700];
     if (osubd_start(&d, err, sizeof(err)) != 0) {
