@@ -75,9 +75,8 @@ struct osubd_act {
     uint64_t proc_starts, proc_exits[3]; /* exits: code 0, other code, signal */
     uint64_t directives_sent[4];         /* degrade, restore, evict, resume */
     uint64_t webhook_failures;
-    struct evdns_base *dns;        /* webhooks to host names, made when first needed */
-    char shim_path[PATH_MAX];      /* liboversub-cuda.so, "" when services run without it */
-    uint64_t shim_reclaimed_bytes; /* taken back from processes that died holding them */
+    struct evdns_base *dns;   /* webhooks to host names, made when first needed */
+    char shim_path[PATH_MAX]; /* liboversub-cuda.so, "" when services run without it */
 };
 
 struct act_pid {
@@ -1306,7 +1305,6 @@ static void shim_sync(struct osubd *d, struct osub_proc *p)
     if (!seg_look(d, p, &si, &v))
         return;
     if (v.got > 0) {
-        d->act->shim_reclaimed_bytes += v.got;
         osubd_note(d, p->id, "shim", "reclaimed",
                    "%s: %llu MiB held by processes that died taken back into its grant", p->id,
                    (unsigned long long)to_mib(v.got));
