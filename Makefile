@@ -1,12 +1,15 @@
 # Makefile - the entry points a newcomer uses: make run, make test, make bench.
-# Everything is built with CMake under build/ (normal) and build-asan/ (sanitizers).
+# Everything is built with CMake under build/ (normal) and build-asan/ (sanitizers); make
+# test-valgrind and make test-tsan use build-valgrind/ and build-tsan/.
 
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+VALGRIND_BUILD ?= build-valgrind
+TSAN_BUILD ?= build-tsan
 CMAKE_FLAGS ?=
 
-.PHONY: efficacy all deps build run scenario test test-unit test-asan bench bench-engine bench-sim bench-daemon bench-gateway bench-streams bench-shim fuzz format format-check clean help
+.PHONY: efficacy all deps build run scenario test test-unit test-asan test-valgrind test-tsan bench bench-engine bench-sim bench-daemon bench-gateway bench-streams bench-shim fuzz format format-check clean help
 
 all: build
 
@@ -14,6 +17,8 @@ help:
 	@echo "make run        build everything and start oversubd in the foreground (Ctrl-C stops it)"
 	@echo "make scenario   run DESIGN.md's worked scenario through the engine, decision by decision"
 	@echo "make test       install what the suite needs, then run the whole suite (normal + sanitizer builds)"
+	@echo "make test-valgrind  test_daemon with oversubd under valgrind memcheck (slow; not in make test)"
+	@echo "make test-tsan  the daemon's integration tests on a ThreadSanitizer build (slow; not in make test)"
 	@echo "make bench      run the benchmarks (bench/): engine throughput, latency, instructions, memory"
 	@echo "make bench-sim  the simulator's replay rate (a synthetic week, the GenAI trace)"
 	@echo "make bench-daemon  oversubd on loopback: GET /v1/pool vs nginx, durable mutations vs bare SQLite, RSS"
@@ -59,6 +64,45 @@ test-asan: deps $(ASAN_BUILD)/CMakeCache.txt
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:verify_asan_link_order=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		ctest --output-on-failure -j $(JOBS)
+
+# Hardening checks, slow, so not part of make test. test-valgrind: a plain Debug build, then
+# test_daemon with tests/integration/valgrind-wrap.sh in place of oversubd (memcheck, one log per
+# process in $(VALGRIND_BUILD)/vg); any error logged, even by a daemon the test kills with -9,
+# or any block definitely lost fails it.
+$(VALGRIND_BUILD)/CMakeCache.txt:
+	cmake -S . -B $(VALGRIND_BUILD) -DCMAKE_BUILD_TYPE=Debug -DOSUB_SANITIZE=OFF -DOSUB_TSAN=OFF -DOSUB_BENCH=OFF $(CMAKE_FLAGS)
+
+test-valgrind: $(VALGRIND_BUILD)/CMakeCache.txt
+	@scripts/install-deps.sh test
+	cmake --build $(VALGRIND_BUILD) -j $(JOBS)
+	rm -rf $(VALGRIND_BUILD)/vg
+	OSUB_VG_BIN=$(abspath $(VALGRIND_BUILD))/oversubd OSUB_VG_LOGDIR=$(abspath $(VALGRIND_BUILD))/vg \
+		bash tests/integration/test_daemon.sh tests/integration/valgrind-wrap.sh $(VALGRIND_BUILD)/oversub; \
+	st=$$?; \
+	echo "test-valgrind: $$(ls $(VALGRIND_BUILD)/vg | wc -l) processes under memcheck, logs in $(VALGRIND_BUILD)/vg"; \
+	if grep -lE 'VGERR-BEGIN|ERROR SUMMARY: [1-9]|definitely lost: [1-9]' $(VALGRIND_BUILD)/vg/vg.*.log; then \
+		echo "test-valgrind: memcheck found errors in the logs above"; st=1; fi; \
+	exit $$st
+
+# test-tsan: a ThreadSanitizer build (-fsanitize=thread, OSUB_TSAN) and the daemon's integration
+# tests on it; every report goes to $(TSAN_BUILD)/tsan/tsan.PID (the tests discard the daemon's
+# stderr) and fails the run. Without ASLR (setarch -R): TSan maps fixed ranges, and kernels
+# with more mmap randomisation bits than it knows refuse it ("unexpected memory mapping").
+TSAN_TESTS ?= ^(test_daemon|test_gateway|test_state|test_actuation|test_shim|test_nvml|test_frontdoor)$$
+
+$(TSAN_BUILD)/CMakeCache.txt:
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DOSUB_TSAN=ON -DOSUB_SANITIZE=OFF -DOSUB_WERROR=ON -DOSUB_BENCH=OFF $(CMAKE_FLAGS)
+
+test-tsan: $(TSAN_BUILD)/CMakeCache.txt
+	@scripts/install-deps.sh test
+	cmake --build $(TSAN_BUILD) -j $(JOBS)
+	rm -rf $(TSAN_BUILD)/tsan && mkdir -p $(TSAN_BUILD)/tsan
+	cd $(TSAN_BUILD) && TSAN_OPTIONS="log_path=$(abspath $(TSAN_BUILD))/tsan/tsan second_deadlock_stack=1 $${TSAN_OPTIONS:-}" \
+		setarch $$(uname -m) -R ctest --output-on-failure -j $(JOBS) -R '$(TSAN_TESTS)'; \
+	st=$$?; \
+	if grep -l 'ThreadSanitizer' $(abspath $(TSAN_BUILD))/tsan/tsan.* 2>/dev/null; then \
+		echo "test-tsan: ThreadSanitizer reports in the files above"; st=1; fi; \
+	exit $$st
 
 bench: bench-engine bench-sim bench-daemon bench-gateway bench-streams bench-shim
 
@@ -113,4 +157,4 @@ format-check:
 	git ls-files '*.c' '*.h' | xargs clang-format --dry-run --Werror
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(VALGRIND_BUILD) $(TSAN_BUILD)

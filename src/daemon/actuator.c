@@ -314,6 +314,11 @@ static void state_dir(const struct osubd *d, char *out, size_t len)
         snprintf(out, len, ".");
     if (out[0] == '\0')
         snprintf(out, len, "/");
+    char cwd[512], both[1100];
+    if (out[0] != '/' && getcwd(cwd, sizeof(cwd)) != NULL) {
+        snprintf(both, sizeof(both), "%s/%s", cwd, strcmp(out, ".") == 0 ? "" : out);
+        snprintf(out, len, "%.*s", (int)(len - 1), both);
+    }
 }
 
 static void log_path(const struct osubd *d, const char *id, char *out, size_t len)
@@ -349,6 +354,68 @@ static int mkdirs(const char *path, mode_t mode)
         *p = '/';
     }
     return mkdir(tmp, mode) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* The service's checkpoint folder, made without following a link: each part of path is opened
+ * with O_NOFOLLOW | O_DIRECTORY under the one before it (from /), what does not exist is made
+ * (0755 on the way, 0700 at the end), and only a folder made here is given to the service's
+ * user: an existing file, link or folder is never chowned, and an existing part that is not a
+ * folder (or is a link) is refused. 0, or -1 with why. */
+static int service_dir(const char *path, uid_t uid, gid_t gid, bool give, char *why, size_t len)
+{
+    if (path[0] != '/') {
+        snprintf(why, len, "%s is not an absolute path", path);
+        return -1;
+    }
+    char tmp[1024];
+    snprintf(tmp, sizeof(tmp), "%s", path);
+    int fd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, len, "cannot open /: %s", strerror(errno));
+        return -1;
+    }
+    char *save = NULL;
+    bool made = false;
+    for (char *part = strtok_r(tmp, "/", &save); part != NULL; part = strtok_r(NULL, "/", &save)) {
+        if (strcmp(part, "..") == 0) {
+            snprintf(why, len, "%s: '..' is not allowed in a checkpoint folder", path);
+            close(fd);
+            return -1;
+        }
+        if (strcmp(part, ".") == 0)
+            continue;
+        bool last = save == NULL || *save == '\0';
+        made = false;
+        int nfd = openat(fd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (nfd < 0 && errno == ENOENT) {
+            if (mkdirat(fd, part, last ? 0700 : 0755) != 0 && errno != EEXIST) {
+                snprintf(why, len, "cannot make %s (at '%s'): %s", path, part, strerror(errno));
+                close(fd);
+                return -1;
+            }
+            made = errno != EEXIST;
+            nfd = openat(fd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        }
+        if (nfd < 0) {
+            int e = errno;
+            snprintf(why, len, "%s: '%s' %s", path, part,
+                     e == ELOOP || e == ENOTDIR || e == EMLINK
+                         ? "is a symbolic link or not a folder: oversubd follows no link and "
+                           "takes no file for a checkpoint folder"
+                         : strerror(e));
+            close(fd);
+            return -1;
+        }
+        close(fd);
+        fd = nfd;
+    }
+    int rc = 0;
+    if (made && give && fchown(fd, uid, gid) != 0) {
+        snprintf(why, len, "cannot give %s to its user: %s", path, strerror(errno));
+        rc = -1;
+    }
+    close(fd);
+    return rc;
 }
 
 /* A process started or ended: saved with the next command; NVML's memory for its PID is the
@@ -573,13 +640,12 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
     log_path(d, p->id, logf, sizeof(logf));
     snprintf(dir, sizeof(dir), "%s", logf);
     *strrchr(dir, '/') = '\0';
-    if (mkdirs(ckdir, 0700) != 0 || mkdirs(dir, 0700) != 0) {
-        snprintf(why, sizeof(why), "cannot make %s: %s", ckdir, strerror(errno));
+    if (mkdirs(dir, 0700) != 0) {
+        snprintf(why, sizeof(why), "cannot make %s: %s", dir, strerror(errno));
         apply_fail(d, p, why);
         return;
     }
-    if (user != NULL && chown(ckdir, uid, gid) != 0) {
-        snprintf(why, sizeof(why), "cannot give %s to user %s: %s", ckdir, user, strerror(errno));
+    if (service_dir(ckdir, uid, gid, user != NULL, why, sizeof(why)) != 0) {
         apply_fail(d, p, why);
         return;
     }
@@ -612,10 +678,27 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
     for (size_t i = 0; i < argc; i++)
         argv[i] = (char *)json_string_value(json_array_get(cmd, i));
     argv[argc] = NULL;
+    /* a clean environment (docs/actuation.md): not oversubd's (HOME=/root and the rest) */
     struct envb env = {.n = 0};
-    for (char **e = environ; *e && env.n + 1 < 160; e++) /* room for env and ours */
-        if (strncmp(*e, "OVERSUB_", 8) != 0)
-            env.v[env.n++] = strdup(*e);
+    struct passwd *pwu = getpwuid(uid);
+    env_set(&env, "PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+    env_set(&env, "HOME", pwu && pwu->pw_dir ? pwu->pw_dir : "/");
+    if (pwu != NULL) {
+        env_set(&env, "USER", pwu->pw_name);
+        env_set(&env, "LOGNAME", pwu->pw_name);
+    }
+    for (char **e = environ; *e && env.n + 1 < 32; e++) {
+        static const char *const pass[] = {"LANG=",         "LANGUAGE=",     "LC_",
+                                           "TZ=",           "ASAN_OPTIONS=", "UBSAN_OPTIONS=",
+                                           "LSAN_OPTIONS=", "TSAN_OPTIONS="};
+        for (size_t i = 0; i < sizeof(pass) / sizeof(pass[0]); i++)
+            if (strncmp(*e, pass[i], strlen(pass[i])) == 0) {
+                char *dup = strdup(*e);
+                if (dup != NULL)
+                    env.v[env.n++] = dup;
+                break;
+            }
+    }
     const char *k;
     json_t *ev;
     json_object_foreach(json_object_get(x, "env"), k, ev) env_set(&env, k, json_string_value(ev));
@@ -693,9 +776,6 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
         stage = 1;
         if (dup2(nullfd, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
             goto child_fail;
-        stage = 2;
-        if (workdir != NULL && chdir(workdir) != 0)
-            goto child_fail;
         stage = 3;
         if (user != NULL && (setgroups(1, &gid) != 0 || setgid(gid) != 0 || setuid(uid) != 0))
             goto child_fail;
@@ -704,6 +784,9 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
          * would skip the shim with a warning, and the grant would go unenforced) */
         if (shim_on &&
             (access(d->act->shim_path, R_OK) != 0 || access(p->seg_path, R_OK | W_OK) != 0))
+            goto child_fail;
+        stage = 2; /* entered as the service's user, not as oversubd's */
+        if (chdir(workdir != NULL ? workdir : ckdir) != 0)
             goto child_fail;
         stage = 5;
         execve(path, argv, env.v);
@@ -1528,6 +1611,19 @@ void osubd_act_describe(struct osubd *d, const char *id, json_t *o)
     json_t *v;
     json_object_foreach(x, k, v)
     {
+        if (!d->req_admin && strcmp(k, "command") == 0) {
+            /* arguments may carry secrets (--api-key=...): only the admin reads them */
+            json_t *red = json_array();
+            for (size_t i = 0; i < json_array_size(v); i++)
+                json_array_append_new(red, i == 0 ? json_copy(json_array_get(v, 0))
+                                                  : json_string("<redacted>"));
+            json_object_set_new(o, k, red);
+            continue;
+        }
+        if (!d->req_admin && strcmp(k, "control_url") == 0) {
+            json_object_set_new(o, k, json_string("<redacted>"));
+            continue;
+        }
         if (strcmp(k, "env") != 0) {
             json_object_set(o, k, v);
             continue;

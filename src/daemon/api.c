@@ -386,7 +386,11 @@ static void h_pool(struct osubd *d, struct evhttp_request *req, enum evhttp_cmd_
     }
     json_t *r = json_object_get(j, "ratio");
     char text[64];
-    if (json_is_string(r))
+    if (json_is_string(r) && json_string_length(r) >= sizeof(text)) {
+        json_decref(j);
+        reply_error(d, req, 422, "invalid_ratio", "field 'ratio' is too long to be a ratio");
+        return;
+    } else if (json_is_string(r))
         snprintf(text, sizeof(text), "%s", json_string_value(r));
     else if (json_is_number(r))
         snprintf(text, sizeof(text), "%.9f", json_number_value(r));
@@ -621,9 +625,32 @@ static void h_service_cmd(struct osubd *d, struct evhttp_request *req, const cha
         pid = (pid_t)json_integer_value(pidv);
         json_object_del(j, "pid");
     }
+    json_t *ck = json_object_get(j, "checkpoint");
+    if (ck != NULL && (!json_is_string(ck) || json_string_length(ck) == 0 ||
+                       json_string_length(ck) > 1024 ||
+                       strlen(json_string_value(ck)) != json_string_length(ck))) {
+        json_decref(j);
+        reply_error(d, req, 422, "invalid_argument",
+                    "\"checkpoint\" must be a non-empty string (a path or a name, at most 1024 "
+                    "bytes, no NUL)");
+        return;
+    }
     /* the per-GPU form takes objects {gpu, vram_mib}: turn it into the command's list */
     json_t *gpus = json_object_get(j, "gpus");
     if (json_is_array(gpus) && strcmp(op, "usage") == 0) {
+        size_t gi;
+        json_t *g;
+        json_array_foreach(gpus, gi, g)
+        {
+            if (!json_is_object(g) || !json_is_integer(json_object_get(g, "gpu")) ||
+                !json_is_integer(json_object_get(g, "vram_mib")) || json_object_size(g) != 2) {
+                json_decref(j);
+                reply_error(d, req, 422, "invalid_usage",
+                            "each item of \"gpus\" must be {\"gpu\": INDEX, \"vram_mib\": "
+                            "MIB} with integers and nothing else");
+                return;
+            }
+        }
         osub_service_info_t si;
         if (osub_engine_service_info(d->e, id, &si) != 0) {
             json_decref(j);
@@ -1127,12 +1154,18 @@ static void on_request(struct evhttp_request *req, void *arg)
                     "two Content-Length headers, or Content-Length with Transfer-Encoding");
         goto done;
     }
-    if (d->cfg.token[0] && mutating(m)) {
+    d->req_admin = d->req_trusted || d->cfg.token[0] == '\0';
+    if (d->cfg.token[0] && !d->req_trusted) {
         const char *auth =
             evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
         char want[300];
         snprintf(want, sizeof(want), "Bearer %s", d->cfg.token);
-        bool allowed = auth != NULL && same_secret(auth, want);
+        d->req_admin = auth != NULL && same_secret(auth, want);
+    }
+    if (d->cfg.token[0] && mutating(m)) {
+        const char *auth =
+            evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+        bool allowed = d->req_admin;
         /* a service's own calls may carry its token instead */
         const char *sid = strncmp(path, "/v1/services/", 13) == 0 ? path + 13 : NULL;
         const char *slash = sid ? strchr(sid, '/') : NULL;
@@ -1177,6 +1210,7 @@ static void on_request(struct evhttp_request *req, void *arg)
     else
         reply_error(d, req, 404, "not_found", "no such endpoint");
 done:;
+    d->req_admin = false;
     double dt = now_s() - t0;
     size_t i = 0;
     while (i < sizeof(lat_bounds) / sizeof(lat_bounds[0]) && dt > lat_bounds[i])

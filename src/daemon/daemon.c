@@ -444,9 +444,18 @@ static void on_hup(evutil_socket_t fd, short what, void *arg)
 
 int osubd_read_token(const char *path, char *out, size_t outlen, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "r");
+    FILE *f = fopen(path, "re");
     if (f == NULL) {
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || (st.st_mode & 0077) != 0) {
+        snprintf(err, errlen,
+                 "%s: the token file must be a regular file that only its owner can read or "
+                 "write (chmod 600 %s)",
+                 path, path);
+        fclose(f);
         return -1;
     }
     char buf[512];

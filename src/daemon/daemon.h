@@ -93,6 +93,7 @@ struct osubd {
     bool fatal;
     struct evhttp *http_unix; /* the API on the Unix socket: trusted to run programs */
     bool req_trusted;         /* the request being handled came over the Unix socket */
+    bool req_admin;           /* ... or carries the admin token, or no token is configured */
     struct osubd_act *act;    /* the actuators' own state (actuator.c) */
     /* metrics */
     uint64_t http_requests[6]; /* by status class 1xx..5xx, index 0 unused */

@@ -398,7 +398,7 @@ kill "$DPID"; wait "$DPID" 2>/dev/null
 echo "== 8. the admin token may run commands over TCP"
 start_d s8 1x81920 1.3 "allow_root_services: true" "service_log_max: 8192"
 kill "$DPID"; wait "$DPID" 2>/dev/null
-echo secret-admin >"$D/tok"
+echo secret-admin >"$D/tok"; chmod 600 "$D/tok"
 echo "token_file: $D/tok" >>"$D/c.yaml"
 restart_d 1x81920 1.3
 expect "with the admin token" 201 "$(curl -s -o "$tmp/body" -w '%{http_code}' -X POST -H 'Authorization: Bearer secret-admin' "http://127.0.0.1:$PORT/v1/services" -d '{"id":"tok1","class":"batch","vram":"1GiB","command":["/bin/sleep","30"]}')"

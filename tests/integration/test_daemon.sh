@@ -321,7 +321,7 @@ expect "the file is kept" precious "$(cat "$tmp/a/notasock")"
 grep -q "exists and is not a socket" "$tmp/err2" && ok || bad "regular file socket: $(cat "$tmp/err2")"
 
 # ---- the admin token ----
-echo "  s3cret  " >"$tmp/token"
+echo "  s3cret  " >"$tmp/token"; chmod 600 "$tmp/token"
 start "$tmp/b" --token-file "$tmp/token" || exit 1
 expect "no token" 401 "$(code -X POST "$(U /v1/services)" -d '{"id":"t","vram_mib":5}')"
 expect "reads need none" 200 "$(code "$(U /v1/pool)")"

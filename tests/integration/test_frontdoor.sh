@@ -13,7 +13,7 @@ FLAG=$tmp/flag python3 "$here/backend.py" >"$tmp/backend.out" 2>&1 &
 pids+=($!)
 BPORT=$(waitline "$tmp/backend.out" "port ") || { echo "backend did not start"; exit 1; }
 B="http://127.0.0.1:$BPORT"
-echo "first-token" >"$tmp/token"
+echo "first-token" >"$tmp/token"; chmod 600 "$tmp/token"
 cat >"$tmp/oversub.yaml" <<EOF
 gateway_access_log: $tmp/access.log
 shutdown_grace_ms: 20000
