@@ -88,10 +88,11 @@ test-valgrind: $(VALGRIND_BUILD)/CMakeCache.txt
 # tests on it; every report goes to $(TSAN_BUILD)/tsan/tsan.PID (the tests discard the daemon's
 # stderr) and fails the run. Without ASLR (setarch -R): TSan maps fixed ranges, and kernels
 # with more mmap randomisation bits than it knows refuse it ("unexpected memory mapping").
-TSAN_TESTS ?= ^(test_daemon|test_gateway|test_state|test_actuation|test_shim|test_nvml|test_frontdoor)$$
+# No -Werror here: warnings are make test's to catch; this one is for races.
+TSAN_TESTS ?= ^(test_daemon|test_gateway|test_state|test_actuation|test_shim|test_nvml|test_frontdoor|test_store|test_segment)$$
 
 $(TSAN_BUILD)/CMakeCache.txt:
-	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DOSUB_TSAN=ON -DOSUB_SANITIZE=OFF -DOSUB_WERROR=ON -DOSUB_BENCH=OFF $(CMAKE_FLAGS)
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DOSUB_TSAN=ON -DOSUB_SANITIZE=OFF -DOSUB_WERROR=OFF -DOSUB_BENCH=OFF $(CMAKE_FLAGS)
 
 test-tsan: $(TSAN_BUILD)/CMakeCache.txt
 	@scripts/install-deps.sh test

@@ -12,7 +12,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,7 +29,9 @@
 
 #include "daemon.h"
 #include "idmap.h"
+#include "netpolicy.h"
 #include "segment.h"
+#include "sha256.h"
 
 extern char **environ;
 
@@ -72,6 +77,8 @@ struct osubd_act {
     struct act_item *act_q; /* events waiting for the actuators, each with its command's ticket */
     size_t act_n, act_cap;
     struct event *act_ev, *sigchld_ev, *watch_ev;
+    char cg_base[600]; /* the cgroup v2 folder holding one folder per service; "" = subreaper */
+    char cg_why[300];  /* why there is none */
     uint64_t proc_starts, proc_exits[3]; /* exits: code 0, other code, signal */
     uint64_t directives_sent[4];         /* degrade, restore, evict, resume */
     uint64_t webhook_failures;
@@ -174,6 +181,9 @@ int osubd_act_take(const struct osubd *d, json_t *spec, bool trusted, json_t **e
             FAIL("field '%s' must be an absolute path", paths[k]);
         if (k == 3 && !is_http_url(s))
             FAIL("field 'control_url' must be an http:// URL");
+        char why[400];
+        if (k == 3 && d->dest != NULL && !osubd_url_allowed(d->dest, s, why, sizeof(why)))
+            FAIL("field 'control_url': %s", why);
         json_object_set(x, paths[k], v);
     }
     if ((v = json_object_get(spec, "restart")) != NULL) {
@@ -455,6 +465,249 @@ static bool draining_state(osub_state_t s)
     return s == OSUB_STATE_DRAINING || s == OSUB_STATE_OVERDUE;
 }
 
+/* ---- what a service's processes are: a cgroup v2 folder, else a subreaper's sweep ---------- */
+
+#ifndef CGROUP2_SUPER_MAGIC
+#define CGROUP2_SUPER_MAGIC 0x63677270
+#endif
+
+static bool cg_is_v2(const char *path)
+{
+    struct statfs sf;
+    return statfs(path, &sf) == 0 && sf.f_type == CGROUP2_SUPER_MAGIC;
+}
+
+/* Where the cgroup v2 hierarchy is mounted, and this process's folder in it. */
+static bool cg_own(char *out, size_t len)
+{
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+    char line[2048], mnt[1024] = "";
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        char *dash = strstr(line, " - cgroup2 ");
+        if (dash == NULL)
+            continue;
+        char m[1024];
+        if (sscanf(line, "%*s %*s %*s %*s %1023s", m) == 1) {
+            snprintf(mnt, sizeof(mnt), "%s", m);
+            break;
+        }
+    }
+    if (f != NULL)
+        fclose(f);
+    f = fopen("/proc/self/cgroup", "re");
+    char own[1024] = "";
+    bool found = false;
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+        if (strncmp(line, "0::", 3) == 0) {
+            snprintf(own, sizeof(own), "%.1000s", line + 3);
+            own[strcspn(own, "\n")] = '\0';
+            found = true;
+        }
+    if (f != NULL)
+        fclose(f);
+    if (!mnt[0] || !found)
+        return false;
+    snprintf(out, len, "%s%s", mnt, strcmp(own, "/") == 0 ? "" : own);
+    return true;
+}
+
+static void cg_setup(struct osubd *d)
+{
+    struct osubd_act *a = d->act;
+    const char *want = d->cfg.cgroup;
+    if (strcmp(want, "none") == 0) {
+        snprintf(a->cg_why, sizeof(a->cg_why), "cgroup: none in the configuration");
+        return;
+    }
+    char base[600];
+    if (want[0] == '/') {
+        snprintf(base, sizeof(base), "%s", want);
+    } else {
+        char own[512];
+        if (!cg_own(own, sizeof(own))) {
+            snprintf(a->cg_why, sizeof(a->cg_why), "no cgroup v2 hierarchy is mounted");
+            return;
+        }
+        /* one folder per state: two daemons on one machine never share one */
+        char sd[512], hex[65];
+        state_dir(d, sd, sizeof(sd));
+        uint8_t h[32];
+        osub_sha256(d->cfg.state_path, strlen(d->cfg.state_path), h);
+        if (d->cfg.state_path[0] != '/') {
+            char full[1100];
+            snprintf(full, sizeof(full), "%s/%s", sd, d->cfg.state_path);
+            osub_sha256(full, strlen(full), h);
+        }
+        for (int i = 0; i < 6; i++)
+            snprintf(hex + 2 * i, 3, "%02x", h[i]);
+        snprintf(base, sizeof(base), "%s/oversub-%s", own, hex);
+    }
+    if (mkdir(base, 0755) != 0 && errno != EEXIST) {
+        snprintf(a->cg_why, sizeof(a->cg_why), "cannot make %.200s: %s", base, strerror(errno));
+        return;
+    }
+    if (!cg_is_v2(base)) {
+        snprintf(a->cg_why, sizeof(a->cg_why), "%.200s is not in a cgroup v2 hierarchy", base);
+        return;
+    }
+    /* memory and pids per service where the hierarchy lets us (else only the processes) */
+    char f[700];
+    snprintf(f, sizeof(f), "%s/cgroup.subtree_control", base);
+    int fd = open(f, O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        static const char *const ctl[] = {"+memory", "+pids"};
+        for (int i = 0; i < 2; i++)
+            if (write(fd, ctl[i], strlen(ctl[i])) < 0) {
+                /* the controller is not enabled above us: fine */
+            }
+        close(fd);
+    }
+    snprintf(a->cg_base, sizeof(a->cg_base), "%s", base);
+}
+
+static void cg_path(const struct osubd *d, const char *id, char *out, size_t len)
+{
+    snprintf(out, len, "%s/%s", d->act->cg_base, id);
+}
+
+/* The PIDs in a service's cgroup (at most max); -1 when it has none. */
+static int cg_pids(const struct osubd *d, const char *id, pid_t *out, int max)
+{
+    char f[800];
+    cg_path(d, id, f, sizeof(f));
+    strcat(f, "/cgroup.procs");
+    FILE *fp = fopen(f, "re");
+    if (fp == NULL)
+        return -1;
+    int n = 0;
+    long v;
+    while (n < max && fscanf(fp, "%ld", &v) == 1)
+        out[n++] = (pid_t)v;
+    fclose(fp);
+    return n;
+}
+
+/* Does the process's environment at exec say it belongs to service id? */
+static bool environ_says(pid_t pid, const char *id)
+{
+    char f[64], buf[65536];
+    snprintf(f, sizeof(f), "/proc/%d/environ", (int)pid);
+    int fd = open(f, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return false;
+    buf[n] = '\0';
+    char want[OSUB_ID_MAX + 20];
+    snprintf(want, sizeof(want), "OVERSUB_SERVICE=%s", id);
+    for (char *p = buf; p < buf + n; p += strlen(p) + 1)
+        if (strcmp(p, want) == 0)
+            return true;
+    return false;
+}
+
+/* Without a cgroup: the processes of a service are the descendants of its leader, and those
+ * that outlived their parents and came to oversubd (the subreaper) with the service's
+ * OVERSUB_SERVICE, with their descendants. At most max. */
+static int sweep_pids(const struct osubd *d, const char *id, pid_t leader, pid_t *out, int max)
+{
+    enum { CAP = 65536 };
+    static pid_t pid_of[CAP], ppid_of[CAP];
+    int all = 0;
+    DIR *dir = opendir("/proc");
+    if (dir == NULL)
+        return 0;
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL && all < CAP) {
+        char *end;
+        long v = strtol(e->d_name, &end, 10);
+        if (*end != '\0' || v <= 0)
+            continue;
+        char f[64], buf[512];
+        snprintf(f, sizeof(f), "/proc/%ld/stat", v);
+        int fd = open(f, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        ssize_t n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (n <= 0)
+            continue;
+        buf[n] = '\0';
+        char *rp = strrchr(buf, ')'); /* the name may hold anything but ends at the last ')' */
+        long pp;
+        if (rp == NULL || sscanf(rp + 1, " %*c %ld", &pp) != 1)
+            continue;
+        pid_of[all] = (pid_t)v;
+        ppid_of[all] = (pid_t)pp;
+        all++;
+    }
+    closedir(dir);
+    int n = 0;
+    pid_t self = getpid();
+    for (int i = 0; i < all && n < max; i++) {
+        bool root = pid_of[i] == leader;
+        if (!root && ppid_of[i] == self && environ_says(pid_of[i], id)) {
+            root = true;
+            for (const struct osub_proc *q = d->act->proc_list; q; q = q->next)
+                if (q->pid == pid_of[i])
+                    root = false; /* another service's leader */
+        }
+        if (root)
+            out[n++] = pid_of[i];
+    }
+    /* their descendants, breadth first */
+    for (int k = 0; k < n && n < max; k++)
+        for (int i = 0; i < all && n < max; i++)
+            if (ppid_of[i] == out[k] && pid_of[i] != out[k]) {
+                bool seen = false;
+                for (int j = 0; j < n && !seen; j++)
+                    seen = out[j] == pid_of[i];
+                if (!seen)
+                    out[n++] = pid_of[i];
+            }
+    return n;
+}
+
+/* sig to everything of the service: its process group, its cgroup (or what the sweep finds). */
+static void signal_service(struct osubd *d, const char *id, pid_t leader, int sig)
+{
+    if (leader > 0)
+        kill(-leader, sig);
+    enum { MAXP = 4096 };
+    static pid_t pids[MAXP];
+    int n;
+    if (d->act->cg_base[0]) {
+        char f[800];
+        cg_path(d, id, f, sizeof(f));
+        strcat(f, "/cgroup.kill");
+        int fd = sig == SIGKILL ? open(f, O_WRONLY | O_CLOEXEC) : -1;
+        if (fd >= 0) {
+            bool done = write(fd, "1", 1) == 1;
+            close(fd);
+            if (done)
+                return;
+        }
+        n = cg_pids(d, id, pids, MAXP);
+    } else {
+        n = sweep_pids(d, id, leader, pids, MAXP);
+    }
+    for (int i = 0; i < n; i++)
+        if (pids[i] > 1 && pids[i] != getpid())
+            kill(pids[i], sig);
+}
+
+/* A service's cgroup folder, removed once nothing is left in it. */
+static void cg_remove(struct osubd *d, const char *id)
+{
+    if (!d->act->cg_base[0])
+        return;
+    char f[800];
+    cg_path(d, id, f, sizeof(f));
+    rmdir(f);
+}
+
 /* ---- signals ------------------------------------------------------------------------------ */
 
 static void on_kill(evutil_socket_t fd, short what, void *arg)
@@ -471,7 +724,7 @@ static void on_kill(evutil_socket_t fd, short what, void *arg)
         evtimer_add(p->kill_ev, &tv);
         return;
     }
-    kill(-p->pid, SIGKILL);
+    signal_service(p->d, p->id, p->pid, SIGKILL);
     osubd_note(p->d, p->id, "process", "kill",
                "%s's grace period ended with its process %d still alive: killed its process "
                "group with SIGKILL",
@@ -485,7 +738,7 @@ static void terminate(struct osubd *d, struct osub_proc *p, int64_t deadline_uni
     if (p->pid <= 0)
         return;
     if (!p->term_sent) {
-        kill(-p->pid, SIGTERM);
+        signal_service(d, p->id, p->pid, SIGTERM);
         p->term_sent = true;
         osubd_note(d, p->id, "process", "term", "sent SIGTERM to %s's process group %d (%s)", p->id,
                    (int)p->pid, why);
@@ -752,6 +1005,22 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
         env_set(&env, "OVERSUB_RESUME_FROM", si->checkpoint);
     env.v[env.n] = NULL;
     const char *workdir = json_string_value(json_object_get(x, "workdir"));
+    int cgfd = -1;
+    if (d->act->cg_base[0]) {
+        /* its own cgroup: what it forks, daemonized or not, stays in it */
+        char cg[800], procs[850];
+        cg_path(d, p->id, cg, sizeof(cg));
+        signal_service(d, p->id, 0, SIGKILL); /* a previous start's leftovers */
+        if (mkdir(cg, 0755) != 0 && errno != EEXIST) {
+            snprintf(why, sizeof(why), "cannot make its cgroup %s: %s", cg, strerror(errno));
+            goto failed;
+        }
+        snprintf(procs, sizeof(procs), "%s/cgroup.procs", cg);
+        if ((cgfd = open(procs, O_WRONLY | O_CLOEXEC)) < 0) {
+            snprintf(why, sizeof(why), "cannot open %s: %s", procs, strerror(errno));
+            goto failed;
+        }
+    }
     int pipefd[2];
     if (pipe2(pipefd, O_CLOEXEC) != 0) {
         snprintf(why, sizeof(why), "pipe: %s", strerror(errno));
@@ -772,6 +1041,9 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
         sigprocmask(SIG_SETMASK, &none, NULL);
         signal(SIGPIPE, SIG_DFL);
         if (setsid() < 0)
+            goto child_fail;
+        stage = 6;
+        if (cgfd >= 0 && write(cgfd, "0", 1) != 1)
             goto child_fail;
         stage = 1;
         if (dup2(nullfd, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
@@ -797,6 +1069,8 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
         _exit(127);
     }
     close(pipefd[1]);
+    if (cgfd >= 0)
+        close(cgfd);
     int msg[2];
     ssize_t r;
     do
@@ -809,14 +1083,17 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
         free(env.v[i]);
     if (r == (ssize_t)sizeof(msg)) {
         /* exec failed: the child is gone (reaped by SIGCHLD as a stranger) */
-        static const char *const stages[] = {"setsid",      "redirect its output", "chdir",
-                                             "switch user", "reach the CUDA shim", "exec"};
+        static const char *const stages[] = {"setsid",         "redirect its output", "chdir",
+                                             "switch user",    "reach the CUDA shim", "exec",
+                                             "join its cgroup"};
         waitpid(pid, NULL, 0);
         snprintf(why, sizeof(why), "cannot start '%.200s': %s failed: %s%s", path,
-                 stages[msg[0] >= 0 && msg[0] <= 5 ? msg[0] : 5], strerror(msg[1]),
-                 msg[0] == 4 ? " (its user must be able to read liboversub-cuda.so and the "
-                               "folders above it and the state; or set cuda_shim: false)"
-                             : "");
+                 stages[msg[0] >= 0 && msg[0] <= 6 ? msg[0] : 5], strerror(msg[1]),
+                 msg[0] == 4   ? " (its user must be able to read liboversub-cuda.so and the "
+                                 "folders above it and the state; or set cuda_shim: false)"
+                 : msg[0] == 2 ? " (it starts in its workdir, else in its checkpoint folder: "
+                                 "its user must be able to enter it)"
+                               : "");
         apply_fail(d, p, why);
         return;
     }
@@ -833,6 +1110,8 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
                si->checkpoint[0] ? ", resuming from " : "", si->checkpoint, logf);
     return;
 failed:
+    if (cgfd >= 0)
+        close(cgfd);
     close(logfd);
     close(nullfd);
     for (size_t i = 0; i < env.n; i++)
@@ -924,6 +1203,12 @@ static void hook_send(struct hook *h)
         struct evkeyvalq *hd = evhttp_request_get_output_headers(req);
         evhttp_add_header(hd, "Host", host);
         evhttp_add_header(hd, "Content-Type", "application/json");
+        /* signed with the service's token: the receiver can tell oversubd from anyone */
+        char tok[65], sig[160];
+        osubd_service_token(h->d, h->id, tok);
+        osubd_sign(tok, (long long)(osubd_unix_ms() / 1000), h->body, strlen(h->body), sig,
+                   sizeof(sig));
+        evhttp_add_header(hd, "X-Oversub-Signature", sig);
         evbuffer_add(evhttp_request_get_output_buffer(req), h->body, strlen(h->body));
         const char *path = evhttp_uri_get_path(u);
         if (evhttp_make_request(c, req, EVHTTP_REQ_POST, path && path[0] ? path : "/") != 0) {
@@ -1167,7 +1452,9 @@ static void on_exit_of(struct osubd *d, struct osub_proc *p, int status, const c
 {
     pid_t pid = p->pid;
     int64_t ran = osubd_now(d) - p->spawned_unix_ms;
-    kill(-pid, SIGKILL); /* what it left behind in its group holds GPU memory too */
+    /* what it left behind (its group, its cgroup, its orphans) holds GPU memory too */
+    signal_service(d, p->id, pid, SIGKILL);
+    cg_remove(d, p->id);
     p->pid = 0;
     p->term_sent = false;
     if (p->kill_ev)
@@ -1441,8 +1728,11 @@ static void on_watch(evutil_socket_t fd, short what, void *arg)
             shim_adopt(d, p);
         if (p->seg.s != NULL)
             shim_sync(d, p);
-        if (p->pid <= 0)
+        if (p->pid <= 0) {
+            if (rounds % 5 == 0)
+                cg_remove(d, p->id);
             continue;
+        }
         if (!p->child && proc_starttime(p->pid) != p->starttime)
             on_exit_of(d, p, -1, "ended (an adopted process: its exit status is unknown)");
         else if (rounds % 5 == 0)
@@ -1645,6 +1935,28 @@ void osubd_act_describe(struct osubd *d, const char *id, json_t *o)
                              p ? p->restarts : 0, "alive", p != NULL && p->pid > 0);
     if (p != NULL && p->pid > 0)
         json_object_set_new(proc, "pid", json_integer(p->pid));
+    if (d->act->cg_base[0]) {
+        char cg[800], f[900];
+        cg_path(d, id, cg, sizeof(cg));
+        pid_t pids[256];
+        int n = cg_pids(d, id, pids, 256);
+        json_t *c = json_pack("{s:s, s:i}", "cgroup", cg, "processes", n < 0 ? 0 : n);
+        static const char *const stat[] = {"memory.current", "pids.current"};
+        for (int i = 0; i < 2; i++) {
+            snprintf(f, sizeof(f), "%s/%s", cg, stat[i]);
+            FILE *fp = fopen(f, "re");
+            long long cv;
+            if (fp != NULL && fscanf(fp, "%lld", &cv) == 1)
+                json_object_set_new(c, i == 0 ? "memory_bytes" : "pids", json_integer(cv));
+            if (fp != NULL)
+                fclose(fp);
+        }
+        json_object_set_new(proc, "tracking", c);
+    } else {
+        json_object_set_new(
+            proc, "tracking",
+            json_pack("{s:s, s:s}", "subreaper", "oversubd", "why_no_cgroup", d->act->cg_why));
+    }
     json_object_set_new(o, "process", proc);
     struct seg_view sv;
     if (p != NULL && p->seg.s != NULL && seg_look(d, p, NULL, &sv)) {
@@ -1814,6 +2126,14 @@ int osubd_act_init(struct osubd *d, char *err, size_t errlen)
         return -1;
     }
     d->act = a;
+    /* orphans of services (a double fork) come to us, not to init: they are found and reaped */
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
+        fprintf(stderr, "oversubd: cannot become a subreaper: %s\n", strerror(errno));
+    cg_setup(d);
+    if (!a->cg_base[0] && d->cfg.cgroup[0] == '/') {
+        snprintf(err, errlen, "cgroup: %s", a->cg_why);
+        return -1;
+    }
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_sigaction = on_sigbus;

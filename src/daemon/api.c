@@ -19,6 +19,7 @@
 #include <event2/listener.h>
 
 #include "daemon.h"
+#include "netpolicy.h"
 #include "actuator.h"
 #include "gateway.h"
 #include "oversub/units.h"
@@ -465,7 +466,7 @@ static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dr
     /* what the gateway and the actuators keep of the service is staged here and kept only if
      * the engine accepts the submit: a refused submit changes nothing anywhere */
     struct osubd_route *route = NULL;
-    if (osubd_route_take(spec, false, &route, err, sizeof(err)) != 0) {
+    if (osubd_route_take(spec, false, d->dest, &route, err, sizeof(err)) != 0) {
         json_decref(spec);
         reply_error(d, req, 422, "invalid_spec", err);
         return;
@@ -626,9 +627,9 @@ static void h_service_cmd(struct osubd *d, struct evhttp_request *req, const cha
         json_object_del(j, "pid");
     }
     json_t *ck = json_object_get(j, "checkpoint");
-    if (ck != NULL && (!json_is_string(ck) || json_string_length(ck) == 0 ||
-                       json_string_length(ck) > 1024 ||
-                       strlen(json_string_value(ck)) != json_string_length(ck))) {
+    if (ck != NULL &&
+        (!json_is_string(ck) || json_string_length(ck) == 0 || json_string_length(ck) > 1024 ||
+         strlen(json_string_value(ck)) != json_string_length(ck))) {
         json_decref(j);
         reply_error(d, req, 422, "invalid_argument",
                     "\"checkpoint\" must be a non-empty string (a path or a name, at most 1024 "
@@ -729,7 +730,7 @@ static void h_backends(struct osubd *d, struct evhttp_request *req, const char *
         reply_error(d, req, 422, "invalid_backends", "field 'backends' is required");
         return;
     }
-    if (osubd_route_take(j, true, &route, err, sizeof(err)) != 0) {
+    if (osubd_route_take(j, true, d->dest, &route, err, sizeof(err)) != 0) {
         json_decref(j);
         reply_error(d, req, 422, "invalid_backends", err);
         return;

@@ -20,6 +20,7 @@
 #include "nvml.h"
 #include "sha256.h"
 #include "gateway.h"
+#include "netpolicy.h"
 #include "writer.h"
 #include "oversub/units.h"
 
@@ -942,6 +943,10 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
         snprintf(err, errlen, "%s: %s", d->cfg.state_path, e2);
         return -1;
     }
+    if (osubd_parse_destinations(d->cfg.allowed_destinations, &d->dest, e2, sizeof(e2)) != 0) {
+        snprintf(err, errlen, "allowed_destinations: %s", e2);
+        return -1;
+    }
     if (osubd_act_init(d, e2, sizeof(e2)) != 0) {
         snprintf(err, errlen, "%s: %s", d->cfg.state_path, e2);
         return -1;
@@ -1173,6 +1178,8 @@ void osubd_stop(struct osubd *d)
         event_free(d->writer_ev);
     osubd_gateway_free(d);
     osubd_act_free(d);
+    osubd_destinations_free(d->dest);
+    d->dest = NULL;
     osubd_routes_free(d->routes);
     d->routes = NULL;
     free(d->pool_text);

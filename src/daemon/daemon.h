@@ -34,6 +34,8 @@ struct osubd_config {
     int64_t events_days; /* 0: no age limit */
     char nvml_lib[512];  /* "" = libnvidia-ml.so.1 or $OSUB_NVML_LIB */
     char cuda_shim[512]; /* liboversub-cuda.so: "" = next to oversubd, "none" = never preload */
+    char cgroup[512];    /* "" or "auto": a cgroup v2 folder per service; "none"; or a folder */
+    char allowed_destinations[1024]; /* where webhooks and the gateway may connect: CIDRs, names */
     int64_t poll_ms;
     bool metrics_per_service; /* per-service series on /metrics (cardinality: opt-in) */
     char gateway_host[256];   /* "" = no gateway */
@@ -91,10 +93,11 @@ struct osubd {
     size_t pool_text_len;
     uint64_t pool_text_version;
     bool fatal;
-    struct evhttp *http_unix; /* the API on the Unix socket: trusted to run programs */
-    bool req_trusted;         /* the request being handled came over the Unix socket */
-    bool req_admin;           /* ... or carries the admin token, or no token is configured */
-    struct osubd_act *act;    /* the actuators' own state (actuator.c) */
+    struct evhttp *http_unix;        /* the API on the Unix socket: trusted to run programs */
+    bool req_trusted;                /* the request being handled came over the Unix socket */
+    struct osubd_destinations *dest; /* allowed_destinations, parsed */
+    bool req_admin;                  /* ... or carries the admin token, or no token is configured */
+    struct osubd_act *act;           /* the actuators' own state (actuator.c) */
     /* metrics */
     uint64_t http_requests[6]; /* by status class 1xx..5xx, index 0 unused */
     uint64_t latency_buckets[12];

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "daemon.h"
+#include "netpolicy.h"
 #include "oversub/units.h"
 #include "spec_json.h"
 
@@ -174,8 +175,27 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
         }
         if (sv == NULL && json_is_boolean(v))
             sv = json_is_true(v) ? "true" : "false";
+        char joined[1024] = "";
+        if (sv == NULL && json_is_array(v) && strcmp(key, "allowed_destinations") == 0) {
+            /* a YAML list: its items, comma-separated */
+            size_t i;
+            json_t *it;
+            json_array_foreach(v, i, it)
+            {
+                size_t l = strlen(joined);
+                snprintf(joined + l, sizeof(joined) - l, "%s%s", i ? "," : "",
+                         json_is_string(it) ? json_string_value(it) : "?");
+            }
+            sv = joined;
+        }
         if (sv == NULL) {
             fprintf(stderr, "oversubd: %s: key '%s' must be a string or a number\n", where, key);
+            rc = -1;
+            break;
+        }
+        if (strlen(sv) > 511 && strcmp(key, "allowed_destinations") != 0) {
+            fprintf(stderr, "oversubd: %s: key '%s': the value is too long (at most 511 bytes)\n",
+                    where, key);
             rc = -1;
             break;
         }
@@ -191,11 +211,11 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
                 rc = -1;
             }
         } else if (strcmp(key, "socket") == 0) {
-            snprintf(c->socket_path, sizeof(c->socket_path), "%s", sv);
+            snprintf(c->socket_path, sizeof(c->socket_path), "%.511s", sv);
         } else if (strcmp(key, "state") == 0) {
-            snprintf(c->state_path, sizeof(c->state_path), "%s", sv);
+            snprintf(c->state_path, sizeof(c->state_path), "%.511s", sv);
         } else if (strcmp(key, "gpus") == 0) {
-            snprintf(c->gpus, sizeof(c->gpus), "%s", sv);
+            snprintf(c->gpus, sizeof(c->gpus), "%.511s", sv);
         } else if (strcmp(key, "ratio") == 0) {
             if (osub_parse_ratio(sv, &c->ratio_milli) != 0) {
                 fprintf(stderr, "oversubd: %s: key 'ratio': '%s' is not a ratio such as 1.3\n",
@@ -239,7 +259,7 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
                 *k->i32 = (int32_t)t;
             }
         } else if (strcmp(key, "gateway_access_log") == 0) {
-            snprintf(c->gateway_access_log, sizeof(c->gateway_access_log), "%s", sv);
+            snprintf(c->gateway_access_log, sizeof(c->gateway_access_log), "%.511s", sv);
         } else if (strcmp(key, "shutdown_grace_ms") == 0) {
             char *end;
             long t = strtol(sv, &end, 10);
@@ -257,12 +277,27 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
                 rc = -1;
             }
             c->poll_ms = t;
+        } else if (strcmp(key, "cgroup") == 0) {
+            if (strcmp(sv, "auto") != 0 && strcmp(sv, "none") != 0 && sv[0] != '/') {
+                fprintf(stderr,
+                        "oversubd: %s: key 'cgroup' must be auto, none or the absolute path of "
+                        "a cgroup v2 folder\n",
+                        where);
+                rc = -1;
+            }
+            snprintf(c->cgroup, sizeof(c->cgroup), "%.511s", sv);
+        } else if (strcmp(key, "allowed_destinations") == 0) {
+            if (osubd_parse_destinations(sv, NULL, err, sizeof(err)) != 0) {
+                fprintf(stderr, "oversubd: %s: key 'allowed_destinations': %s\n", where, err);
+                rc = -1;
+            }
+            snprintf(c->allowed_destinations, sizeof(c->allowed_destinations), "%s", sv);
         } else if (strcmp(key, "cuda_shim") == 0) {
-            snprintf(c->cuda_shim, sizeof(c->cuda_shim), "%s", sv);
+            snprintf(c->cuda_shim, sizeof(c->cuda_shim), "%.511s", sv);
         } else if (strcmp(key, "nvml_lib") == 0) {
-            snprintf(c->nvml_lib, sizeof(c->nvml_lib), "%s", sv);
+            snprintf(c->nvml_lib, sizeof(c->nvml_lib), "%.511s", sv);
         } else if (strcmp(key, "token_file") == 0) {
-            snprintf(token_file, tlen, "%s", sv);
+            snprintf(token_file, tlen, "%.511s", sv);
         } else if (strcmp(key, "tick_ms") == 0) {
             char *end;
             long t = strtol(sv, &end, 10);

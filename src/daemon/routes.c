@@ -1,6 +1,8 @@
 /* routes.c - the gateway's per-service settings as typed records */
 #include "routes.h"
 
+#include "netpolicy.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,8 +50,8 @@ static bool backend_url_ok(const char *s)
     return ok;
 }
 
-int osubd_route_take(json_t *spec, bool backends_only, struct osubd_route **out, char *err,
-                     size_t errlen)
+int osubd_route_take(json_t *spec, bool backends_only, const struct osubd_destinations *dest,
+                     struct osubd_route **out, char *err, size_t errlen)
 {
     *out = NULL;
     struct osubd_route r = {.max_queue = -1};
@@ -70,6 +72,11 @@ int osubd_route_take(json_t *spec, bool backends_only, struct osubd_route **out,
             if (!backend_url_ok(s)) {
                 snprintf(err, errlen, "field 'backends': entry %zu is not an http://HOST:PORT URL",
                          i);
+                return -1;
+            }
+            char why[400];
+            if (dest != NULL && !osubd_url_allowed(dest, s, why, sizeof(why))) {
+                snprintf(err, errlen, "field 'backends': entry %zu: %s", i, why);
                 return -1;
             }
             snprintf(r.backends[r.n_backends++], sizeof(r.backends[0]), "%s", s);
@@ -237,8 +244,8 @@ int osubd_routes_load(struct osubd_routes *t, const char *text, char *err, size_
         struct osubd_route *r = NULL;
         json_t *copy = json_deep_copy(v);
         char why[200];
-        if (!json_is_object(copy) || osubd_route_take(copy, false, &r, why, sizeof(why)) != 0 ||
-            r == NULL) {
+        if (!json_is_object(copy) ||
+            osubd_route_take(copy, false, NULL, &r, why, sizeof(why)) != 0 || r == NULL) {
             snprintf(err, errlen, "the saved gateway route of %.63s is bad: %s", id,
                      json_is_object(copy) ? why : "not an object");
             rc = -1;

@@ -33,8 +33,10 @@ void osubd_routes_free(struct osubd_routes *t);
  * upstream_timeout_ms) out of a submitted spec (or a PUT .../backends body when
  * backends_only). *out: a new record, or NULL when no field was given. Returns 0, or -1 with a
  * sentence in err naming the field. */
-int osubd_route_take(json_t *spec, bool backends_only, struct osubd_route **out, char *err,
-                     size_t errlen);
+struct osubd_destinations;
+/* dest: where backends may be (NULL: anywhere, for routes already in the state) */
+int osubd_route_take(json_t *spec, bool backends_only, const struct osubd_destinations *dest,
+                     struct osubd_route **out, char *err, size_t errlen);
 /* The given fields as JSON, as a submit would carry them. */
 json_t *osubd_route_json(const struct osubd_route *r);
 bool osubd_route_equal(const struct osubd_route *a, const struct osubd_route *b);

@@ -1,0 +1,238 @@
+#!/usr/bin/env bash
+# test_security.sh - the boundaries of docs/security.md, attacked on a real oversubd: what a
+# managed spec may make oversubd do as root (checkpoint folders, workdir, environment), what a
+# client without a token may make it run, read or connect to, how eviction reaches processes
+# that left their group (cgroup v2, and the subreaper where there is none), and the input the
+# API must refuse.
+# Usage: test_security.sh PATH/TO/oversubd
+set -u
+bin=$(realpath "$1")
+. "$(dirname "$0")/lib.sh"
+
+# start_d NAME [config lines...]: a daemon of its own; sets D, S, PORT, DPID
+start_d() {
+    D=$tmp/$1
+    shift
+    mkdir -p "$D"
+    : >"$D/c.yaml"
+    for kv in "ack_timeout_ms: 1500" "grace_ms: 1500" "hysteresis_ms: 500" "min_runtime_ms: 0" \
+        "allow_root_services: true"; do
+        case " $* " in *" ${kv%%:*}:"*) ;; *) echo "$kv" >>"$D/c.yaml" ;; esac
+    done
+    printf '%s\n' "$@" >>"$D/c.yaml"
+    restart_d
+}
+restart_d() {
+    SECRET_OF_OVERSUBD=leaked "$bin" --config "$D/c.yaml" --listen 127.0.0.1:0 --socket "$D/s.sock" \
+        --state "$D/st/db" --gpus sim:1x81920 --ratio 1.0 --tick-ms 100 >>"$D/out" 2>>"$D/err" &
+    DPID=$!
+    pids+=($DPID)
+    S=$D/s.sock
+    for _ in $(seq 1 200); do [ -S "$S" ] && curl -s --unix-socket "$S" http://x/healthz >/dev/null && break; sleep 0.05; done
+    PORT=$(grep -o "listening on http://127.0.0.1:[0-9]*" "$D/out" | tail -1 | sed 's/.*://')
+}
+stop_d() { kill "$DPID" 2>/dev/null; wait "$DPID" 2>/dev/null; }
+api() { curl -s --unix-socket "$S" -X "$1" "http://x$2" ${3:+-d "$3"}; }
+code() { curl -s -o "$tmp/body" -w '%{http_code}' --unix-socket "$S" -X "$1" "http://x$2" ${3:+-d "$3"}; }
+tcode() { curl -s -o "$tmp/body" -w '%{http_code}' -X "$1" "http://127.0.0.1:$PORT$2" ${3:+-d "$3"}; }
+evs() { api GET "/v1/events?since=0" | json '"\n".join(e["service"]+" "+e["reason"]+" "+e["message"] for e in d["events"])'; }
+wait_for() { # seconds, command...: the event it waits for, or a failure after the deadline
+    local t=$1
+    shift
+    for _ in $(seq 1 $((t * 20))); do "$@" && return 0; sleep 0.05; done
+    return 1
+}
+alive() { api GET "/v1/services/$1" | grep -q '"alive":true'; }
+gone() { ! kill -0 "$1" 2>/dev/null || [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" = Z ]; }
+root=false
+[ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && root=true
+
+echo "== 1. checkpoint_dir: made, never taken"
+start_d ck
+if $root; then
+    chmod 755 "$tmp" # nobody passes through to what is made for it
+    echo "root only" >"$tmp/secret"
+    chmod 600 "$tmp/secret"
+    mkdir -p "$tmp/rootdir" && chmod 700 "$tmp/rootdir"
+    ln -s "$tmp/rootdir" "$tmp/link"
+    for target in secret rootdir link; do
+        id=ck-$target
+        api POST /v1/services '{"id":"'$id'","class":"batch","vram":"1GiB","user":"nobody","cuda_shim":false,"checkpoint_dir":"'$tmp/$target'","command":["/bin/sh","-c","cat '$tmp/secret'; ls '$tmp/rootdir'; sleep 30"]}' >/dev/null
+        case $target in
+        rootdir) # used as it is: not given to nobody, who then cannot enter it
+            wait_for 10 sh -c "curl -s --unix-socket '$S' 'http://x/v1/events?since=0' | grep -q '$id.*chdir failed: Permission denied (it starts in its workdir, else in its checkpoint folder'" ||
+                bad "$id: an existing folder is used as it is: $(evs | grep $id | tail -2)"
+            ;;
+        *)
+            wait_for 10 sh -c "curl -s --unix-socket '$S' 'http://x/v1/events?since=0' | grep -q '$id.*is a symbolic link or not a folder'" ||
+                bad "$id: a file or link as checkpoint_dir is refused: $(evs | grep $id | tail -2)"
+            ;;
+        esac
+        api DELETE /v1/services/$id >/dev/null
+    done
+    expect "the file kept its owner" "root 600" "$(stat -c '%U %a' "$tmp/secret")"
+    expect "the folder kept its owner" "root 700" "$(stat -c '%U %a' "$tmp/rootdir")"
+    expect "the link's target kept its owner" root "$(stat -L -c '%U' "$tmp/link")"
+    grep -q "root only" "$D/st/logs/"ck-*.log 2>/dev/null && bad "a service read the root-only file" || ok
+    # a folder that does not exist is made and given to the service's user
+    api POST /v1/services '{"id":"ck-new","class":"batch","vram":"1GiB","user":"nobody","cuda_shim":false,"checkpoint_dir":"'$tmp/made/here'","command":["/bin/sh","-c","touch \"$OVERSUB_CHECKPOINT_DIR/x\" && echo wrote; sleep 30"]}' >/dev/null
+    wait_for 10 grep -q wrote "$D/st/logs/ck-new.log" || bad "the made folder is the service's: $(cat "$D/st/logs/ck-new.log")"
+    expect "made for nobody" "nobody 700" "$(stat -c '%U %a' "$tmp/made/here")"
+    api DELETE /v1/services/ck-new >/dev/null
+    # '..' cannot climb out
+    api POST /v1/services '{"id":"ck-dots","class":"batch","vram":"1GiB","user":"nobody","cuda_shim":false,"checkpoint_dir":"'$tmp/made/../rootdir'","command":["/bin/sleep","30"]}' >/dev/null
+    wait_for 10 sh -c "curl -s --unix-socket '$S' 'http://x/v1/events?since=0' | grep -q \"ck-dots.*'..' is not allowed\"" || bad "'..' refused: $(evs | grep ck-dots | tail -1)"
+    api DELETE /v1/services/ck-dots >/dev/null
+else
+    echo "SKIP: section 1 needs root and a 'nobody' user"
+fi
+
+echo "== 2. workdir and environment: the service's user, a clean environment"
+if $root; then
+    mkdir -p "$tmp/rootonly" && chmod 700 "$tmp/rootonly"
+    api POST /v1/services '{"id":"wd","class":"batch","vram":"1GiB","user":"nobody","cuda_shim":false,"workdir":"'$tmp/rootonly'","command":["/bin/pwd"]}' >/dev/null
+    wait_for 10 sh -c "curl -s --unix-socket '$S' 'http://x/v1/events?since=0' | grep -q 'wd.*chdir failed: Permission denied'" ||
+        bad "a workdir its user cannot enter is not entered as root: $(evs | grep ' wd ' | tail -2)"
+    api DELETE /v1/services/wd >/dev/null
+fi
+api POST /v1/services '{"id":"envy","class":"batch","vram":"1GiB","cuda_shim":false,"command":["/bin/sh","-c","env; echo cwd=$(pwd); echo done"],"env":{"MINE":"yes"}}' >/dev/null
+wait_for 10 grep -q "^done" "$D/st/logs/envy.log" || bad "envy ran: $(evs | grep envy | tail -2)"
+grep -q SECRET_OF_OVERSUBD "$D/st/logs/envy.log" && bad "oversubd's environment leaked to a service" || ok
+grep -q "^MINE=yes" "$D/st/logs/envy.log" && ok || bad "the spec's env is given"
+grep -q "^PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin$" "$D/st/logs/envy.log" && ok || bad "a fixed PATH: $(grep ^PATH "$D/st/logs/envy.log")"
+grep -q "^OVERSUB_SERVICE=envy" "$D/st/logs/envy.log" && ok || bad "OVERSUB_SERVICE given"
+expect "cwd is its checkpoint folder" "cwd=$D/st/checkpoints/envy" "$(grep ^cwd= "$D/st/logs/envy.log")"
+api DELETE /v1/services/envy >/dev/null
+
+echo "== 3. a client without a token runs nothing"
+stop_d
+start_d tok "token_file: $tmp/admin"
+stop_d
+echo admin-secret >"$tmp/admin"
+chmod 600 "$tmp/admin"
+restart_d
+expect "managed over the socket" 201 "$(code POST /v1/services '{"id":"m","class":"batch","vram":"1GiB","cuda_shim":false,"command":["/bin/sh","-c","echo ran >>'$tmp/runs'; sleep 30"]}')"
+wait_for 10 test -s "$tmp/runs" || bad "m ran"
+api DELETE /v1/services/m >/dev/null
+wait_for 10 sh -c "! curl -s --unix-socket '$S' http://x/v1/services/m | grep -q alive" || bad "m released"
+expect "re-submitted over TCP without a token" 401 "$(tcode POST /v1/services '{"id":"m","class":"batch","vram":"1GiB"}')"
+expect "re-submitted with the admin token, no command" 201 "$(curl -s -o "$tmp/body" -w '%{http_code}' -H 'Authorization: Bearer admin-secret' -X POST "http://127.0.0.1:$PORT/v1/services" -d '{"id":"m","class":"batch","vram":"1GiB"}')"
+grep -q '"command"' "$tmp/body" && bad "an external re-submit kept the old command: $(cat "$tmp/body")" || ok
+sleep 0.3 # nothing to wait for: a spawn would have been written by now; checked below too
+expect "ran once" 1 "$(wc -l <"$tmp/runs")"
+evs | grep -q "^m spawn.*" && [ "$(evs | grep -c '^m spawn')" = 1 ] && ok || bad "one spawn of m: $(evs | grep '^m ')"
+api DELETE /v1/services/m >/dev/null
+# reads without the token see no arguments
+api POST /v1/services '{"id":"argv","class":"batch","vram":"1GiB","cuda_shim":false,"command":["/bin/sh","-c","sleep 30","sh","--api-key=hunter2"]}' >/dev/null
+wait_for 10 alive argv || bad "argv runs: $(evs | grep argv | tail -2)"
+curl -s "http://127.0.0.1:$PORT/v1/services/argv" >"$tmp/r"
+grep -q hunter2 "$tmp/r" && bad "an unauthenticated read shows the arguments: $(cat "$tmp/r")" || ok
+expect "the program is still named" /bin/sh "$(json 'd["command"][0]' <"$tmp/r")"
+curl -s -H 'Authorization: Bearer admin-secret' "http://127.0.0.1:$PORT/v1/services/argv" | grep -q hunter2 && ok || bad "the admin reads the arguments"
+api GET /v1/services/argv | grep -q hunter2 && ok || bad "the socket reads the arguments"
+curl -s "http://127.0.0.1:$PORT/v1/services" | grep -q hunter2 && bad "the list shows the arguments" || ok
+api DELETE /v1/services/argv >/dev/null
+
+echo "== 4. where oversubd may connect: loopback unless configured, webhooks signed"
+expect "control_url to a metadata address" 422 "$(code POST /v1/services '{"id":"w","class":"batch","vram":"1GiB","control_url":"http://169.254.169.254/latest"}')"
+grep -q "not an allowed destination" "$tmp/body" && ok || bad "says why: $(cat "$tmp/body")"
+expect "backends to another host" 422 "$(code POST /v1/services '{"id":"w","class":"batch","vram":"1GiB","backends":["http://10.1.2.3:80"]}')"
+expect "backends through user info" 422 "$(code POST /v1/services '{"id":"w","class":"batch","vram":"1GiB","backends":["http://127.0.0.1@10.1.2.3:80"]}')"
+expect "a name not listed" 422 "$(code POST /v1/services '{"id":"w","class":"batch","vram":"1GiB","control_url":"http://metadata.internal/x"}')"
+expect "loopback by address" 201 "$(code POST /v1/services '{"id":"w","class":"batch","vram":"1GiB","backends":["http://127.0.0.1:9"]}')"
+api DELETE /v1/services/w >/dev/null
+expect "mapped IPv4 is IPv4" 422 "$(code POST /v1/services '{"id":"w","class":"batch","vram":"1GiB","control_url":"http://[::ffff:10.0.0.1]:80/"}')"
+expect "IPv6 loopback" 201 "$(code POST /v1/services '{"id":"w","class":"batch","vram":"1GiB","control_url":"http://[::1]:9/"}')"
+api DELETE /v1/services/w >/dev/null
+stop_d
+# a configured list replaces the default
+start_d dest "allowed_destinations: [10.0.0.0/8, hooks.internal]"
+expect "a listed CIDR" 201 "$(code POST /v1/services '{"id":"w","class":"batch","vram":"1GiB","control_url":"http://10.9.9.9:80/"}')"
+api DELETE /v1/services/w >/dev/null
+expect "a listed name" 201 "$(code POST /v1/services '{"id":"w","class":"batch","vram":"1GiB","control_url":"http://hooks.internal/x"}')"
+api DELETE /v1/services/w >/dev/null
+expect "loopback, no longer listed" 422 "$(code POST /v1/services '{"id":"w","class":"batch","vram":"1GiB","control_url":"http://127.0.0.1:9/"}')"
+stop_d
+printf '%s\n' "allowed_destinations: 10.0.0.0/99" >"$tmp/baddest.yaml"
+expect "a bad list is a configuration error" 2 "$("$bin" --config "$tmp/baddest.yaml" --state "$tmp/bd.db" --listen 127.0.0.1:0 --socket "$tmp/bd.sock" >/dev/null 2>"$tmp/bd.err"; echo $?)"
+grep -q "allowed_destinations" "$tmp/bd.err" && ok || bad "names the key: $(cat "$tmp/bd.err")"
+# the signature: HMAC-SHA256 of "T." + body with the service's token
+start_d sig
+python3 - "$D/hook" >"$D/hook.out" 2>&1 <<'PY' &
+import http.server, sys, json
+out = open(sys.argv[1], "a")
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", 0))
+        body = self.rfile.read(n).decode()
+        out.write(json.dumps({"sig": self.headers.get("X-Oversub-Signature"), "body": body}) + "\n"); out.flush()
+        self.send_response(204); self.end_headers()
+    def log_message(self, *a): pass
+s = http.server.HTTPServer(("127.0.0.1", 0), H)
+print("port", s.server_address[1], flush=True)
+s.serve_forever()
+PY
+pids+=($!)
+HP=$(waitline "$D/hook.out" "port ")
+expect "hooked batch" 201 "$(code POST /v1/services '{"id":"hk","class":"batch","vram":"60GiB","min_vram":"20GiB","batch_size":8,"min_batch_size":2,"control_url":"http://127.0.0.1:'$HP'/hook"}')"
+TOK=$(json 'd["token"]' <"$tmp/body")
+api POST /v1/services/hk/ready >/dev/null
+api POST /v1/services '{"id":"on","class":"online","vram":"40GiB"}' >/dev/null
+wait_for 10 test -s "$D/hook" || bad "a directive was posted"
+python3 - "$D/hook" "$TOK" <<'PY' && ok || bad "the webhook's signature verifies with the service's token"
+import hmac, hashlib, json, sys, time
+line = json.loads(open(sys.argv[1]).readline())
+parts = dict(p.split("=", 1) for p in line["sig"].split(","))
+want = hmac.new(sys.argv[2].encode(), (parts["t"] + "." + line["body"]).encode(), hashlib.sha256).hexdigest()
+assert hmac.compare_digest(want, parts["v1"]), (want, parts)
+assert abs(time.time() - int(parts["t"])) < 600, parts["t"]
+PY
+stop_d
+
+echo "== 5. eviction reaches a double-forked grandchild"
+# fork, setsid, fork: the grandchild leaves the process group, and its parent exits
+cat >"$tmp/daemonize.sh" <<'SH'
+#!/bin/sh
+# daemonize.sh PIDFILE: a grandchild in its own session, then sleep as the service
+setsid sh -c 'sleep 300 & echo $! >"$1"' sh "$1" &
+exec sleep 300
+SH
+chmod 755 "$tmp/daemonize.sh"
+for mode in none auto; do
+    if [ $mode = auto ] && ! mkdir "/sys/fs/cgroup/unified/osub-probe-$$" 2>/dev/null && ! mkdir "/sys/fs/cgroup/osub-probe-$$" 2>/dev/null; then
+        echo "SKIP: cgroup v2 is not writable here: only the subreaper is tested"
+        continue
+    fi
+    rmdir "/sys/fs/cgroup/unified/osub-probe-$$" "/sys/fs/cgroup/osub-probe-$$" 2>/dev/null
+    start_d gc-$mode "cgroup: $mode" "grace_ms: 500"
+    F=$tmp/gc-$mode.pid
+    api POST /v1/services '{"id":"gc","class":"batch","vram":"60GiB","cuda_shim":false,"command":["'$tmp/daemonize.sh'","'$F'"]}' >/dev/null
+    wait_for 10 test -s "$F" || bad "$mode: the grandchild started"
+    G=$(cat "$F")
+    wait_for 5 kill -0 "$G" || bad "$mode: the grandchild runs"
+    if [ $mode = auto ]; then
+        api GET /v1/services/gc | json 'd["process"]["tracking"]' >"$tmp/tr"
+        grep -q "'cgroup'" "$tmp/tr" && ok || bad "auto: tracked by a cgroup: $(cat "$tmp/tr")"
+        grep -q "'processes': [2-9]" "$tmp/tr" && ok || bad "auto: its processes counted: $(cat "$tmp/tr")"
+    else
+        api GET /v1/services/gc | grep -q '"subreaper"' && ok || bad "none: tracked by the subreaper"
+    fi
+    # an online service needs the room: gc is degraded-less batch, so it is evicted
+    api POST /v1/services '{"id":"p0","class":"online","vram":"40GiB"}' >/dev/null
+    wait_for 20 gone "$G" || bad "$mode: the grandchild $G survived eviction: $(evs | grep '^gc ' | tail -3)"
+    stop_d
+done
+
+echo "== 6. input"
+start_d in
+api POST /v1/services '{"id":"a","class":"batch","vram":"1GiB"}' >/dev/null
+expect "a 70-digit ratio" 422 "$(code PUT /v1/pool '{"ratio":"1.0000000000000000000000000000000000000000000000000000000000000000001"}')"
+expect "the ratio stays" 1.0 "$(api GET /v1/pool | json 'd["ratio"]')"
+expect "gpu as a string" 422 "$(code PUT /v1/services/a/usage '{"gpus":[{"gpu":"x","vram_mib":5}]}')"
+expect "checkpoint as a number" 422 "$(code POST /v1/services/a/exited '{"checkpoint":5}')"
+expect "checkpoint empty" 422 "$(code POST /v1/services/a/exited '{"checkpoint":""}')"
+expect "a still there" batch "$(api GET /v1/services/a | json 'd["class"]')"
+stop_d
+
+echo "security: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
