@@ -14,10 +14,12 @@
 #include <unistd.h>
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/keyvalq_struct.h>
 #include <sys/queue.h>
 #include <event2/listener.h>
 
+#include "conns.h"
 #include "daemon.h"
 #include "netpolicy.h"
 #include "actuator.h"
@@ -38,6 +40,8 @@ struct waiter {
     struct waiter *next;
     struct evhttp_request *req;
     struct event *timer;
+    struct event *probe; /* the client's end of the connection: read when it closes */
+    struct evhttp_connection *evcon;
     struct osubd *d;
     int64_t since;
 };
@@ -913,8 +917,35 @@ static void waiter_free(struct osubd *d, struct waiter *w)
             *p = w->next;
             break;
         }
+    if (w->evcon != NULL)
+        evhttp_connection_set_closecb(w->evcon, NULL, NULL);
     event_free(w->timer);
+    if (w->probe != NULL)
+        event_free(w->probe);
     free(w);
+}
+
+/* evhttp freed the waiter's connection: nobody to answer */
+static void waiter_closed(struct evhttp_connection *evcon, void *arg)
+{
+    (void)evcon;
+    struct waiter *w = arg;
+    w->evcon = NULL;
+    waiter_free(w->d, w);
+}
+
+/* The waiting client's socket became readable: if it closed (CLOSE_WAIT), its connection is
+ * freed now, not when the wait ends; anything else (a pipelined request) is left to evhttp. */
+static void waiter_probe(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    struct waiter *w = arg;
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR)))
+        return; /* not re-armed: one look is enough, the wait's timer still ends it */
+    w->d->waiters_gone++;
+    evhttp_connection_free(w->evcon); /* calls waiter_closed */
 }
 
 static void waiter_timeout(evutil_socket_t fd, short what, void *arg)
@@ -973,6 +1004,13 @@ static void h_events(struct osubd *d, struct evhttp_request *req, const char *qu
     evtimer_add(w->timer, &tv);
     w->next = d->waiters;
     d->waiters = w;
+    w->evcon = evhttp_request_get_connection(req);
+    struct bufferevent *bev = w->evcon ? evhttp_connection_get_bufferevent(w->evcon) : NULL;
+    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+    if (w->evcon != NULL)
+        evhttp_connection_set_closecb(w->evcon, waiter_closed, w);
+    if (fd >= 0 && (w->probe = event_new(d->base, fd, EV_READ, waiter_probe, w)) != NULL)
+        event_add(w->probe, NULL);
 }
 
 /* ---- metrics --------------------------------------------------------------------------- */
@@ -1076,6 +1114,24 @@ static void h_metrics(struct osubd *d, struct evhttp_request *req, const char *q
     for (int c = 1; c <= 5; c++)
         evbuffer_add_printf(b, "oversub_http_requests_total{code=\"%dxx\"} %llu\n", c,
                             (unsigned long long)d->http_requests[c]);
+    evbuffer_add_printf(
+        b,
+        "# HELP oversub_api_connections Open connections to the API.\n"
+        "# TYPE oversub_api_connections gauge\n"
+        "oversub_api_connections{listener=\"tcp\"} %d\n"
+        "oversub_api_connections{listener=\"unix\"} %d\n"
+        "# HELP oversub_api_connections_refused_total Connections turned away: over a cap, or "
+        "while out of file descriptors.\n"
+        "# TYPE oversub_api_connections_refused_total counter\n"
+        "oversub_api_connections_refused_total{listener=\"tcp\"} %llu\n"
+        "oversub_api_connections_refused_total{listener=\"unix\"} %llu\n"
+        "# HELP oversub_api_waiters_gone_total Long-polls whose client left before the answer.\n"
+        "# TYPE oversub_api_waiters_gone_total counter\n"
+        "oversub_api_waiters_gone_total %llu\n",
+        osubd_conns_open(d->conns), osubd_conns_open(d->conns_unix),
+        (unsigned long long)osubd_conns_refused(d->conns),
+        (unsigned long long)osubd_conns_refused(d->conns_unix),
+        (unsigned long long)d->waiters_gone);
     osubd_gateway_metrics(d, b);
     osubd_act_metrics(d, b);
     evbuffer_add_printf(b,
@@ -1267,11 +1323,13 @@ static int bind_unix(struct osubd *d, char *err, size_t errlen)
         return -1;
     }
     chmod(path, 0600);
-    if (evhttp_accept_socket(d->http_unix, fd) != 0) {
+    struct evhttp_bound_socket *b = evhttp_accept_socket_with_handle(d->http_unix, fd);
+    if (b == NULL) {
         snprintf(err, errlen, "%s: cannot accept", path);
         close(fd);
         return -1;
     }
+    osubd_conns_listen(d->conns_unix, b);
     return 0;
 }
 
@@ -1297,6 +1355,15 @@ int osubd_api_init(struct osubd *d, char *err, size_t errlen)
         snprintf(err, errlen, "cannot create the HTTP server");
         return -1;
     }
+    /* TCP: a share per client address and a total; the Unix socket (trusted): a total of its
+     * own, so that a flood over TCP never locks the administrator out */
+    d->conns =
+        osubd_conns_new(d->base, d->http, d->cfg.api_conns_per_client, d->cfg.api_conns_max, "API");
+    d->conns_unix = osubd_conns_new(d->base, d->http_unix, 0, 256, "Unix socket");
+    if (d->conns == NULL || d->conns_unix == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
     struct evhttp_bound_socket *h =
         evhttp_bind_socket_with_handle(d->http, d->cfg.listen_host, (uint16_t)d->cfg.listen_port);
     if (h == NULL) {
@@ -1304,6 +1371,7 @@ int osubd_api_init(struct osubd *d, char *err, size_t errlen)
                  d->cfg.listen_port, strerror(errno));
         return -1;
     }
+    osubd_conns_listen(d->conns, h);
     int port = osubd_bound_port(h);
     d->cfg.listen_port = port;
     if (d->cfg.socket_path[0] && bind_unix(d, err, errlen) != 0)

@@ -19,6 +19,7 @@
 #include "command.h"
 #include "nvml.h"
 #include "sha256.h"
+#include "conns.h"
 #include "gateway.h"
 #include "netpolicy.h"
 #include "writer.h"
@@ -39,6 +40,8 @@ void osubd_config_default(struct osubd_config *c)
     c->poll_ms = 1000;
     c->service_log_max = 10 * 1024 * 1024;
     c->shutdown_grace_ms = 30000;
+    c->api_conns_per_client = 64;
+    c->api_conns_max = 1024;
     osub_pool_config_default(&c->engine);
 }
 
@@ -1202,6 +1205,8 @@ void osubd_stop(struct osubd *d)
         evhttp_free(d->http);
     if (d->http_unix)
         evhttp_free(d->http_unix);
+    osubd_conns_free(d->conns);
+    osubd_conns_free(d->conns_unix);
     if (d->base)
         event_base_free(d->base);
     osub_engine_free(d->e);

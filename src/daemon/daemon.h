@@ -41,6 +41,8 @@ struct osubd_config {
     char gateway_host[256];   /* "" = no gateway */
     int gateway_port;
     int32_t gateway_conns_per_client; /* connections one client address may hold (256) */
+    int32_t api_conns_per_client;     /* the API's TCP connections one address may hold (64) */
+    int32_t api_conns_max;            /* the API's TCP connections in all (1024) */
     char gateway_access_log[512];     /* "" = none; else one JSON line per request */
     bool allow_root_services;         /* managed commands may run as root */
     int64_t service_log_max;          /* bytes per service log before it is rotated */
@@ -93,6 +95,8 @@ struct osubd {
     size_t pool_text_len;
     uint64_t pool_text_version;
     bool fatal;
+    uint64_t waiters_gone;                  /* long-polls whose client left before the answer */
+    struct osubd_conns *conns, *conns_unix; /* the API's connection caps (conns.h) */
     struct evhttp *http_unix;        /* the API on the Unix socket: trusted to run programs */
     bool req_trusted;                /* the request being handled came over the Unix socket */
     struct osubd_destinations *dest; /* allowed_destinations, parsed */

@@ -36,6 +36,7 @@
 #include <event2/keyvalq_struct.h>
 #include <event2/listener.h>
 
+#include "conns.h"
 #include "daemon.h"
 
 #define GW_BODY_MAX (64LL * 1024 * 1024) /* a request body through the gateway: beyond it, 413 */
@@ -1965,6 +1966,7 @@ int osubd_gateway_init(struct osubd *d, char *err, size_t errlen)
     if (getsockname(evconnlistener_get_fd(g->lis), (struct sockaddr *)&ss, &sl) == 0)
         bport = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                                : ((struct sockaddr_in *)&ss)->sin_port);
+    osubd_listener_guard(g->lis, "gateway", &g->refused_conns);
     g->pump = event_new(d->base, -1, EV_PERSIST, on_pump, g);
     struct timeval tv = {0, 50000};
     event_add(g->pump, &tv);
@@ -1981,8 +1983,10 @@ void osubd_gateway_free(struct osubd *d)
         return;
     if (g->pump)
         event_free(g->pump);
-    if (g->lis != NULL)
+    if (g->lis != NULL) {
+        osubd_listener_unguard(g->lis);
         evconnlistener_free(g->lis);
+    }
     g->stopping = true;
     while (g->clients != NULL)
         cl_close(g->clients);
@@ -2053,6 +2057,7 @@ int osubd_gateway_drain(struct osubd *d)
         return 0;
     g->draining = true;
     if (g->lis != NULL) { /* closed, not paused: a new connection is refused, not left hanging */
+        osubd_listener_unguard(g->lis);
         evconnlistener_free(g->lis);
         g->lis = NULL;
     }

@@ -124,7 +124,7 @@ struct engine_key {
 
 static const struct engine_key *engine_key(const char *name, struct osubd_config *c)
 {
-    static struct engine_key keys[12];
+    static struct engine_key keys[16];
     const struct engine_key all[] = {
         {"ack_timeout_ms", &c->engine.ack_timeout_ms, NULL, 100, 3600000},
         {"grace_ms", &c->engine.grace_ms, NULL, 0, 86400000},
@@ -137,6 +137,8 @@ static const struct engine_key *engine_key(const char *name, struct osubd_config
         {"low_watermark_pct", NULL, &c->engine.low_watermark_pct, 1, 100},
         {"service_log_max", &c->service_log_max, NULL, 4096, 1LL << 40},
         {"gateway_conns_per_client", NULL, &c->gateway_conns_per_client, 1, 1000000},
+        {"api_conns_per_client", NULL, &c->api_conns_per_client, 1, 1000000},
+        {"api_conns_max", NULL, &c->api_conns_max, 1, 1000000},
     };
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
         if (strcmp(all[i].name, name) == 0) {

@@ -23,7 +23,7 @@ start_d() {
     restart_d
 }
 restart_d() {
-    SECRET_OF_OVERSUBD=leaked "$bin" --config "$D/c.yaml" --listen 127.0.0.1:0 --socket "$D/s.sock" \
+    ${NOFILE:+prlimit --nofile=$NOFILE:$NOFILE} env SECRET_OF_OVERSUBD=leaked "$bin" --config "$D/c.yaml" --listen 127.0.0.1:0 --socket "$D/s.sock" \
         --state "$D/st/db" --gpus sim:1x81920 --ratio 1.0 --tick-ms 100 >>"$D/out" 2>>"$D/err" &
     DPID=$!
     pids+=($DPID)
@@ -222,6 +222,49 @@ for mode in none auto; do
     wait_for 20 gone "$G" || bad "$mode: the grandchild $G survived eviction: $(evs | grep '^gc ' | tail -3)"
     stop_d
 done
+
+echo "== 7. exhaustion: vanished long-polls, idle connections, no descriptors left"
+here=$(dirname "$0")
+start_d ex "api_conns_per_client: 20" "api_conns_max: 60"
+fds() { ls "/proc/$DPID/fd" | wc -l; }
+base=$(fds)
+python3 "$here/exhaust.py" longpolls "$PORT" 300
+settled() { [ "$(fds)" -le $((base + 5)) ]; }
+wait_for 20 settled || bad "closed long-polls are let go: $(fds) descriptors open, $base before"
+curl -s "http://127.0.0.1:$PORT/metrics" | grep -q '^oversub_api_waiters_gone_total [1-9]' && ok || bad "counted: $(curl -s "http://127.0.0.1:$PORT/metrics" | grep waiters_gone)"
+# one address holds its share; others are still served
+python3 "$here/exhaust.py" idle "$PORT" 50 127.0.0.2 30 >"$tmp/idle1" &
+IDLE=$!
+pids+=($IDLE)
+wait_for 10 test -s "$tmp/idle1" || bad "the idle client ran"
+read -r _ held _ refused _ _ <"$tmp/idle1"
+[ "$refused" -ge 25 ] && ok || bad "one address past its share is turned away: $(cat "$tmp/idle1")"
+expect "another address is served" 200 "$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "http://127.0.0.1:$PORT/v1/pool")"
+python3 "$here/exhaust.py" idle "$PORT" 30 127.0.0.3 30 >"$tmp/idle2" &
+pids+=($!)
+python3 "$here/exhaust.py" idle "$PORT" 30 127.0.0.4 30 >"$tmp/idle3" &
+pids+=($!)
+wait_for 10 test -s "$tmp/idle3" || bad "the other idle clients ran"
+wait_for 10 test -s "$tmp/idle2" || bad "the other idle clients ran"
+expect "past the total, TCP is turned away" 503 "$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "http://127.0.0.1:$PORT/v1/pool")"
+expect "the Unix socket still answers" 200 "$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 --unix-socket "$S" http://x/v1/pool)"
+curl -s --max-time 5 --unix-socket "$S" http://x/metrics | grep -q '^oversub_api_connections_refused_total{listener="tcp"} [1-9]' && ok || bad "refusals counted"
+stop_d
+kill $(jobs -p) 2>/dev/null
+wait 2>/dev/null
+# out of descriptors: a pause and one line per 10 s, not a spin; back when they return
+NOFILE=64 start_d emfile "api_conns_per_client: 1000" "api_conns_max: 1000"
+python3 "$here/exhaust.py" idle "$PORT" 120 127.0.0.5 4 >"$tmp/idle4" &
+pids+=($!)
+wait_for 10 test -s "$tmp/idle4" || bad "the descriptor-eating client ran"
+wait_for 10 grep -q "out of file descriptors" "$D/err" || bad "running out is said: $(tail -3 "$D/err")"
+back() { [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://127.0.0.1:$PORT/v1/pool")" = 200 ]; }
+wait_for 20 back || bad "the API answers once descriptors return"
+lines=$(grep -c "out of file descriptors" "$D/err")
+[ "$lines" -le 3 ] && ok || bad "said once per 10 s, not per accept: $lines lines"
+[ "$(stat -c %s "$D/err")" -lt 20000 ] && ok || bad "the log stays small: $(stat -c %s "$D/err") bytes"
+stop_d
+unset NOFILE
 
 echo "== 6. input"
 start_d in

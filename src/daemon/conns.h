@@ -1,0 +1,33 @@
+/* conns.h - what one client, and all clients, may hold of the API's connections, and what an
+ * accept loop does when the process runs out of file descriptors (docs/security.md). */
+#ifndef OSUBD_CONNS_H
+#define OSUBD_CONNS_H
+
+#include <stdint.h>
+
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/listener.h>
+
+struct osubd_conns;
+
+/* A guard for one evhttp server: per_client connections per client address (0: no per-client
+ * cap, e.g. the Unix socket), total in all. name is for the log ("API", "Unix socket"). */
+struct osubd_conns *osubd_conns_new(struct event_base *base, struct evhttp *http, int per_client,
+                                    int total, const char *name);
+/* Watches bound's listener for descriptor exhaustion (see osubd_listener_guard). */
+void osubd_conns_listen(struct osubd_conns *c, struct evhttp_bound_socket *bound);
+void osubd_conns_free(struct osubd_conns *c);
+/* Connections open now, and refused (over a cap, or while out of descriptors) so far. */
+int osubd_conns_open(const struct osubd_conns *c);
+uint64_t osubd_conns_refused(const struct osubd_conns *c);
+
+/* On EMFILE/ENFILE from accept: one pending client is answered 503 and closed (with a spare
+ * descriptor kept for this), accepting pauses for 250 ms, and the log says so at most once
+ * per 10 s with a count, instead of libevent's warning per failed accept in a busy loop.
+ * counter (may be NULL) counts the clients turned away. */
+void osubd_listener_guard(struct evconnlistener *lis, const char *name, uint64_t *counter);
+/* Before lis is freed. */
+void osubd_listener_unguard(struct evconnlistener *lis);
+
+#endif
