@@ -110,9 +110,11 @@ static void reply_buf(struct osubd *d, struct evhttp_request *req, int code, str
                          : code == 409 ? "Conflict"
                          : code == 413 ? "Payload Too Large"
                          : code == 422 ? "Unprocessable Entity"
+                         : code == 503 ? "Service Unavailable"
+                         : code == 507 ? "Insufficient Storage"
                                        : "Error";
     count(d, code);
-    if (d->applied_ticket > d->durable_ticket) {
+    if (d->applied_ticket > d->durable_ticket && !d->store_full) {
         /* a command is not on disk yet: nobody hears of it (or of what followed it) before */
         struct deferred *r = malloc(sizeof(*r));
         if (r != NULL) {
@@ -149,6 +151,32 @@ void osubd_api_flush(struct osubd *d)
         d->deferred_head = r->next;
         if (d->deferred_head == NULL)
             d->deferred_tail = NULL;
+        evhttp_send_reply(r->req, r->code, r->phrase, r->body);
+        evbuffer_free(r->body);
+        free(r);
+    }
+}
+
+void osubd_api_release_held(struct osubd *d)
+{
+    while (d->deferred_head != NULL) {
+        struct deferred *r = d->deferred_head;
+        d->deferred_head = r->next;
+        if (d->deferred_head == NULL)
+            d->deferred_tail = NULL;
+        enum evhttp_cmd_type m = evhttp_request_get_command(r->req);
+        bool mut = m == EVHTTP_REQ_POST || m == EVHTTP_REQ_PUT || m == EVHTTP_REQ_PATCH ||
+                   m == EVHTTP_REQ_DELETE;
+        if (mut && r->ticket > d->durable_ticket && r->code < 400) {
+            evbuffer_drain(r->body, evbuffer_get_length(r->body));
+            evbuffer_add_printf(
+                r->body, "{\"error\":{\"code\":\"not_durable\",\"message\":\"applied, but the "
+                         "state's disk is full: this change is not on disk yet and is written "
+                         "when space returns (a restart before then loses it)\"}}");
+            evhttp_add_header(evhttp_request_get_output_headers(r->req), "Retry-After", "5");
+            r->code = 503;
+            r->phrase = "Service Unavailable";
+        }
         evhttp_send_reply(r->req, r->code, r->phrase, r->body);
         evbuffer_free(r->body);
         free(r);
@@ -1125,12 +1153,15 @@ static void h_metrics(struct osubd *d, struct evhttp_request *req, const char *q
         "# TYPE oversub_api_connections_refused_total counter\n"
         "oversub_api_connections_refused_total{listener=\"tcp\"} %llu\n"
         "oversub_api_connections_refused_total{listener=\"unix\"} %llu\n"
+        "# HELP oversub_store_disk_full 1 while the state's disk is full (changes refused).\n"
+        "# TYPE oversub_store_disk_full gauge\n"
+        "oversub_store_disk_full %d\n"
         "# HELP oversub_api_waiters_gone_total Long-polls whose client left before the answer.\n"
         "# TYPE oversub_api_waiters_gone_total counter\n"
         "oversub_api_waiters_gone_total %llu\n",
         osubd_conns_open(d->conns), osubd_conns_open(d->conns_unix),
         (unsigned long long)osubd_conns_refused(d->conns),
-        (unsigned long long)osubd_conns_refused(d->conns_unix),
+        (unsigned long long)osubd_conns_refused(d->conns_unix), d->store_full ? 1 : 0,
         (unsigned long long)d->waiters_gone);
     osubd_gateway_metrics(d, b);
     osubd_act_metrics(d, b);
@@ -1245,11 +1276,20 @@ static void on_request(struct evhttp_request *req, void *arg)
             goto done;
         }
     }
+    if (d->store_full && mutating(m)) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "5");
+        reply_error(d, req, 507, "insufficient_storage",
+                    "the state's disk is full: nothing was changed; retry when space returns "
+                    "(reads and the gateway go on)");
+        goto done;
+    }
     if (strcmp(path, "/healthz") == 0) {
         /* healthy means the engine's books balance (DESIGN.md's invariants) */
         char why[300];
         if (osub_engine_check(d->e, why, sizeof(why)) == 0)
-            reply_json(d, req, 200, json_pack("{s:s, s:s}", "status", "ok", "invariants", "ok"));
+            reply_json(d, req, 200,
+                       json_pack("{s:s, s:s, s:s}", "status", "ok", "invariants", "ok", "state",
+                                 d->store_full ? "disk full: changes refused (507)" : "ok"));
         else
             reply_json(d, req, 500, json_pack("{s:s, s:s}", "status", "broken", "invariants", why));
     } else if (strcmp(path, "/metrics") == 0)

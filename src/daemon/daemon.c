@@ -780,6 +780,109 @@ static int load_service_key(struct osubd *d, bool existing, char *err, size_t er
     return 0;
 }
 
+/* ---- the state's marker: STATE.marker says which state this is and how far it went ---------
+ * A deleted -wal file or a database emptied or replaced under the daemon would otherwise start
+ * as a "new state" (or an older one) with the acknowledged services gone. The marker is one
+ * 64-byte record, "oversub-state 1 ID SEQ", written in place after each commit (not synced: it
+ * can only lag the database, never lead it), so a state that ends before the marker does lost
+ * commands. */
+
+static void state_id(const struct osubd *d, char out[17])
+{
+    uint8_t mac[32];
+    osub_hmac_sha256(d->service_key, 32, "oversub state id", 16, mac);
+    for (int i = 0; i < 8; i++)
+        snprintf(out + 2 * i, 3, "%02x", mac[i]);
+}
+
+/* 1 and the marker's id and sequence; 0 when there is none; -1 when it cannot be read. */
+static int marker_read(const char *path, char id[17], int64_t *seq)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : -1;
+    char buf[65];
+    ssize_t n = read(fd, buf, 64);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    long long s;
+    char idb[17];
+    if (sscanf(buf, "oversub-state 1 %16s %lld", idb, &s) != 2 || s < 0)
+        return -1;
+    memcpy(id, idb, 17);
+    *seq = s;
+    return 1;
+}
+
+/* early: before anything is written to an empty state; else after the replay, which gives
+ * the state's last command */
+static int check_marker(struct osubd *d, bool existing, bool early, char *err, size_t errlen)
+{
+    char path[600], mid[17] = "", sid[17];
+    snprintf(path, sizeof(path), "%s.marker", d->cfg.state_path);
+    int64_t mseq = 0;
+    int r = marker_read(path, mid, &mseq);
+    if (r < 0) {
+        if (!early)
+            fprintf(stderr, "oversubd: %s cannot be read or is damaged: it is written anew\n",
+                    path);
+        r = 0;
+    }
+    if (r == 1 && !d->cfg.new_state) {
+        if (!existing && mseq > 0) {
+            snprintf(err, errlen,
+                     "%s is empty, but %s says it held %lld command(s) (state %s): the database "
+                     "or its -wal file was deleted or replaced. Restore them, or start anew with "
+                     "--new-state",
+                     d->cfg.state_path, path, (long long)mseq, mid);
+            return -1;
+        }
+        if (existing && !early) {
+            state_id(d, sid);
+            if (strcmp(sid, mid) != 0) {
+                snprintf(err, errlen,
+                         "%s is state %s, but %s belongs to state %s: the database was replaced. "
+                         "Restore the right one, or take this one with --new-state",
+                         d->cfg.state_path, sid, path, mid);
+                return -1;
+            }
+            if (d->last_seq < mseq) {
+                snprintf(err, errlen,
+                         "%s ends at command %lld, but %s says %lld were written: the last %lld "
+                         "are lost (was its -wal file deleted?). Restore it, or go on from what "
+                         "is there with --new-state",
+                         d->cfg.state_path, (long long)d->last_seq, path, (long long)mseq,
+                         (long long)(mseq - d->last_seq));
+                return -1;
+            }
+        }
+    }
+    if (early)
+        return 0;
+    d->marker_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (d->marker_fd < 0) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    state_id(d, d->state_id);
+    osubd_marker_write(d->marker_fd, d->state_id, d->last_seq);
+    return 0;
+}
+
+void osubd_marker_write(int fd, const char *id, int64_t seq)
+{
+    char rec[65];
+    memset(rec, ' ', 64);
+    int n = snprintf(rec, sizeof(rec), "oversub-state 1 %s %lld", id, (long long)seq);
+    if (n > 0 && n < 64)
+        rec[n] = ' ';
+    rec[63] = '\n';
+    ssize_t w = pwrite(fd, rec, 64, 0);
+    (void)w; /* a full disk: the marker lags, which it may */
+}
+
 void osubd_service_token(const struct osubd *d, const char *id, char out[65])
 {
     char msg[160];
@@ -804,6 +907,21 @@ static void on_writer(evutil_socket_t fd, short what, void *arg)
         d->fatal = true;
         event_base_loopbreak(d->base);
         return;
+    }
+    if (p.full && !d->store_full) {
+        fprintf(stderr,
+                "oversubd: the state's disk is full (%s): changes through the API are refused "
+                "with 507 until space returns; reads, the gateway and the services go on; what "
+                "the engine did meanwhile waits in memory and is written then (a restart before "
+                "that loses it)\n",
+                err);
+        d->store_full = true;
+        d->store_full_count++;
+        osubd_api_release_held(d);
+    } else if (!p.full && d->store_full) {
+        fprintf(stderr, "oversubd: the state's disk has room again: everything waiting is written "
+                        "and changes are accepted\n");
+        d->store_full = false;
     }
     d->durable_ticket = p.durable;
     d->last_seq = p.last_log_seq;
@@ -928,7 +1046,10 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
     if (meta_text(d, "base_unix_ms", &probe, err, errlen) != 0)
         return -1;
     bool existing = probe != NULL;
+    d->existing = existing;
     free(probe);
+    if (check_marker(d, existing, true, err, errlen) != 0)
+        return -1;
     if (load_service_key(d, existing, err, errlen) != 0)
         return -1;
     /* each module's own records, as the last run saved them */
@@ -1113,9 +1234,12 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
         snprintf(err, errlen, "cannot create the event loop");
         return -1;
     }
+    if (check_marker(d, d->existing, false, err, errlen) != 0)
+        return -1;
     if (osub_writer_start(d->cfg.state_path, d->last_seq, d->cfg.events_keep, d->cfg.events_days,
                           &d->writer, err, errlen) != 0)
         return -1;
+    osub_writer_set_marker(d->writer, d->marker_fd, d->state_id, osubd_marker_write);
     d->writer_ev =
         event_new(d->base, osub_writer_fd(d->writer), EV_READ | EV_PERSIST, on_writer, d);
     if (d->writer_ev == NULL || event_add(d->writer_ev, NULL) != 0) {
@@ -1211,6 +1335,8 @@ void osubd_stop(struct osubd *d)
         event_base_free(d->base);
     osub_engine_free(d->e);
     osub_store_close(d->store);
+    if (d->marker_fd >= 0)
+        close(d->marker_fd);
     if (d->lock_fd >= 0)
         close(d->lock_fd);                        /* the lock goes with it */
     if (d->cfg.socket_path[0] && d->socket_bound) /* never another daemon's, never a file */

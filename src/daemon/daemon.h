@@ -44,6 +44,7 @@ struct osubd_config {
     int32_t api_conns_per_client;     /* the API's TCP connections one address may hold (64) */
     int32_t api_conns_max;            /* the API's TCP connections in all (1024) */
     char gateway_access_log[512];     /* "" = none; else one JSON line per request */
+    bool new_state;                   /* --new-state: start although the marker disagrees */
     bool allow_root_services;         /* managed commands may run as root */
     int64_t service_log_max;          /* bytes per service log before it is rotated */
     osub_pool_config_t engine;        /* timings and watermarks of a new state */
@@ -95,6 +96,11 @@ struct osubd {
     size_t pool_text_len;
     uint64_t pool_text_version;
     bool fatal;
+    bool existing; /* the state was not new at start */
+    int marker_fd; /* STATE.marker (-1: none) */
+    char state_id[17];
+    bool store_full;                        /* the state's disk is full: mutations refused (507) */
+    uint64_t store_full_count;              /* times it filled */
     uint64_t waiters_gone;                  /* long-polls whose client left before the answer */
     struct osubd_conns *conns, *conns_unix; /* the API's connection caps (conns.h) */
     struct evhttp *http_unix;        /* the API on the Unix socket: trusted to run programs */
@@ -150,6 +156,7 @@ void osubd_meta_put(json_t *meta, const char *key, const json_t *value);
 
 /* The token a service's own calls (usage, ready, ack, exited) may carry instead of the admin
  * token: 64 hex digits. */
+void osubd_marker_write(int fd, const char *id, int64_t seq);
 void osubd_service_token(const struct osubd *d, const char *id, char out[65]);
 
 /* Reads an admin token from a file (whitespace around it dropped): 0, or -1 with err. */
@@ -165,6 +172,9 @@ int64_t osubd_engine_to_unix(const struct osubd *d, int64_t engine_ms);
 
 /* api.c */
 int osubd_api_init(struct osubd *d, char *err, size_t errlen);
+/* The disk filled: replies held for commands not yet durable go out now (a mutation's as 503
+ * "applied, not yet durable"), and nothing is held until it has room again. */
+void osubd_api_release_held(struct osubd *d);
 void osubd_api_events_ready(struct osubd *d);
 /* The port a bound socket got (port 0: the one the OS picked). */
 int osubd_bound_port(struct evhttp_bound_socket *h);

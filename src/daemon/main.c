@@ -37,6 +37,8 @@ static void usage(FILE *f)
             "  --tick-ms N          how often timers, pressure and the queue run (1000)\n"
             "  --nvml-lib PATH      the NVML library to load with --gpus auto\n"
             "                       (libnvidia-ml.so.1 from the loader's path)\n"
+            "  --new-state          start although STATE.marker says the state lost commands\n"
+            "                       (a deleted -wal file, an emptied or replaced database)\n"
             "  --help, --version\n");
 }
 
@@ -324,20 +326,16 @@ int main(int argc, char **argv)
     struct osubd d;
     memset(&d, 0, sizeof(d));
     d.lock_fd = -1;
+    d.marker_fd = -1;
     osubd_config_default(&d.cfg);
-    static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
-                                         {"listen", required_argument, NULL, 'l'},
-                                         {"socket", required_argument, NULL, 's'},
-                                         {"state", required_argument, NULL, 'S'},
-                                         {"gpus", required_argument, NULL, 'g'},
-                                         {"ratio", required_argument, NULL, 'r'},
-                                         {"token-file", required_argument, NULL, 't'},
-                                         {"tick-ms", required_argument, NULL, 'T'},
-                                         {"nvml-lib", required_argument, NULL, 'N'},
-                                         {"gateway", required_argument, NULL, 'G'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {"version", no_argument, NULL, 'v'},
-                                         {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'},     {"listen", required_argument, NULL, 'l'},
+        {"socket", required_argument, NULL, 's'},     {"state", required_argument, NULL, 'S'},
+        {"gpus", required_argument, NULL, 'g'},       {"ratio", required_argument, NULL, 'r'},
+        {"token-file", required_argument, NULL, 't'}, {"tick-ms", required_argument, NULL, 'T'},
+        {"nvml-lib", required_argument, NULL, 'N'},   {"gateway", required_argument, NULL, 'G'},
+        {"new-state", no_argument, NULL, 'n'},        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'v'},          {NULL, 0, NULL, 0}};
     /* the configuration file first, so that flags override it */
     char token_file[512] = "";
     for (int i = 1; i < argc; i++) {
@@ -387,6 +385,9 @@ int main(int argc, char **argv)
                         optarg);
                 return 2;
             }
+            break;
+        case 'n':
+            d.cfg.new_state = true;
             break;
         case 'N':
             snprintf(d.cfg.nvml_lib, sizeof(d.cfg.nvml_lib), "%s", optarg);

@@ -20,13 +20,27 @@ struct osub_store {
     sqlite3 *db;
     sqlite3_stmt *append, *event;
     bool in_tx; /* inside osub_store_begin: the calls below neither begin nor commit */
+    bool full;  /* the last error was a full disk (SQLITE_FULL, ENOSPC, EDQUOT) */
     char err[512];
 };
 
+static void note_code(osub_store_t *s)
+{
+    int code = s->db ? sqlite3_errcode(s->db) : 0;
+    int sys = s->db ? sqlite3_system_errno(s->db) : 0;
+    s->full = code == SQLITE_FULL || (code == SQLITE_IOERR && (sys == ENOSPC || sys == EDQUOT));
+}
+
 static int fail(osub_store_t *s, const char *what)
 {
+    note_code(s);
     snprintf(s->err, sizeof(s->err), "%s: %s", what, s->db ? sqlite3_errmsg(s->db) : "?");
     return -1;
+}
+
+bool osub_store_full(const osub_store_t *s)
+{
+    return s->full;
 }
 
 const char *osub_store_error(const osub_store_t *s)
@@ -38,6 +52,7 @@ static int exec(osub_store_t *s, const char *sql)
 {
     char *msg = NULL;
     if (sqlite3_exec(s->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
+        note_code(s);
         snprintf(s->err, sizeof(s->err), "%s", msg ? msg : sqlite3_errmsg(s->db));
         sqlite3_free(msg);
         return -1;
@@ -213,19 +228,25 @@ int osub_store_commit(osub_store_t *s)
 {
     s->in_tx = false;
     if (exec(s, "COMMIT") != 0) {
-        exec(s, "ROLLBACK");
+        osub_store_rollback(s);
         return -1;
     }
     return 0;
 }
 
+/* SQLite may have rolled back by itself (a full disk does): then there is nothing to undo, and
+ * the error that says why stays the one reported. */
 void osub_store_rollback(osub_store_t *s)
 {
     s->in_tx = false;
+    if (sqlite3_get_autocommit(s->db))
+        return;
     char keep[512];
+    bool full = s->full;
     snprintf(keep, sizeof(keep), "%s", s->err);
     exec(s, "ROLLBACK");
     snprintf(s->err, sizeof(s->err), "%s", keep);
+    s->full = full;
 }
 
 int osub_store_snapshot(osub_store_t *s, const char *body, int64_t upto_seq)

@@ -4,6 +4,7 @@
 #define OSUB_DAEMON_STORE_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef struct osub_store osub_store_t;
@@ -64,5 +65,7 @@ int osub_store_replay(osub_store_t *s, int64_t upto_seq, osub_store_cb cb, void 
 
 /* The last error as a sentence (valid until the next call). */
 const char *osub_store_error(const osub_store_t *s);
+/* Was the last error a full disk (worth retrying once space returns)? */
+bool osub_store_full(const osub_store_t *s);
 
 #endif

@@ -32,6 +32,7 @@ struct osub_writer {
     pthread_cond_t cv;
     struct item *head, *tail; /* handed over, not yet taken by the thread */
     bool stopping, failed;
+    bool full; /* the disk is full: the batch waits at the head and is tried again each second */
     char err[512];
     uint64_t added, durable;
     int64_t last_log_seq, last_event_seq;
@@ -39,6 +40,9 @@ struct osub_writer {
     int pipe_rd, pipe_wr;
     osub_store_t *store;
     int64_t events_keep, events_days;
+    int marker_fd;
+    char marker_id[17];
+    void (*marker_write)(int fd, const char *id, int64_t seq);
 };
 
 static void item_free(struct item *it)
@@ -137,19 +141,58 @@ static void *run(void *arg)
         for (struct item *it = batch; it != NULL; it = it->next)
             n++;
         int rc = failed ? -1 : commit_batch(w, batch, &log_seq, &ev_seq);
+        if (rc != 0 && !failed && osub_store_full(w->store)) {
+            /* nothing of the batch is on disk: it goes back in front of what came since, in
+             * order, and is tried again when space returns (or given up at stop) */
+            pthread_mutex_lock(&w->mu);
+            struct item *last = batch;
+            while (last->next != NULL)
+                last = last->next;
+            last->next = w->head;
+            if (w->head == NULL)
+                w->tail = last;
+            w->head = batch;
+            if (!w->full)
+                snprintf(w->err, sizeof(w->err), "%s", osub_store_error(w->store));
+            w->full = true;
+            char c = 1;
+            ssize_t wr = write(w->pipe_wr, &c, 1);
+            (void)wr;
+            if (w->stopping) {
+                w->failed = true; /* stopping on a full disk: what is not on disk is lost */
+                w->head = w->tail = NULL;
+                pthread_mutex_unlock(&w->mu);
+                while (batch != NULL) {
+                    struct item *next = batch->next;
+                    item_free(batch);
+                    batch = next;
+                }
+                pthread_mutex_lock(&w->mu);
+                break;
+            }
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_sec += 1;
+            while (!w->stopping && pthread_cond_timedwait(&w->cv, &w->mu, &until) != ETIMEDOUT)
+                ;
+            continue; /* the lock is held, as at the top of the loop */
+        }
         while (batch != NULL) {
             struct item *next = batch->next;
             item_free(batch);
             batch = next;
         }
 
-        pthread_mutex_lock(&w->mu);
+        pthread_mutex_lock(&w->mu); /* the marker's fields are read under it */
+        if (rc == 0 && w->marker_write != NULL && log_seq != w->last_log_seq)
+            w->marker_write(w->marker_fd, w->marker_id, log_seq); /* after the commit */
         if (rc == 0) {
             w->durable = upto;
             w->last_log_seq = log_seq;
             w->last_event_seq = ev_seq;
             w->commits++;
             w->items += n;
+            w->full = false;
         } else if (!w->failed) {
             w->failed = true;
             snprintf(w->err, sizeof(w->err), "%s", osub_store_error(w->store));
@@ -257,8 +300,9 @@ int osub_writer_progress(osub_writer_t *w, struct osub_writer_progress *p, char 
     p->last_event_seq = w->last_event_seq;
     p->commits = w->commits;
     p->items = w->items;
+    p->full = w->full;
     bool failed = w->failed;
-    if (failed)
+    if (failed || w->full)
         snprintf(err, errlen, "%s", w->err);
     pthread_mutex_unlock(&w->mu);
     return failed ? -1 : 0;
@@ -288,4 +332,14 @@ int osub_writer_stop(osub_writer_t *w, struct osub_writer_progress *p)
     pthread_cond_destroy(&w->cv);
     free(w);
     return failed ? -1 : 0;
+}
+
+void osub_writer_set_marker(osub_writer_t *w, int fd, const char *id,
+                            void (*write_fn)(int fd, const char *id, int64_t seq))
+{
+    pthread_mutex_lock(&w->mu);
+    w->marker_fd = fd;
+    snprintf(w->marker_id, sizeof(w->marker_id), "%s", id);
+    w->marker_write = fd >= 0 ? write_fn : NULL;
+    pthread_mutex_unlock(&w->mu);
 }

@@ -6,6 +6,7 @@
 #ifndef OSUB_DAEMON_WRITER_H
 #define OSUB_DAEMON_WRITER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -15,6 +16,11 @@ typedef struct osub_writer osub_writer_t;
  * events_days (0: no age limit) trim the event log after each snapshot. */
 int osub_writer_start(const char *path, int64_t last_log_seq, int64_t events_keep,
                       int64_t events_days, osub_writer_t **out, char *err, size_t errlen);
+
+/* After each commit, write_fn(fd, id, the last durable command's sequence) (the state's
+ * marker, daemon.c). */
+void osub_writer_set_marker(osub_writer_t *w, int fd, const char *id,
+                            void (*write_fn)(int fd, const char *id, int64_t seq));
 
 /* The pipe's read end: readable when commits completed (or the writer failed). */
 int osub_writer_fd(const osub_writer_t *w);
@@ -30,6 +36,7 @@ struct osub_writer_progress {
     int64_t last_log_seq;    /* the log's sequence number of the last durable command */
     int64_t last_event_seq;  /* the newest durable event */
     uint64_t commits, items; /* transactions and commands so far (items / commits: the grouping) */
+    bool full; /* the disk is full: commands wait in memory, retried each second (err says it) */
 };
 
 /* Drains the pipe and reads where the writer is. Returns 0, or -1 with a sentence in err when

@@ -8,6 +8,7 @@
 set -u
 bin=$(realpath "$1")
 . "$(dirname "$0")/lib.sh"
+trap 'umount "$tmp/small" 2>/dev/null; cleanup' EXIT
 
 # start_d NAME [config lines...]: a daemon of its own; sets D, S, PORT, DPID
 start_d() {
@@ -23,7 +24,7 @@ start_d() {
     restart_d
 }
 restart_d() {
-    ${NOFILE:+prlimit --nofile=$NOFILE:$NOFILE} env SECRET_OF_OVERSUBD=leaked "$bin" --config "$D/c.yaml" --listen 127.0.0.1:0 --socket "$D/s.sock" \
+    ${NOFILE:+prlimit --nofile=$NOFILE:$NOFILE} env SECRET_OF_OVERSUBD=leaked "$bin" ${NEWSTATE:-} --config "$D/c.yaml" --listen 127.0.0.1:0 --socket "$D/s.sock" \
         --state "$D/st/db" --gpus sim:1x81920 --ratio 1.0 --tick-ms 100 >>"$D/out" 2>>"$D/err" &
     DPID=$!
     pids+=($DPID)
@@ -266,7 +267,72 @@ lines=$(grep -c "out of file descriptors" "$D/err")
 stop_d
 unset NOFILE
 
-echo "== 6. input"
+echo "== 8. a lost -wal file or an emptied database is refused, not a silent new state"
+start_d wal
+for i in 1 2 3; do api POST /v1/services '{"id":"k'$i'","class":"batch","vram":"1GiB"}' >/dev/null; done
+stop_d # a clean stop: all of it in the database file itself
+restart_d
+for i in 4 5 6; do api POST /v1/services '{"id":"k'$i'","class":"batch","vram":"1GiB"}' >/dev/null; done
+kill -9 "$DPID"; wait "$DPID" 2>/dev/null
+cp "$D/st/db" "$tmp/db.keep"; cp "$D/st/db-wal" "$tmp/wal.keep"
+rm -f "$D/st/db-wal" "$D/st/db-shm"
+"$bin" --config "$D/c.yaml" --listen 127.0.0.1:0 --socket "$D/s.sock" --state "$D/st/db" --gpus sim:1x81920 >/dev/null 2>"$tmp/walerr"
+expect "a deleted -wal file: refused" 1 "$?"
+grep -q "are lost (was its -wal file deleted?)" "$tmp/walerr" && ok || bad "says what was lost: $(cat "$tmp/walerr")"
+: >"$D/st/db"
+"$bin" --config "$D/c.yaml" --listen 127.0.0.1:0 --socket "$D/s.sock" --state "$D/st/db" --gpus sim:1x81920 >/dev/null 2>"$tmp/walerr"
+expect "an emptied database: refused" 1 "$?"
+grep -q "is empty, but .*marker says it held" "$tmp/walerr" && ok || bad "says so: $(cat "$tmp/walerr")"
+# restored, it starts with everything acknowledged
+cp "$tmp/db.keep" "$D/st/db"; cp "$tmp/wal.keep" "$D/st/db-wal"
+restart_d
+expect "restored: all six" 6 "$(api GET /v1/services | json 'len(d["services"])')"
+stop_d
+rm -f "$D/st/db" "$D/st/db-wal" "$D/st/db-shm"
+NEWSTATE=--new-state restart_d
+expect "--new-state starts anew" 0 "$(api GET /v1/services | json 'len(d["services"])')"
+stop_d
+
+echo "== 9. a full disk: changes refused (507), reads and the services go on, then recovered"
+if mkdir -p "$tmp/small" && mount -t tmpfs -o size=4m tmpfs "$tmp/small" 2>/dev/null; then
+    D=$tmp/small/d
+    mkdir -p "$D"
+    printf '%s\n' "ack_timeout_ms: 1500" "allow_root_services: true" >"$D/c.yaml"
+    restart_d
+    expect "before: accepted" 201 "$(code POST /v1/services '{"id":"f1","class":"batch","vram":"1GiB"}')"
+    dd if=/dev/zero of="$tmp/small/filler" bs=64k 2>/dev/null
+    # the first change after the disk filled is applied in memory and answered 503 (not on
+    # disk yet); from then on changes are refused 507 and nothing is applied
+    got=$(code POST /v1/services '{"id":"f2","class":"batch","vram":"1GiB"}')
+    [ "$got" = 503 ] || [ "$got" = 507 ] && ok || bad "the change the disk could not take: $got $(cat "$tmp/body")"
+    full() { [ "$(code POST /v1/services '{"id":"f3","class":"batch","vram":"1GiB"}')" = 507 ]; }
+    wait_for 10 full || bad "changes refused 507 on a full disk: $(cat "$tmp/body")"
+    grep -q '"insufficient_storage"' "$tmp/body" && ok || bad "says why: $(cat "$tmp/body")"
+    expect "reads go on" 200 "$(code GET /v1/pool)"
+    api GET /healthz | grep -q "disk full" && ok || bad "healthz says the disk is full"
+    api GET /metrics | grep -q "^oversub_store_disk_full 1" && ok || bad "a metric says so"
+    kill -0 "$DPID" && ok || bad "oversubd survived the full disk: $(tail -3 "$D/err")"
+    grep -q "cannot rollback" "$D/err" && bad "the log names the cause, not a rollback: $(tail -2 "$D/err")" || ok
+    # a restart on the still-full disk stays up
+    kill -9 "$DPID"; wait "$DPID" 2>/dev/null
+    restart_d
+    expect "restarted on a full disk: reads" 200 "$(code GET /v1/pool)"
+    wait_for 10 full || bad "restarted on a full disk: changes refused: $(cat "$tmp/body")"
+    kill -0 "$DPID" && ok || bad "oversubd survived its first tick on a full disk: $(tail -3 "$D/err")"
+    rm -f "$tmp/small/filler"
+    room() { [ "$(code POST /v1/services '{"id":"f4","class":"batch","vram":"1GiB"}')" = 201 ]; }
+    wait_for 15 room || bad "changes accepted once space returns: $(cat "$tmp/body")"
+    grep -q "has room again" "$D/err" && ok || bad "the log says it recovered"
+    kill -9 "$DPID"; wait "$DPID" 2>/dev/null
+    restart_d
+    api GET /v1/services/f4 | grep -q '"class":"batch"' && ok || bad "what was accepted after the recovery is durable"
+    stop_d
+    umount "$tmp/small"
+else
+    echo "SKIP: section 9 needs to mount a small tmpfs (root with CAP_SYS_ADMIN)"
+fi
+
+echo "== 10. input"
 start_d in
 api POST /v1/services '{"id":"a","class":"batch","vram":"1GiB"}' >/dev/null
 expect "a 70-digit ratio" 422 "$(code PUT /v1/pool '{"ratio":"1.0000000000000000000000000000000000000000000000000000000000000000001"}')"
