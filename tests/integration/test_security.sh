@@ -106,6 +106,16 @@ expect "cwd is its checkpoint folder" "cwd=$D/st/checkpoints/envy" "$(grep ^cwd=
 api DELETE /v1/services/envy >/dev/null
 
 echo "== 3. a client without a token runs nothing"
+# no token configured: a managed service released, then submitted again over TCP without a
+# command, is an external service; the old command does not run again
+api POST /v1/services '{"id":"re","class":"batch","vram":"1GiB","cuda_shim":false,"command":["/bin/sh","-c","echo ran >>'$tmp/reruns'; sleep 30"]}' >/dev/null
+wait_for 10 test -s "$tmp/reruns" || bad "re ran"
+api DELETE /v1/services/re >/dev/null
+expect "re-submitted over TCP, no command" 201 "$(tcode POST /v1/services '{"id":"re","class":"batch","vram":"1GiB"}')"
+grep -q '"command"' "$tmp/body" && bad "the old command came back: $(cat "$tmp/body")" || ok
+api GET /v1/services/re | grep -q '"process"' && bad "a process is kept for an external service" || ok
+expect "the command ran once" 1 "$(wc -l <"$tmp/reruns")"
+api DELETE /v1/services/re >/dev/null
 stop_d
 start_d tok "token_file: $tmp/admin"
 stop_d
