@@ -66,7 +66,7 @@ test-asan: deps $(ASAN_BUILD)/CMakeCache.txt
 		ctest --output-on-failure -j $(JOBS)
 
 # Hardening checks, slow, so not part of make test. test-valgrind: a plain Debug build, then
-# test_daemon with tests/integration/valgrind-wrap.sh in place of oversubd (memcheck, one log per
+# test_daemon and test_security with tests/integration/valgrind-wrap.sh in place of oversubd (memcheck, one log per
 # process in $(VALGRIND_BUILD)/vg); any error logged, even by a daemon the test kills with -9,
 # or any block definitely lost fails it.
 $(VALGRIND_BUILD)/CMakeCache.txt:
@@ -79,6 +79,8 @@ test-valgrind: $(VALGRIND_BUILD)/CMakeCache.txt
 	OSUB_VG_BIN=$(abspath $(VALGRIND_BUILD))/oversubd OSUB_VG_LOGDIR=$(abspath $(VALGRIND_BUILD))/vg \
 		bash tests/integration/test_daemon.sh tests/integration/valgrind-wrap.sh $(VALGRIND_BUILD)/oversub; \
 	st=$$?; \
+	OSUB_VG_BIN=$(abspath $(VALGRIND_BUILD))/oversubd OSUB_VG_LOGDIR=$(abspath $(VALGRIND_BUILD))/vg \
+		bash tests/integration/test_security.sh tests/integration/valgrind-wrap.sh || st=1; \
 	echo "test-valgrind: $$(ls $(VALGRIND_BUILD)/vg | wc -l) processes under memcheck, logs in $(VALGRIND_BUILD)/vg"; \
 	if grep -lE 'VGERR-BEGIN|ERROR SUMMARY: [1-9]|definitely lost: [1-9]' $(VALGRIND_BUILD)/vg/vg.*.log; then \
 		echo "test-valgrind: memcheck found errors in the logs above"; st=1; fi; \
