@@ -91,7 +91,7 @@ test-valgrind: $(VALGRIND_BUILD)/CMakeCache.txt
 # stderr) and fails the run. Without ASLR (setarch -R): TSan maps fixed ranges, and kernels
 # with more mmap randomisation bits than it knows refuse it ("unexpected memory mapping").
 # No -Werror here: warnings are make test's to catch; this one is for races.
-TSAN_TESTS ?= ^(test_daemon|test_gateway|test_state|test_actuation|test_shim|test_nvml|test_frontdoor|test_store|test_segment)$$
+TSAN_TESTS ?= ^(test_security|test_daemon|test_gateway|test_state|test_actuation|test_shim|test_nvml|test_frontdoor|test_store|test_segment)$$
 
 $(TSAN_BUILD)/CMakeCache.txt:
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DOSUB_TSAN=ON -DOSUB_SANITIZE=OFF -DOSUB_WERROR=OFF -DOSUB_BENCH=OFF $(CMAKE_FLAGS)

@@ -28,6 +28,7 @@
 #include <sys/queue.h>
 
 #include "daemon.h"
+#include "jsonmem.h"
 #include "idmap.h"
 #include "netpolicy.h"
 #include "segment.h"
@@ -1300,7 +1301,7 @@ static void post_directive(struct osubd *d, const osub_event_t *ev, const char *
             h->d = d;
             snprintf(h->id, sizeof(h->id), "%s", ev->service);
             h->url = strdup(url);
-            h->body = json_dumps(view, JSON_COMPACT);
+            h->body = osubd_json_dumps(view, JSON_COMPACT);
             h->seq = (int64_t)json_integer_value(json_object_get(dir, "seq"));
             if (h->url && h->body)
                 hook_send(h);
@@ -1315,11 +1316,16 @@ static void post_directive(struct osubd *d, const osub_event_t *ev, const char *
 static void send_json(struct evhttp_request *req, int code, json_t *body)
 {
     struct evbuffer *b = evbuffer_new();
-    char *text = json_dumps(body, JSON_COMPACT);
+    char *text = body ? osubd_json_dumps(body, JSON_COMPACT) : NULL;
     json_decref(body);
-    if (text != NULL)
-        evbuffer_add(b, text, strlen(text));
-    evbuffer_add(b, "\n", 1);
+    if (b == NULL || text == NULL || evbuffer_add(b, text, strlen(text)) != 0 ||
+        evbuffer_add(b, "\n", 1) != 0) {
+        free(text);
+        if (b != NULL)
+            evbuffer_free(b);
+        evhttp_send_reply(req, 503, "Service Unavailable", NULL); /* out of memory */
+        return;
+    }
     free(text);
     evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
     evhttp_send_reply(req, code, code == 200 ? "OK" : code == 404 ? "Not Found" : "Bad Request", b);

@@ -21,6 +21,7 @@
 
 #include "conns.h"
 #include "daemon.h"
+#include "jsonmem.h"
 #include "netpolicy.h"
 #include "actuator.h"
 #include "gateway.h"
@@ -71,28 +72,59 @@ static void free_text(const void *data, size_t len, void *arg)
     free((void *)data);
 }
 
-/* body's text, with a newline, as one piece (jansson's callback dump adds a piece per token) */
-static void add_json(struct evbuffer *b, json_t *body)
+static const char oom_body[] =
+    "{\"error\":{\"code\":\"out_of_memory\",\"message\":\"oversubd ran out of memory making "
+    "this answer: a change asked for may or may not have been made (read it back)\"}}\n";
+
+static void reply_buf(struct osubd *d, struct evhttp_request *req, int code, struct evbuffer *b);
+
+/* body's text, with a newline, as one piece (jansson's callback dump adds a piece per token);
+ * false when memory ran out */
+static bool add_json(struct evbuffer *b, json_t *body)
 {
-    char *text = json_dumps(body, JSON_COMPACT);
+    char *text = body ? osubd_json_dumps(body, JSON_COMPACT) : NULL;
     if (text == NULL)
-        return;
+        return false;
     size_t n = strlen(text);
     char *t2 = realloc(text, n + 2);
     if (t2 == NULL) {
         free(text);
-        return;
+        return false;
     }
     t2[n] = '\n';
     t2[n + 1] = '\0';
-    evbuffer_add_reference(b, t2, n + 1, free_text, NULL);
+    if (evbuffer_add_reference(b, t2, n + 1, free_text, NULL) != 0) {
+        free(t2);
+        return false;
+    }
+    return true;
+}
+
+/* Out of memory making an answer: a 503 that needs nothing more (after what is held). */
+static void reply_oom(struct osubd *d, struct evhttp_request *req)
+{
+    struct evbuffer *b = evbuffer_new();
+    if (b != NULL && evbuffer_add(b, oom_body, sizeof(oom_body) - 1) == 0) {
+        reply_buf(d, req, 503, b);
+        return;
+    }
+    if (b != NULL)
+        evbuffer_free(b);
+    count(d, 503);
+    evhttp_send_reply(req, 503, "Service Unavailable", NULL);
 }
 
 static void reply_json(struct osubd *d, struct evhttp_request *req, int code, json_t *body)
 {
     struct evbuffer *b = evbuffer_new();
-    add_json(b, body);
+    bool ok = b != NULL && add_json(b, body);
     json_decref(body);
+    if (!ok) {
+        if (b != NULL)
+            evbuffer_free(b);
+        reply_oom(d, req);
+        return;
+    }
     reply_buf(d, req, code, b);
 }
 
@@ -394,14 +426,21 @@ static void h_pool(struct osubd *d, struct evhttp_request *req, enum evhttp_cmd_
         if (d->pool_text == NULL || d->pool_text_version != d->state_version) {
             free(d->pool_text);
             json_t *p = pool_json(d);
-            d->pool_text = json_dumps(p, JSON_COMPACT);
+            d->pool_text = p ? osubd_json_dumps(p, JSON_COMPACT) : NULL;
             json_decref(p);
             d->pool_text_len = d->pool_text ? strlen(d->pool_text) : 0;
             d->pool_text_version = d->state_version;
         }
-        struct evbuffer *b = evbuffer_new();
-        evbuffer_add(b, d->pool_text, d->pool_text_len);
-        evbuffer_add(b, "\n", 1);
+        struct evbuffer *b = d->pool_text ? evbuffer_new() : NULL;
+        if (b == NULL || evbuffer_add(b, d->pool_text, d->pool_text_len) != 0 ||
+            evbuffer_add(b, "\n", 1) != 0) {
+            if (b != NULL)
+                evbuffer_free(b);
+            if (d->pool_text == NULL)
+                d->pool_text_version = d->state_version - 1; /* not kept: made again next time */
+            reply_oom(d, req);
+            return;
+        }
         reply_buf(d, req, 200, b);
         return;
     }
@@ -779,7 +818,7 @@ static void h_backends(struct osubd *d, struct evhttp_request *req, const char *
         return;
     }
     d->state_version++; /* the gateway's view of the service is stale */
-    char *text = json_dumps(list, JSON_COMPACT);
+    char *text = osubd_json_dumps(list, JSON_COMPACT);
     json_decref(list);
     osubd_note(d, id, "gateway", "backends", "%s registered its backends for the gateway: %s", id,
                text ? text : "?");
@@ -796,18 +835,22 @@ static void h_services(struct osubd *d, struct evhttp_request *req, enum evhttp_
             /* one service at a time into the buffer: 10,000 services never exist as one
              * JSON tree */
             struct evbuffer *b = evbuffer_new();
-            evbuffer_add_printf(b, "{\"services\":[");
-            for (size_t i = 0; i < osub_engine_service_count(d->e); i++) {
+            bool ok = b != NULL && evbuffer_add_printf(b, "{\"services\":[") > 0;
+            for (size_t i = 0; ok && i < osub_engine_service_count(d->e); i++) {
                 json_t *o = service_json(d, osub_engine_service_id(d->e, i));
-                char *text = json_dumps(o, JSON_COMPACT);
+                char *text = o ? osubd_json_dumps(o, JSON_COMPACT) : NULL;
                 json_decref(o);
-                if (i > 0)
-                    evbuffer_add(b, ",", 1);
-                if (text != NULL)
-                    evbuffer_add(b, text, strlen(text));
+                ok = text != NULL && (i == 0 || evbuffer_add(b, ",", 1) == 0) &&
+                     evbuffer_add(b, text, strlen(text)) == 0;
                 free(text);
             }
-            evbuffer_add_printf(b, "]}\n");
+            ok = ok && evbuffer_add_printf(b, "]}\n") > 0;
+            if (!ok) {
+                if (b != NULL)
+                    evbuffer_free(b);
+                reply_oom(d, req);
+                return;
+            }
             reply_buf(d, req, 200, b);
         } else if (m == EVHTTP_REQ_POST) {
             /* ?dry_run=1|true|0|false, and nothing else */
@@ -1051,6 +1094,10 @@ static void h_metrics(struct osubd *d, struct evhttp_request *req, const char *q
     bool per_service =
         d->cfg.metrics_per_service || (query != NULL && strstr(query, "per_service=1") != NULL);
     struct evbuffer *b = evbuffer_new();
+    if (b == NULL) {
+        reply_oom(d, req);
+        return;
+    }
     osub_pool_info_t p;
     osub_engine_pool_info(d->e, &p);
     evbuffer_add_printf(b, "# HELP oversub_gpu_vram_mib VRAM of a GPU in MiB.\n"

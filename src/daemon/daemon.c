@@ -1,6 +1,7 @@
 /* daemon.c - oversubd's core: the engine driven by commands that are logged durably first */
 #define _POSIX_C_SOURCE 200809L
 #include "daemon.h"
+#include "jsonmem.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -129,7 +130,7 @@ static char *daemon_meta(struct osubd *d)
     json_object_set_new(m, "gateway_routes", json_string(routes));
     free(routes);
     osubd_act_meta(d, m);
-    char *out = json_dumps(m, JSON_COMPACT);
+    char *out = osubd_json_dumps(m, JSON_COMPACT);
     json_decref(m);
     return out;
 }
@@ -147,7 +148,7 @@ static void meta_saved(struct osubd *d, bool ok)
 
 void osubd_meta_put(json_t *meta, const char *key, const json_t *value)
 {
-    char *text = json_dumps(value, JSON_COMPACT | JSON_SORT_KEYS);
+    char *text = osubd_json_dumps(value, JSON_COMPACT | JSON_SORT_KEYS);
     if (text != NULL)
         json_object_set_new(meta, key, json_string(text));
     free(text);
@@ -158,10 +159,10 @@ void osubd_meta_put(json_t *meta, const char *key, const json_t *value)
 static void log_command(struct osubd *d, int64_t now, const json_t *cmd, json_t **objs, size_t n)
 {
     char **texts = calloc(n ? n : 1, sizeof(*texts));
-    char *ctext = json_dumps(cmd, JSON_COMPACT | JSON_SORT_KEYS);
+    char *ctext = osubd_json_dumps(cmd, JSON_COMPACT | JSON_SORT_KEYS);
     bool ok = texts != NULL && ctext != NULL;
     for (size_t i = 0; i < n && ok; i++) {
-        texts[i] = json_dumps(objs[i], JSON_COMPACT);
+        texts[i] = osubd_json_dumps(objs[i], JSON_COMPACT);
         ok = texts[i] != NULL;
     }
     for (size_t i = 0; i < n; i++)

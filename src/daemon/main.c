@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "daemon.h"
+#include "jsonmem.h"
 #include "netpolicy.h"
 #include "oversub/units.h"
 #include "spec_json.h"
@@ -325,6 +326,7 @@ int main(int argc, char **argv)
 {
     struct osubd d;
     memset(&d, 0, sizeof(d));
+    osubd_json_init();
     d.lock_fd = -1;
     d.marker_fd = -1;
     osubd_config_default(&d.cfg);

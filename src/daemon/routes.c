@@ -1,5 +1,6 @@
 /* routes.c - the gateway's per-service settings as typed records */
 #include "routes.h"
+#include "jsonmem.h"
 
 #include "netpolicy.h"
 
@@ -219,7 +220,7 @@ char *osubd_routes_save(const struct osubd_routes *t)
         if (id != NULL)
             json_object_set_new(o, id, osubd_route_json(v));
     }
-    char *text = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
+    char *text = osubd_json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(o);
     return text;
 }
