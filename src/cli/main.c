@@ -20,7 +20,9 @@
 #include "sim.h"
 #include "trace.h"
 
+#ifndef OSUB_VERSION
 #define OSUB_VERSION "0.1.0"
+#endif
 
 enum { EXIT_OK = 0, EXIT_REFUSED = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3 };
 

@@ -1,12 +1,15 @@
 /* api.c - oversubd's control API: JSON over HTTP/1.1 under /v1, /healthz and /metrics */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -14,6 +17,9 @@
 #include <unistd.h>
 
 #include <event2/buffer.h>
+#include <event2/event.h>
+#include <jansson.h>
+#include <sqlite3.h>
 #include <event2/bufferevent.h>
 #include <event2/keyvalq_struct.h>
 #include <sys/queue.h>
@@ -1084,7 +1090,112 @@ static void h_events(struct osubd *d, struct evhttp_request *req, const char *qu
         event_add(w->probe, NULL);
 }
 
+/* ---- the dashboard and the OpenAPI description (src/daemon/web/, embedded) ------------- */
+
+extern const unsigned char osubd_dashboard_html[], osubd_openapi_json[];
+extern const size_t osubd_dashboard_html_len, osubd_openapi_json_len;
+
+static void h_static(struct osubd *d, struct evhttp_request *req, enum evhttp_cmd_type m,
+                     const unsigned char *body, size_t len, const char *type)
+{
+    if (m != EVHTTP_REQ_GET && m != EVHTTP_REQ_HEAD) {
+        reply_error(d, req, 405, "method_not_allowed", "GET only");
+        return;
+    }
+    struct evbuffer *b = evbuffer_new();
+    if (b == NULL || evbuffer_add_reference(b, body, len, NULL, NULL) != 0) {
+        if (b != NULL)
+            evbuffer_free(b);
+        reply_oom(d, req);
+        return;
+    }
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    evhttp_add_header(h, "Content-Type", type);
+    evhttp_add_header(h, "Cache-Control", "no-cache");
+    evhttp_add_header(h, "X-Content-Type-Options", "nosniff");
+    if (strncmp(type, "text/html", 9) == 0) {
+        /* the page talks to this API only, and is framed by nobody */
+        evhttp_add_header(h, "Content-Security-Policy",
+                          "default-src 'self'; style-src 'self' 'unsafe-inline'; script-src "
+                          "'self' 'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'");
+        evhttp_add_header(h, "X-Frame-Options", "DENY");
+    }
+    count(d, 200);
+    evhttp_send_reply(req, 200, "OK", b);
+    evbuffer_free(b);
+}
+
 /* ---- metrics --------------------------------------------------------------------------- */
+
+#ifndef OSUB_VERSION
+#define OSUB_VERSION "0.1.0"
+#endif
+
+/* oversub_build_info and the process_* series every Prometheus client library exports */
+static void process_metrics(struct osubd *d, struct evbuffer *b)
+{
+    evbuffer_add_printf(b,
+                        "# HELP oversub_build_info The running oversubd: its version and the "
+                        "libraries it runs on.\n# TYPE oversub_build_info gauge\n"
+                        "oversub_build_info{version=\"%s\",sqlite=\"%s\",libevent=\"%s\","
+                        "jansson=\"%s\"} 1\n",
+                        OSUB_VERSION, sqlite3_libversion(), event_get_version(), JANSSON_VERSION);
+    char buf[1024];
+    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+    if (fd >= 0)
+        close(fd);
+    long tck = sysconf(_SC_CLK_TCK), page = sysconf(_SC_PAGESIZE);
+    char *rp = n > 0 ? (buf[n] = '\0', strrchr(buf, ')')) : NULL;
+    unsigned long long ut = 0, st = 0, start = 0, vsize = 0;
+    long long rss = 0;
+    /* after the name: state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt
+     * utime stime cutime cstime priority nice threads itrealvalue starttime vsize rss */
+    if (rp != NULL && tck > 0 &&
+        sscanf(rp + 2,
+               "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d %*d %*d %*d "
+               "%*d %llu %llu %lld",
+               &ut, &st, &start, &vsize, &rss) == 5) {
+        double boot = 0;
+        FILE *f = fopen("/proc/stat", "re");
+        char line[256];
+        while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+            if (strncmp(line, "btime ", 6) == 0)
+                boot = strtod(line + 6, NULL);
+        if (f != NULL)
+            fclose(f);
+        evbuffer_add_printf(
+            b,
+            "# HELP process_cpu_seconds_total User and system CPU time spent in seconds.\n"
+            "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total %.2f\n"
+            "# HELP process_start_time_seconds Start time of the process since unix epoch in "
+            "seconds.\n# TYPE process_start_time_seconds gauge\n"
+            "process_start_time_seconds %.2f\n"
+            "# HELP process_virtual_memory_bytes Virtual memory size in bytes.\n"
+            "# TYPE process_virtual_memory_bytes gauge\nprocess_virtual_memory_bytes %llu\n"
+            "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+            "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes %lld\n",
+            (double)(ut + st) / (double)tck, boot + (double)start / (double)tck, vsize,
+            rss * (long long)page);
+    }
+    int open_fds = 0;
+    DIR *dir = opendir("/proc/self/fd");
+    for (struct dirent *e; dir != NULL && (e = readdir(dir)) != NULL;)
+        open_fds += e->d_name[0] != '.';
+    if (dir != NULL) {
+        closedir(dir);
+        open_fds--; /* the one reading the folder */
+    }
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    evbuffer_add_printf(b,
+                        "# HELP process_open_fds Number of open file descriptors.\n"
+                        "# TYPE process_open_fds gauge\nprocess_open_fds %d\n"
+                        "# HELP process_max_fds Maximum number of open file descriptors.\n"
+                        "# TYPE process_max_fds gauge\nprocess_max_fds %llu\n",
+                        open_fds, (unsigned long long)rl.rlim_cur);
+    (void)d;
+}
 
 static const double lat_bounds[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
                                     0.01,   0.025,   0.05,   0.1,   0.5};
@@ -1100,15 +1211,19 @@ static void h_metrics(struct osubd *d, struct evhttp_request *req, const char *q
     }
     osub_pool_info_t p;
     osub_engine_pool_info(d->e, &p);
-    evbuffer_add_printf(b, "# HELP oversub_gpu_vram_mib VRAM of a GPU in MiB.\n"
-                           "# TYPE oversub_gpu_vram_mib gauge\n");
+    /* sizes in bytes, fractions as _ratio: Prometheus' base units (docs/operations.md) */
     static const char *const fields[] = {"vram", "logical", "granted", "held", "used", "system"};
+    static const char *const fhelp[] = {"Physical VRAM of a GPU",
+                                        "Logical capacity of a GPU (VRAM x the oversell ratio)",
+                                        "VRAM granted to services on a GPU",
+                                        "VRAM held on a GPU (grants of running services)",
+                                        "VRAM in use on a GPU, as reported",
+                                        "VRAM used on a GPU by nothing oversub knows"};
     for (int f = 0; f < 6; f++) {
-        if (f > 0)
-            evbuffer_add_printf(b,
-                                "# HELP oversub_gpu_%s_mib %s MiB of a GPU.\n"
-                                "# TYPE oversub_gpu_%s_mib gauge\n",
-                                fields[f], fields[f], fields[f]);
+        evbuffer_add_printf(b,
+                            "# HELP oversub_gpu_%s_bytes %s, in bytes.\n"
+                            "# TYPE oversub_gpu_%s_bytes gauge\n",
+                            fields[f], fhelp[f], fields[f]);
         for (size_t i = 0; i < osub_engine_gpu_count(d->e); i++) {
             osub_gpu_info_t g;
             osub_engine_gpu_info(d->e, (int32_t)i, &g);
@@ -1118,16 +1233,17 @@ static void h_metrics(struct osubd *d, struct evhttp_request *req, const char *q
                         : f == 3 ? g.held_mib
                         : f == 4 ? g.used_mib
                                  : g.system_mib;
-            evbuffer_add_printf(b, "oversub_gpu_%s_mib{gpu=\"%zu\"} %lld\n", fields[f], i,
-                                (long long)v);
+            evbuffer_add_printf(b, "oversub_gpu_%s_bytes{gpu=\"%zu\"} %lld\n", fields[f], i,
+                                (long long)v * 1048576LL);
         }
     }
     evbuffer_add_printf(b,
-                        "# HELP oversub_pool_utilization Pool utilisation by kind (used, held, "
-                        "logical), as a fraction.\n# TYPE oversub_pool_utilization gauge\n"
-                        "oversub_pool_utilization{kind=\"used\"} %.6f\n"
-                        "oversub_pool_utilization{kind=\"held\"} %.6f\n"
-                        "oversub_pool_utilization{kind=\"logical\"} %.6f\n",
+                        "# HELP oversub_pool_utilization_ratio Pool utilisation by kind: used and "
+                        "held of physical VRAM, granted of logical capacity.\n"
+                        "# TYPE oversub_pool_utilization_ratio gauge\n"
+                        "oversub_pool_utilization_ratio{kind=\"used\"} %.6f\n"
+                        "oversub_pool_utilization_ratio{kind=\"held\"} %.6f\n"
+                        "oversub_pool_utilization_ratio{kind=\"logical\"} %.6f\n",
                         frac(p.used_mib, p.vram_mib), frac(p.held_mib, p.vram_mib),
                         frac(p.granted_mib, p.logical_mib));
     evbuffer_add_printf(b,
@@ -1163,16 +1279,18 @@ static void h_metrics(struct osubd *d, struct evhttp_request *req, const char *q
         static const char *const what[] = {"grant", "held", "used"};
         for (int w = 0; w < 3; w++) {
             evbuffer_add_printf(b,
-                                "# HELP oversub_service_%s_mib %s MiB of a service (opt-in).\n"
-                                "# TYPE oversub_service_%s_mib gauge\n",
+                                "# HELP oversub_service_%s_bytes %s VRAM of a service, in bytes "
+                                "(opt-in).\n"
+                                "# TYPE oversub_service_%s_bytes gauge\n",
                                 what[w], what[w], what[w]);
             for (size_t i = 0; i < osub_engine_service_count(d->e); i++) {
                 const char *id = osub_engine_service_id(d->e, i);
                 osub_service_info_t si;
                 osub_engine_service_info(d->e, id, &si);
                 int64_t v = w == 0 ? si.grant_mib : w == 1 ? si.held_mib : si.used_mib;
-                evbuffer_add_printf(b, "oversub_service_%s_mib{service=\"%s\",class=\"%s\"} %lld\n",
-                                    what[w], id, si.spec->class_name, (long long)v);
+                evbuffer_add_printf(b,
+                                    "oversub_service_%s_bytes{service=\"%s\",class=\"%s\"} %lld\n",
+                                    what[w], id, si.spec->class_name, (long long)v * 1048576LL);
             }
         }
     }
@@ -1212,6 +1330,7 @@ static void h_metrics(struct osubd *d, struct evhttp_request *req, const char *q
         (unsigned long long)d->waiters_gone);
     osubd_gateway_metrics(d, b);
     osubd_act_metrics(d, b);
+    process_metrics(d, b);
     evbuffer_add_printf(b,
                         "# HELP oversub_store_commits_total Durable transactions of the writer.\n"
                         "# TYPE oversub_store_commits_total counter\n"
@@ -1341,6 +1460,11 @@ static void on_request(struct evhttp_request *req, void *arg)
             reply_json(d, req, 500, json_pack("{s:s, s:s}", "status", "broken", "invariants", why));
     } else if (strcmp(path, "/metrics") == 0)
         h_metrics(d, req, query);
+    else if (strcmp(path, "/") == 0 || strcmp(path, "/dashboard") == 0)
+        h_static(d, req, m, osubd_dashboard_html, osubd_dashboard_html_len,
+                 "text/html; charset=utf-8");
+    else if (strcmp(path, "/v1/openapi.json") == 0)
+        h_static(d, req, m, osubd_openapi_json, osubd_openapi_json_len, "application/json");
     else if (strcmp(path, "/v1/pool") == 0)
         h_pool(d, req, m);
     else if (strcmp(path, "/v1/services") == 0)

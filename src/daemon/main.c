@@ -14,7 +14,9 @@
 #include "oversub/units.h"
 #include "spec_json.h"
 
+#ifndef OSUB_VERSION
 #define OSUB_VERSION "0.1.0"
+#endif
 
 static void usage(FILE *f)
 {

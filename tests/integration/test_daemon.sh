@@ -159,11 +159,14 @@ if command -v promtool >/dev/null; then
 else
     echo "promtool missing: metrics checked for their families only"
 fi
-grep -q '^oversub_pool_utilization{kind="held"}' "$tmp/metrics" && ok || bad "metrics: no utilisation"
+grep -q '^oversub_pool_utilization_ratio{kind="held"}' "$tmp/metrics" && ok || bad "metrics: no utilisation"
+grep -q '^oversub_build_info{version="[0-9.]*",sqlite=' "$tmp/metrics" && ok || bad "metrics: no build info"
+grep -q '^process_resident_memory_bytes [1-9]' "$tmp/metrics" && ok || bad "metrics: no process metrics"
+grep -q '^oversub_gpu_vram_bytes{gpu="0"} 85899345920$' "$tmp/metrics" && ok || bad "metrics: sizes in bytes"
 grep -q 'oversub_decisions_total{kind="degrade",level="experiment"} 1' "$tmp/metrics" && ok || bad "metrics: the degrade is not counted"
 grep -q '^oversub_service_' "$tmp/metrics" && bad "metrics: per-service series without opting in" || ok
 curl -s "$(U '/metrics?per_service=1')" >"$tmp/metrics2"
-grep -q '^oversub_service_grant_mib{service="agent-online",class="online"} 163840' "$tmp/metrics2" && ok || bad "metrics: opt-in per-service series missing"
+grep -q '^oversub_service_grant_bytes{service="agent-online",class="online"} 171798691840' "$tmp/metrics2" && ok || bad "metrics: opt-in per-service series missing"
 if command -v promtool >/dev/null; then
     if promtool check metrics <"$tmp/metrics2" >"$tmp/promtool" 2>&1; then ok; else bad "promtool (per service): $(cat "$tmp/promtool")"; fi
 fi
