@@ -9,7 +9,7 @@ VALGRIND_BUILD ?= build-valgrind
 TSAN_BUILD ?= build-tsan
 CMAKE_FLAGS ?=
 
-.PHONY: efficacy all deps build run scenario test test-unit test-asan test-valgrind test-tsan bench bench-engine bench-sim bench-daemon bench-gateway bench-streams bench-shim fuzz format format-check clean help
+.PHONY: install efficacy all deps build run scenario test test-unit test-asan test-valgrind test-tsan bench bench-engine bench-sim bench-daemon bench-gateway bench-streams bench-shim fuzz format format-check clean help
 
 all: build
 
@@ -26,6 +26,7 @@ help:
 	@echo "make bench-shim what liboversub-cuda.so adds to a cuMemAlloc/cuMemFree pair (fake driver)"
 	@echo "make efficacy   the GPUs saved on held-back pods, other GPU sizes, buffers, class mixes and synthetic traces (docs/results.md)"
 	@echo "make format     clang-format every C file in place"
+	@echo "make install    install into PREFIX (/usr/local; DESTDIR= for staging): docs/operations.md"
 	@echo "make clean      remove the build folders"
 
 deps:
@@ -106,6 +107,15 @@ test-tsan: $(TSAN_BUILD)/CMakeCache.txt
 	if grep -l 'ThreadSanitizer' $(abspath $(TSAN_BUILD))/tsan/tsan.* 2>/dev/null; then \
 		echo "test-tsan: ThreadSanitizer reports in the files above"; st=1; fi; \
 	exit $$st
+
+# make install [PREFIX=/usr/local] [DESTDIR=...]: the daemon, the CLI, the shim, the engine
+# library with its headers and pkg-config file, man pages, the example configuration, the
+# systemd unit and sysusers file, bash completion, Prometheus rules and the Grafana dashboard
+PREFIX ?= /usr/local
+install: build
+	cmake -S . -B $(BUILD) -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+	DESTDIR=$(DESTDIR) cmake --install $(BUILD)
 
 bench: bench-engine bench-sim bench-daemon bench-gateway bench-streams bench-shim
 

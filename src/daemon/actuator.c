@@ -123,6 +123,23 @@ static bool env_name_ok(const char *k)
     return true;
 }
 
+/* Root, or a dedicated user given CAP_SETUID and CAP_SETGID (deploy/systemd/oversubd.service's
+ * AmbientCapabilities): may run a service as another user. */
+static bool can_switch_users(void)
+{
+    if (geteuid() == 0)
+        return true;
+    FILE *f = fopen("/proc/self/status", "re");
+    char line[256];
+    unsigned long long eff = 0;
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+        if (strncmp(line, "CapEff:", 7) == 0)
+            eff = strtoull(line + 7, NULL, 16);
+    if (f != NULL)
+        fclose(f);
+    return (eff & (1ULL << 7)) && (eff & (1ULL << 6)); /* CAP_SETUID, CAP_SETGID */
+}
+
 int osubd_act_take(const struct osubd *d, json_t *spec, bool trusted, json_t **exec, char *err,
                    size_t errlen)
 {
@@ -230,7 +247,7 @@ int osubd_act_take(const struct osubd *d, json_t *spec, bool trusted, json_t **e
             struct passwd *pw = getpwnam(user);
             if (pw == NULL)
                 FAIL("field 'user': no such user '%.64s'", user);
-            if (pw->pw_uid != geteuid() && geteuid() != 0)
+            if (pw->pw_uid != geteuid() && !can_switch_users())
                 FAIL("field 'user': oversubd runs as uid %u and cannot run programs as '%.64s'",
                      (unsigned)geteuid(), user);
             uid = pw->pw_uid;

@@ -22,6 +22,7 @@
 #include "sha256.h"
 #include "conns.h"
 #include "gateway.h"
+#include "notify.h"
 #include "netpolicy.h"
 #include "writer.h"
 #include "oversub/units.h"
@@ -425,19 +426,28 @@ static void on_signal(evutil_socket_t fd, short what, void *arg)
 
 /* SIGHUP: never a stop. The admin token is read again from its file; other settings are read
  * at start, and the message says so. */
+static void on_hup_read(struct osubd *d, char *err, size_t errlen);
+
 static void on_hup(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
     struct osubd *d = arg;
     char err[600];
+    /* systemd's ExecReload (kill -HUP): reloading, then ready again */
+    osubd_notify("RELOADING=1");
+    on_hup_read(d, err, sizeof(err));
+    osubd_notify("READY=1");
+}
+
+static void on_hup_read(struct osubd *d, char *err, size_t errlen)
+{
     if (d->cfg.token_file[0] == '\0') {
         fprintf(stderr, "oversubd: SIGHUP: nothing to reload (no --token-file); other settings "
                         "are read at start: restart oversubd to change them\n");
         return;
     }
-    if (osubd_read_token(d->cfg.token_file, d->cfg.token, sizeof(d->cfg.token), err, sizeof(err)) !=
-        0) {
+    if (osubd_read_token(d->cfg.token_file, d->cfg.token, sizeof(d->cfg.token), err, errlen) != 0) {
         fprintf(stderr, "oversubd: SIGHUP: %s: the old token stays\n", err);
         return;
     }

@@ -22,6 +22,7 @@ struct osubd_config {
     char listen_host[256];
     int listen_port;
     char socket_path[512]; /* "" = no Unix socket */
+    bool socket_set;       /* given; else oversub.sock next to the state */
     char state_path[512];
     char gpus[512]; /* auto | sim:8x81920 */
     int32_t ratio_milli;

@@ -7,9 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "daemon.h"
 #include "jsonmem.h"
+#include "notify.h"
 #include "netpolicy.h"
 #include "oversub/units.h"
 #include "spec_json.h"
@@ -31,7 +33,7 @@ static void usage(FILE *f)
             "  --gateway HOST:PORT  the entry for services' traffic, a reverse proxy with\n"
             "                       overload protection (off by default; oversub.yaml: :8080)\n"
             "  --socket PATH        the control API on a Unix socket, mode 0600\n"
-            "                       (var/oversub.sock; \"\" for none)\n"
+            "                       (oversub.sock next to the state; \"\" for none)\n"
             "  --state PATH         the SQLite state (var/oversub.db)\n"
             "  --gpus POOL          auto, or a simulated pool: sim:8x81920, sim:4x81920,4x40960\n"
             "  --ratio R            the oversell ratio of a new state (1.3)\n"
@@ -219,6 +221,7 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
             }
         } else if (strcmp(key, "socket") == 0) {
             snprintf(c->socket_path, sizeof(c->socket_path), "%.511s", sv);
+            c->socket_set = true;
         } else if (strcmp(key, "state") == 0) {
             snprintf(c->state_path, sizeof(c->state_path), "%.511s", sv);
         } else if (strcmp(key, "gpus") == 0) {
@@ -364,6 +367,7 @@ int main(int argc, char **argv)
             break;
         case 's':
             snprintf(d.cfg.socket_path, sizeof(d.cfg.socket_path), "%s", optarg);
+            d.cfg.socket_set = true;
             break;
         case 'S':
             snprintf(d.cfg.state_path, sizeof(d.cfg.state_path), "%s", optarg);
@@ -463,6 +467,13 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    if (!d.cfg.socket_set) {
+        /* the socket belongs beside the state it serves (var/oversub.sock for var/oversub.db) */
+        const char *slash = strrchr(d.cfg.state_path, '/');
+        int dl = slash ? (int)(slash - d.cfg.state_path) : 0;
+        snprintf(d.cfg.socket_path, sizeof(d.cfg.socket_path), "%.*s%soversub.sock", dl,
+                 d.cfg.state_path, slash ? "/" : "");
+    }
     signal(SIGPIPE, SIG_IGN);
     char err[700];
     if (osubd_start(&d, err, sizeof(err)) != 0) {
@@ -470,7 +481,12 @@ int main(int argc, char **argv)
         osubd_stop(&d);
         return 1;
     }
+    char status[300];
+    snprintf(status, sizeof(status), "READY=1\nMAINPID=%d\nSTATUS=serving on %s:%d", (int)getpid(),
+             d.cfg.listen_host, d.cfg.listen_port);
+    osubd_notify(status);
     event_base_dispatch(d.base);
+    osubd_notify("STOPPING=1");
     bool fatal = d.fatal;
     osubd_stop(&d);
     return fatal ? 1 : 0;
