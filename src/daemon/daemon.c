@@ -1297,6 +1297,12 @@ fail:
 
 void osubd_stop(struct osubd *d)
 {
+    /* before the writer closes its pipe: an event left on a closed descriptor makes libevent
+     * warn (and, with a start that failed early, its addition was never applied) */
+    if (d->writer_ev) {
+        event_free(d->writer_ev);
+        d->writer_ev = NULL;
+    }
     if (d->writer != NULL) {
         struct osub_writer_progress p;
         if (osub_writer_stop(d->writer, &p) != 0)

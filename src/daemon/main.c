@@ -33,7 +33,7 @@ static void usage(FILE *f)
             "  --gateway HOST:PORT  the entry for services' traffic, a reverse proxy with\n"
             "                       overload protection (off by default; oversub.yaml: :8080)\n"
             "  --socket PATH        the control API on a Unix socket, mode 0600\n"
-            "                       (oversub.sock next to the state; \"\" for none)\n"
+            "                       (beside the state: STATE.sock, .db taken off; \"\" for none)\n"
             "  --state PATH         the SQLite state (var/oversub.db)\n"
             "  --gpus POOL          auto, or a simulated pool: sim:8x81920, sim:4x81920,4x40960\n"
             "  --ratio R            the oversell ratio of a new state (1.3)\n"
@@ -468,11 +468,13 @@ int main(int argc, char **argv)
         }
     }
     if (!d.cfg.socket_set) {
-        /* the socket belongs beside the state it serves (var/oversub.sock for var/oversub.db) */
-        const char *slash = strrchr(d.cfg.state_path, '/');
-        int dl = slash ? (int)(slash - d.cfg.state_path) : 0;
-        snprintf(d.cfg.socket_path, sizeof(d.cfg.socket_path), "%.*s%soversub.sock", dl,
-                 d.cfg.state_path, slash ? "/" : "");
+        /* the socket belongs beside the state it serves, named after it: var/oversub.sock for
+         * var/oversub.db (two states in one folder get two sockets) */
+        size_t sl = strlen(d.cfg.state_path);
+        if (sl > 3 && strcmp(d.cfg.state_path + sl - 3, ".db") == 0)
+            sl -= 3;
+        snprintf(d.cfg.socket_path, sizeof(d.cfg.socket_path), "%.*s.sock", (int)sl,
+                 d.cfg.state_path);
     }
     signal(SIGPIPE, SIG_IGN);
     char err[700];
