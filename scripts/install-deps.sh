@@ -30,12 +30,14 @@ for p in "${pkgs[@]}"; do
         missing+=("$p")
     fi
 done
-sdk_install() { # the SDK's exact versions (tests/sdk/package-lock.json), once
+sdk_install() { # tests/sdk's exact versions (package-lock.json): the OpenAI Node SDK and
+    # puppeteer-core (drives the system chromium for test_dashboard.sh), once each
     local sdk
     sdk=$(cd "$(dirname "$0")/.." && pwd)/tests/sdk
-    if { [ "$want" = test ] || [ "$want" = all ]; } && [ ! -d "$sdk/node_modules/openai" ]; then
-        echo "install-deps.sh: npm ci in tests/sdk (the OpenAI Node SDK)" >&2
-        (cd "$sdk" && npm ci --no-audit --no-fund >/dev/null)
+    if { [ "$want" = test ] || [ "$want" = all ]; } &&
+        { [ ! -d "$sdk/node_modules/openai" ] || [ ! -d "$sdk/node_modules/puppeteer-core" ]; }; then
+        echo "install-deps.sh: npm ci in tests/sdk (the OpenAI Node SDK, puppeteer-core)" >&2
+        (cd "$sdk" && PUPPETEER_SKIP_DOWNLOAD=1 npm ci --no-audit --no-fund >/dev/null)
     fi
 }
 if [ ${#missing[@]} -eq 0 ]; then

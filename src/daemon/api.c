@@ -328,6 +328,8 @@ static json_t *pool_json(struct osubd *d)
     osub_engine_pool_info(d->e, &p);
     char ratio[16];
     osub_format_ratio(p.ratio_milli, ratio, sizeof(ratio));
+    osub_pool_config_t pc;
+    osub_engine_config(d->e, &pc);
     json_t *gpus = json_array();
     for (size_t i = 0; i < osub_engine_gpu_count(d->e); i++) {
         osub_gpu_info_t g;
@@ -346,18 +348,26 @@ static json_t *pool_json(struct osubd *d)
                       (json_int_t)g.granted_mib, "held_mib", (json_int_t)g.held_mib, "used_mib",
                       (json_int_t)g.used_mib, "system_mib", (json_int_t)g.system_mib, "cordoned",
                       g.cordoned, "lost", g.lost));
+        /* pressure starts above the high watermark of usable memory, relieves to the low */
+        json_t *gj = json_array_get(gpus, json_array_size(gpus) - 1);
+        int64_t usable = g.vram_mib - pc.margin_mib;
+        json_object_set_new(gj, "high_watermark_mib",
+                            json_integer(usable * pc.high_watermark_pct / 100));
+        json_object_set_new(gj, "low_watermark_mib",
+                            json_integer(usable * pc.low_watermark_pct / 100));
     }
     double held = frac(p.held_mib, p.vram_mib);
-    return json_pack("{s:f, s:s, s:o, s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:f, s:f, s:f, s:f}, "
-                     "s:b, s:i, s:i}",
-                     "ratio", (double)p.ratio_milli / 1000.0, "ratio_text", ratio, "gpus", gpus,
-                     "totals", "vram_mib", (json_int_t)p.vram_mib, "logical_mib",
-                     (json_int_t)p.logical_mib, "granted_mib", (json_int_t)p.granted_mib,
-                     "held_mib", (json_int_t)p.held_mib, "used_mib", (json_int_t)p.used_mib,
-                     "system_mib", (json_int_t)p.system_mib, "utilization", "used",
-                     frac(p.used_mib, p.vram_mib), "held", held, "logical",
-                     frac(p.granted_mib, p.logical_mib), "physical", held, "overcommitted",
-                     p.overcommitted, "queued", p.n_queued, "pending", p.n_pending);
+    return json_pack(
+        "{s:f, s:s, s:o, s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:f, s:f, s:f, s:f}, "
+        "s:b, s:i, s:i, s:{s:i, s:i, s:I}}",
+        "ratio", (double)p.ratio_milli / 1000.0, "ratio_text", ratio, "gpus", gpus, "totals",
+        "vram_mib", (json_int_t)p.vram_mib, "logical_mib", (json_int_t)p.logical_mib, "granted_mib",
+        (json_int_t)p.granted_mib, "held_mib", (json_int_t)p.held_mib, "used_mib",
+        (json_int_t)p.used_mib, "system_mib", (json_int_t)p.system_mib, "utilization", "used",
+        frac(p.used_mib, p.vram_mib), "held", held, "logical", frac(p.granted_mib, p.logical_mib),
+        "physical", held, "overcommitted", p.overcommitted, "queued", p.n_queued, "pending",
+        p.n_pending, "watermarks", "high_pct", pc.high_watermark_pct, "low_pct",
+        pc.low_watermark_pct, "margin_mib", (json_int_t)pc.margin_mib);
 }
 
 static json_t *service_json(struct osubd *d, const char *id)
