@@ -446,6 +446,65 @@ static int service_dir(const char *path, uid_t uid, gid_t gid, bool give, char *
     return rc;
 }
 
+/* The same walk in a forked child, as the service's user (async-signal-safe: no allocation, no
+ * formatting): a folder it names is made only where that user could make it anyway. 0, or -1
+ * with errno (ELOOP or ENOTDIR for a link or a file on the way, EINVAL for '..'). */
+static int child_dir(const char *path)
+{
+    char tmp[1024];
+    size_t n = 0;
+    while (path[n] != '\0' && n + 1 < sizeof(tmp)) {
+        tmp[n] = path[n];
+        n++;
+    }
+    tmp[n] = '\0';
+    int fd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    char *part = tmp;
+    while (*part != '\0') {
+        while (*part == '/')
+            part++;
+        if (*part == '\0')
+            break;
+        char *end = part;
+        while (*end != '\0' && *end != '/')
+            end++;
+        bool last = true;
+        for (const char *q = end; *q != '\0'; q++)
+            if (*q != '/')
+                last = false;
+        char save = *end;
+        *end = '\0';
+        if (part[0] == '.' && part[1] == '.' && part[2] == '\0') {
+            close(fd);
+            errno = EINVAL;
+            return -1;
+        }
+        int nfd = openat(fd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (nfd < 0 && errno == ENOENT) {
+            if (mkdirat(fd, part, last ? 0700 : 0755) != 0 && errno != EEXIST) {
+                int e = errno;
+                close(fd);
+                errno = e;
+                return -1;
+            }
+            nfd = openat(fd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        }
+        int e = errno;
+        close(fd);
+        if (nfd < 0) {
+            errno = e;
+            return -1;
+        }
+        fd = nfd;
+        *end = save;
+        part = end;
+    }
+    close(fd);
+    return 0;
+}
+
 /* A process started or ended: saved with the next command; NVML's memory for its PID is the
  * service's usage. */
 static void save_proc(struct osubd *d, struct osub_proc *p)
@@ -916,7 +975,17 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
         apply_fail(d, p, why);
         return;
     }
-    if (service_dir(ckdir, uid, gid, user != NULL, why, sizeof(why)) != 0) {
+    /* a folder the spec names, for a service that runs as another user, is made by that user
+     * in the child (a root-made folder given away anywhere would be a way to root); the default
+     * one, inside the state's folder, is made here and given to the user */
+    bool ck_as_user = user != NULL && uid != geteuid() && json_object_get(x, "checkpoint_dir");
+    if (ck_as_user) {
+        if (strstr(ckdir, "/../") != NULL || strcmp(ckdir + strlen(ckdir) - 3, "/..") == 0) {
+            snprintf(why, sizeof(why), "%s: '..' is not allowed in a checkpoint folder", ckdir);
+            apply_fail(d, p, why);
+            return;
+        }
+    } else if (service_dir(ckdir, uid, gid, user != NULL, why, sizeof(why)) != 0) {
         apply_fail(d, p, why);
         return;
     }
@@ -1069,6 +1138,9 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
         stage = 3;
         if (user != NULL && (setgroups(1, &gid) != 0 || setgid(gid) != 0 || setuid(uid) != 0))
             goto child_fail;
+        stage = 7;
+        if (ck_as_user && child_dir(ckdir) != 0)
+            goto child_fail;
         stage = 4;
         /* as the service's user: can it load the shim and open its segment? (else ld.so
          * would skip the shim with a warning, and the grant would go unenforced) */
@@ -1101,12 +1173,16 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
         free(env.v[i]);
     if (r == (ssize_t)sizeof(msg)) {
         /* exec failed: the child is gone (reaped by SIGCHLD as a stranger) */
-        static const char *const stages[] = {"setsid",         "redirect its output", "chdir",
-                                             "switch user",    "reach the CUDA shim", "exec",
-                                             "join its cgroup"};
+        static const char *const stages[] = {
+            "setsid",      "redirect its output", "chdir",
+            "switch user", "reach the CUDA shim", "exec",
+            "join its cgroup", "make its checkpoint folder (as its user)"};
         waitpid(pid, NULL, 0);
         snprintf(why, sizeof(why), "cannot start '%.200s': %s failed: %s%s", path,
-                 stages[msg[0] >= 0 && msg[0] <= 6 ? msg[0] : 5], strerror(msg[1]),
+                 stages[msg[0] >= 0 && msg[0] <= 7 ? msg[0] : 5],
+                 msg[0] == 7 && (msg[1] == ELOOP || msg[1] == ENOTDIR)
+                     ? "a part of it is a symbolic link or not a folder"
+                     : strerror(msg[1]),
                  msg[0] == 4   ? " (its user must be able to read liboversub-cuda.so and the "
                                  "folders above it and the state; or set cuda_shim: false)"
                  : msg[0] == 2 ? " (it starts in its workdir, else in its checkpoint folder: "

@@ -60,12 +60,12 @@ if $root; then
         id=ck-$target
         api POST /v1/services '{"id":"'$id'","class":"batch","vram":"1GiB","user":"nobody","cuda_shim":false,"checkpoint_dir":"'$tmp/$target'","command":["/bin/sh","-c","cat '$tmp/secret'; ls '$tmp/rootdir'; sleep 30"]}' >/dev/null
         case $target in
-        rootdir) # used as it is: not given to nobody, who then cannot enter it
-            wait_for 10 sh -c "curl -s --unix-socket '$S' 'http://x/v1/events?since=0' | grep -q '$id.*chdir failed: Permission denied (it starts in its workdir, else in its checkpoint folder'" ||
+        rootdir) # used as it is: not given to nobody, who then cannot open it
+            wait_for 10 sh -c "curl -s --unix-socket '$S' 'http://x/v1/events?since=0' | grep -q '$id.*checkpoint folder (as its user) failed: Permission denied'" ||
                 bad "$id: an existing folder is used as it is: $(evs | grep $id | tail -2)"
             ;;
         *)
-            wait_for 10 sh -c "curl -s --unix-socket '$S' 'http://x/v1/events?since=0' | grep -q '$id.*is a symbolic link or not a folder'" ||
+            wait_for 10 sh -c "curl -s --unix-socket '$S' 'http://x/v1/events?since=0' | grep -q '$id.*symbolic link or not a folder'" ||
                 bad "$id: a file or link as checkpoint_dir is refused: $(evs | grep $id | tail -2)"
             ;;
         esac
@@ -76,12 +76,22 @@ if $root; then
     expect "the link's target kept its owner" root "$(stat -L -c '%U' "$tmp/link")"
     grep -q "root only" "$D/st/logs/"ck-*.log 2>/dev/null && bad "a service read the root-only file" || ok
     # a folder that does not exist is made and given to the service's user
-    api POST /v1/services '{"id":"ck-new","class":"batch","vram":"1GiB","user":"nobody","cuda_shim":false,"checkpoint_dir":"'$tmp/made/here'","command":["/bin/sh","-c","touch \"$OVERSUB_CHECKPOINT_DIR/x\" && echo wrote; sleep 30"]}' >/dev/null
-    wait_for 10 grep -q wrote "$D/st/logs/ck-new.log" || bad "the made folder is the service's: $(cat "$D/st/logs/ck-new.log")"
-    expect "made for nobody" "nobody 700" "$(stat -c '%U %a' "$tmp/made/here")"
+    # a folder that does not exist is made by the service's user, where that user may make it
+    mkdir -p "$tmp/pub" && chown nobody "$tmp/pub"
+    api POST /v1/services '{"id":"ck-new","class":"batch","vram":"1GiB","user":"nobody","cuda_shim":false,"checkpoint_dir":"'$tmp/pub/made/here'","command":["/bin/sh","-c","touch \"$OVERSUB_CHECKPOINT_DIR/x\" && echo wrote; sleep 30"]}' >/dev/null
+    wait_for 10 grep -q wrote "$D/st/logs/ck-new.log" || bad "the made folder is the service's: $(cat "$D/st/logs/ck-new.log") $(evs | grep ck-new | tail -1)"
+    expect "made by nobody" "nobody 700" "$(stat -c '%U %a' "$tmp/pub/made/here")"
     api DELETE /v1/services/ck-new >/dev/null
+    # ... and never where only root may: a missing folder in a root-owned place (on a root
+    # process's search path, say) is not made for the service (it was: a way to root)
+    mkdir -p "$tmp/rootplace" && chmod 755 "$tmp/rootplace"
+    api POST /v1/services '{"id":"ck-root","class":"batch","vram":"1GiB","user":"nobody","cuda_shim":false,"checkpoint_dir":"'$tmp/rootplace/site'","command":["/bin/sleep","30"]}' >/dev/null
+    wait_for 10 sh -c "curl -s --unix-socket '$S' 'http://x/v1/events?since=0' | grep -q 'ck-root.*checkpoint folder (as its user) failed: Permission denied'" ||
+        bad "a folder in a root-only place is not made: $(evs | grep ck-root | tail -1)"
+    [ ! -e "$tmp/rootplace/site" ] && ok || bad "nothing was made in the root-only place: $(ls -la "$tmp/rootplace")"
+    api DELETE /v1/services/ck-root >/dev/null
     # '..' cannot climb out
-    api POST /v1/services '{"id":"ck-dots","class":"batch","vram":"1GiB","user":"nobody","cuda_shim":false,"checkpoint_dir":"'$tmp/made/../rootdir'","command":["/bin/sleep","30"]}' >/dev/null
+    api POST /v1/services '{"id":"ck-dots","class":"batch","vram":"1GiB","user":"nobody","cuda_shim":false,"checkpoint_dir":"'$tmp/pub/made/../../rootdir'","command":["/bin/sleep","30"]}' >/dev/null
     wait_for 10 sh -c "curl -s --unix-socket '$S' 'http://x/v1/events?since=0' | grep -q \"ck-dots.*'..' is not allowed\"" || bad "'..' refused: $(evs | grep ck-dots | tail -1)"
     api DELETE /v1/services/ck-dots >/dev/null
 else
@@ -111,6 +121,8 @@ echo "== 3. a client without a token runs nothing"
 api POST /v1/services '{"id":"re","class":"batch","vram":"1GiB","cuda_shim":false,"command":["/bin/sh","-c","echo ran >>'$tmp/reruns'; sleep 30"]}' >/dev/null
 wait_for 10 test -s "$tmp/reruns" || bad "re ran"
 api DELETE /v1/services/re >/dev/null
+released() { [ "$(code GET /v1/services/re)" = 404 ]; }
+wait_for 20 released || bad "re released"
 expect "re-submitted over TCP, no command" 201 "$(tcode POST /v1/services '{"id":"re","class":"batch","vram":"1GiB"}')"
 grep -q '"command"' "$tmp/body" && bad "the old command came back: $(cat "$tmp/body")" || ok
 api GET /v1/services/re | grep -q '"process"' && bad "a process is kept for an external service" || ok
