@@ -8,7 +8,7 @@ want=${1:-test}
 build_pkgs=(build-essential cmake pkg-config libevent-dev libjansson-dev libsqlite3-dev
             libyaml-dev libcmocka-dev sqlite3)
 test_pkgs=(valgrind prometheus wrk nginx-light libxml2-utils curl procps python3 faketime
-           clang python3-h11 chromium python3-jsonschema python3-yaml)
+           clang python3-h11 chromium python3-jsonschema python3-yaml man-db groff-base)
 bench_pkgs=(valgrind wrk nginx-light haproxy)
 
 case "$want" in

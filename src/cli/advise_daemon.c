@@ -46,12 +46,15 @@ int cli_advise_daemon(int argc, char **argv)
             continue;
         if (strcmp(argv[i], "--url") == 0 && i + 1 < argc)
             url = argv[++i];
+        else if (strncmp(argv[i], "--url=", 6) == 0)
+            url = argv[i] + 6;
         else if (strcmp(argv[i], "--json") == 0)
             json = true;
         else {
             fprintf(stderr,
-                    "oversub advise --from-daemon: unknown argument '%s' (takes --url URL and "
-                    "--json)\n",
+                    "oversub advise --from-daemon: unknown argument '%s'\n\n"
+                    "usage: oversub advise --from-daemon [--url URL] [--json]\n"
+                    "(see 'oversub advise --help')\n",
                     argv[i]);
             return 2;
         }

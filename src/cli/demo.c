@@ -395,6 +395,28 @@ static void rm_dir(const char *dir)
     nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
 }
 
+void cli_demo_usage(FILE *f)
+{
+    fprintf(f, "usage: oversub demo [--url URL] [--pace MS] [--keep]\n"
+               "\n"
+               "Runs DESIGN.md's worked scenario and narrates each decision, then (on its own\n"
+               "daemon) evicts and resumes a real checkpointed batch job. Without --url it\n"
+               "starts its own oversubd (simulated 8 x 81920 MiB, ratio 1.5; next to oversub,\n"
+               "or $OVERSUBD) in a temporary folder and never touches your state. Exit 0 when\n"
+               "the scenario went as DESIGN.md says, 1 when not, 3 when no daemon could be\n"
+               "started or reached. No --json: it is a narration.\n"
+               "\n"
+               "Options:\n"
+               "  --url URL                  run against that daemon (a fresh one: the scenario's\n"
+               "                             ids must be free)\n"
+               "  --pace MS                  wait MS between steps (0)\n"
+               "  --keep                     leave the temporary folder (state and log)\n"
+               "  -h, --help                 this\n"
+               "\n"
+               "Example:\n"
+               "  oversub demo --pace 1500\n");
+}
+
 int cli_demo(int argc, char **argv)
 {
     const char *url = NULL;
@@ -402,6 +424,8 @@ int cli_demo(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--url") == 0 && i + 1 < argc) {
             url = argv[++i];
+        } else if (strncmp(argv[i], "--url=", 6) == 0) {
+            url = argv[i] + 6;
         } else if (strcmp(argv[i], "--pace") == 0 && i + 1 < argc) {
             char *end;
             long v = strtol(argv[++i], &end, 10);
@@ -412,19 +436,12 @@ int cli_demo(int argc, char **argv)
             pace_ms = (int)v;
         } else if (strcmp(argv[i], "--keep") == 0) {
             keep = true;
-        } else if (strcmp(argv[i], "--help") == 0) {
-            printf("usage: oversub demo [--url URL] [--pace MS] [--keep]\n"
-                   "\n"
-                   "Runs DESIGN.md's worked scenario and narrates each decision, then (on its own\n"
-                   "daemon) evicts and resumes a real checkpointed batch job. Without --url it\n"
-                   "starts its own oversubd (simulated 8 x 81920 MiB, ratio 1.5) in a temporary\n"
-                   "folder and never touches your state; --keep leaves that folder (state and\n"
-                   "log) for a look. --pace waits MS between steps. With --url it runs against\n"
-                   "that daemon (which should be fresh: the scenario's ids must be free).\n");
+        } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            cli_demo_usage(stdout);
             return 0;
         } else {
-            fprintf(stderr, "oversub demo: unknown argument '%s' (see oversub demo --help)\n",
-                    argv[i]);
+            fprintf(stderr, "oversub demo: unknown argument '%s'\n\n", argv[i]);
+            cli_demo_usage(stderr);
             return 2;
         }
     }

@@ -26,39 +26,40 @@
 
 enum { EXIT_OK = 0, EXIT_REFUSED = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3 };
 
+/* The commands that work without a daemon, after the daemon's in oversub --help. */
+static const struct {
+    const char *name, *summary;
+} offline_cmds[] = {
+    {"simulate", "replay a usage trace through the engine and compare policies"},
+    {"advise", "recommend an oversell ratio, with the evidence"},
+};
+
 static void usage_main(FILE *f)
 {
+    fprintf(f, "usage: oversub [--url URL] [--json] <command> [options]\n"
+               "\n"
+               "Commands that talk to oversubd:\n");
+    cli_daemon_list(f);
+    fprintf(f, "\nCommands that work offline, on a usage trace:\n");
+    for (size_t i = 0; i < sizeof(offline_cmds) / sizeof(offline_cmds[0]); i++)
+        fprintf(f, "  %-10s %s\n", offline_cmds[i].name, offline_cmds[i].summary);
     fprintf(f,
-            "usage: oversub <command> [options]\n"
+            "\nOther commands:\n"
+            "  %-10s %s\n"
+            "  %-10s %s\n"
             "\n"
-            "Commands that talk to oversubd (its Unix socket var/oversub.sock when present, else\n"
-            "--url or OVERSUB_URL, http://127.0.0.1:7070 by default; token from OVERSUB_TOKEN;\n"
-            "--json for JSON):\n"
-            "  demo [--url URL]               DESIGN.md's worked scenario on a daemon of its own,\n"
-            "                                 narrated decision by decision\n"
-            "  status                         GPUs and services, as a table\n"
-            "  deploy ID --class C --vram S   submit a service ([--min-vram S] [--gpus N]\n"
-            "                                 [--compute P] [--exclusive] [--resumable]\n"
-            "                                 [--no-queue] [--dry-run]; for the gateway:\n"
-            "                                 [--backend URL]... [--max-inflight N]\n"
-            "                                 [--max-queue N] [--queue-timeout MS]; a managed\n"
-            "                                 service: [--env K=V]... [--user U] [--restart\n"
-            "                                 on-failure] ... -- PROGRAM ARG...)\n"
-            "  resize ID [--vram S] [--min-vram S] [--batch N]\n"
-            "  release ID                     usage ID --vram S\n"
-            "  events [--since N] [--follow]  the decision log\n"
-            "  explain ID                     why it is queued, pending or degraded\n"
-            "  queue                          who waits, at which position, since when, for what\n"
-            "  logs ID [-n N] [--follow]      a managed service's output (on oversubd's host)\n"
-            "  gpu cordon|uncordon|drain N    ratio R\n"
-            "Exit codes: 0 ok, 1 refused by the daemon, 2 usage error, 3 daemon unreachable.\n"
+            "Global options (before or after the command):\n"
+            "  --url URL   the daemon: http://HOST:PORT or unix:PATH (default: OVERSUB_URL, else\n"
+            "              ./var/oversub.sock when present, else http://127.0.0.1:7070)\n"
+            "  --json      the daemon's JSON, one document, instead of tables and lines\n"
+            "  -h, --help  this, or a command's usage: oversub deploy --help, oversub help deploy\n"
+            "  --version\n"
+            "The admin token, when oversubd has one, comes from OVERSUB_TOKEN.\n"
             "\n"
-            "Commands that work offline, on a usage trace:\n"
-            "  simulate   replay usage through the engine and compare policies\n"
-            "  advise     recommend an oversell ratio, with the evidence\n"
-            "\n"
-            "  oversub <command> --help   shows a command's options\n"
-            "  oversub --version\n");
+            "Exit codes: 0 ok; 1 refused by the daemon (ready: the service failed or is gone);\n"
+            "2 usage error; 3 oversubd unreachable (ready: timed out).\n",
+            "demo", "DESIGN.md's worked scenario on a daemon of its own, narrated", "help",
+            "a command's usage: oversub help deploy");
 }
 
 static void usage_simulate(FILE *f, const char *cmd)
@@ -67,6 +68,8 @@ static void usage_simulate(FILE *f, const char *cmd)
         f,
         "usage: oversub %s (--genai DIR | --services FILE --usage FILE) [options]\n"
         "%s"
+        "\n"
+        "%s\n"
         "\n"
         "Input\n"
         "  --genai DIR          a folder laid out like shared/traces (genai_pod_vram.csv,\n"
@@ -98,12 +101,24 @@ static void usage_simulate(FILE *f, const char *cmd)
         "Output\n"
         "  --json               JSON on stdout instead of the table\n"
         "  --plot FILE.svg      used utilisation and events over time, and the ratio sweep\n"
-        "  --quiet              no progress on stderr\n",
+        "  --quiet              no progress on stderr\n"
+        "  -h, --help           this\n"
+        "\n"
+        "Example:\n"
+        "  oversub %s --genai ../shared/traces --gpus min --ratio 1.0:1.6:0.1 --plot out.svg\n",
         cmd,
         strcmp(cmd, "advise") == 0
             ? "   or: oversub advise --from-daemon [--url URL] [--json]\n"
               "       (the brief's rule on a running daemon's degrades and evictions)\n"
-            : "");
+            : "",
+        strcmp(cmd, "advise") == 0
+            ? "Recommends an oversell ratio three ways (the brief's rule on the simulated\n"
+              "preemptions, the highest ratio of a sweep within the budgets, a peak-prediction\n"
+              "risk bound) and prints the evidence and its caveats."
+            : "Replays per-service usage through the engine on a virtual clock, beside static\n"
+              "reservations, the brief's algorithm and a hindsight packing, and compares\n"
+              "utilisation, OOMs, degrades and evictions (a table, --json or --plot).",
+        cmd);
 }
 
 struct cli {
@@ -255,7 +270,7 @@ static int parse_common(int argc, char **argv, struct cli *c, bool advise)
                                          {NULL, 0, NULL, 0}};
     optind = 1;
     int ch;
-    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         char *end;
         long v;
         switch (ch) {
@@ -437,7 +452,8 @@ static int parse_common(int argc, char **argv, struct cli *c, bool advise)
             usage_simulate(stdout, advise ? "advise" : "simulate");
             return 1;
         default:
-            fprintf(stderr, "oversub: see 'oversub %s --help'\n", advise ? "advise" : "simulate");
+            fprintf(stderr, "\n");
+            usage_simulate(stderr, advise ? "advise" : "simulate");
             return -1;
         }
     }
@@ -661,6 +677,11 @@ static int cmd_simulate(int argc, char **argv)
 static int cmd_advise(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage_simulate(stdout, "advise");
+            return EXIT_OK;
+        }
+    for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--from-daemon") == 0)
             return cli_advise_daemon(argc, argv);
     struct cli c;
@@ -675,36 +696,104 @@ static int cmd_advise(int argc, char **argv)
     return rc == 0 ? EXIT_OK : EXIT_USAGE;
 }
 
-int main(int argc, char **argv)
+/* oversub help [COMMAND] */
+static int cmd_help(int argc, char **argv)
 {
     if (argc < 2) {
-        usage_main(stderr);
-        return EXIT_USAGE;
-    }
-    const char *cmd = argv[1];
-    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
         usage_main(stdout);
         return EXIT_OK;
     }
-    if (strcmp(cmd, "--version") == 0) {
-        printf("oversub %s\n", OSUB_VERSION);
+    const char *c = argv[1];
+    if (argc > 2) {
+        fprintf(stderr, "oversub help: one command at a time\n");
+        return EXIT_USAGE;
+    }
+    if (strcmp(c, "-h") == 0 || strcmp(c, "--help") == 0 || strcmp(c, "help") == 0) {
+        printf("usage: oversub help [COMMAND]\n\nPrints a command's usage, or the list of "
+               "commands.\n\nExample:\n  oversub help deploy\n");
         return EXIT_OK;
     }
-    if (strcmp(cmd, "--url") == 0 || strcmp(cmd, "--json") == 0)
-        return cli_daemon_cmd(argc - 1, argv + 1); /* global options first */
-    if (strcmp(cmd, "simulate") == 0)
-        return cmd_simulate(argc - 1, argv + 1);
-    if (strcmp(cmd, "demo") == 0)
-        return cli_demo(argc - 1, argv + 1);
-    if (strcmp(cmd, "advise") == 0)
-        return cmd_advise(argc - 1, argv + 1);
-    static const char *const daemon_cmds[] = {"status", "deploy", "resize",  "release",
-                                              "usage",  "events", "explain", "gpu",
-                                              "ratio",  "queue",  "logs"};
-    for (size_t i = 0; i < sizeof(daemon_cmds) / sizeof(daemon_cmds[0]); i++)
-        if (strcmp(cmd, daemon_cmds[i]) == 0)
-            return cli_daemon_cmd(argc - 1, argv + 1);
-    fprintf(stderr, "oversub: unknown command '%s'\n", cmd);
+    if (cli_daemon_usage(c, stdout) == 0)
+        return EXIT_OK;
+    if (strcmp(c, "simulate") == 0 || strcmp(c, "advise") == 0) {
+        usage_simulate(stdout, c);
+        return EXIT_OK;
+    }
+    if (strcmp(c, "demo") == 0) {
+        cli_demo_usage(stdout);
+        return EXIT_OK;
+    }
+    fprintf(stderr, "oversub help: unknown command '%s'\n\n", c);
     usage_main(stderr);
     return EXIT_USAGE;
+}
+
+int main(int argc, char **argv)
+{
+    /* global options before the command (--url URL, --json) go after it, where every command
+     * reads them */
+    int i = 1;
+    char **globals = calloc((size_t)argc + 1, sizeof(char *));
+    if (globals == NULL)
+        return EXIT_USAGE;
+    int ng = 0;
+    while (i < argc && argv[i][0] == '-') {
+        const char *o = argv[i];
+        if (strcmp(o, "--json") == 0 || strncmp(o, "--url=", 6) == 0) {
+            globals[ng++] = argv[i++];
+        } else if (strcmp(o, "--url") == 0 && i + 1 < argc) {
+            globals[ng++] = argv[i++];
+            globals[ng++] = argv[i++];
+        } else if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
+            usage_main(stdout);
+            free(globals);
+            return EXIT_OK;
+        } else if (strcmp(o, "--version") == 0) {
+            printf("oversub %s\n", OSUB_VERSION);
+            free(globals);
+            return EXIT_OK;
+        } else {
+            fprintf(stderr, "oversub: unknown option '%s'\n\n", o);
+            usage_main(stderr);
+            free(globals);
+            return EXIT_USAGE;
+        }
+    }
+    if (i >= argc) {
+        usage_main(stderr);
+        free(globals);
+        return EXIT_USAGE;
+    }
+    /* argv for the command: its name, the global options, then its own arguments */
+    char **cargv = calloc((size_t)argc + 1, sizeof(char *));
+    if (cargv == NULL) {
+        free(globals);
+        return EXIT_USAGE;
+    }
+    int cargc = 0;
+    cargv[cargc++] = argv[i];
+    for (int k = 0; k < ng; k++)
+        cargv[cargc++] = globals[k];
+    for (int k = i + 1; k < argc; k++)
+        cargv[cargc++] = argv[k];
+    free(globals);
+    const char *cmd = cargv[0];
+    int ex;
+    if (strcmp(cmd, "help") == 0)
+        ex = cmd_help(argc - i, argv + i); /* help reads no global option */
+    else if (strcmp(cmd, "simulate") == 0)
+        ex = cmd_simulate(cargc, cargv);
+    else if (strcmp(cmd, "demo") == 0)
+        ex = cli_demo(cargc, cargv);
+    else if (strcmp(cmd, "advise") == 0)
+        ex = cmd_advise(cargc, cargv);
+    else if (cli_daemon_has(cmd))
+        ex = cli_daemon_cmd(cargc, cargv);
+    else {
+        fprintf(stderr, "oversub: unknown command '%s'\n\n", cmd);
+        usage_main(stderr);
+        ex = EXIT_USAGE;
+    }
+    free(cargv);
+    return ex;
 }

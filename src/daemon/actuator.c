@@ -2,6 +2,8 @@
 #define _GNU_SOURCE
 #include "actuator.h"
 
+#include <linux/close_range.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -14,13 +16,16 @@
 #include <string.h>
 #include <dirent.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <arpa/inet.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/dns.h>
 #include <event2/event.h>
 #include <event2/http.h>
@@ -98,6 +103,7 @@ struct act_waiter {
     char id[OSUB_ID_MAX + 1];
     int64_t after;
     struct event *timer;
+    struct event *probe; /* the client's socket: readable when it closes (no CLOSE_WAIT) */
 };
 
 /* ---- the spec's actuation fields ------------------------------------------------------ */
@@ -1151,6 +1157,11 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
         if (chdir(workdir != NULL ? workdir : ckdir) != 0)
             goto child_fail;
         stage = 5;
+        /* nothing oversubd inherited or opened reaches the service: every descriptor past
+         * stderr closes at exec (the pipe above included, which is how a failed exec is told) */
+        if (syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) != 0)
+            for (int fd = 3; fd < 65536; fd++) /* kernels before 5.11 */
+                fcntl(fd, F_SETFD, FD_CLOEXEC);
         execve(path, argv, env.v);
     child_fail:;
         int msg[2] = {stage, errno};
@@ -1173,10 +1184,14 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
         free(env.v[i]);
     if (r == (ssize_t)sizeof(msg)) {
         /* exec failed: the child is gone (reaped by SIGCHLD as a stranger) */
-        static const char *const stages[] = {
-            "setsid",      "redirect its output", "chdir",
-            "switch user", "reach the CUDA shim", "exec",
-            "join its cgroup", "make its checkpoint folder (as its user)"};
+        static const char *const stages[] = {"setsid",
+                                             "redirect its output",
+                                             "chdir",
+                                             "switch user",
+                                             "reach the CUDA shim",
+                                             "exec",
+                                             "join its cgroup",
+                                             "make its checkpoint folder (as its user)"};
         waitpid(pid, NULL, 0);
         snprintf(why, sizeof(why), "cannot start '%.200s': %s failed: %s%s", path,
                  stages[msg[0] >= 0 && msg[0] <= 7 ? msg[0] : 5],
@@ -1305,7 +1320,11 @@ static void hook_send(struct hook *h)
         evhttp_add_header(hd, "X-Oversub-Signature", sig);
         evbuffer_add(evhttp_request_get_output_buffer(req), h->body, strlen(h->body));
         const char *path = evhttp_uri_get_path(u);
-        if (evhttp_make_request(c, req, EVHTTP_REQ_POST, path && path[0] ? path : "/") != 0) {
+        const char *query = evhttp_uri_get_query(u);
+        char target[2100];
+        snprintf(target, sizeof(target), "%s%s%s", path && path[0] ? path : "/", query ? "?" : "",
+                 query ? query : "");
+        if (evhttp_make_request(c, req, EVHTTP_REQ_POST, target) != 0) {
             req = NULL; /* freed by libevent */
             evhttp_connection_free(c);
             c = NULL;
@@ -1345,7 +1364,23 @@ static void waiter_free(struct osubd *d, struct act_waiter *w)
         }
     if (w->timer)
         event_free(w->timer);
+    if (w->probe)
+        event_free(w->probe);
     free(w);
+}
+
+/* The waiting client's socket became readable: closed, its connection is freed now (which
+ * calls waiter_gone); anything else is left to evhttp. */
+static void waiter_probe(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    struct act_waiter *w = arg;
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR)))
+        return;
+    w->d->waiters_gone++;
+    evhttp_connection_free(evhttp_request_get_connection(w->req));
 }
 
 static void post_directive(struct osubd *d, const osub_event_t *ev, const char *action)
@@ -1534,7 +1569,12 @@ void osubd_act_directives(struct osubd *d, struct evhttp_request *req, const cha
         waiter_reply(w, false);
         return;
     }
-    evhttp_connection_set_closecb(evhttp_request_get_connection(req), waiter_gone, w);
+    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+    evhttp_connection_set_closecb(evcon, waiter_gone, w);
+    struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
+    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+    if (fd >= 0 && (w->probe = event_new(d->base, fd, EV_READ, waiter_probe, w)) != NULL)
+        event_add(w->probe, NULL);
 }
 
 /* ---- exits -------------------------------------------------------------------------------- */

@@ -1407,6 +1407,10 @@ static void on_request(struct evhttp_request *req, void *arg)
 {
     struct osubd *d = arg;
     double t0 = now_s();
+    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+    struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
+    if (bev != NULL)
+        osubd_conns_served(d->req_trusted ? d->conns_unix : d->conns, (int)bufferevent_getfd(bev));
     enum evhttp_cmd_type m = evhttp_request_get_command(req);
     const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
     const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
@@ -1578,8 +1582,30 @@ int osubd_api_init(struct osubd *d, char *err, size_t errlen)
     }
     /* TCP: a share per client address and a total; the Unix socket (trusted): a total of its
      * own, so that a flood over TCP never locks the administrator out */
-    d->conns =
-        osubd_conns_new(d->base, d->http, d->cfg.api_conns_per_client, d->cfg.api_conns_max, "API");
+    /* descriptors: the soft limit raised to the hard one, and the API's TCP connections kept
+     * to half of what is left after a reserve, so that a flood of them never takes the ones
+     * the Unix socket, the state and the gateway need */
+    struct rlimit rl;
+    int tcp_max = d->cfg.api_conns_max;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        if (rl.rlim_cur < rl.rlim_max) {
+            rl.rlim_cur = rl.rlim_max;
+            setrlimit(RLIMIT_NOFILE, &rl);
+            getrlimit(RLIMIT_NOFILE, &rl);
+        }
+        long long room = rl.rlim_cur == RLIM_INFINITY ? 1LL << 30 : (long long)rl.rlim_cur;
+        long long cap = (room - 128) / 2;
+        if (cap < 8)
+            cap = 8;
+        if (cap < tcp_max) {
+            fprintf(stderr,
+                    "oversubd: %lld file descriptors: the API takes at most %lld TCP "
+                    "connections (api_conns_max %d; raise LimitNOFILE for more)\n",
+                    room, cap, tcp_max);
+            tcp_max = (int)cap;
+        }
+    }
+    d->conns = osubd_conns_new(d->base, d->http, d->cfg.api_conns_per_client, tcp_max, "API");
     d->conns_unix = osubd_conns_new(d->base, d->http_unix, 0, 256, "Unix socket");
     if (d->conns == NULL || d->conns_unix == NULL) {
         snprintf(err, errlen, "out of memory");

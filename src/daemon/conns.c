@@ -29,7 +29,11 @@ struct conn {
     int fd;
     ino_t ino;
     char peer[INET6_ADDRSTRLEN];
+    time_t opened;
+    bool served; /* its first request arrived whole */
 };
+
+#define HEAD_DEADLINE_S 10 /* a first request's head must arrive within this (408 otherwise) */
 
 struct osubd_conns {
     struct event_base *base;
@@ -40,20 +44,28 @@ struct osubd_conns {
     struct bufferevent **pending;
     int n_pending, cap_pending;
     struct event *check;
-    uint64_t refused;
+    struct event *sweep; /* each second: connections whose first request is late */
+    uint64_t refused, slow;
     time_t logged;
     uint64_t refused_logged;
 };
 
-static const char busy[] =
+static const char busy_client[] =
     "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-    "Connection: close\r\nRetry-After: 1\r\nContent-Length: 96\r\n\r\n"
+    "Connection: close\r\nRetry-After: 1\r\nContent-Length: 92\r\n\r\n"
     "{\"error\":{\"code\":\"too_many_connections\",\"message\":\"this client "
     "holds too many connections\"}}";
+static const char busy_all[] =
+    "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    "Connection: close\r\nRetry-After: 1\r\nContent-Length: 96\r\n\r\n"
+    "{\"error\":{\"code\":\"too_many_connections\",\"message\":\"the API holds all the "
+    "connections it takes\"}}";
 
-static void turn_away(int fd)
+static void turn_away(int fd, bool all)
 {
-    ssize_t w = send(fd, busy, sizeof(busy) - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    const char *busy = all ? busy_all : busy_client;
+    size_t n = all ? sizeof(busy_all) - 1 : sizeof(busy_client) - 1;
+    ssize_t w = send(fd, busy, n, MSG_DONTWAIT | MSG_NOSIGNAL);
     (void)w;
     shutdown(fd, SHUT_RDWR);
 }
@@ -106,7 +118,7 @@ static void on_check(evutil_socket_t unused, short what, void *arg)
         int fd = (int)bufferevent_getfd(bev);
         struct stat st;
         if (fd >= 0 && fstat(fd, &st) == 0) {
-            struct conn k = {.fd = fd, .ino = st.st_ino};
+            struct conn k = {.fd = fd, .ino = st.st_ino, .opened = time(NULL)};
             peer_of(fd, k.peer, sizeof(k.peer));
             int mine = 0;
             for (int j = 0; j < c->n_open && c->per_client > 0; j++)
@@ -126,7 +138,7 @@ static void on_check(evutil_socket_t unused, short what, void *arg)
             }
             if (over != NULL) {
                 c->refused++;
-                turn_away(fd);
+                turn_away(fd, strcmp(over, "per client") != 0);
                 char why[120];
                 snprintf(why, sizeof(why), "over the cap %s; latest from %s", over, k.peer);
                 log_refusals(c, why);
@@ -137,6 +149,53 @@ static void on_check(evutil_socket_t unused, short what, void *arg)
         bufferevent_decref(bev);
     }
     c->n_pending = 0;
+}
+
+static const char slow_head[] =
+    "HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    "Content-Length: 94\r\n\r\n"
+    "{\"error\":{\"code\":\"request_timeout\",\"message\":\"the request's head did not "
+    "arrive within 10 s\"}}";
+
+static void on_sweep(evutil_socket_t unused, short what, void *arg)
+{
+    (void)unused;
+    (void)what;
+    struct osubd_conns *c = arg;
+    time_t now = time(NULL);
+    int keep = 0;
+    for (int i = 0; i < c->n_open; i++) {
+        struct conn *k = &c->open[i];
+        if (!still_open(k))
+            continue;
+        if (!k->served && now - k->opened > HEAD_DEADLINE_S) {
+            /* nothing was written on it yet: the answer goes straight to the socket, and
+             * evhttp sees the end and frees the connection */
+            ssize_t w = send(k->fd, slow_head, sizeof(slow_head) - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+            (void)w;
+            shutdown(k->fd, SHUT_RDWR);
+            c->slow++;
+            continue;
+        }
+        c->open[keep++] = *k;
+    }
+    c->n_open = keep;
+}
+
+void osubd_conns_served(struct osubd_conns *c, int fd)
+{
+    if (c == NULL || fd < 0)
+        return;
+    for (int i = 0; i < c->n_open; i++)
+        if (c->open[i].fd == fd && !c->open[i].served && still_open(&c->open[i])) {
+            c->open[i].served = true;
+            return;
+        }
+}
+
+uint64_t osubd_conns_slow(const struct osubd_conns *c)
+{
+    return c ? c->slow : 0;
 }
 
 static struct bufferevent *make_bev(struct event_base *base, void *arg)
@@ -170,7 +229,13 @@ struct osubd_conns *osubd_conns_new(struct event_base *base, struct evhttp *http
     c->total = total;
     snprintf(c->name, sizeof(c->name), "%s", name);
     c->check = event_new(base, -1, 0, on_check, c);
-    if (c->check == NULL) {
+    c->sweep = event_new(base, -1, EV_PERSIST, on_sweep, c);
+    struct timeval second = {1, 0};
+    if (c->check == NULL || c->sweep == NULL || event_add(c->sweep, &second) != 0) {
+        if (c->check)
+            event_free(c->check);
+        if (c->sweep)
+            event_free(c->sweep);
         free(c);
         return NULL;
     }
@@ -192,6 +257,7 @@ void osubd_conns_free(struct osubd_conns *c)
     for (int i = 0; i < c->n_pending; i++)
         bufferevent_decref(c->pending[i]);
     event_free(c->check);
+    event_free(c->sweep);
     free(c->pending);
     free(c->open);
     free(c);

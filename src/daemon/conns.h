@@ -18,6 +18,10 @@ struct osubd_conns *osubd_conns_new(struct event_base *base, struct evhttp *http
 /* Watches bound's listener for descriptor exhaustion (see osubd_listener_guard). */
 void osubd_conns_listen(struct osubd_conns *c, struct evhttp_bound_socket *bound);
 void osubd_conns_free(struct osubd_conns *c);
+/* A request arrived whole on fd: its connection met the deadline for a first request's head
+ * (10 s; slower ones, a slowloris trickling headers, are answered 408 and closed). */
+void osubd_conns_served(struct osubd_conns *c, int fd);
+uint64_t osubd_conns_slow(const struct osubd_conns *c);
 /* Connections open now, and refused (over a cap, or while out of descriptors) so far. */
 int osubd_conns_open(const struct osubd_conns *c);
 uint64_t osubd_conns_refused(const struct osubd_conns *c);

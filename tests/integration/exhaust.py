@@ -4,6 +4,8 @@
   exhaust.py longpolls PORT N         N long-polls sent and closed at once; exits when sent
   exhaust.py idle PORT N SRC SECONDS  N idle connections from source address SRC, held SECONDS
                                       (prints how many were answered 503 or closed by the daemon)
+  exhaust.py slowhead PORT SECONDS    a request head trickled; prints the status line it got
+  exhaust.py directives PORT ID N     N directive long-polls sent and closed at once
 """
 import socket
 import sys
@@ -45,8 +47,43 @@ def idle(port, n, src, seconds):
         s.close()
 
 
+
+
+def slowhead(port, seconds):
+    """a first request's head trickled a line at a time: answered 408 and closed, or not"""
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"GET /v1/pool HTTP/1.1\r\n")
+    s.settimeout(1.0)
+    end = time.time() + seconds
+    got = b""
+    while time.time() < end:
+        try:
+            s.sendall(b"X-Slow: 1\r\n")
+        except OSError:
+            break
+        try:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            got += chunk
+        except socket.timeout:
+            pass
+    print(got.split(b"\r\n", 1)[0].decode() or "no answer", flush=True)
+
+
+def directive_polls(port, service, n):
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(b"GET /v1/services/%s/directives?wait=60 HTTP/1.1\r\nHost: x\r\n\r\n" % service.encode())
+        s.close()
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "longpolls":
         longpolls(int(sys.argv[2]), int(sys.argv[3]))
+    elif sys.argv[1] == "slowhead":
+        slowhead(int(sys.argv[2]), float(sys.argv[3]))
+    elif sys.argv[1] == "directives":
+        directive_polls(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
     else:
         idle(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], float(sys.argv[5]))

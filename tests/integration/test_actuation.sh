@@ -164,7 +164,7 @@ echo "== 3. a batch job preempted twice resumes from its checkpoints, with exact
 start_d s3 1x81920 1.0 "allow_root_services: true"
 "$cli" --url "unix:$S" deploy job --class batch --vram 50GiB --resumable --env JOB_NOTE=x \
     -- "$JOB" --units 40 --unit-ms 60 --result "$D/result" >"$tmp/deploy" 2>&1
-expect "job deployed by the CLI" "job: started" "$(head -1 "$tmp/deploy")"
+expect "job deployed by the CLI" "job: loading" "$(head -1 "$tmp/deploy" | cut -d" " -f1-2)"
 expect "its command" "$JOB --units 40 --unit-ms 60 --result $D/result" "$(field job '["command"]' | python3 -c 'import ast,sys; print(" ".join(ast.literal_eval(sys.stdin.read())))')"
 wait_for 10 test -s "$D/st/checkpoints/job/state" || bad "no checkpoint from the job"
 for round in 1 2; do

@@ -176,7 +176,7 @@ if [ -n "$cli" ]; then
     C() { "$cli" --url "http://127.0.0.1:$PORT" "$@"; }
     C deploy cli-svc --class batch --vram 2GiB --min-vram 1GiB >"$tmp/c1" 2>&1
     expect "cli deploy" 0 "$?"
-    grep -q "cli-svc: started" "$tmp/c1" && ok || bad "cli deploy said: $(cat "$tmp/c1")"
+    grep -q "cli-svc: loading on GPU" "$tmp/c1" && ok || bad "cli deploy said: $(cat "$tmp/c1")"
     C deploy gw-svc --class batch --vram 1GiB --backend http://127.0.0.1:9 --backend http://127.0.0.1:10 --max-inflight 3 --max-queue 0 --queue-timeout 700 >/dev/null 2>&1
     expect "cli deploy with gateway settings" 0 "$?"
     expect "gateway settings kept" "2 3 0 700" "$(curl -s "$(U /v1/services/gw-svc)" | json '"%d %d %d %d" % (len(d["backends"]), d["max_inflight"], d["max_queue"], d["queue_timeout_ms"])')"

@@ -24,6 +24,7 @@ start_d() {
     restart_d
 }
 restart_d() {
+    exec 7<"$0" # a descriptor oversubd inherits (it must not pass it on)
     ${NOFILE:+prlimit --nofile=$NOFILE:$NOFILE} env SECRET_OF_OVERSUBD=leaked "$bin" ${NEWSTATE:-} --config "$D/c.yaml" --listen 127.0.0.1:0 --socket "$D/s.sock" \
         --state "$D/st/db" --gpus sim:1x81920 --ratio 1.0 --tick-ms 100 >>"$D/out" 2>>"$D/err" &
     DPID=$!
@@ -106,12 +107,13 @@ if $root; then
         bad "a workdir its user cannot enter is not entered as root: $(evs | grep ' wd ' | tail -2)"
     api DELETE /v1/services/wd >/dev/null
 fi
-api POST /v1/services '{"id":"envy","class":"batch","vram":"1GiB","cuda_shim":false,"command":["/bin/sh","-c","env; echo cwd=$(pwd); echo done"],"env":{"MINE":"yes"}}' >/dev/null
+api POST /v1/services '{"id":"envy","class":"batch","vram":"1GiB","cuda_shim":false,"command":["/bin/sh","-c","env; echo cwd=$(pwd); printf fds=; for f in /proc/self/fd/*; do n=${f##*/}; [ -e /proc/self/fd/$n ] && [ $n != 3 ] && printf \"%s \" $n; done; echo; echo done"],"env":{"MINE":"yes"}}' >/dev/null
 wait_for 10 grep -q "^done" "$D/st/logs/envy.log" || bad "envy ran: $(evs | grep envy | tail -2)"
 grep -q SECRET_OF_OVERSUBD "$D/st/logs/envy.log" && bad "oversubd's environment leaked to a service" || ok
 grep -q "^MINE=yes" "$D/st/logs/envy.log" && ok || bad "the spec's env is given"
 grep -q "^PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin$" "$D/st/logs/envy.log" && ok || bad "a fixed PATH: $(grep ^PATH "$D/st/logs/envy.log")"
 grep -q "^OVERSUB_SERVICE=envy" "$D/st/logs/envy.log" && ok || bad "OVERSUB_SERVICE given"
+grep -q "^fds=0 1 2 $" "$D/st/logs/envy.log" && ok || bad "no descriptor of oversubd's reaches a service: $(grep ^fds= "$D/st/logs/envy.log")"
 expect "cwd is its checkpoint folder" "cwd=$D/st/checkpoints/envy" "$(grep ^cwd= "$D/st/logs/envy.log")"
 api DELETE /v1/services/envy >/dev/null
 
@@ -255,6 +257,13 @@ python3 "$here/exhaust.py" longpolls "$PORT" 300
 settled() { [ "$(fds)" -le $((base + 5)) ]; }
 wait_for 20 settled || bad "closed long-polls are let go: $(fds) descriptors open, $base before"
 curl -s "http://127.0.0.1:$PORT/metrics" | grep -q '^oversub_api_waiters_gone_total [1-9]' && ok || bad "counted: $(curl -s "http://127.0.0.1:$PORT/metrics" | grep waiters_gone)"
+# the same for a service's directives long-poll
+api POST /v1/services '{"id":"dp","class":"batch","vram":"1GiB"}' >/dev/null
+python3 "$here/exhaust.py" directives "$PORT" dp 300
+wait_for 20 settled || bad "closed directive long-polls are let go: $(fds) descriptors open, $base before"
+api DELETE /v1/services/dp >/dev/null
+# a first request's head trickled a line at a time is answered 408 and closed (slowloris)
+expect "a trickled head: 408" "HTTP/1.1 408 Request Timeout" "$(python3 "$here/exhaust.py" slowhead "$PORT" 30)"
 # one address holds its share; others are still served
 python3 "$here/exhaust.py" idle "$PORT" 50 127.0.0.2 30 >"$tmp/idle1" &
 IDLE=$!
