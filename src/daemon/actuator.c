@@ -21,6 +21,7 @@
 #include <sys/syscall.h>
 #include <sys/statfs.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <arpa/inet.h>
@@ -293,8 +294,11 @@ static struct osub_proc *proc_get(struct osubd *d, const char *id)
     return p;
 }
 
+static void cg_remove(struct osubd *d, const char *id);
+
 static void proc_drop(struct osubd *d, struct osub_proc *p)
 {
+    cg_remove(d, p->id); /* empty: gone; still holding processes (kept at exit): kept */
     for (struct osub_proc **pp = &d->act->proc_list; *pp; pp = &(*pp)->next)
         if (*pp == p) {
             *pp = p->next;
@@ -625,6 +629,34 @@ static void cg_setup(struct osubd *d)
             snprintf(hex + 2 * i, 3, "%02x", h[i]);
         snprintf(base, sizeof(base), "%s/oversub-%s", own, hex);
     }
+    if (want[0] != '/') {
+        /* folders of daemons gone (killed, their state removed): the empty ones are removed
+         * (a live daemon's empty one too, which it makes again at its next start) */
+        char own[512];
+        DIR *od = cg_own(own, sizeof(own)) ? opendir(own) : NULL;
+        for (struct dirent *e; od != NULL && (e = readdir(od)) != NULL;) {
+            if (strncmp(e->d_name, "oversub-", 8) != 0 || e->d_type != DT_DIR)
+                continue;
+            char sub[900];
+            snprintf(sub, sizeof(sub), "%s/%.100s", own, e->d_name);
+            DIR *sd = opendir(sub);
+            for (struct dirent *f; sd != NULL && (f = readdir(sd)) != NULL;)
+                if (f->d_type == DT_DIR && osub_id_valid(f->d_name)) {
+                    char leaf[1000];
+                    snprintf(leaf, sizeof(leaf), "%s/%.*s", sub, OSUB_ID_MAX, f->d_name);
+                    /* EBUSY while it holds processes; a minute old at least, never one a
+                     * starting service is about to join */
+                    struct stat lst;
+                    if (stat(leaf, &lst) == 0 && time(NULL) - lst.st_mtime > 60)
+                        rmdir(leaf);
+                }
+            if (sd != NULL)
+                closedir(sd);
+            rmdir(sub);
+        }
+        if (od != NULL)
+            closedir(od);
+    }
     if (mkdir(base, 0755) != 0 && errno != EEXIST) {
         snprintf(a->cg_why, sizeof(a->cg_why), "cannot make %.200s: %s", base, strerror(errno));
         return;
@@ -650,7 +682,7 @@ static void cg_setup(struct osubd *d)
 
 static void cg_path(const struct osubd *d, const char *id, char *out, size_t len)
 {
-    snprintf(out, len, "%s/%s", d->act->cg_base, id);
+    snprintf(out, len, "%s/%.*s", d->act->cg_base, OSUB_ID_MAX, id);
 }
 
 /* The PIDs in a service's cgroup (at most max); -1 when it has none. */
@@ -1104,6 +1136,7 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
         char cg[800], procs[850];
         cg_path(d, p->id, cg, sizeof(cg));
         signal_service(d, p->id, 0, SIGKILL); /* a previous start's leftovers */
+        mkdir(d->act->cg_base, 0755); /* another daemon's sweep may have taken it while empty */
         if (mkdir(cg, 0755) != 0 && errno != EEXIST) {
             snprintf(why, sizeof(why), "cannot make its cgroup %s: %s", cg, strerror(errno));
             goto failed;
@@ -2348,6 +2381,14 @@ int osubd_act_init(struct osubd *d, char *err, size_t errlen)
 
 int osubd_act_start(struct osubd *d, char *err, size_t errlen)
 {
+    /* service cgroup folders a previous run left empty (released, failed starts): removed
+     * (one still holding processes stays: an adopted service's, or leftovers to kill) */
+    DIR *cgd = d->act->cg_base[0] ? opendir(d->act->cg_base) : NULL;
+    for (struct dirent *e; cgd != NULL && (e = readdir(cgd)) != NULL;)
+        if (e->d_type == DT_DIR && osub_id_valid(e->d_name))
+            cg_remove(d, e->d_name);
+    if (cgd != NULL)
+        closedir(cgd);
     /* PIDs of services the engine does not know (a damaged or older state): forgotten, so
      * that a new service of that id inherits nothing */
     size_t nk;
@@ -2462,6 +2503,8 @@ void osubd_act_free(struct osubd *d)
     free(d->act->act_q);
     if (d->act->dns != NULL)
         evdns_base_free(d->act->dns, 0);
+    if (d->act->cg_base[0])
+        rmdir(d->act->cg_base); /* only when no service's folder is left in it */
     json_decref(d->act->directives);
     json_decref(d->act->execs);
     json_decref(d->act->saved_procs);

@@ -1422,7 +1422,9 @@ static void on_request(struct evhttp_request *req, void *arg)
                     "two Content-Length headers, or Content-Length with Transfer-Encoding");
         goto done;
     }
-    d->req_admin = d->req_trusted || d->cfg.token[0] == '\0';
+    /* command arguments and control URLs: the socket and the admin token see them; TCP
+     * without the token (configured or not: any local user can reach loopback) does not */
+    d->req_admin = d->req_trusted;
     if (d->cfg.token[0] && !d->req_trusted) {
         const char *auth =
             evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");

@@ -132,7 +132,10 @@ int osub_store_open(const char *path, osub_store_t **out, char *err, size_t errl
                  (long long)ver, OSUB_SCHEMA);
         goto err;
     }
-    if (exec(s, "PRAGMA journal_mode=WAL") != 0 || exec(s, "PRAGMA synchronous=FULL") != 0)
+    /* the WAL is truncated to 4 MiB after a checkpoint: a busy state does not keep a large
+     * file on a small disk */
+    if (exec(s, "PRAGMA journal_mode=WAL") != 0 || exec(s, "PRAGMA synchronous=FULL") != 0 ||
+        exec(s, "PRAGMA journal_size_limit=4194304") != 0)
         goto err;
     if (ver < 1) {
         char sql[1024];
