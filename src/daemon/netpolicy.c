@@ -66,7 +66,7 @@ static int parse_one(const char *item, struct rule *r, char *err, size_t errlen)
         return -1;
     }
     r->family = 0;
-    snprintf(r->name, sizeof(r->name), "%s", buf);
+    snprintf(r->name, sizeof(r->name), "%.253s", buf);
     return 0;
 }
 

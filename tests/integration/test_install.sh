@@ -48,7 +48,10 @@ int main(void)
 C
 flags=$(PKG_CONFIG_PATH=$(dirname "$pc") PKG_CONFIG_SYSROOT_DIR=$root pkg-config --cflags --libs oversub 2>"$tmp/pc.err")
 [ -n "$flags" ] && ok || bad "pkg-config oversub: $(cat "$tmp/pc.err")"
-if cc -o "$tmp/prog" "$tmp/prog.c" $flags -lm 2>"$tmp/cc.err"; then ok; else bad "a program builds against the installed engine: $(head -5 "$tmp/cc.err")"; fi
+# a sanitizer build's library needs its runtime in the program too
+san=""
+nm "$lib" 2>/dev/null | grep -q __asan_ && san="-fsanitize=address,undefined"
+if cc $san -o "$tmp/prog" "$tmp/prog.c" $flags -lm 2>"$tmp/cc.err"; then ok; else bad "a program builds against the installed engine: $(head -5 "$tmp/cc.err")"; fi
 expect "and runs" "2 GPUs" "$("$tmp/prog" 2>&1)"
 
 # the installed unit's ExecStart, run as systemd would, with a notify socket of our own
