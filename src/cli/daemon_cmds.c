@@ -1258,9 +1258,12 @@ static int cmd_explain(const struct args *a)
                "beside what its neighbours may still rise to) for the hysteresis window\n",
                (long long)geti(s, "grant_mib"), (long long)geti(s, "vram_mib"),
                (long long)geti(json_object_get(s, "prediction"), "peak_mib"));
-    } else if (strcmp(st, "draining") == 0 || strcmp(st, "overdue") == 0) {
+    } else if (strcmp(st, "draining") == 0) {
         fmt_time(geti(s, "deadline_unix_ms"), false, when, sizeof(when));
-        printf(": evicted; its memory is counted until it exits (deadline %s)\n", when);
+        printf(": evicted; its memory is counted until it exits (grace until %s)\n", when);
+    } else if (strcmp(st, "overdue") == 0) {
+        printf(": evicted and past its grace period; its memory is counted until it exits (a "
+               "service waiting for it went back to the queue)\n");
     } else if (strcmp(st, "loading") == 0) {
         printf(": started; until it reports ready (or its restart cost passes) it holds its "
                "whole grant of %lld MiB ('oversub ready %s' waits for it)\n",

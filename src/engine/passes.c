@@ -70,6 +70,11 @@ static void on_load(osub_engine_t *e, struct svc *s)
     s->timer_at[T_LOAD] = 0;
     if (!s->loading)
         return;
+    /* a victim evicted while it loaded may be loading still: what its load was expected to
+     * reach stays counted until it exits (else a waiting service would start on memory that
+     * is only unreported, not free) */
+    if (s->state == OSUB_STATE_DRAINING || s->state == OSUB_STATE_OVERDUE)
+        return;
     osub__end_loading(e, s);
     osub_event_t *ev = osub__emit(e, OSUB_EV_READY, OSUB_R_LOADED,
                                   "%s is taken as loaded after %lld ms; held now follows its usage",

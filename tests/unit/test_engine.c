@@ -897,6 +897,39 @@ static void test_loading_reservation_is_not_pressure(void **state)
     osub_engine_free(e);
 }
 
+static void test_victim_evicted_while_loading_counts_until_exit(void **state)
+{
+    (void)state;
+    /* regression (a new-user review): a batch job evicted while it loaded, overdue, then its
+     * load timer fired: held fell to its (never reported) usage and the online service waiting
+     * for it started on memory that was only unreported, not free */
+    osub_engine_t *e = mk_engine(1, 81920, 1000);
+    osub_spec_t b = spec("b2", "batch", 61440, 1, 0);
+    b.restart_cost_ms = 20000;
+    b.grace_ms = 1000;
+    assert_int_equal(sub(e, b, 0), OSUB_SUBMIT_STARTED);
+    osub_spec_t on = spec("b3", "online", 40960, 1, 0);
+    assert_int_equal(sub(e, on, 100), OSUB_SUBMIT_PENDING);
+    assert_int_equal(info(e, "b2").state, OSUB_STATE_DRAINING);
+    /* past the grace (overdue) and past the load timer, b2 never exits nor reports: b3 never
+     * starts (it waits, pending or back in the queue) */
+    for (int64_t t = 1000; t <= 25000; t += 1000) {
+        assert_int_equal(osub_engine_tick(e, t), 0);
+        osub_state_t st = info(e, "b3").state;
+        assert_true(st == OSUB_STATE_PENDING || st == OSUB_STATE_QUEUED);
+    }
+    assert_int_equal(info(e, "b2").state, OSUB_STATE_OVERDUE);
+    assert_true(ginfo(e, 0).held_mib >= 61440);
+    check_ok(e);
+    /* it exits: now the room is real */
+    assert_int_equal(osub_engine_exited(e, "b2", NULL, 26000), 0);
+    assert_int_equal(osub_engine_tick(e, 27000), 0);
+    osub_state_t st = info(e, "b3").state;
+    assert_true(st == OSUB_STATE_LOADING || st == OSUB_STATE_RUNNING);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
 static void test_lost_gpu_with_many_services(void **state)
 {
     (void)state;
@@ -962,6 +995,7 @@ int main(void)
         cmocka_unit_test(test_compute_contention_cuts_batch_only),
         cmocka_unit_test(test_snapshot_round_trip_and_corruption),
         cmocka_unit_test(test_loading_reservation_is_not_pressure),
+        cmocka_unit_test(test_victim_evicted_while_loading_counts_until_exit),
         cmocka_unit_test(test_lost_gpu_with_many_services),
         cmocka_unit_test(test_resize),
     };
