@@ -1465,7 +1465,11 @@ static void on_request(struct evhttp_request *req, void *arg)
                     "(reads and the gateway go on)");
         goto done;
     }
-    if (strcmp(path, "/healthz") == 0) {
+    if ((strcmp(path, "/healthz") == 0 || strcmp(path, "/metrics") == 0) &&
+        m != EVHTTP_REQ_GET) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", "GET");
+        reply_error(d, req, 405, "method_not_allowed", "GET only");
+    } else if (strcmp(path, "/healthz") == 0) {
         /* healthy means the engine's books balance (DESIGN.md's invariants) */
         char why[300];
         if (osub_engine_check(d->e, why, sizeof(why)) == 0)
@@ -1485,7 +1489,7 @@ static void on_request(struct evhttp_request *req, void *arg)
         h_pool(d, req, m);
     else if (strcmp(path, "/v1/services") == 0)
         h_services(d, req, m, "", query);
-    else if (strncmp(path, "/v1/services/", 13) == 0)
+    else if (strncmp(path, "/v1/services/", 13) == 0 && path[13] != '\0')
         h_services(d, req, m, path + 13, query);
     else if (strncmp(path, "/v1/gpus/", 9) == 0)
         h_gpu(d, req, m, path + 9);
