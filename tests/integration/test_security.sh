@@ -130,6 +130,11 @@ grep -q '"command"' "$tmp/body" && bad "the old command came back: $(cat "$tmp/b
 api GET /v1/services/re | grep -q '"process"' && bad "a process is kept for an external service" || ok
 expect "the command ran once" 1 "$(wc -l <"$tmp/reruns")"
 api DELETE /v1/services/re >/dev/null
+# no token configured: TCP reads (any local user) still see no command arguments
+api POST /v1/services '{"id":"argv0","class":"batch","vram":"1GiB","cuda_shim":false,"command":["/bin/sh","-c","sleep 30","sh","--api-key=hunter2"]}' >/dev/null
+curl -s "http://127.0.0.1:$PORT/v1/services/argv0" | grep -q hunter2 && bad "a TCP read without a token shows the arguments" || ok
+api GET /v1/services/argv0 | grep -q hunter2 && ok || bad "the socket reads the arguments (no token)"
+api DELETE /v1/services/argv0 >/dev/null
 stop_d
 start_d tok "token_file: $tmp/admin"
 stop_d
