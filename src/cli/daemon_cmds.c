@@ -1524,20 +1524,25 @@ static int cmd_gpu(const struct args *a)
     return ex;
 }
 
+/* ratio's answer: the pool's JSON, or its line */
+static void show_ratio(json_t *p)
+{
+    if (as_json) {
+        print_json(p);
+        return;
+    }
+    printf("ratio %s: logical capacity %lld MiB on %lld MiB of GPU memory\n",
+           gets_(p, "ratio_text"), (long long)geti(json_object_get(p, "totals"), "logical_mib"),
+           (long long)geti(json_object_get(p, "totals"), "vram_mib"));
+}
+
 static int cmd_ratio(const struct args *a)
 {
     int ex;
     if (a->n_pos == 0) {
         json_t *p = call("GET", "/v1/pool", NULL, &ex);
-        if (p != NULL && ex == EX_OK) {
-            if (as_json)
-                print_json(p);
-            else
-                printf("ratio %s: logical capacity %lld MiB on %lld MiB of GPU memory\n",
-                       gets_(p, "ratio_text"),
-                       (long long)geti(json_object_get(p, "totals"), "logical_mib"),
-                       (long long)geti(json_object_get(p, "totals"), "vram_mib"));
-        }
+        if (p != NULL && ex == EX_OK)
+            show_ratio(p);
         json_decref(p);
         return ex;
     }
@@ -1568,15 +1573,8 @@ static int cmd_ratio(const struct args *a)
     json_t *b = json_pack("{s:s}", "ratio", r);
     json_t *p = call("PUT", "/v1/pool", b, &ex);
     json_decref(b);
-    if (p != NULL && ex == EX_OK) {
-        if (as_json)
-            print_json(p);
-        else
-            printf("ratio %s: logical capacity %lld MiB on %lld MiB of GPU memory\n",
-                   gets_(p, "ratio_text"),
-                   (long long)geti(json_object_get(p, "totals"), "logical_mib"),
-                   (long long)geti(json_object_get(p, "totals"), "vram_mib"));
-    }
+    if (p != NULL && ex == EX_OK)
+        show_ratio(p);
     json_decref(p);
     return ex;
 }

@@ -33,6 +33,7 @@
 #include <event2/keyvalq_struct.h>
 #include <sys/queue.h>
 
+#include "conns.h"
 #include "daemon.h"
 #include "jsonmem.h"
 #include "idmap.h"
@@ -104,7 +105,7 @@ struct act_waiter {
     char id[OSUB_ID_MAX + 1];
     int64_t after;
     struct event *timer;
-    struct event *probe; /* the client's socket: readable when it closes (no CLOSE_WAIT) */
+    struct osubd_client_watch watch; /* freed at once when the client leaves */
 };
 
 /* ---- the spec's actuation fields ------------------------------------------------------ */
@@ -1397,23 +1398,8 @@ static void waiter_free(struct osubd *d, struct act_waiter *w)
         }
     if (w->timer)
         event_free(w->timer);
-    if (w->probe)
-        event_free(w->probe);
+    osubd_client_unwatch(&w->watch);
     free(w);
-}
-
-/* The waiting client's socket became readable: closed, its connection is freed now (which
- * calls waiter_gone); anything else is left to evhttp. */
-static void waiter_probe(evutil_socket_t fd, short what, void *arg)
-{
-    (void)what;
-    struct act_waiter *w = arg;
-    char c;
-    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR)))
-        return;
-    w->d->waiters_gone++;
-    evhttp_connection_free(evhttp_request_get_connection(w->req));
 }
 
 static void post_directive(struct osubd *d, const osub_event_t *ev, const char *action)
@@ -1602,12 +1588,8 @@ void osubd_act_directives(struct osubd *d, struct evhttp_request *req, const cha
         waiter_reply(w, false);
         return;
     }
-    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
-    evhttp_connection_set_closecb(evcon, waiter_gone, w);
-    struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
-    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
-    if (fd >= 0 && (w->probe = event_new(d->base, fd, EV_READ, waiter_probe, w)) != NULL)
-        event_add(w->probe, NULL);
+    evhttp_connection_set_closecb(evhttp_request_get_connection(req), waiter_gone, w);
+    osubd_client_watch(&w->watch, d->base, req, &d->waiters_gone);
 }
 
 /* ---- exits -------------------------------------------------------------------------------- */

@@ -47,7 +47,7 @@ struct waiter {
     struct waiter *next;
     struct evhttp_request *req;
     struct event *timer;
-    struct event *probe; /* the client's end of the connection: read when it closes */
+    struct osubd_client_watch watch; /* freed at once when the client leaves */
     struct evhttp_connection *evcon;
     struct osubd *d;
     int64_t since;
@@ -1007,8 +1007,7 @@ static void waiter_free(struct osubd *d, struct waiter *w)
     if (w->evcon != NULL)
         evhttp_connection_set_closecb(w->evcon, NULL, NULL);
     event_free(w->timer);
-    if (w->probe != NULL)
-        event_free(w->probe);
+    osubd_client_unwatch(&w->watch);
     free(w);
 }
 
@@ -1019,20 +1018,6 @@ static void waiter_closed(struct evhttp_connection *evcon, void *arg)
     struct waiter *w = arg;
     w->evcon = NULL;
     waiter_free(w->d, w);
-}
-
-/* The waiting client's socket became readable: if it closed (CLOSE_WAIT), its connection is
- * freed now, not when the wait ends; anything else (a pipelined request) is left to evhttp. */
-static void waiter_probe(evutil_socket_t fd, short what, void *arg)
-{
-    (void)what;
-    struct waiter *w = arg;
-    char c;
-    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR)))
-        return; /* not re-armed: one look is enough, the wait's timer still ends it */
-    w->d->waiters_gone++;
-    evhttp_connection_free(w->evcon); /* calls waiter_closed */
 }
 
 static void waiter_timeout(evutil_socket_t fd, short what, void *arg)
@@ -1092,12 +1077,9 @@ static void h_events(struct osubd *d, struct evhttp_request *req, const char *qu
     w->next = d->waiters;
     d->waiters = w;
     w->evcon = evhttp_request_get_connection(req);
-    struct bufferevent *bev = w->evcon ? evhttp_connection_get_bufferevent(w->evcon) : NULL;
-    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
     if (w->evcon != NULL)
         evhttp_connection_set_closecb(w->evcon, waiter_closed, w);
-    if (fd >= 0 && (w->probe = event_new(d->base, fd, EV_READ, waiter_probe, w)) != NULL)
-        event_add(w->probe, NULL);
+    osubd_client_watch(&w->watch, d->base, req, &d->waiters_gone);
 }
 
 /* ---- the dashboard and the OpenAPI description (src/daemon/web/, embedded) ------------- */
@@ -1465,8 +1447,7 @@ static void on_request(struct evhttp_request *req, void *arg)
                     "(reads and the gateway go on)");
         goto done;
     }
-    if ((strcmp(path, "/healthz") == 0 || strcmp(path, "/metrics") == 0) &&
-        m != EVHTTP_REQ_GET) {
+    if ((strcmp(path, "/healthz") == 0 || strcmp(path, "/metrics") == 0) && m != EVHTTP_REQ_GET) {
         evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", "GET");
         reply_error(d, req, 405, "method_not_allowed", "GET only");
     } else if (strcmp(path, "/healthz") == 0) {

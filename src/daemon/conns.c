@@ -273,6 +273,40 @@ uint64_t osubd_conns_refused(const struct osubd_conns *c)
     return c ? c->refused : 0;
 }
 
+/* ---- parked requests whose client left ---------------------------------------------------- */
+
+static void on_client_readable(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    struct osubd_client_watch *w = arg;
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR)))
+        return; /* not re-armed: one look is enough, the wait's own timer still ends it */
+    if (w->gone != NULL)
+        (*w->gone)++;
+    evhttp_connection_free(w->evcon); /* its close callback frees w's owner, and w->ev */
+}
+
+void osubd_client_watch(struct osubd_client_watch *w, struct event_base *base,
+                        struct evhttp_request *req, uint64_t *gone)
+{
+    w->ev = NULL;
+    w->gone = gone;
+    w->evcon = evhttp_request_get_connection(req);
+    struct bufferevent *bev = w->evcon ? evhttp_connection_get_bufferevent(w->evcon) : NULL;
+    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+    if (fd >= 0 && (w->ev = event_new(base, fd, EV_READ, on_client_readable, w)) != NULL)
+        event_add(w->ev, NULL);
+}
+
+void osubd_client_unwatch(struct osubd_client_watch *w)
+{
+    if (w->ev != NULL)
+        event_free(w->ev);
+    w->ev = NULL;
+}
+
 /* ---- accepting without descriptors --------------------------------------------------------- */
 
 struct guard {

@@ -26,6 +26,19 @@ uint64_t osubd_conns_slow(const struct osubd_conns *c);
 int osubd_conns_open(const struct osubd_conns *c);
 uint64_t osubd_conns_refused(const struct osubd_conns *c);
 
+/* A parked request (a long-poll) whose client may leave before the answer: its socket is
+ * watched, and when the client closed it (CLOSE_WAIT) the connection is freed at once (evhttp
+ * then calls the connection's close callback, which must forget the request) and *gone counted;
+ * anything else on it (a pipelined request) is left to evhttp. Embedded in the waiter. */
+struct osubd_client_watch {
+    struct event *ev;
+    struct evhttp_connection *evcon;
+    uint64_t *gone;
+};
+void osubd_client_watch(struct osubd_client_watch *w, struct event_base *base,
+                        struct evhttp_request *req, uint64_t *gone);
+void osubd_client_unwatch(struct osubd_client_watch *w);
+
 /* On EMFILE/ENFILE from accept: one pending client is answered 503 and closed (with a spare
  * descriptor kept for this), accepting pauses for 250 ms, and the log says so at most once
  * per 10 s with a count, instead of libevent's warning per failed accept in a busy loop.
