@@ -9,7 +9,7 @@ VALGRIND_BUILD ?= build-valgrind
 TSAN_BUILD ?= build-tsan
 CMAKE_FLAGS ?=
 
-.PHONY: install efficacy all deps build run scenario test test-unit test-asan test-valgrind test-tsan bench bench-engine bench-sim bench-daemon bench-gateway bench-streams bench-shim fuzz format format-check clean help
+.PHONY: install efficacy all deps build run scenario test test-unit test-asan test-valgrind test-tsan bench bench-engine bench-sim bench-daemon bench-gateway bench-streams bench-shim bench-extender fuzz format format-check clean help
 
 all: build
 
@@ -24,6 +24,7 @@ help:
 	@echo "make bench-daemon  oversubd on loopback: GET /v1/pool vs nginx, durable mutations vs bare SQLite, RSS"
 	@echo "make bench-gateway the gateway vs nginx and haproxy on one backend, and its rejection path"
 	@echo "make bench-shim what liboversub-cuda.so adds to a cuMemAlloc/cuMemFree pair (fake driver)"
+	@echo "make bench-extender oversub-scheduler: filter + prioritize for one pod across 1,000 nodes (real oversubd)"
 	@echo "make efficacy   the GPUs saved on held-back pods, other GPU sizes, buffers, class mixes and synthetic traces (docs/results.md)"
 	@echo "make format     clang-format every C file in place"
 	@echo "make install    install into PREFIX (/usr/local; DESTDIR= for staging): docs/operations.md"
@@ -117,7 +118,13 @@ install: build
 	cmake --build $(BUILD) -j $(JOBS)
 	DESTDIR=$(DESTDIR) cmake --install $(BUILD)
 
-bench: bench-engine bench-sim bench-daemon bench-gateway bench-streams bench-shim
+bench: bench-engine bench-sim bench-daemon bench-gateway bench-streams bench-shim bench-extender
+
+bench-extender:
+	@scripts/install-deps.sh build
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS) --target oversubd oversub-scheduler
+	/usr/bin/python3 bench/extender_load.py $(BUILD)/oversubd $(BUILD)/oversub-scheduler
 
 bench-shim:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null

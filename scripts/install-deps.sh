@@ -6,9 +6,11 @@ set -euo pipefail
 
 want=${1:-test}
 build_pkgs=(build-essential cmake pkg-config libevent-dev libjansson-dev libsqlite3-dev
-            libyaml-dev libcmocka-dev sqlite3)
+            libyaml-dev libcmocka-dev sqlite3 libcurl4-openssl-dev
+            libnghttp2-dev)
 test_pkgs=(valgrind prometheus wrk nginx-light libxml2-utils curl procps python3 faketime
-           clang python3-h11 chromium python3-jsonschema python3-yaml man-db groff-base)
+           clang python3-h11 chromium python3-jsonschema python3-yaml man-db groff-base
+           python3-grpcio python3-grpc-tools python3-protobuf)
 bench_pkgs=(valgrind wrk nginx-light haproxy)
 
 case "$want" in

@@ -1,6 +1,7 @@
 /* actuator.c - makes services obey the engine: managed processes, directives, webhooks, logs */
 #define _GNU_SOURCE
 #include "actuator.h"
+#include "pods.h"
 
 #include <linux/close_range.h>
 
@@ -148,6 +149,82 @@ static bool can_switch_users(void)
     return (eff & (1ULL << 7)) && (eff & (1ULL << 6)); /* CAP_SETUID, CAP_SETGID */
 }
 
+/* A DNS-1123 name (a namespace, a pod, a container: lowercase letters, digits, '-', '.'). */
+static bool kube_name_ok(const char *s, size_t max)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n > max)
+        return false;
+    for (const char *p = s; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '-' || *p == '.'))
+            return false;
+    return true;
+}
+
+/* The pod a service is ({"namespace", "name", "uid", "node"?, "grace_seconds"?, "containers"?:
+ * [{"name", "vram_mib"}]}), checked and copied: what evicts it through the API server and what
+ * the device plugin hands its containers. NULL with why. */
+static json_t *kube_record(const json_t *v, char *why, size_t whylen)
+{
+    const char *ns = json_string_value(json_object_get(v, "namespace"));
+    const char *name = json_string_value(json_object_get(v, "name"));
+    const char *uid = json_string_value(json_object_get(v, "uid"));
+    const char *node = json_string_value(json_object_get(v, "node"));
+    const json_t *grace = json_object_get(v, "grace_seconds");
+    const json_t *ctrs = json_object_get(v, "containers");
+    const char *k;
+    json_t *e;
+    if (!json_is_object(v)) {
+        snprintf(why, whylen,
+                 "must be an object {namespace, name, uid, node, grace_seconds, "
+                 "containers}");
+        return NULL;
+    }
+    json_object_foreach((json_t *)v, k, e)
+    {
+        if (strcmp(k, "namespace") != 0 && strcmp(k, "name") != 0 && strcmp(k, "uid") != 0 &&
+            strcmp(k, "node") != 0 && strcmp(k, "grace_seconds") != 0 &&
+            strcmp(k, "containers") != 0) {
+            snprintf(why, whylen, "unknown field '%.64s'", k);
+            return NULL;
+        }
+    }
+    if (!kube_name_ok(ns, 63) || !kube_name_ok(name, 253) || !kube_name_ok(uid, 64) ||
+        (json_object_get(v, "node") != NULL && !kube_name_ok(node, 253))) {
+        snprintf(why, whylen,
+                 "namespace, name and uid (and node, when given) must be "
+                 "Kubernetes names: lowercase letters, digits, '-' and '.'");
+        return NULL;
+    }
+    if (grace != NULL && (!json_is_integer(grace) || json_integer_value(grace) < 0 ||
+                          json_integer_value(grace) > 86400 * 7)) {
+        snprintf(why, whylen, "grace_seconds must be an integer from 0 to 604800");
+        return NULL;
+    }
+    if (ctrs != NULL) {
+        size_t i;
+        if (!json_is_array(ctrs) || json_array_size(ctrs) > 64) {
+            snprintf(why, whylen, "containers must be an array of at most 64 {name, vram_mib}");
+            return NULL;
+        }
+        json_array_foreach(ctrs, i, e)
+        {
+            const json_t *m = json_object_get(e, "vram_mib");
+            if (!json_is_object(e) || json_object_size(e) != 2 ||
+                !kube_name_ok(json_string_value(json_object_get(e, "name")), 63) ||
+                !json_is_integer(m) || json_integer_value(m) < 0 ||
+                json_integer_value(m) > ((json_int_t)1 << 40)) {
+                snprintf(why, whylen,
+                         "containers[%zu] must be {\"name\": a container name, \"vram_mib\": "
+                         "0 to 2^40}",
+                         i);
+                return NULL;
+            }
+        }
+    }
+    return json_deep_copy(v);
+}
+
 int osubd_act_take(const struct osubd *d, json_t *spec, bool trusted, json_t **exec, char *err,
                    size_t errlen)
 {
@@ -228,9 +305,16 @@ int osubd_act_take(const struct osubd *d, json_t *spec, bool trusted, json_t **e
             FAIL("field 'max_restarts' must be an integer from 0 to 100");
         json_object_set(x, "max_restarts", v);
     }
-    static const char *const all[] = {"command",        "env",     "workdir",      "user",
-                                      "checkpoint_dir", "restart", "max_restarts", "control_url",
-                                      "cuda_shim"};
+    if ((v = json_object_get(spec, "kubernetes")) != NULL) {
+        char why[300];
+        json_t *k = kube_record(v, why, sizeof(why));
+        if (k == NULL)
+            FAIL("field 'kubernetes': %s", why);
+        json_object_set_new(x, "kubernetes", k);
+    }
+    static const char *const all[] = {"command",        "env",       "workdir",      "user",
+                                      "checkpoint_dir", "restart",   "max_restarts", "control_url",
+                                      "cuda_shim",      "kubernetes"};
     for (size_t k = 0; k < sizeof(all) / sizeof(all[0]); k++)
         json_object_del(spec, all[k]);
     if (json_object_size(x) == 0) {
@@ -238,7 +322,10 @@ int osubd_act_take(const struct osubd *d, json_t *spec, bool trusted, json_t **e
         return 0;
     }
     bool runs = json_object_get(x, "command") != NULL;
-    if (!runs && json_object_size(x) > (json_object_get(x, "control_url") ? 1u : 0u))
+    if (runs && json_object_get(x, "kubernetes") != NULL)
+        FAIL("a pod ('kubernetes') is run by its kubelet, not by oversubd: drop 'command'");
+    if (!runs && json_object_size(x) > (json_object_get(x, "control_url") ? 1u : 0u) +
+                                           (json_object_get(x, "kubernetes") ? 1u : 0u))
         FAIL("fields env, workdir, user, checkpoint_dir, restart, max_restarts and cuda_shim need "
              "'command'");
     if (runs && !trusted) {
@@ -1440,6 +1527,7 @@ static void post_directive(struct osubd *d, const osub_event_t *ev, const char *
         if (strcmp(w->id, ev->service) == 0)
             waiter_reply(w, true);
     }
+    osubd_pods_directive(d, ev->service, action);
     const char *url = json_string_value(json_object_get(x, "control_url"));
     if (url != NULL) {
         struct hook *h = calloc(1, sizeof(*h));
@@ -2048,6 +2136,26 @@ void osubd_act_events(struct osubd *d, const osub_event_t *ev, size_t n)
 
 /* ---- what the API shows, what the state keeps ------------------------------------------- */
 
+/* The "shim" block of a service's JSON: its segment's grant, held, peak (a managed service's,
+ * or a pod's, made by the device plugin). */
+static void describe_shim(struct osubd *d, struct osub_proc *p, json_t *o)
+{
+    struct seg_view sv;
+    if (p != NULL && p->seg.s != NULL && seg_look(d, p, NULL, &sv)) {
+        json_t *grant = json_array(), *held = json_array(), *peak = json_array();
+        for (uint32_t i = 0; i < sv.n; i++) {
+            json_array_append_new(grant, json_integer((json_int_t)(sv.grant[i] >> 20)));
+            json_array_append_new(held, json_integer((json_int_t)to_mib(sv.held[i])));
+            json_array_append_new(peak, json_integer((json_int_t)to_mib(sv.peak[i])));
+        }
+        json_object_set_new(o, "shim",
+                            json_pack("{s:s, s:i, s:o, s:o, s:o, s:I, s:I}", "segment", p->seg_path,
+                                      "processes", sv.live, "grant_mib", grant, "held_mib", held,
+                                      "peak_mib", peak, "refused", (json_int_t)sv.refused,
+                                      "reclaimed_mib", (json_int_t)(sv.reclaimed >> 20)));
+    }
+}
+
 void osubd_act_describe(struct osubd *d, const char *id, json_t *o)
 {
     json_t *x = json_object_get(d->act->execs, id);
@@ -2079,8 +2187,11 @@ void osubd_act_describe(struct osubd *d, const char *id, json_t *o)
         json_object_foreach(v, ek, ev) json_array_append_new(names, json_string(ek));
         json_object_set_new(o, "env_keys", names);
     }
-    if (json_object_get(x, "command") == NULL)
+    if (json_object_get(x, "command") == NULL) {
+        if (json_object_get(x, "kubernetes") != NULL)
+            describe_shim(d, proc_find(d, id), o); /* a pod: its segment, if allocated */
         return;
+    }
     char logf[1024], ck[1024];
     log_path(d, id, logf, sizeof(logf));
     checkpoint_dir(d, id, ck, sizeof(ck));
@@ -2112,20 +2223,7 @@ void osubd_act_describe(struct osubd *d, const char *id, json_t *o)
             json_pack("{s:s, s:s}", "subreaper", "oversubd", "why_no_cgroup", d->act->cg_why));
     }
     json_object_set_new(o, "process", proc);
-    struct seg_view sv;
-    if (p != NULL && p->seg.s != NULL && seg_look(d, p, NULL, &sv)) {
-        json_t *grant = json_array(), *held = json_array(), *peak = json_array();
-        for (uint32_t i = 0; i < sv.n; i++) {
-            json_array_append_new(grant, json_integer((json_int_t)(sv.grant[i] >> 20)));
-            json_array_append_new(held, json_integer((json_int_t)to_mib(sv.held[i])));
-            json_array_append_new(peak, json_integer((json_int_t)to_mib(sv.peak[i])));
-        }
-        json_object_set_new(o, "shim",
-                            json_pack("{s:s, s:i, s:o, s:o, s:o, s:I, s:I}", "segment", p->seg_path,
-                                      "processes", sv.live, "grant_mib", grant, "held_mib", held,
-                                      "peak_mib", peak, "refused", (json_int_t)sv.refused,
-                                      "reclaimed_mib", (json_int_t)(sv.reclaimed >> 20)));
-    }
+    describe_shim(d, p, o);
 }
 
 void osubd_act_metrics(struct osubd *d, struct evbuffer *b)
@@ -2228,6 +2326,24 @@ bool osubd_act_exec_equal(const struct osubd *d, const char *id, const json_t *e
 {
     const json_t *live = json_object_get(d->act->execs, id);
     return live != NULL && json_equal((json_t *)live, (json_t *)exec);
+}
+
+json_t *osubd_act_pod_ids(const struct osubd *d)
+{
+    json_t *out = json_array();
+    const char *id;
+    json_t *x;
+    json_object_foreach(d->act->execs, id, x)
+    {
+        if (json_object_get(x, "kubernetes") != NULL)
+            json_array_append_new(out, json_string(id));
+    }
+    return out;
+}
+
+const json_t *osubd_act_kube(const struct osubd *d, const char *id)
+{
+    return json_object_get(json_object_get(d->act->execs, id), "kubernetes");
 }
 
 bool osubd_act_managed(const struct osubd *d, const char *id)
@@ -2502,4 +2618,163 @@ int osubd_act_shim_processes(struct osubd *d, const char *id)
         if (strcmp(p->id, id) == 0)
             return p->seg.s != NULL && seg_look(d, p, NULL, &v) ? v.live : 0;
     return 0;
+}
+
+/* ---- pods (device plugin) ---- */
+
+#include <sys/random.h>
+
+/* A pod's segment is named <id>.<16 hex>.seg in the state's shim/ folder (0711: not
+ * listable): the random part is what keeps other local users out of a file that the pod's
+ * containers, of any uid, must open read-write (mode 0666). Managed services' are <id>.seg. */
+static bool pod_seg_name(const char *name, const char *id)
+{
+    size_t il = id != NULL ? strlen(id) : 0, nl = strlen(name);
+    if (id != NULL && (nl != il + 1 + 16 + 4 || strncmp(name, id, il) != 0))
+        return false;
+    if (nl < 1 + 16 + 4 || strcmp(name + nl - 4, ".seg") != 0 || name[nl - 21] != '.')
+        return false;
+    for (size_t i = nl - 20; i < nl - 4; i++)
+        if (!((name[i] >= '0' && name[i] <= '9') || (name[i] >= 'a' && name[i] <= 'f')))
+            return false;
+    return true;
+}
+
+/* An existing segment of the pod (made before oversubd restarted), opened into p. */
+static bool pod_seg_adopt(struct osubd *d, struct osub_proc *p, const char *dir)
+{
+    DIR *dd = opendir(dir);
+    bool got = false;
+    for (struct dirent *e; dd != NULL && !got && (e = readdir(dd)) != NULL;) {
+        if (!pod_seg_name(e->d_name, p->id))
+            continue;
+        char err[512];
+        int n = snprintf(p->seg_path, sizeof(p->seg_path), "%s/%s", dir, e->d_name);
+        if (n < 0 || (size_t)n >= sizeof(p->seg_path))
+            continue;
+        if (osub_seg_open(&p->seg, p->seg_path, err, sizeof(err)) == 0)
+            got = true;
+        else
+            osubd_note(d, p->id, "shim", "damaged", "%s: its pod segment %s cannot be used: %s",
+                       p->id, p->seg_path, err);
+    }
+    if (dd != NULL)
+        closedir(dd);
+    return got;
+}
+
+int osubd_act_pod_segment(struct osubd *d, const char *id, char *path, size_t pathlen, char *why,
+                          size_t whylen)
+{
+    osub_service_info_t si;
+    if (osub_engine_service_info(d->e, id, &si) != 0 || !live_state(si.state)) {
+        snprintf(why, whylen, "service %s is not running in oversubd", id);
+        return -1;
+    }
+    if (si.n_slots < 1 || si.n_slots > OSUB_SEG_DEVICES) {
+        snprintf(why, whylen, "the CUDA shim grants 1 to %d GPUs (service %s has %d)",
+                 OSUB_SEG_DEVICES, id, (int)si.n_slots);
+        return -1;
+    }
+    struct osub_proc *p = proc_find(d, id);
+    if (p != NULL && p->seg.s != NULL) {
+        snprintf(path, pathlen, "%s", p->seg_path);
+        return 0;
+    }
+    if (p == NULL && (p = proc_get(d, id)) == NULL) {
+        snprintf(why, whylen, "out of memory");
+        return -1;
+    }
+    char sd[512], dir[600];
+    state_dir(d, sd, sizeof(sd));
+    snprintf(dir, sizeof(dir), "%s/shim", sd);
+    struct stat st;
+    if (mkdirs(dir, 0711) != 0 || lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) ||
+        chmod(dir, 0711) != 0) {
+        snprintf(why, whylen, "cannot make %s for the CUDA shim: %s", dir, strerror(errno));
+        return -1;
+    }
+    if (stat(sd, &st) == 0 && (st.st_mode & 0111) != 0111)
+        chmod(sd, (st.st_mode & 07777) | 0111); /* passable: the kubelet mounts the file */
+    memset(p->seg_reported, 0, sizeof(p->seg_reported));
+    if (!pod_seg_adopt(d, p, dir)) {
+        uint8_t r[8];
+        if (getrandom(r, sizeof(r), 0) != (ssize_t)sizeof(r)) {
+            snprintf(why, whylen, "getrandom: %s", strerror(errno));
+            return -1;
+        }
+        snprintf(p->seg_path, sizeof(p->seg_path), "%s/%s.%02x%02x%02x%02x%02x%02x%02x%02x.seg",
+                 dir, id, r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]);
+        uint64_t grants[OSUB_SEG_DEVICES];
+        for (int32_t i = 0; i < si.n_slots; i++)
+            grants[i] = (uint64_t)si.slots[i].grant_mib << 20;
+        char err[512];
+        if (osub_seg_create(&p->seg, p->seg_path, (uid_t)-1, (gid_t)-1, id, (uint32_t)si.n_slots,
+                            grants, err, sizeof(err)) != 0) {
+            snprintf(why, whylen, "CUDA shim: %s", err);
+            p->seg_path[0] = '\0';
+            return -1;
+        }
+        if (fchmod(p->seg.fd, 0666) != 0) {
+            snprintf(why, whylen, "chmod %s: %s", p->seg_path, strerror(errno));
+            osub_seg_cleanup(&p->seg);
+            unlink(p->seg_path);
+            p->seg_path[0] = '\0';
+            return -1;
+        }
+    }
+    snprintf(path, pathlen, "%s", p->seg_path);
+    return 0;
+}
+
+const char *osubd_act_shim_path(const struct osubd *d)
+{
+    return d->act->shim_path;
+}
+
+void osubd_act_pods_sweep(struct osubd *d)
+{
+    osub_service_info_t si;
+    for (struct osub_proc *p = d->act->proc_list, *next; p; p = next) {
+        next = p->next;
+        if (p->pid > 0 || p->child || osubd_act_managed(d, p->id) ||
+            osub_engine_service_info(d->e, p->id, &si) == 0)
+            continue;
+        proc_drop(d, p); /* a pod that is gone: its segment with it */
+    }
+    /* segments of pods that went while oversubd was stopped */
+    char sd[512], dir[600];
+    state_dir(d, sd, sizeof(sd));
+    snprintf(dir, sizeof(dir), "%s/shim", sd);
+    DIR *dd = opendir(dir);
+    for (struct dirent *e; dd != NULL && (e = readdir(dd)) != NULL;) {
+        size_t nl = strlen(e->d_name);
+        if (!pod_seg_name(e->d_name, NULL) || nl - 21 > OSUB_ID_MAX)
+            continue;
+        char id[OSUB_ID_MAX + 1];
+        snprintf(id, sizeof(id), "%.*s", (int)(nl - 21), e->d_name);
+        struct osub_proc *p = proc_find(d, id);
+        if (osub_engine_service_info(d->e, id, &si) != 0) {
+            if (p == NULL)
+                unlinkat(dirfd(dd), e->d_name, 0);
+        } else if ((p == NULL || p->seg.s == NULL) && live_state(si.state) &&
+                   osubd_act_kube(d, id) != NULL) {
+            /* a pod running since before oversubd restarted: its grant kept up again */
+            char path[700], why[300];
+            if (osubd_act_pod_segment(d, id, path, sizeof(path), why, sizeof(why)) != 0)
+                fprintf(stderr, "oversubd: %s: its pod segment: %s\n", id, why);
+        }
+    }
+    if (dd != NULL)
+        closedir(dd);
+}
+
+void osubd_act_pods_close(struct osubd *d)
+{
+    if (d->act == NULL)
+        return;
+    for (struct osub_proc *p = d->act->proc_list; p; p = p->next)
+        if (p->pid <= 0 && !p->child && !osubd_act_managed(d, p->id) && p->seg.s != NULL &&
+            pod_seg_name(strrchr(p->seg_path, '/') + 1, p->id))
+            osub_seg_cleanup(&p->seg); /* unmapped, not removed: mounted in running pods */
 }

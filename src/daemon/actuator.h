@@ -69,6 +69,11 @@ pid_t osubd_act_pid(const struct osubd *d, const char *id);
 osub_idmap_key_t *osubd_act_pid_ids(const struct osubd *d, size_t *n);
 /* Whether a retry's exec is the live service's. */
 bool osubd_act_exec_equal(const struct osubd *d, const char *id, const json_t *exec);
+/* The pod a service is (the spec's "kubernetes" record: namespace, name, uid, node,
+ * grace_seconds, containers), or NULL when it is no pod. Borrowed. */
+const json_t *osubd_act_kube(const struct osubd *d, const char *id);
+/* The ids of the services that are pods: a new array (NULL out of memory). */
+json_t *osubd_act_pod_ids(const struct osubd *d);
 /* Whether oversubd runs the service's program. */
 bool osubd_act_managed(const struct osubd *d, const char *id);
 /* Processes of the service using the CUDA shim now (its usage then comes from the shim). */
@@ -76,5 +81,23 @@ int osubd_act_shim_processes(struct osubd *d, const char *id);
 /* The service is gone from the engine: its PID and directives are forgotten (its process, if
  * oversubd runs one, is stopped and forgotten by the reconcile). */
 void osubd_act_forget(struct osubd *d, const char *id);
+
+/* ---- pods (device plugin) ---- */
+/* The grant segment of a pod service (the device plugin mounts it into the pod's containers):
+ * made at the first call (one device per GPU of its placement, as CUDA_VISIBLE_DEVICES numbers
+ * them; mode 0666 under an unguessable name in the state's shim/ folder), or the one made
+ * before oversubd restarted; the watch round then writes its grants and reads its usage as for
+ * a managed service. Its path is copied into path. 0, or -1 with a sentence in why (the
+ * service is not running, or has no placement the shim can grant). */
+int osubd_act_pod_segment(struct osubd *d, const char *id, char *path, size_t pathlen, char *why,
+                          size_t whylen);
+/* liboversub-cuda.so's path ("" when services run without it). Borrowed. */
+const char *osubd_act_shim_path(const struct osubd *d);
+/* Drops the segments of pods the engine no longer knows (in memory and on disk), and opens
+ * again those of running pods made before oversubd restarted. */
+void osubd_act_pods_sweep(struct osubd *d);
+/* At exit, before osubd_act_free(): pods' segments are unmapped but kept on disk (running
+ * containers have them mounted; the next oversubd opens them again). */
+void osubd_act_pods_close(struct osubd *d);
 
 #endif

@@ -30,6 +30,7 @@
 #include "jsonmem.h"
 #include "netpolicy.h"
 #include "actuator.h"
+#include "pods.h"
 #include "gateway.h"
 #include "oversub/units.h"
 #include "spec_json.h"
@@ -616,11 +617,24 @@ static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dr
     }
     if (r.n_victims > 0) {
         json_t *v = json_array();
-        for (int32_t i = 0; i < r.n_victims; i++)
-            json_array_append_new(
-                v, json_pack("{s:s, s:s, s:I}", "service", r.victims[i].service, "action",
-                             r.victims[i].evict ? "evict" : "degrade", "deadline_unix_ms",
-                             (json_int_t)osubd_engine_to_unix(d, r.victims[i].deadline_ms)));
+        for (int32_t i = 0; i < r.n_victims; i++) {
+            json_t *o = json_pack("{s:s, s:s, s:I}", "service", r.victims[i].service, "action",
+                                  r.victims[i].evict ? "evict" : "degrade", "deadline_unix_ms",
+                                  (json_int_t)osubd_engine_to_unix(d, r.victims[i].deadline_ms));
+            /* who it is, for a scheduler ranking nodes by what they would disturb: its class,
+             * its level, what a restart costs it, and the pod it is (if one) */
+            osub_service_info_t vi;
+            if (o != NULL && osub_engine_service_info(d->e, r.victims[i].service, &vi) == 0) {
+                json_object_set_new(o, "class", json_string(vi.spec->class_name));
+                json_object_set_new(o, "level", json_integer(vi.level));
+                json_object_set_new(o, "restart_cost_ms", json_integer(vi.spec->restart_cost_ms));
+                const char *uid =
+                    json_string_value(json_object_get(osubd_act_kube(d, vi.spec->id), "uid"));
+                if (uid != NULL)
+                    json_object_set_new(o, "pod_uid", json_string(uid));
+            }
+            json_array_append_new(v, o);
+        }
         json_object_set_new(dec, "victims", v);
     }
     if (r.queue_position > 0)
@@ -630,6 +644,14 @@ static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dr
         for (int32_t i = 0; i < r.n_gpus; i++)
             json_array_append_new(g, json_integer(r.gpus[i]));
         json_object_set_new(dec, "gpus", g);
+        /* a dry run: how full its first GPU is now, for a scheduler scoring the placement */
+        osub_gpu_info_t gi;
+        if (dry && osub_engine_gpu_info(d->e, r.gpus[0], &gi) == 0)
+            json_object_set_new(
+                dec, "gpu_now",
+                json_pack("{s:I, s:I, s:I, s:I}", "held_mib", (json_int_t)gi.held_mib,
+                          "granted_mib", (json_int_t)gi.granted_mib, "usable_mib",
+                          (json_int_t)gi.usable_mib, "logical_mib", (json_int_t)gi.logical_mib));
     }
     if (rc != 0 && r.outcome == OSUB_SUBMIT_REJECTED) {
         json_object_set_new(dec, "code", json_string(osub_errcode(rc)));
@@ -1322,6 +1344,7 @@ static void h_metrics(struct osubd *d, struct evhttp_request *req, const char *q
         (unsigned long long)d->waiters_gone);
     osubd_gateway_metrics(d, b);
     osubd_act_metrics(d, b);
+    osubd_pods_metrics(d, b);
     process_metrics(d, b);
     evbuffer_add_printf(b,
                         "# HELP oversub_store_commits_total Durable transactions of the writer.\n"

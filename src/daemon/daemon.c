@@ -1,6 +1,7 @@
 /* daemon.c - oversubd's core: the engine driven by commands that are logged durably first */
 #define _POSIX_C_SOURCE 200809L
 #include "daemon.h"
+#include "pods.h"
 #include "jsonmem.h"
 
 #include <errno.h>
@@ -35,6 +36,7 @@ void osubd_config_default(struct osubd_config *c)
     snprintf(c->socket_path, sizeof(c->socket_path), "var/oversub.sock");
     snprintf(c->state_path, sizeof(c->state_path), "var/oversub.db");
     snprintf(c->gpus, sizeof(c->gpus), "auto");
+    snprintf(c->kube_api, sizeof(c->kube_api), "auto");
     c->ratio_milli = 1300;
     c->tick_ms = 1000;
     c->snapshot_every = 1000;
@@ -1261,6 +1263,8 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
         return -1;
     if (osubd_gateway_init(d, err, errlen) != 0)
         return -1;
+    if (osubd_pods_init(d, err, errlen) != 0)
+        return -1;
     if (osubd_act_start(d, err, errlen) != 0)
         return -1;
     d->tick_ev = evtimer_new(d->base, on_tick, d);
@@ -1322,6 +1326,7 @@ void osubd_stop(struct osubd *d)
         event_free(d->writer_ev);
     osubd_gateway_free(d);
     osubd_act_free(d);
+    osubd_pods_free(d);
     osubd_destinations_free(d->dest);
     d->dest = NULL;
     osubd_routes_free(d->routes);

@@ -48,7 +48,11 @@ struct osubd_config {
     bool new_state;                   /* --new-state: start although the marker disagrees */
     bool allow_root_services;         /* managed commands may run as root */
     int64_t service_log_max;          /* bytes per service log before it is rotated */
-    osub_pool_config_t engine;        /* timings and watermarks of a new state */
+    char device_plugin[512];   /* the kubelet's device-plugin folder: "" = no device plugin */
+    char kube_api[512];        /* auto | none | https://HOST:PORT (pods.c) */
+    char kube_token_file[512]; /* "" = the service account's */
+    char kube_ca_file[512];    /* "" = the service account's */
+    osub_pool_config_t engine; /* timings and watermarks of a new state */
 };
 
 struct waiter;   /* a long-polling GET /v1/events */
@@ -58,6 +62,7 @@ struct osub_gateway;
 struct osub_nvml;
 struct osubd_act;    /* the actuators: processes, PIDs, directives (actuator.c) */
 struct osubd_routes; /* the gateway's per-service settings (routes.c) */
+struct osubd_dp;     /* the kubelet device plugin (deviceplugin.c) */
 
 struct osubd {
     struct osubd_config cfg;
@@ -109,6 +114,8 @@ struct osubd {
     struct osubd_destinations *dest; /* allowed_destinations, parsed */
     bool req_admin;                  /* ... or carries the admin token, or no token is configured */
     struct osubd_act *act;           /* the actuators' own state (actuator.c) */
+    struct osubd_pods *pods;         /* pods evicted through the API server (pods.c) */
+    struct osubd_dp *dp;             /* the device plugin, NULL when off (deviceplugin.c) */
     /* metrics */
     uint64_t http_requests[6]; /* by status class 1xx..5xx, index 0 unused */
     uint64_t latency_buckets[12];

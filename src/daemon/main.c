@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "daemon.h"
+#include "deviceplugin.h"
 #include "jsonmem.h"
 #include "notify.h"
 #include "netpolicy.h"
@@ -42,6 +43,10 @@ static void usage(FILE *f)
             "  --tick-ms N          how often timers, pressure and the queue run (1000)\n"
             "  --nvml-lib PATH      the NVML library to load with --gpus auto\n"
             "                       (libnvidia-ml.so.1 from the loader's path)\n"
+            "  --device-plugin DIR  serve the kubelet device plugin (oversub.io/vram-mib) in\n"
+            "                       the kubelet's folder DIR (/var/lib/kubelet/device-plugins)\n"
+            "  --kube-api URL       where pods are evicted: auto (in a cluster), none, or the\n"
+            "                       API server's URL (oversub.yaml: kubernetes_api)\n"
             "  --new-state          start although STATE.marker says the state lost commands\n"
             "                       (a deleted -wal file, an emptied or replaced database)\n"
             "  --help, --version\n");
@@ -302,6 +307,29 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
                 rc = -1;
             }
             snprintf(c->allowed_destinations, sizeof(c->allowed_destinations), "%s", sv);
+        } else if (strcmp(key, "device_plugin") == 0) {
+            if (sv[0] != '\0' && sv[0] != '/') {
+                fprintf(stderr,
+                        "oversubd: %s: key 'device_plugin' must be the absolute path of the "
+                        "kubelet's device-plugin folder, or \"\"\n",
+                        where);
+                rc = -1;
+            }
+            snprintf(c->device_plugin, sizeof(c->device_plugin), "%.511s", sv);
+        } else if (strcmp(key, "kubernetes_api") == 0) {
+            if (strcmp(sv, "auto") != 0 && strcmp(sv, "none") != 0 &&
+                strncmp(sv, "https://", 8) != 0 && strncmp(sv, "http://", 7) != 0) {
+                fprintf(stderr,
+                        "oversubd: %s: key 'kubernetes_api' must be auto, none or the API "
+                        "server's https:// URL\n",
+                        where);
+                rc = -1;
+            }
+            snprintf(c->kube_api, sizeof(c->kube_api), "%.511s", sv);
+        } else if (strcmp(key, "kubernetes_token_file") == 0) {
+            snprintf(c->kube_token_file, sizeof(c->kube_token_file), "%.511s", sv);
+        } else if (strcmp(key, "kubernetes_ca_file") == 0) {
+            snprintf(c->kube_ca_file, sizeof(c->kube_ca_file), "%.511s", sv);
         } else if (strcmp(key, "cuda_shim") == 0) {
             snprintf(c->cuda_shim, sizeof(c->cuda_shim), "%.511s", sv);
         } else if (strcmp(key, "nvml_lib") == 0) {
@@ -335,14 +363,22 @@ int main(int argc, char **argv)
     d.lock_fd = -1;
     d.marker_fd = -1;
     osubd_config_default(&d.cfg);
-    static const struct option opts[] = {
-        {"config", required_argument, NULL, 'c'},     {"listen", required_argument, NULL, 'l'},
-        {"socket", required_argument, NULL, 's'},     {"state", required_argument, NULL, 'S'},
-        {"gpus", required_argument, NULL, 'g'},       {"ratio", required_argument, NULL, 'r'},
-        {"token-file", required_argument, NULL, 't'}, {"tick-ms", required_argument, NULL, 'T'},
-        {"nvml-lib", required_argument, NULL, 'N'},   {"gateway", required_argument, NULL, 'G'},
-        {"new-state", no_argument, NULL, 'n'},        {"help", no_argument, NULL, 'h'},
-        {"version", no_argument, NULL, 'v'},          {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
+                                         {"listen", required_argument, NULL, 'l'},
+                                         {"socket", required_argument, NULL, 's'},
+                                         {"state", required_argument, NULL, 'S'},
+                                         {"gpus", required_argument, NULL, 'g'},
+                                         {"ratio", required_argument, NULL, 'r'},
+                                         {"token-file", required_argument, NULL, 't'},
+                                         {"tick-ms", required_argument, NULL, 'T'},
+                                         {"nvml-lib", required_argument, NULL, 'N'},
+                                         {"gateway", required_argument, NULL, 'G'},
+                                         {"new-state", no_argument, NULL, 'n'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {"version", no_argument, NULL, 'v'},
+                                         {"device-plugin", required_argument, NULL, 'D'},
+                                         {"kube-api", required_argument, NULL, 'K'},
+                                         {NULL, 0, NULL, 0}};
     /* the configuration file first, so that flags override it */
     char token_file[512] = "";
     for (int i = 1; i < argc; i++) {
@@ -393,6 +429,27 @@ int main(int argc, char **argv)
                         optarg);
                 return 2;
             }
+            break;
+        case 'D':
+            if (optarg[0] != '\0' && optarg[0] != '/') {
+                fprintf(stderr,
+                        "oversubd: --device-plugin: '%s' is not an absolute path (or \"\" for "
+                        "none)\n",
+                        optarg);
+                return 2;
+            }
+            snprintf(d.cfg.device_plugin, sizeof(d.cfg.device_plugin), "%s", optarg);
+            break;
+        case 'K':
+            if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "none") != 0 &&
+                strncmp(optarg, "https://", 8) != 0 && strncmp(optarg, "http://", 7) != 0) {
+                fprintf(stderr,
+                        "oversubd: --kube-api: '%s' is not auto, none or an https:// "
+                        "URL\n",
+                        optarg);
+                return 2;
+            }
+            snprintf(d.cfg.kube_api, sizeof(d.cfg.kube_api), "%s", optarg);
             break;
         case 'n':
             d.cfg.new_state = true;
@@ -483,6 +540,12 @@ int main(int argc, char **argv)
         osubd_stop(&d);
         return 1;
     }
+    if (osubd_dp_start(&d, err, sizeof(err)) != 0) {
+        fprintf(stderr, "oversubd: %s\n", err);
+        osubd_dp_stop(&d);
+        osubd_stop(&d);
+        return 1;
+    }
     char status[300];
     snprintf(status, sizeof(status), "READY=1\nMAINPID=%d\nSTATUS=serving on %s:%d", (int)getpid(),
              d.cfg.listen_host, d.cfg.listen_port);
@@ -490,6 +553,7 @@ int main(int argc, char **argv)
     event_base_dispatch(d.base);
     osubd_notify("STOPPING=1");
     bool fatal = d.fatal;
+    osubd_dp_stop(&d);
     osubd_stop(&d);
     return fatal ? 1 : 0;
 }

@@ -1,0 +1,339 @@
+/* pods.c - evictions that reach Kubernetes pods (pods.h) */
+#define _GNU_SOURCE
+#include "pods.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <jansson.h>
+
+#include "actuator.h"
+#include "daemon.h"
+#include "kubeapi.h"
+
+#define RETRY_MS 5000  /* an eviction refused (a disruption budget, the API down): asked again */
+#define WATCH_MS 1000  /* an evicted pod: looked at this often until it is gone */
+#define SWEEP_MS 10000 /* every pod service: is its pod still there, and still running? */
+
+struct osubd_pods {
+    struct osub_kube *kube;
+    json_t *evicting; /* service id -> {"ns", "name", "uid", "grace", "state": asking|gone?} */
+    struct event *tick;
+    int64_t sweep_at;
+    json_t *sweeping; /* ids whose GET is in flight */
+    uint64_t asked, accepted, blocked, failed, gone;
+};
+
+struct ask {
+    struct osubd *d;
+    char id[OSUB_ID_MAX + 1];
+    bool watch; /* a GET of the pod, not an eviction */
+    bool sweep; /* a GET of the sweep: the pod was not being evicted */
+};
+
+/* The pod of a service is gone (or done): an evicted one has exited; any other is released. */
+static void release_pod(struct osubd *d, const char *id, const char *why)
+{
+    bool evicted = json_object_get(d->pods->evicting, id) != NULL;
+    json_object_del(d->pods->evicting, id);
+    osub_service_info_t si;
+    if (osub_engine_service_info(d->e, id, &si) != 0)
+        return;
+    d->pods->gone++;
+    osubd_note(d, id, "pod", "gone", "%s: %s", id, why);
+    char err[256];
+    json_t *cmd = json_pack("{s:s, s:s}", "op", evicted ? "exited" : "release", "id", id);
+    if (cmd != NULL)
+        osubd_apply(d, cmd, NULL, err, sizeof(err));
+    json_decref(cmd);
+}
+
+static void send_eviction(struct osubd *d, const char *id);
+static void on_answer(void *arg, long status, const char *body, size_t len, const char *error);
+
+/* The sweep's answer about a pod that was not being evicted: deleted (404), replaced (another
+ * UID), or finished (Succeeded, Failed: its containers are gone) releases its service. */
+static void sweep_answer(struct osubd *d, const char *id, long status, const char *body, size_t len)
+{
+    json_object_del(d->pods->sweeping, id);
+    const json_t *k = osubd_act_kube(d, id);
+    if (k == NULL || json_object_get(d->pods->evicting, id) != NULL)
+        return;
+    const char *ns = json_string_value(json_object_get(k, "namespace"));
+    const char *name = json_string_value(json_object_get(k, "name"));
+    const char *uid = json_string_value(json_object_get(k, "uid"));
+    json_t *j = status == 200 ? json_loadb(body, len, 0, NULL) : NULL;
+    const char *now_uid = json_string_value(json_object_get(json_object_get(j, "metadata"), "uid"));
+    const char *phase = json_string_value(json_object_get(json_object_get(j, "status"), "phase"));
+    char why[700] = "";
+    if (status == 404)
+        snprintf(why, sizeof(why), "pod %s/%s was deleted: released", ns, name);
+    else if (status == 200 && now_uid != NULL && uid != NULL && strcmp(now_uid, uid) != 0)
+        snprintf(why, sizeof(why), "pod %s/%s is another pod now (UID %s): released", ns, name,
+                 now_uid);
+    else if (status == 200 && phase != NULL &&
+             (strcmp(phase, "Succeeded") == 0 || strcmp(phase, "Failed") == 0))
+        snprintf(why, sizeof(why), "pod %s/%s has finished (%s): released", ns, name, phase);
+    json_decref(j);
+    if (why[0])
+        release_pod(d, id, why);
+}
+
+/* Every pod service's pod, looked at once per SWEEP_MS: a pod deleted, replaced or finished
+ * without oversub evicting it (kubectl delete, a scale-down, a Job done) gives its memory back. */
+static void sweep(struct osubd *d)
+{
+    json_t *ids = osubd_act_pod_ids(d);
+    size_t i;
+    json_t *v;
+    json_array_foreach(ids, i, v)
+    {
+        const char *id = json_string_value(v);
+        const json_t *k = osubd_act_kube(d, id);
+        if (json_object_get(d->pods->evicting, id) != NULL ||
+            json_object_get(d->pods->sweeping, id) != NULL || k == NULL)
+            continue;
+        struct ask *a = calloc(1, sizeof(*a));
+        char path[600];
+        snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s",
+                 json_string_value(json_object_get(k, "namespace")),
+                 json_string_value(json_object_get(k, "name")));
+        if (a == NULL)
+            break;
+        a->d = d;
+        a->sweep = true;
+        snprintf(a->id, sizeof(a->id), "%s", id);
+        if (osub_kube_request(d->pods->kube, "GET", path, NULL, on_answer, a) != 0)
+            free(a);
+        else
+            json_object_set_new(d->pods->sweeping, id, json_true());
+    }
+    json_decref(ids);
+}
+
+static void on_answer(void *arg, long status, const char *body, size_t len, const char *error)
+{
+    struct ask *a = arg;
+    struct osubd *d = a->d;
+    if (a->sweep) {
+        if (status >= 0)
+            sweep_answer(d, a->id, status, body, len);
+        free(a);
+        return;
+    }
+    json_t *e = status < 0 ? NULL : json_object_get(d->pods->evicting, a->id);
+    if (status < 0 || e == NULL) { /* stopping, or no longer evicting it */
+        free(a);
+        return;
+    }
+    const char *ns = json_string_value(json_object_get(e, "ns"));
+    const char *name = json_string_value(json_object_get(e, "name"));
+    const char *uid = json_string_value(json_object_get(e, "uid"));
+    json_t *j = len ? json_loadb(body, len, 0, NULL) : NULL;
+    const char *msg = json_string_value(json_object_get(j, "message"));
+    if (a->watch) {
+        const char *now_uid =
+            json_string_value(json_object_get(json_object_get(j, "metadata"), "uid"));
+        if (status == 404 || (status == 200 && now_uid != NULL && strcmp(now_uid, uid) != 0)) {
+            char why[700];
+            snprintf(why, sizeof(why), "pod %s/%s is gone from the API server: released", ns, name);
+            release_pod(d, a->id, why);
+        }
+    } else if (status == 200 || status == 201) {
+        d->pods->accepted++;
+        json_object_set_new(e, "state", json_string("evicted"));
+        osubd_note(d, a->id, "pod", "evict",
+                   "%s: the API server accepted the eviction of pod %s/%s (grace %llds)", a->id, ns,
+                   name, (long long)json_integer_value(json_object_get(e, "grace")));
+    } else if (status == 404) {
+        char why[700];
+        snprintf(why, sizeof(why), "pod %s/%s was already gone when evicted", ns, name);
+        release_pod(d, a->id, why);
+    } else {
+        if (status == 429)
+            d->pods->blocked++;
+        else
+            d->pods->failed++;
+        json_object_set_new(e, "state", json_string("retry"));
+        osubd_note(d, a->id, "pod", status == 429 ? "blocked" : "evict-failed",
+                   "%s: evicting pod %s/%s: %s (HTTP %ld); asked again in %d s", a->id, ns, name,
+                   msg     ? msg
+                   : error ? error
+                           : "no reason given",
+                   status, RETRY_MS / 1000);
+    }
+    json_decref(j);
+    free(a);
+}
+
+static void send_eviction(struct osubd *d, const char *id)
+{
+    json_t *e = json_object_get(d->pods->evicting, id);
+    const char *ns = json_string_value(json_object_get(e, "ns"));
+    const char *name = json_string_value(json_object_get(e, "name"));
+    json_t *ev =
+        json_pack("{s:s, s:s, s:{s:s, s:s}, s:{s:I, s:{s:s}}}", "apiVersion", "policy/v1", "kind",
+                  "Eviction", "metadata", "name", name, "namespace", ns, "deleteOptions",
+                  "gracePeriodSeconds", json_integer_value(json_object_get(e, "grace")),
+                  "preconditions", "uid", json_string_value(json_object_get(e, "uid")));
+    char *text = ev ? json_dumps(ev, JSON_COMPACT) : NULL;
+    json_decref(ev);
+    struct ask *a = calloc(1, sizeof(*a));
+    char path[600];
+    snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s/eviction", ns, name);
+    if (text == NULL || a == NULL) {
+        free(text);
+        free(a);
+        return; /* out of memory: the tick asks again */
+    }
+    a->d = d;
+    snprintf(a->id, sizeof(a->id), "%s", id);
+    json_object_set_new(e, "state", json_string("asking"));
+    d->pods->asked++;
+    if (osub_kube_request(d->pods->kube, "POST", path, text, on_answer, a) != 0) {
+        free(a);
+        json_object_set_new(e, "state", json_string("retry"));
+    }
+    free(text);
+}
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct osubd *d = arg;
+    static int64_t retry_at = 0;
+    int64_t now = osubd_now(d);
+    const char *id;
+    json_t *e, *tmp;
+    json_object_foreach_safe(d->pods->evicting, tmp, id, e)
+    {
+        osub_service_info_t si;
+        if (osub_engine_service_info(d->e, id, &si) != 0) {
+            json_object_del(d->pods->evicting, id); /* released some other way */
+            continue;
+        }
+        const char *st = json_string_value(json_object_get(e, "state"));
+        if (st != NULL && strcmp(st, "retry") == 0 && now >= retry_at) {
+            send_eviction(d, id);
+        } else if (st != NULL && strcmp(st, "evicted") == 0) {
+            struct ask *a = calloc(1, sizeof(*a));
+            char path[600];
+            snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s",
+                     json_string_value(json_object_get(e, "ns")),
+                     json_string_value(json_object_get(e, "name")));
+            if (a == NULL)
+                continue;
+            a->d = d;
+            a->watch = true;
+            snprintf(a->id, sizeof(a->id), "%s", id);
+            if (osub_kube_request(d->pods->kube, "GET", path, NULL, on_answer, a) != 0)
+                free(a);
+        }
+    }
+    if (now >= retry_at)
+        retry_at = now + RETRY_MS;
+    if (now >= d->pods->sweep_at) {
+        d->pods->sweep_at = now + SWEEP_MS;
+        sweep(d);
+    }
+}
+
+void osubd_pods_directive(struct osubd *d, const char *id, const char *action)
+{
+    const json_t *k = osubd_act_kube(d, id);
+    if (k == NULL || strcmp(action, "evict") != 0)
+        return;
+    if (d->pods == NULL || d->pods->kube == NULL) {
+        osubd_note(d, id, "pod", "no-api",
+                   "%s is pod %s/%s but oversubd has no API server to evict it through "
+                   "(kubernetes_api); its directive waits to be read",
+                   id, json_string_value(json_object_get(k, "namespace")),
+                   json_string_value(json_object_get(k, "name")));
+        return;
+    }
+    if (json_object_get(d->pods->evicting, id) != NULL)
+        return;
+    json_t *e =
+        json_pack("{s:O, s:O, s:O, s:I, s:s}", "ns", json_object_get(k, "namespace"), "name",
+                  json_object_get(k, "name"), "uid", json_object_get(k, "uid"), "grace",
+                  json_object_get(k, "grace_seconds")
+                      ? json_integer_value(json_object_get(k, "grace_seconds"))
+                      : 30,
+                  "state", "asking");
+    if (e == NULL || json_object_set_new(d->pods->evicting, id, e) != 0)
+        return;
+    send_eviction(d, id);
+}
+
+int osubd_pods_init(struct osubd *d, char *err, size_t errlen)
+{
+    struct osubd_pods *p = calloc(1, sizeof(*p));
+    if (p == NULL || (p->evicting = json_object()) == NULL ||
+        (p->sweeping = json_object()) == NULL) {
+        if (p != NULL)
+            json_decref(p->evicting);
+        free(p);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    d->pods = p;
+    struct osub_kube_opts o;
+    osub_kube_opts_default(&o);
+    const char *api = d->cfg.kube_api;
+    if (strcmp(api, "none") == 0 || (strcmp(api, "auto") == 0 && o.api[0] == '\0'))
+        return 0;
+    if (strcmp(api, "auto") != 0)
+        snprintf(o.api, sizeof(o.api), "%s", api);
+    if (d->cfg.kube_token_file[0])
+        snprintf(o.token_file, sizeof(o.token_file), "%s", d->cfg.kube_token_file);
+    if (d->cfg.kube_ca_file[0])
+        snprintf(o.ca_file, sizeof(o.ca_file), "%s", d->cfg.kube_ca_file);
+    char why[600];
+    if (osub_kube_new(d->base, &o, &p->kube, why, sizeof(why)) != 0) {
+        snprintf(err, errlen, "kubernetes_api: %s", why);
+        return -1;
+    }
+    p->tick = event_new(d->base, -1, EV_PERSIST, on_tick, d);
+    struct timeval tv = {WATCH_MS / 1000, (WATCH_MS % 1000) * 1000};
+    if (p->tick == NULL || event_add(p->tick, &tv) != 0) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    printf("pods evicted through the API server at %s\n", osub_kube_api(p->kube));
+    return 0;
+}
+
+void osubd_pods_free(struct osubd *d)
+{
+    if (d->pods == NULL)
+        return;
+    if (d->pods->tick)
+        event_free(d->pods->tick);
+    osub_kube_free(d->pods->kube);
+    json_decref(d->pods->evicting);
+    json_decref(d->pods->sweeping);
+    free(d->pods);
+    d->pods = NULL;
+}
+
+void osubd_pods_metrics(struct osubd *d, struct evbuffer *b)
+{
+    struct osubd_pods *p = d->pods;
+    if (p == NULL)
+        return;
+    evbuffer_add_printf(
+        b,
+        "# HELP oversub_pod_evictions_total Evictions of pods asked of the API server, by "
+        "answer.\n# TYPE oversub_pod_evictions_total counter\n"
+        "oversub_pod_evictions_total{result=\"accepted\"} %llu\n"
+        "oversub_pod_evictions_total{result=\"blocked\"} %llu\n"
+        "oversub_pod_evictions_total{result=\"failed\"} %llu\n"
+        "# HELP oversub_pods_gone_total Pod services released because their pod left.\n"
+        "# TYPE oversub_pods_gone_total counter\noversub_pods_gone_total %llu\n",
+        (unsigned long long)p->accepted, (unsigned long long)p->blocked,
+        (unsigned long long)p->failed, (unsigned long long)p->gone);
+}

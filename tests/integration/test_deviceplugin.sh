@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# test_deviceplugin.sh - oversubd's kubelet device plugin (docs/deviceplugin.md) against a
+# kubelet stand-in (tests/k8s/kubelet_standin.py, Debian's python3-grpcio): Register, the
+# device list and its re-streaming, Allocate for a pod submitted through the API (its env, its
+# mounts, its grant segment enforced by the shim and read back as usage), refusals, malformed
+# input, a kubelet restart, an oversubd restart.
+# usage: test_deviceplugin.sh OVERSUBD SHIM CUDA_CLIENT FAKECUDA_DIR
+set -u
+oversubd=$1 shim=$2 client=$3 fakedir=$4
+. "$(dirname "$0")/lib.sh"
+PY=/usr/bin/python3
+SI="$(cd "$(dirname "$0")/../k8s" && pwd)/kubelet_standin.py"
+if ! $PY -c 'import grpc, grpc_tools' 2>/dev/null; then
+    echo "test_deviceplugin: python3-grpcio and python3-grpc-tools are needed (scripts/install-deps.sh test)"
+    exit 1
+fi
+KD=$tmp/kd
+D=$tmp/d
+mkdir -p "$KD" "$D"
+wait_for() { # seconds, command...: the event it waits for, or a failure after the deadline
+    local t=$1
+    shift
+    for _ in $(seq 1 $((t * 20))); do "$@" && return 0; sleep 0.05; done
+    return 1
+}
+lines() { grep -c "$2" "$1" 2>/dev/null || true; }
+has_lines() { [ "$(lines "$1" "$2")" -ge "$3" ]; }
+
+standin() { # a kubelet (re)starting: its Registration service, plugins' sockets removed
+    $PY "$SI" serve "$KD" >"$tmp/serve.$1" 2>&1 &
+    SPID=$!
+    pids+=($SPID)
+    wait_for 20 has_lines "$tmp/serve.$1" '^serving' 1 || bad "stand-in $1 did not start: $(cat "$tmp/serve.$1")"
+}
+printf '%s\n' "device_plugin: $KD" "cuda_shim: $shim" "hysteresis_ms: 500" >"$D/c.yaml"
+start_d() {
+    "$oversubd" --config "$D/c.yaml" --listen 127.0.0.1:0 --socket "$D/s.sock" --state "$D/st/db" \
+        --gpus sim:2x1000 --ratio 1.5 --tick-ms 100 >>"$D/out" 2>>"$D/err" &
+    DPID=$!
+    pids+=($DPID)
+    S=$D/s.sock
+    for _ in $(seq 1 200); do [ -S "$S" ] && curl -s --unix-socket "$S" http://x/healthz >/dev/null && break; sleep 0.05; done
+}
+api() { curl -s --unix-socket "$S" -X "$1" "http://x$2" ${3:+-d "$3"}; }
+svc() { api GET "/v1/services/$1" | json "$2" 2>/dev/null; }
+dp() { timeout 20 $PY "$SI" "$@" "$KD"; }
+dpa() { local c=$1; shift; timeout 20 $PY "$SI" "$c" "$KD" "$@"; }
+
+echo "== register"
+standin 1
+start_d
+wait_for 20 has_lines "$tmp/serve.1" '^register' 1 || bad "no Register came: $(tail -5 "$D/err")"
+expect "Register's fields" "register version=v1beta1 endpoint=oversub.sock resource=oversub.io/vram-mib" \
+    "$(grep '^register' "$tmp/serve.1" | head -1)"
+grep -q "device plugin: registered oversub.io/vram-mib" "$D/err" || bad "the registration is logged"
+
+echo "== ListAndWatch"
+dp watch >"$tmp/watch1" 2>&1 &
+WPID=$!
+pids+=($WPID)
+# 2 GPUs x 1000 MiB x 1.5 = 3000 devices of 1 MiB, all healthy, IDs distinct and short
+wait_for 20 has_lines "$tmp/watch1" '^devices' 1 || bad "no list streamed: $(cat "$tmp/watch1")"
+expect "the list: logical MiB" "devices 3000 healthy=3000 unique=3000 maxlen=2" \
+    "$(grep '^devices' "$tmp/watch1" | head -1 | cut -d' ' -f1-5)"
+expect "ratio to 2.0" 200 "$(curl -s -o /dev/null -w '%{http_code}' --unix-socket "$S" -X PUT http://x/v1/pool -d '{"ratio": 2.0}')"
+wait_for 20 has_lines "$tmp/watch1" '^devices' 2 || bad "a ratio change was not streamed: $(cat "$tmp/watch1")"
+expect "the list again at ratio 2.0" "devices 4000" "$(grep '^devices' "$tmp/watch1" | sed -n 2p | cut -d' ' -f1-2)"
+expect "options" "options pre_start=0 preferred=0" "$(dp options)"
+expect "PreStartContainer answers empty" "prestart ok" "$(dp prestart)"
+expect "GetPreferredAllocation: the must first" "preferred c,a" "$(dpa preferred 2 a b c)"
+
+echo "== Allocate"
+out=$(dpa allocate 100)
+expect "no pod: refused" FAILED_PRECONDITION "$(json 'd["code"]' <<<"$out")"
+grep -q "Allocate of 100 MiB (container 1 of the request) refused" "$D/err" || bad "the refusal is logged: $(tail -3 "$D/err")"
+pod='{"id":"pod-u1","class":"batch","vram":"300MiB","kubernetes":{"namespace":"ns","name":"p1",
+ "uid":"u1","node":"n1","grace_seconds":5,"containers":[{"name":"a","vram_mib":100},{"name":"b","vram_mib":200}]}}'
+tok=$(api POST /v1/services "$pod" | json 'd["token"]')
+expect "the pod is running" loading "$(svc pod-u1 'd["state"]')"
+out=$(dpa allocate 200)
+env() { json "d['containers'][0]['envs'].get('$1')" <<<"$out"; }
+expect "allocated" True "$(json 'd["ok"]' <<<"$out")"
+expect "OVERSUB_SERVICE" pod-u1 "$(env OVERSUB_SERVICE)"
+expect "OVERSUB_TOKEN: the service's" "$tok" "$(env OVERSUB_TOKEN)"
+expect "OVERSUB_VRAM_MIB: the container's" 200 "$(env OVERSUB_VRAM_MIB)"
+expect "the container matched by size" b "$(env OVERSUB_CONTAINER)"
+expect "CUDA_VISIBLE_DEVICES: its GPU" "$(svc pod-u1 'd["placement"][0]["gpu"]')" "$(env CUDA_VISIBLE_DEVICES)"
+expect "NVIDIA_VISIBLE_DEVICES as well" "$(env CUDA_VISIBLE_DEVICES)" "$(env NVIDIA_VISIBLE_DEVICES)"
+expect "LD_PRELOAD: the shim in the container" /usr/local/lib/oversub/liboversub-cuda.so "$(env LD_PRELOAD)"
+expect "OVERSUB_SHIM_SEGMENT" /var/run/oversub/grant.seg "$(env OVERSUB_SHIM_SEGMENT)"
+mounts=$(json '" ".join("%s=%s:%s" % (m["container_path"], m["host_path"], "ro" if m["read_only"] else "rw") for m in d["containers"][0]["mounts"])' <<<"$out")
+seg=$(json '[m["host_path"] for m in d["containers"][0]["mounts"] if m["container_path"].endswith(".seg")][0]' <<<"$out")
+expect "the mounts" "/usr/local/lib/oversub/liboversub-cuda.so=$(realpath "$shim"):ro /var/run/oversub/grant.seg=$seg:rw" "$mounts"
+expect "the segment in the state's shim folder" "$D/st/shim" "$(dirname "$seg")"
+expect "the segment: any container user may open it" 666 "$(stat -c %a "$seg")"
+expect "the folder: not listable" 711 "$(stat -c %a "$D/st/shim")"
+# the shim as the container would run it, against the fake driver: the grant enforced, the
+# usage read back by the watch round
+F=$tmp/ctr
+OVERSUB_SHIM_SEGMENT=$seg LD_PRELOAD=$shim LD_LIBRARY_PATH=$fakedir FAKE_CUDA_MEM_MIB=1000 \
+    "$client" alloc:250 expect:0 alloc:100 expect:2 touch:$F.a hold >"$tmp/ctr.out" 2>&1 &
+CPID=$!
+pids+=($CPID)
+wait_for 20 test -e "$F.a" || bad "the container's program did not run: $(cat "$tmp/ctr.out")"
+used() { [ "$(svc pod-u1 'd["used_mib"]')" = "$1" ]; }
+wait_for 20 used 250 || bad "the pod's usage from its segment: $(svc pod-u1 'd["used_mib"]')"
+kill $CPID 2>/dev/null
+wait $CPID 2>/dev/null
+wait_for 20 used 0 || bad "the dead process's memory was taken back: $(svc pod-u1 'd["used_mib"]')"
+out=$(dpa allocate 100)
+expect "the second container" a "$(json "d['containers'][0]['envs']['OVERSUB_CONTAINER']" <<<"$out")"
+expect "both share the pod's segment" "$seg" "$(json '[m["host_path"] for m in d["containers"][0]["mounts"] if m["container_path"].endswith(".seg")][0]' <<<"$out")"
+expect "each container once" FAILED_PRECONDITION "$(json 'd["code"]' <<<"$(dpa allocate 100)")"
+
+echo "== malformed input"
+out=$(dpa raw Allocate ff)
+expect "a broken protobuf" "raw INVALID_ARGUMENT" "$(cut -d' ' -f1-2 <<<"$out")"
+expect "an unknown method" "raw UNIMPLEMENTED" "$(dpa raw Nope 00 | cut -d' ' -f1-2)"
+grpc_raw() { # bytes (printf format) -> the grpc-status answered
+    printf "$1" >"$tmp/body"
+    curl -s --http2-prior-knowledge --unix-socket "$KD/oversub.sock" -H 'content-type: application/grpc' \
+        -H 'te: trailers' --data-binary @"$tmp/body" -D - -o /dev/null \
+        http://localhost/v1beta1.DevicePlugin/Allocate | tr -d '\r' | grep -i '^grpc-status' | cut -d' ' -f2
+}
+expect "a frame shorter than its prefix says" 13 "$(grpc_raw '\x00\x00\x00\x00\x09ab')"
+expect "a frame without its prefix" 13 "$(grpc_raw '\x00\x00')"
+expect "a compressed frame" 12 "$(grpc_raw '\x01\x00\x00\x00\x00')"
+expect "a nested length past the end" 3 "$(grpc_raw '\x00\x00\x00\x00\x02\x0a\x7f')"
+$PY -c 'import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(b"GET / HTTP/1.1\r\n\r\n"+bytes(range(256))*40); s.settimeout(5); s.recv(100)' "$KD/oversub.sock" 2>/dev/null
+expect "not HTTP/2 at all: oversubd carries on" ok "$(api GET /healthz | json 'd["status"]' 2>/dev/null || echo dead)"
+expect "the list still streams to a new watcher" "devices 4000" "$(timeout 5 $PY "$SI" watch "$KD" | head -1 | cut -d' ' -f1-2)"
+
+echo "== kubelet restart"
+kill $SPID
+wait $SPID 2>/dev/null
+standin 2 # removes oversub.sock, makes kubelet.sock anew
+wait_for 20 has_lines "$tmp/serve.2" '^register' 1 || bad "no Register after the kubelet restarted: $(tail -5 "$D/err")"
+grep -q "was removed (the kubelet restarted?)" "$D/err" || bad "the restart is logged: $(tail -3 "$D/err")"
+wait_for 20 has_lines "$tmp/watch1" '^watch ended' 1 || bad "the old watch stream was closed: $(cat "$tmp/watch1")"
+expect "served again" "devices 4000" "$(timeout 5 $PY "$SI" watch "$KD" | head -1 | cut -d' ' -f1-2)"
+
+echo "== oversubd restart"
+kill $DPID
+wait $DPID 2>/dev/null
+expect "the pod's segment outlives oversubd (running containers have it mounted)" yes "$(test -e "$seg" && echo yes)"
+start_d
+wait_for 20 has_lines "$tmp/serve.2" '^register' 2 || bad "no Register after oversubd restarted: $(tail -5 "$D/err")"
+expect "its allocations are remembered" FAILED_PRECONDITION "$(json 'd["code"]' <<<"$(dpa allocate 200)")"
+OVERSUB_SHIM_SEGMENT=$seg LD_PRELOAD=$shim LD_LIBRARY_PATH=$fakedir FAKE_CUDA_MEM_MIB=1000 \
+    "$client" alloc:120 expect:0 alloc:200 expect:2 touch:$F.b hold >"$tmp/ctr.out" 2>&1 &
+CPID=$!
+pids+=($CPID)
+wait_for 20 test -e "$F.b" || bad "the container's program after the restart: $(cat "$tmp/ctr.out")"
+wait_for 20 used 120 || bad "the segment is read again after the restart: $(svc pod-u1 'd["used_mib"]')"
+kill $CPID 2>/dev/null
+wait $CPID 2>/dev/null
+
+echo "== the pod goes"
+api DELETE /v1/services/pod-u1 >/dev/null
+wait_for 20 test ! -e "$seg" || bad "the pod's segment stays after the pod went"
+nomore() { ! grep -q pod-u1 "$D/st/db.allocated.json"; }
+wait_for 20 nomore || bad "its allocations are forgotten: $(cat "$D/st/db.allocated.json")"
+
+echo "== message size (docs/deviceplugin.md)"
+kill $DPID
+wait $DPID 2>/dev/null
+rm -rf "$D/st"
+sed -i 's/^hysteresis_ms.*//' "$D/c.yaml"
+"$oversubd" --config "$D/c.yaml" --listen 127.0.0.1:0 --socket "$D/s.sock" --state "$D/st/db" \
+    --gpus sim:8x81920 --ratio 1.3 --tick-ms 100 >>"$D/out" 2>"$D/err8" &
+DPID=$!
+pids+=($DPID)
+S=$D/s.sock
+wait_for 20 has_lines "$D/err8" 'device plugin: serving' 1 || bad "8x81920: $(cat "$D/err8")"
+grep -q "851968 MiB of logical capacity would be a ListAndWatch message of 14237254 bytes, over the kubelet's 4194304: advertising 260965 MiB" "$D/err8" ||
+    bad "the cut is said: $(grep 'device plugin' "$D/err8")"
+out=$(timeout 20 $PY "$SI" watch "$KD" | head -1)
+expect "the cut list fits kubelet's 4 MiB" "devices 260965 healthy=260965 unique=260965 maxlen=4" "$(cut -d' ' -f1-5 <<<"$out")"
+echo "  $out"
+kill $DPID
+wait $DPID 2>/dev/null
+
+if grep -l "Sanitizer" "$D/err" "$D/err8" >/dev/null 2>&1; then bad "a sanitizer spoke: $(grep -h -A5 Sanitizer "$D/err" "$D/err8" | head -20)"; else ok; fi
+
+echo "deviceplugin: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

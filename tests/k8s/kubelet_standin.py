@@ -1,0 +1,148 @@
+#!/usr/bin/python3
+"""kubelet_standin.py - the kubelet's side of the device-plugin API (v1beta1), for
+tests/integration/test_deviceplugin.sh: no cluster needed.
+
+  serve DIR            the Registration service on DIR/kubelet.sock (as a starting kubelet
+                       does, first removes the other sockets in DIR); prints one line a Register
+  watch DIR            ListAndWatch on DIR/oversub.sock: one line per list it streams
+  options DIR          GetDevicePluginOptions
+  prestart DIR         PreStartContainer
+  preferred DIR SIZE ID... GetPreferredAllocation from the IDs given
+  allocate DIR N...    Allocate, one container per N (that many device IDs): a JSON line
+  raw DIR METHOD HEX   a unary call with the bytes given as the request: the status
+
+Debian's python3-grpcio and python3-grpc-tools (the .proto is compiled at start, into a
+temporary folder). Lines are flushed as they are printed: the test waits for them.
+"""
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+from concurrent import futures
+
+import grpc
+from grpc_tools import protoc
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def load_proto():
+    out = tempfile.mkdtemp(prefix="dpproto.")
+    rc = protoc.main(["protoc", "-I" + HERE, "--python_out=" + out, "--grpc_python_out=" + out,
+                      os.path.join(HERE, "deviceplugin.proto")])
+    if rc != 0:
+        sys.exit("kubelet_standin: protoc failed on deviceplugin.proto")
+    sys.path.insert(0, out)
+    import deviceplugin_pb2 as pb
+    import deviceplugin_pb2_grpc as pbg
+    return pb, pbg
+
+
+pb, pbg = load_proto()
+
+
+def say(*a):
+    print(*a, flush=True)
+
+
+def channel(d):
+    return grpc.insecure_channel("unix://" + os.path.join(d, "oversub.sock"))
+
+
+def serve(d):
+    for name in os.listdir(d):  # a starting kubelet removes what plugins left
+        p = os.path.join(d, name)
+        if name != "kubelet.sock" and not os.path.isdir(p):
+            os.unlink(p)
+    sock = os.path.join(d, "kubelet.sock")
+    if os.path.exists(sock):
+        os.unlink(sock)
+
+    class Reg(pbg.RegistrationServicer):
+        def Register(self, req, ctx):
+            say("register version=%s endpoint=%s resource=%s" %
+                (req.version, req.endpoint, req.resource_name))
+            return pb.Empty()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pbg.add_RegistrationServicer_to_server(Reg(), server)
+    server.add_insecure_port("unix://" + sock)
+    server.start()
+    say("serving %s" % sock)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    done.wait()
+    server.stop(0)
+
+
+def watch(d):
+    stub = pbg.DevicePluginStub(channel(d))
+    try:
+        for resp in stub.ListAndWatch(pb.Empty()):
+            ids = [x.ID for x in resp.devices]
+            healthy = sum(1 for x in resp.devices if x.health == "Healthy")
+            say("devices %d healthy=%d unique=%d maxlen=%d bytes=%d" %
+                (len(ids), healthy, len(set(ids)), max((len(i) for i in ids), default=0),
+                 resp.ByteSize()))
+    except grpc.RpcError as e:
+        say("watch ended %s" % e.code().name)
+
+
+def status_line(e):
+    return json.dumps({"ok": False, "code": e.code().name, "message": e.details()})
+
+
+def main():
+    cmd, d = sys.argv[1], sys.argv[2]
+    if cmd == "serve":
+        serve(d)
+    elif cmd == "watch":
+        watch(d)
+    elif cmd == "options":
+        o = pbg.DevicePluginStub(channel(d)).GetDevicePluginOptions(pb.Empty(), timeout=10)
+        say("options pre_start=%d preferred=%d" %
+            (o.pre_start_required, o.get_preferred_allocation_available))
+    elif cmd == "prestart":
+        pbg.DevicePluginStub(channel(d)).PreStartContainer(
+            pb.PreStartContainerRequest(devices_ids=["a"]), timeout=10)
+        say("prestart ok")
+    elif cmd == "preferred":
+        size, ids = int(sys.argv[3]), sys.argv[4:]
+        r = pbg.DevicePluginStub(channel(d)).GetPreferredAllocation(
+            pb.PreferredAllocationRequest(container_requests=[
+                pb.ContainerPreferredAllocationRequest(available_deviceIDs=ids,
+                                                       must_include_deviceIDs=ids[-1:],
+                                                       allocation_size=size)]), timeout=10)
+        say("preferred " + ",".join(r.container_responses[0].deviceIDs))
+    elif cmd == "allocate":
+        req = pb.AllocateRequest()
+        n0 = 0
+        for n in map(int, sys.argv[3:]):
+            req.container_requests.add(devices_ids=["d%d" % i for i in range(n0, n0 + n)])
+            n0 += n
+        try:
+            r = pbg.DevicePluginStub(channel(d)).Allocate(req, timeout=10)
+        except grpc.RpcError as e:
+            say(status_line(e))
+            return
+        say(json.dumps({"ok": True, "containers": [
+            {"envs": dict(c.envs),
+             "mounts": [{"container_path": m.container_path, "host_path": m.host_path,
+                         "read_only": m.read_only} for m in c.mounts]}
+            for c in r.container_responses]}))
+    elif cmd == "raw":
+        call = channel(d).unary_unary("/v1beta1.DevicePlugin/" + sys.argv[3],
+                                      request_serializer=None, response_deserializer=None)
+        try:
+            call(bytes.fromhex(sys.argv[4]), timeout=10)
+            say("raw OK")
+        except grpc.RpcError as e:
+            say("raw %s %s" % (e.code().name, e.details()))
+    else:
+        sys.exit("kubelet_standin: unknown command " + cmd)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,471 @@
+#!/usr/bin/python3
+"""oversub-scheduler against real oversubd nodes on loopback and a stand-in API server.
+
+Usage: test_extender.py OVERSUBD OVERSUB_SCHEDULER
+
+Requests are sent in the exact shapes kube-scheduler writes (PascalCase keys, null where Go
+writes nil; tests/k8s/fixtures/), answers are checked key by key. Every wait is for an event
+(a line printed, a request recorded, a state reached), with a generous cap.
+"""
+import copy
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if len(sys.argv) != 3:
+    sys.exit("usage: test_extender.py OVERSUBD OVERSUB_SCHEDULER")
+TMP = tempfile.mkdtemp(prefix="osub-k8s-")
+PROCS = []
+passed = failed = 0
+
+
+def check(name, cond, detail=""):
+    global passed, failed
+    if cond:
+        passed += 1
+    else:
+        failed += 1
+        print("FAIL: %s %s" % (name, detail), flush=True)
+
+
+def start(argv, name, env=None):
+    """Starts a process; returns (proc, url) once it prints 'listening on http://...'."""
+    log = open(os.path.join(TMP, name + ".log"), "w")
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, env=env, text=True)
+    PROCS.append(p)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        r, _, _ = select.select([p.stdout], [], [], 1.0)
+        if r:
+            line = p.stdout.readline()
+            if not line:
+                break
+            if line.startswith("listening on http://"):
+                url = line.split()[2]
+                # keep draining its stdout so it never blocks
+                import threading
+                threading.Thread(target=lambda: [None for _ in p.stdout], daemon=True).start()
+                return p, url
+    raise SystemExit("%s did not start: %s" % (name, open(os.path.join(TMP, name + ".log")).read()))
+
+
+def http(method, url, body=None, token=None, raw=None):
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if token:
+        req.add_header("Authorization", "Bearer " + token)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            text = r.read().decode()
+            return r.status, (json.loads(text) if text.strip().startswith(("{", "[")) else text)
+    except urllib.error.HTTPError as e:
+        text = e.read().decode()
+        try:
+            return e.code, json.loads(text)
+        except ValueError:
+            return e.code, text
+
+
+def wait_for(what, fn, cap=60):
+    deadline = time.time() + cap
+    while time.time() < deadline:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.05)
+    check("waited for " + what, False, "(not seen within %d s)" % cap)
+    return None
+
+
+def fixture(name):
+    with open(os.path.join(HERE, "fixtures", name)) as f:
+        return json.load(f)
+
+
+def pod(name, uid, mib, cls=None, prio=None, floor=None, grace=None, ns="serving"):
+    """A pod as kube-scheduler serialises it (creationTimestamp null, nil slices as null)."""
+    ann = {}
+    if cls:
+        ann["oversub.io/class"] = cls
+    if floor is not None:
+        ann["oversub.io/min-vram-mib"] = str(floor)
+    spec = {"volumes": None, "containers": [{"name": "main", "image": "x:1", "resources": {
+        "limits": {"oversub.io/vram-mib": str(mib)}, "requests": {"oversub.io/vram-mib": str(mib)}}}],
+        "schedulerName": "oversub"}
+    if prio is not None:
+        spec["priority"] = prio
+    if grace is not None:
+        spec["terminationGracePeriodSeconds"] = grace
+    return {"metadata": {"name": name, "namespace": ns, "uid": uid, "creationTimestamp": None,
+                         "annotations": ann}, "spec": spec, "status": {"phase": "Pending"}}
+
+
+def uid(n):
+    return "00000000-0000-4000-8000-%012d" % n
+
+
+def main():
+    oversubd = os.path.abspath(sys.argv[1])
+    ext_bin = os.path.abspath(sys.argv[2])
+    token = "kube-test-token"
+    tokf = os.path.join(TMP, "kube.token")
+    with open(tokf, "w") as f:
+        f.write(token + "\n")
+    os.chmod(tokf, 0o600)
+    api_p, api = start(["/usr/bin/python3", os.path.join(HERE, "apiserver.py"), "--token", token],
+                       "apiserver")
+    # three nodes, one GPU each: a and b 80 GiB, c 40 GiB
+    nodes = {}
+    for n, pool in (("node-a", "sim:1x81920"), ("node-b", "sim:1x81920"), ("node-c", "sim:1x40960")):
+        cfg = os.path.join(TMP, n + ".yaml")
+        with open(cfg, "w") as f:
+            f.write("kubernetes_api: %s\nkubernetes_token_file: %s\n" % (api, tokf))
+        _, url = start([oversubd, "--config", cfg, "--listen", "127.0.0.1:0", "--state",
+                        os.path.join(TMP, n + ".db"), "--socket", "", "--gpus", pool], n)
+        nodes[n] = url
+    ext_args = [ext_bin, "--listen", "127.0.0.1:0", "--kube-api", api, "--kube-token-file", tokf,
+                "--kube-ca-file", "", "--pool-refresh-ms", "200"]
+    for n, u in nodes.items():
+        ext_args += ["--node", "%s=%s" % (n, u)]
+    ext_args += ["--node", "node-down=http://127.0.0.1:1"]
+    _, ext = start(ext_args, "extender")
+
+    names = ["node-a", "node-b", "node-c", "node-down", "node-nogpu"]
+
+    # -- filter, nodeCacheCapable: the exact reply shape, each node's own reason --------------
+    args = fixture("filter_cache_capable.json")
+    args["NodeNames"] = names
+    # 48 GiB: more than node-c's one 40 GiB GPU can back
+    for k in ("limits", "requests"):
+        args["Pod"]["spec"]["containers"][0]["resources"][k]["oversub.io/vram-mib"] = "49152"
+    code, r = http("POST", ext + "/filter", args)
+    check("filter answers 200", code == 200, r)
+    check("filter reply has exactly the extender/v1 keys",
+          sorted(r.keys()) == ["Error", "FailedAndUnresolvableNodes", "FailedNodes", "NodeNames", "Nodes"], r)
+    check("filter: Nodes is null when nodeCacheCapable", r["Nodes"] is None)
+    check("filter: Error is empty", r["Error"] == "")
+    check("filter: empty 80 GiB nodes pass a 48 GiB online pod",
+          sorted(r["NodeNames"]) == ["node-a", "node-b"], r)
+    check("filter: a 40 GiB GPU cannot back a 48 GiB online pod: unresolvable",
+          "node-c" in r["FailedAndUnresolvableNodes"], r)
+    why_c = r["FailedAndUnresolvableNodes"].get("node-c", r["FailedNodes"].get("node-c", ""))
+    check("filter: node-c's reason comes from oversub", why_c.startswith("oversub"), why_c)
+    check("filter: an unreachable oversubd is a failed node, not unresolvable",
+          "node-down" in r["FailedNodes"] and "unreachable" in r["FailedNodes"]["node-down"], r)
+    check("filter: a node with no oversubd is unresolvable",
+          "node-nogpu" in r["FailedAndUnresolvableNodes"], r)
+
+    # -- keys in another case are read as Go reads them -----------------------------------
+    low = {"pod": args["Pod"], "nodes": None, "nodenames": ["node-a"]}
+    code, r = http("POST", ext + "/filter", low)
+    check("filter reads lower-case keys", code == 200 and r["NodeNames"] == ["node-a"], r)
+
+    # -- not nodeCacheCapable: Node objects in, the passing Node objects out --------------
+    a2 = json.loads(json.dumps(fixture("filter_nodes.json")).replace("NODE0", "node-a").replace("NODE1", "node-c"))
+    code, r = http("POST", ext + "/filter", a2)
+    check("filter with Nodes: NodeNames null", code == 200 and r["NodeNames"] is None, r)
+    items = [i["metadata"]["name"] for i in (r.get("Nodes") or {}).get("items", [])]
+    check("filter with Nodes: the passing Node objects, as given", items == ["node-a"], r)
+    check("filter with Nodes: the Node object is returned whole",
+          r["Nodes"]["items"][0]["status"]["capacity"]["cpu"] == "64", r)
+
+    # -- pods oversub cannot take anywhere, or that ask nothing of it ---------------------
+    big = fixture("filter_cache_capable.json")
+    big["Pod"]["metadata"]["uid"] = uid(900)
+    big["Pod"]["spec"]["containers"][0]["resources"] = {"limits": {"oversub.io/vram-mib": "300000"}}
+    big["NodeNames"] = ["node-a", "node-b"]
+    code, r = http("POST", ext + "/filter", big)
+    check("a pod too big for any GPU is unresolvable everywhere",
+          r["NodeNames"] == [] and sorted(r["FailedAndUnresolvableNodes"]) == ["node-a", "node-b"], r)
+    bad = copy.deepcopy(big)
+    bad["Pod"]["spec"]["containers"][0]["resources"] = {"limits": {"oversub.io/vram-mib": "1.5"}}
+    code, r = http("POST", ext + "/filter", bad)
+    check("a fractional vram-mib is unresolvable with the field named",
+          all("whole number" in v for v in r["FailedAndUnresolvableNodes"].values()) and
+          len(r["FailedAndUnresolvableNodes"]) == 2, r)
+    bad = copy.deepcopy(big)
+    bad["Pod"]["spec"]["containers"][0]["resources"] = {"limits": {"oversub.io/vram-mib": "1000"}}
+    bad["Pod"]["metadata"]["annotations"] = {"oversub.io/gpus": "zero"}
+    code, r = http("POST", ext + "/filter", bad)
+    check("a bad annotation is unresolvable with the annotation named",
+          all("oversub.io/gpus" in v for v in r["FailedAndUnresolvableNodes"].values()), r)
+    none = copy.deepcopy(big)
+    none["Pod"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    code, r = http("POST", ext + "/filter", none)
+    check("a pod asking no vram passes every node", sorted(r["NodeNames"]) == ["node-a", "node-b"], r)
+
+    # -- bind: the grant reserved on the node, then the Binding ---------------------------
+    def filter_bind(p, node, candidates=("node-a", "node-b", "node-c")):
+        http("POST", api + "/_pods", p)
+        code, r = http("POST", ext + "/filter", {"Pod": p, "Nodes": None, "NodeNames": list(candidates)})
+        b = {"PodName": p["metadata"]["name"], "PodNamespace": p["metadata"]["namespace"],
+             "PodUID": p["metadata"]["uid"], "Node": node}
+        return r, http("POST", ext + "/bind", b)
+
+    b1 = pod("train-a", uid(1), 60000, cls="batch", grace=7)
+    r, (code, br) = filter_bind(b1, "node-a")
+    check("bind answers {\"Error\":\"\"}", code == 200 and br == {"Error": ""}, br)
+    code, sv = http("GET", nodes["node-a"] + "/v1/services/pod-" + uid(1))
+    check("bind: the pod is a service on node-a", code == 200 and sv.get("class") == "batch", sv)
+    k = sv.get("kubernetes", {}) if isinstance(sv, dict) else {}
+    check("bind: the service knows its pod and node",
+          k.get("name") == "train-a" and k.get("namespace") == "serving" and k.get("node") == "node-a"
+          and k.get("grace_seconds") == 7, sv)
+    log = http("GET", api + "/_log")[1]
+    bindings = [e for e in log if e["path"].endswith("/binding")]
+    check("bind: one Binding created", len(bindings) == 1, bindings)
+    if bindings:
+        bd = bindings[0]
+        check("Binding: path names the pod", bd["path"] == "/api/v1/namespaces/serving/pods/train-a/binding")
+        check("Binding: body", bd["body"]["kind"] == "Binding" and bd["body"]["apiVersion"] == "v1"
+              and bd["body"]["target"] == {"apiVersion": "v1", "kind": "Node", "name": "node-a"}
+              and bd["body"]["metadata"]["uid"] == uid(1), bd)
+        check("Binding: the service account's token", bd["auth"] == "Bearer " + token, bd)
+
+    # node-b: a batch pod with a floor (degradable); node-c stays empty
+    b2 = pod("train-b", uid(2), 60000, cls="batch", floor=30000)
+    r, (code, br) = filter_bind(b2, "node-b")
+    check("bind train-b", br == {"Error": ""}, br)
+    # node-c: 40 GiB; leave it empty
+
+    # -- an online pod now: node-c too small to back it, node-b by degrading, node-a by evicting
+    p = pod("chat-1", uid(10), 40000, cls="online", prio=100000, grace=5)
+    code, r = http("POST", ext + "/filter", {"Pod": p, "Nodes": None, "NodeNames": ["node-a", "node-b"]})
+    check("filter: nodes where the pod starts after victims pass", sorted(r["NodeNames"]) == ["node-a", "node-b"], r)
+    code, pr = http("POST", ext + "/prioritize", {"Pod": p, "Nodes": None, "NodeNames": ["node-a", "node-b"]})
+    check("prioritize: a bare array of {Host, Score}", code == 200 and isinstance(pr, list)
+          and all(sorted(e.keys()) == ["Host", "Score"] for e in pr), pr)
+    sc = {e["Host"]: e["Score"] for e in pr} if isinstance(pr, list) else {}
+    check("prioritize: scores 0-10", all(0 <= v <= 10 for v in sc.values()), sc)
+    check("prioritize: degrading (node-b) ranks above evicting (node-a)",
+          sc.get("node-b", 0) > sc.get("node-a", 99), sc)
+    # a third node with room: best of all
+    p3 = pod("chat-3", uid(13), 30000, cls="online", prio=100000)
+    code, pr3 = http("POST", ext + "/prioritize", {"Pod": p3, "Nodes": None, "NodeNames": ["node-a", "node-b", "node-c"]})
+    sc3 = {e["Host"]: e["Score"] for e in pr3}
+    check("prioritize: no victims (node-c) ranks above victims", sc3["node-c"] > max(sc3["node-a"], sc3["node-b"]), sc3)
+    check("prioritize: no victims scores in the top band (6-10)", sc3["node-c"] >= 6, sc3)
+    # filter and prioritize agree: the decisions are the same cached answers
+    code, mt = http("GET", ext + "/metrics")
+    check("prioritize reused filter's answers", "oversub_extender_node_cached_total" in mt and
+          int([l for l in mt.splitlines() if l.startswith("oversub_extender_node_cached_total")][0].split()[1]) >= 2, "")
+
+    # -- preempt: only oversub's victims; degrade-only nodes told apart -------------------
+    pa = json.loads(json.dumps(fixture("preempt_meta.json")))
+    pa["Pod"] = p
+    pa["NodeNameToMetaVictims"] = {
+        "node-a": {"Pods": [{"UID": uid(1)}, {"UID": uid(77)}], "NumPDBViolations": 1},
+        "node-b": {"Pods": [{"UID": uid(2)}], "NumPDBViolations": 0},
+    }
+    code, pr = http("POST", ext + "/preempt", pa)
+    check("preempt: reply key", code == 200 and "NodeNameToMetaVictims" in pr, pr)
+    mv = pr.get("NodeNameToMetaVictims", {})
+    check("preempt: node-a lists exactly oversub's victim (train-a), not the scheduler's other pod",
+          mv.get("node-a", {}).get("Pods") == [{"UID": uid(1)}], mv)
+    check("preempt: every node listed has at least one victim",
+          all(len(v["Pods"]) >= 1 for v in mv.values()), mv)
+    check("preempt: on the degrade-only node no pod of oversub's is a victim beyond kube-scheduler's own",
+          mv.get("node-b", {}).get("Pods", [{"UID": uid(2)}]) == [{"UID": uid(2)}], mv)
+    _, extlog = None, open(os.path.join(TMP, "extender.log")).read()
+    check("preempt: the degrade-only node is told apart in the log", "degrade-only" in extlog, extlog[-400:])
+
+    # -- bind with victims: node-a evicts train-a through the Eviction API -----------------
+    http("POST", api + "/_pods", p)
+    code, br = http("POST", ext + "/bind", {"PodName": "chat-1", "PodNamespace": "serving",
+                                             "PodUID": uid(10), "Node": "node-a"})
+    check("bind with a victim", br == {"Error": ""}, br)
+    ev = wait_for("the eviction of train-a", lambda: [e for e in http("GET", api + "/_log")[1]
+                                                      if e["path"].endswith("/train-a/eviction")])
+    if ev:
+        e = ev[0]["body"]
+        check("Eviction: policy/v1 Eviction naming the pod", e["apiVersion"] == "policy/v1" and
+              e["kind"] == "Eviction" and e["metadata"] == {"name": "train-a", "namespace": "serving"}, e)
+        check("Eviction: the pod's grace period and UID precondition",
+              e["deleteOptions"] == {"gracePeriodSeconds": 7, "preconditions": {"uid": uid(1)}}, e)
+        check("Eviction: with the token", ev[0]["auth"] == "Bearer " + token)
+    code, sv = http("GET", nodes["node-a"] + "/v1/services/pod-" + uid(10))
+    check("chat-1 waits for its victim", sv.get("state") == "pending", sv.get("state"))
+    # the pod leaves (kubelet killed it, the API server deleted it): the node releases it
+    http("POST", api + "/_gone", {"namespace": "serving", "name": "train-a"})
+    wait_for("train-a released on node-a",
+             lambda: http("GET", nodes["node-a"] + "/v1/services/pod-" + uid(1))[0] == 404)
+    st = wait_for("chat-1 started", lambda: http("GET", nodes["node-a"] + "/v1/services/pod-" + uid(10))[1]
+                  .get("state") in ("loading", "running") or None)
+    check("chat-1 starts once its victim's pod is gone", st, "")
+    code, mt = http("GET", nodes["node-a"] + "/metrics")
+    check("node metrics count the eviction", 'oversub_pod_evictions_total{result="accepted"} 1' in mt, "")
+
+    # -- a PodDisruptionBudget blocks an eviction: asked again, never forced ---------------
+    b4 = pod("train-c", uid(4), 15000, cls="batch", grace=3)
+    r, (code, br) = filter_bind(b4, "node-b", ("node-b",))
+    check("bind train-c (node-b, beside train-b)", br == {"Error": ""}, br)
+    http("POST", api + "/_fail", {"eviction": 429})
+    p5 = pod("chat-5", uid(5), 50000, cls="online", prio=100000)
+    r, (code, br) = filter_bind(p5, "node-b", ("node-b",))
+    check("bind chat-5 on node-b (needs an eviction)", br == {"Error": ""}, br)
+    blocked = wait_for("two refused evictions on node-b", lambda: len(
+        [e for e in http("GET", api + "/_log")[1] if e["path"].endswith("/eviction")
+         and "/train-" in e["path"] and not e["path"].endswith("/train-a/eviction")]) >= 2, cap=30)
+    check("a blocked eviction is asked again", blocked, "")
+    nb = open(os.path.join(TMP, "node-b.log")).read()
+    check("the node says why: the disruption budget", "disruption budget" in nb, nb[-500:])
+    http("POST", api + "/_fail", {})
+
+    # -- a Binding the API server refuses: the reservation is released ---------------------
+    http("POST", api + "/_fail", {"binding": 409})
+    p6 = pod("chat-6", uid(6), 10000, cls="online", prio=100000)
+    r, (code, br) = filter_bind(p6, "node-c", ("node-c",))
+    check("a refused Binding is a bind error", code == 200 and "refused the Binding" in br.get("Error", ""), br)
+    check("the error carries the API server's message", "already assigned" in br.get("Error", ""), br)
+    wait_for("the reservation released on node-c",
+             lambda: http("GET", nodes["node-c"] + "/v1/services/pod-" + uid(6))[0] == 404)
+    http("POST", api + "/_fail", {})
+
+    # -- bind of a pod no filter of ours saw: read from the API server ---------------------
+    p7 = pod("chat-7", uid(7), 8000, cls="online", prio=100000)
+    http("POST", api + "/_pods", p7)
+    code, br = http("POST", ext + "/bind", {"PodName": "chat-7", "PodNamespace": "serving",
+                                             "PodUID": uid(7), "Node": "node-c"})
+    check("bind reads an unseen pod from the API server", br == {"Error": ""}, br)
+    check("... and it runs on node-c", http("GET", nodes["node-c"] + "/v1/services/pod-" + uid(7))[0] == 200)
+    code, br = http("POST", ext + "/bind", {"PodName": "ghost", "PodNamespace": "serving",
+                                             "PodUID": uid(8), "Node": "node-c"})
+    check("bind of a pod the API server does not know: an error", "ghost" in br.get("Error", "") or
+          "not found" in br.get("Error", ""), br)
+    # a pod deleted without oversub evicting it (kubectl delete), and one that finished (a Job
+    # done): their node gives the memory back
+    http("POST", api + "/_gone", {"namespace": "serving", "name": "chat-7"})
+    done = pod("job-done", uid(11), 2000, cls="batch")
+    r, (code, br) = filter_bind(done, "node-c", ("node-c",))
+    check("bind job-done", br == {"Error": ""}, br)
+    done["status"]["phase"] = "Succeeded"
+    http("POST", api + "/_pods", done)
+    wait_for("the deleted pod's service released",
+             lambda: http("GET", nodes["node-c"] + "/v1/services/pod-" + uid(7))[0] == 404, cap=60)
+    wait_for("the finished pod's service released",
+             lambda: http("GET", nodes["node-c"] + "/v1/services/pod-" + uid(11))[0] == 404, cap=60)
+    nc = open(os.path.join(TMP, "node-c.log")).read()
+    check("the node says why: deleted", "pod serving/chat-7 was deleted: released" in nc, nc[-600:])
+    check("the node says why: finished", "job-done has finished (Succeeded)" in nc, nc[-600:])
+    # the class from the priority: no annotation
+    p9 = pod("batchy", uid(9), 1000, prio=10)
+    http("POST", api + "/_pods", p9)
+    http("POST", ext + "/bind", {"PodName": "batchy", "PodNamespace": "serving", "PodUID": uid(9), "Node": "node-c"})
+    check("priority 10 with no annotation is batch",
+          http("GET", nodes["node-c"] + "/v1/services/pod-" + uid(9))[1].get("class") == "batch")
+
+    # -- broken requests ------------------------------------------------------------------
+    code, r = http("POST", ext + "/filter", raw=b"{\"Pod\": ")
+    check("malformed JSON: 400 with a reason", code == 400 and "not JSON" in r.get("error", ""), r)
+    code, r = http("POST", ext + "/filter", raw=b"[1,2]")
+    check("a JSON array: 400", code == 400, r)
+    code, r = http("GET", ext + "/filter")
+    check("GET on a verb: 405", code == 405, r)
+    code, r = http("POST", ext + "/nope", {})
+    check("unknown path: 404", code == 404, r)
+    code, r = http("POST", ext + "/bind", {"PodName": 5})
+    check("bind without its fields: an Error", code == 200 and "PodName" in r.get("Error", ""), r)
+    code, r = http("POST", ext + "/preempt", {"Pod": p})
+    check("preempt with no victims map: an empty map", code == 200 and r.get("NodeNameToMetaVictims") == {}, r)
+
+    # -- metrics pass promtool ------------------------------------------------------------
+    code, mt = http("GET", ext + "/metrics")
+    if shutil.which("promtool"):
+        pt = subprocess.run(["promtool", "check", "metrics"], input=mt, text=True, capture_output=True)
+        check("promtool check metrics", pt.returncode == 0, pt.stdout + pt.stderr)
+    check("metrics count the binds", 'oversub_extender_binds_total{result="ok"}' in mt)
+
+    # -- nodes found through the API server's Node objects --------------------------------
+    api2_p, api2 = start(["/usr/bin/python3", os.path.join(HERE, "apiserver.py"),
+                          "--node", "gpu-1=" + nodes["node-a"], "--node", "cpu-1="], "apiserver2")
+    _, ext2 = start([ext_bin, "--listen", "127.0.0.1:0", "--kube-api", api2, "--kube-nodes",
+                     "--kube-token-file", "", "--kube-ca-file", ""], "extender2")
+    known = wait_for("gpu-1 known from its annotation", lambda: [n for n in http("GET", ext2 + "/v1/nodes")[1]["nodes"]
+                                                                 if n["name"] == "gpu-1"])
+    check("a node from its oversub.io/url annotation", known and known[0]["url"] == nodes["node-a"], known)
+    code, r = http("POST", ext2 + "/filter", {"Pod": p3, "Nodes": None, "NodeNames": ["gpu-1", "cpu-1"]})
+    check("a Node without the annotation is unresolvable", "cpu-1" in r["FailedAndUnresolvableNodes"], r)
+
+    # -- deploy/kubernetes: what the manifests say is what the programs take --------------
+    import yaml
+    dk = os.path.join(HERE, "..", "..", "deploy", "kubernetes")
+    docs = {}
+    for fn in sorted(os.listdir(dk)):
+        if fn.endswith(".yaml"):
+            with open(os.path.join(dk, fn)) as f:
+                docs[fn] = [d for d in yaml.safe_load_all(f) if d]
+    sc = docs["scheduler-config.yaml"][0]
+    e = sc["extenders"][0]
+    check("scheduler config: the extender/v1 config keys and our verbs",
+          sc["apiVersion"] == "kubescheduler.config.k8s.io/v1" and e["filterVerb"] == "filter"
+          and e["prioritizeVerb"] == "prioritize" and e["preemptVerb"] == "preempt"
+          and e["bindVerb"] == "bind" and e["nodeCacheCapable"] is True and e["weight"] > 0
+          and e["managedResources"] == [{"name": "oversub.io/vram-mib", "ignoredByScheduler": True}], e)
+
+    def rules(fn, role):
+        for d in docs[fn]:
+            if d["kind"] == "ClusterRole" and d["metadata"]["name"] == role:
+                return {(r, v) for rule in d["rules"] for r in rule["resources"] for v in rule["verbs"]}
+        return set()
+    need = {("pods/binding", "create"), ("nodes", "list"), ("pods", "get")}
+    check("extender RBAC: what it calls", need <= rules("oversub-scheduler.yaml", "oversub-scheduler"))
+    need = {("pods/eviction", "create"), ("pods", "get"), ("nodes", "patch")}
+    check("oversubd RBAC: what it calls", need <= rules("oversubd.yaml", "oversubd"))
+    cm = [d for d in docs["oversubd.yaml"] if d["kind"] == "ConfigMap"][0]
+    conf = yaml.safe_load(cm["data"]["oversub.yaml"])
+    tokf2 = os.path.join(TMP, "admin.token")
+    with open(tokf2, "w") as f:
+        f.write("admin-token-for-the-manifest-check\n")
+    os.chmod(tokf2, 0o600)
+    conf.update({"listen": "127.0.0.1:0", "state": os.path.join(TMP, "manifest.db"),
+                 "token_file": tokf2, "device_plugin": "", "kubernetes_api": "none"})
+    mcfg = os.path.join(TMP, "manifest.yaml")
+    with open(mcfg, "w") as f:
+        yaml.safe_dump(conf, f)
+    _, murl = start([oversubd, "--config", mcfg, "--gpus", "sim:1x81920", "--socket", ""], "manifest-node")
+    check("the DaemonSet's oversub.yaml starts oversubd (its keys, with paths made local)", murl.startswith("http://"))
+    dep = [d for d in docs["oversub-scheduler.yaml"] if d["kind"] == "Deployment"][0]
+    eargs = dep["spec"]["template"]["spec"]["containers"][0]["args"][1:]
+    eargs = [("127.0.0.1:0" if a == "0.0.0.0:8888" else tokf2 if a.endswith("/token") else a) for a in eargs]
+    _, e3 = start([ext_bin] + eargs + ["--kube-api", api2, "--kube-token-file", "", "--kube-ca-file", ""], "manifest-ext")
+    check("the Deployment's arguments start oversub-scheduler", e3.startswith("http://"))
+
+    print("test_extender: %d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    try:
+        rc = main()
+    finally:
+        for p in PROCS:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in PROCS:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        # every program stops cleanly on SIGTERM (a sanitizer's report at exit is a failure)
+        bad = [(os.path.basename(p.args[0]), p.returncode) for p in PROCS
+               if p.returncode not in (0, -signal.SIGTERM)]
+        if bad:
+            print("FAIL: processes that did not stop cleanly: %s (logs: %s)" % (bad, TMP))
+            os.environ["OSUB_KEEP_TMP"] = "1"
+            rc = 1
+        if os.environ.get("OSUB_KEEP_TMP"):
+            print("kept", TMP)
+        else:
+            shutil.rmtree(TMP, ignore_errors=True)
+    sys.exit(rc)
