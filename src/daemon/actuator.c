@@ -311,6 +311,11 @@ int osubd_act_take(const struct osubd *d, json_t *spec, bool trusted, json_t **e
         if (k == NULL)
             FAIL("field 'kubernetes': %s", why);
         json_object_set_new(x, "kubernetes", k);
+        /* a pod bound to another node is not this oversubd's to hold, nor to evict */
+        const char *node = json_string_value(json_object_get(k, "node"));
+        if (node != NULL && d->cfg.kube_node[0] != '\0' && strcmp(node, d->cfg.kube_node) != 0)
+            FAIL("field 'kubernetes': the pod is for node %.253s, and this oversubd is node %.253s",
+                 node, d->cfg.kube_node);
     }
     static const char *const all[] = {"command",        "env",       "workdir",      "user",
                                       "checkpoint_dir", "restart",   "max_restarts", "control_url",

@@ -37,6 +37,9 @@ void osubd_config_default(struct osubd_config *c)
     snprintf(c->state_path, sizeof(c->state_path), "var/oversub.db");
     snprintf(c->gpus, sizeof(c->gpus), "auto");
     snprintf(c->kube_api, sizeof(c->kube_api), "auto");
+    const char *node = getenv("NODE_NAME"); /* the DaemonSet's, from the downward API */
+    if (node != NULL && strlen(node) < sizeof(c->kube_node))
+        snprintf(c->kube_node, sizeof(c->kube_node), "%s", node);
     c->ratio_milli = 1300;
     c->tick_ms = 1000;
     c->snapshot_every = 1000;

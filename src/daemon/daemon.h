@@ -52,6 +52,7 @@ struct osubd_config {
     char kube_api[512];        /* auto | none | https://HOST:PORT (pods.c) */
     char kube_token_file[512]; /* "" = the service account's */
     char kube_ca_file[512];    /* "" = the service account's */
+    char kube_node[254];       /* this node's name ("" = $NODE_NAME, else unchecked) */
     osub_pool_config_t engine; /* timings and watermarks of a new state */
 };
 

@@ -326,6 +326,8 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
                 rc = -1;
             }
             snprintf(c->kube_api, sizeof(c->kube_api), "%.511s", sv);
+        } else if (strcmp(key, "kubernetes_node") == 0) {
+            snprintf(c->kube_node, sizeof(c->kube_node), "%.253s", sv);
         } else if (strcmp(key, "kubernetes_token_file") == 0) {
             snprintf(c->kube_token_file, sizeof(c->kube_token_file), "%.511s", sv);
         } else if (strcmp(key, "kubernetes_ca_file") == 0) {

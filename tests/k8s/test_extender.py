@@ -130,7 +130,8 @@ def main():
     for n, pool in (("node-a", "sim:1x81920"), ("node-b", "sim:1x81920"), ("node-c", "sim:1x40960")):
         cfg = os.path.join(TMP, n + ".yaml")
         with open(cfg, "w") as f:
-            f.write("kubernetes_api: %s\nkubernetes_token_file: %s\n" % (api, tokf))
+            f.write("kubernetes_api: %s\nkubernetes_token_file: %s\nkubernetes_node: %s\n"
+                    % (api, tokf, n))
         _, url = start([oversubd, "--config", cfg, "--listen", "127.0.0.1:0", "--state",
                         os.path.join(TMP, n + ".db"), "--socket", "", "--gpus", pool], n)
         nodes[n] = url
@@ -364,6 +365,21 @@ def main():
     http("POST", ext + "/bind", {"PodName": "batchy", "PodNamespace": "serving", "PodUID": uid(9), "Node": "node-c"})
     check("priority 10 with no annotation is batch",
           http("GET", nodes["node-c"] + "/v1/services/pod-" + uid(9))[1].get("class") == "batch")
+
+    # -- a node holds only its own pods ---------------------------------------------------
+    code, r = http("POST", nodes["node-a"] + "/v1/services", {
+        "id": "pod-" + uid(30), "class": "batch", "vram_mib": 1000,
+        "kubernetes": {"namespace": "serving", "name": "elsewhere", "uid": uid(30), "node": "node-b"}})
+    check("a pod record for another node is refused (422, both names said)", code == 422 and
+          "node-b" in r["error"]["message"] and "node-a" in r["error"]["message"], r)
+    code, r = http("POST", nodes["node-a"] + "/v1/services", {
+        "id": "pod-" + uid(31), "class": "batch", "vram_mib": 1000,
+        "kubernetes": {"namespace": "serving", "name": "x", "uid": uid(31), "extra": 1}})
+    check("an unknown field in the pod record: 422 naming it", code == 422 and "extra" in r["error"]["message"], r)
+    code, r = http("POST", nodes["node-a"] + "/v1/services", {
+        "id": "pod-" + uid(32), "class": "batch", "vram_mib": 1000, "command": ["/bin/true"],
+        "kubernetes": {"namespace": "serving", "name": "x", "uid": uid(32)}})
+    check("a pod with a command: refused", code in (403, 422), r)
 
     # -- broken requests ------------------------------------------------------------------
     code, r = http("POST", ext + "/filter", raw=b"{\"Pod\": ")
