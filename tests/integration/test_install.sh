@@ -16,6 +16,7 @@ prefix=$(sed -n 's/^CMAKE_INSTALL_PREFIX:PATH=//p' "$build/CMakeCache.txt")
 P=$root$prefix
 for f in sbin/oversubd bin/oversub lib/oversub/liboversub-cuda.so include/oversub/engine.h \
     share/man/man1/oversub.1 share/man/man5/oversub.yaml.5 share/man/man8/oversubd.8 \
+    bin/oversub-scheduler share/man/man8/oversub-scheduler.8 \
     etc/oversub/oversub.yaml share/doc/oversub/oversub.yaml.example lib/systemd/system/oversubd.service \
     lib/sysusers.d/oversub.conf share/bash-completion/completions/oversub \
     share/oversub/alerts.yml share/oversub/oversub.json share/doc/oversub/operations.md; do
@@ -28,6 +29,7 @@ pc=$(find "$P" -name oversub.pc | head -1)
 [ -x "$P/sbin/oversubd" ] && ok || bad "oversubd is executable"
 "$P/sbin/oversubd" --version | grep -q '^oversubd [0-9]' && ok || bad "the installed oversubd runs"
 "$P/bin/oversub" --version | grep -q '^oversub [0-9]' && ok || bad "the installed oversub runs"
+"$P/bin/oversub-scheduler" --version | grep -q "^oversub-scheduler [0-9]" && ok || bad "the installed oversub-scheduler runs"
 
 # a program against the installed engine, found by pkg-config
 cat >"$tmp/prog.c" <<'C'

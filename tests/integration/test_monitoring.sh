@@ -258,7 +258,7 @@ if [ "$have_promtool" = 1 ]; then
 fi
 
 # ---- (c) the manual pages --------------------------------------------------------------
-pages=(oversubd.8 oversub.1 oversub.yaml.5)
+pages=(oversubd.8 oversub.1 oversub.yaml.5 oversub-scheduler.8)
 for p in "${pages[@]}"; do [ -s "$mandir/$p" ] && ok || bad "docs/man/$p is missing"; done
 if command -v man >/dev/null || command -v groff >/dev/null; then
     for p in "${pages[@]}"; do
@@ -291,7 +291,7 @@ def tags(s):
             t = re.sub(r"^\.(B|I|BI|BR|IR|RB)\s+", "", t).replace('"', " ")
             out.update(t.split()[:1])
     return out
-pages = ("oversubd.8", "oversub.1", "oversub.yaml.5")
+pages = ("oversubd.8", "oversub.1", "oversub.yaml.5", "oversub-scheduler.8")
 bad = 0
 for p in pages:
     for sec in ("NAME", "SYNOPSIS", "DESCRIPTION", "FILES", "EXIT STATUS", "ENVIRONMENT", "EXAMPLES", "SEE ALSO"):
@@ -309,6 +309,17 @@ h = subprocess.run([daemon, "--help"], capture_output=True, text=True).stdout
 flags = sorted(set(re.findall(r"(--[a-z][a-z-]*)", h)))
 miss = [f for f in flags if f not in tags(s8)]
 print("FAIL oversubd.8 lacks the flags %s" % miss if miss or not flags else "ok oversubd.8 has all %d flags" % len(flags))
+# oversub-scheduler.8: every flag of oversub-scheduler --help (beside oversubd)
+import os
+sched = os.path.join(os.path.dirname(daemon), "oversub-scheduler")
+if os.path.exists(sched):
+    s9 = page("oversub-scheduler.8")
+    h = subprocess.run([sched, "--help"], capture_output=True, text=True).stdout
+    flags = sorted(set(re.findall(r"(--[a-z][a-z-]*)", h)))
+    miss = [f for f in flags if f not in tags(s9)]
+    print("FAIL oversub-scheduler.8 lacks the flags %s" % miss if miss or len(flags) < 10 else "ok oversub-scheduler.8 has all %d flags" % len(flags))
+else:
+    print("FAIL no oversub-scheduler beside %s" % daemon)
 for sig in ("SIGTERM", "SIGHUP"):
     print("ok oversubd.8 says what %s does" % sig if sig in tags(s8) else "FAIL oversubd.8 has no %s entry" % sig)
 
