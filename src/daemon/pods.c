@@ -68,12 +68,17 @@ static void sweep_answer(struct osubd *d, const char *id, long status, const cha
     json_t *j = status == 200 ? json_loadb(body, len, 0, NULL) : NULL;
     const char *now_uid = json_string_value(json_object_get(json_object_get(j, "metadata"), "uid"));
     const char *phase = json_string_value(json_object_get(json_object_get(j, "status"), "phase"));
+    const char *on = json_string_value(json_object_get(json_object_get(j, "spec"), "nodeName"));
+    const char *mine = json_string_value(json_object_get(k, "node"));
     char why[700] = "";
     if (status == 404)
         snprintf(why, sizeof(why), "pod %s/%s was deleted: released", ns, name);
     else if (status == 200 && now_uid != NULL && uid != NULL && strcmp(now_uid, uid) != 0)
         snprintf(why, sizeof(why), "pod %s/%s is another pod now (UID %s): released", ns, name,
                  now_uid);
+    else if (status == 200 && on != NULL && on[0] != '\0' && mine != NULL && strcmp(on, mine) != 0)
+        snprintf(why, sizeof(why), "pod %s/%s is bound to node %s, not here: released", ns, name,
+                 on);
     else if (status == 200 && phase != NULL &&
              (strcmp(phase, "Succeeded") == 0 || strcmp(phase, "Failed") == 0))
         snprintf(why, sizeof(why), "pod %s/%s has finished (%s): released", ns, name, phase);

@@ -38,7 +38,13 @@ struct node {
     bool pool_busy;
     bool from_api, seen; /* found through a Node object; seen in the last listing */
     bool gone;           /* dropped from the listing: kept while requests fly */
+    int inflight;        /* requests sent and not yet answered */
+    uint64_t gen;        /* bumped by each bind to it: decisions cached before are stale */
 };
+
+#define NODE_INFLIGHT_MAX 8 /* more outstanding on one node: it is not keeping up */
+
+struct node_req;
 
 struct osub_ext {
     struct osub_ext_config cfg;
@@ -47,9 +53,9 @@ struct osub_ext {
     struct node **nodes;
     size_t n_nodes, cap_nodes;
     json_t *by_name;   /* node name -> index */
-    json_t *pods;      /* pod uid -> {"spec", "at"}: what filter read, for bind */
     json_t *decisions; /* "uid node" -> {"d": decision, "at", "spec"} */
     struct osub_kube *kube;
+    struct node_req *reqs; /* every request to a node not yet answered */
     char token[512];
     struct event *pool_ev, *nodes_ev, *sweep_ev;
     bool nodes_listing;
@@ -59,7 +65,7 @@ struct osub_ext {
     uint64_t lat[V__COUNT][LAT_BUCKETS + 1];
     double lat_sum[V__COUNT];
     uint64_t node_asks, node_cached, node_failures;
-    uint64_t binds_ok, binds_failed, releases;
+    uint64_t binds_ok, binds_failed, releases, preempt_degrade_only;
 };
 
 /* ---- small helpers ---------------------------------------------------------------------- */
@@ -125,6 +131,18 @@ static void reply_json(struct evhttp_request *req, int code, json_t *j)
 static void reply_error(struct evhttp_request *req, int code, const char *msg)
 {
     reply_json(req, code, json_pack("{s:s}", "error", msg));
+}
+
+/* A Kubernetes object name (DNS-1123: lowercase letters, digits, '-', '.'), up to max. */
+static bool dns_name(const char *s, size_t max)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > max)
+        return false;
+    for (const char *p = s; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '-' || *p == '.'))
+            return false;
+    return true;
 }
 
 static int parse_url(const char *url, char *host, size_t hostlen, int *port)
@@ -206,7 +224,8 @@ int osub_ext_node(struct osub_ext *x, const char *name, const char *url, char *w
         snprintf(why, whylen, "out of memory");
         return -1;
     }
-    evhttp_connection_set_timeout(c, (int)((x->cfg.node_timeout_ms + 999) / 1000));
+    /* each request has its own deadline (node_send); this only ends a connection left idle */
+    evhttp_connection_set_timeout(c, (int)((x->cfg.node_timeout_ms * 2 + 999) / 1000));
     evhttp_connection_set_retries(c, 0);
     if (n->conn != NULL)
         evhttp_connection_free_on_completion(n->conn);
@@ -229,8 +248,43 @@ struct node_req {
     struct node *n;
     node_cb cb;
     void *arg;
-    int64_t sent_ms;
+    struct evhttp_request *req;
+    struct event *deadline; /* the whole answer within node_timeout_ms, however it trickles */
+    struct node_req *prev, *next;
 };
+
+static void node_req_done(struct node_req *nr)
+{
+    struct osub_ext *x = nr->x;
+    if (nr->prev)
+        nr->prev->next = nr->next;
+    else
+        x->reqs = nr->next;
+    if (nr->next)
+        nr->next->prev = nr->prev;
+    nr->n->inflight--;
+    if (nr->deadline)
+        event_free(nr->deadline);
+    free(nr);
+}
+
+/* The deadline passed: the request is cancelled (libevent calls no callback for it then) and
+ * the caller told, whatever the node is doing (hung, trickling bytes, queued behind another). */
+static void on_node_deadline(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct node_req *nr = arg;
+    char why[700];
+    snprintf(why, sizeof(why), "oversubd at %s did not answer within %lld ms", nr->n->url,
+             (long long)nr->x->cfg.node_timeout_ms);
+    nr->x->node_failures++;
+    evhttp_cancel_request(nr->req);
+    node_cb cb = nr->cb;
+    void *cb_arg = nr->arg;
+    node_req_done(nr);
+    cb(cb_arg, 0, NULL, why);
+}
 
 static void on_node_answer(struct evhttp_request *req, void *arg)
 {
@@ -239,12 +293,7 @@ static void on_node_answer(struct evhttp_request *req, void *arg)
     json_t *body = NULL;
     char why[700] = "";
     if (code == 0) {
-        int64_t took = mono_ms() - nr->sent_ms;
-        if (took >= nr->x->cfg.node_timeout_ms - 50)
-            snprintf(why, sizeof(why), "oversubd at %s did not answer within %lld ms", nr->n->url,
-                     (long long)nr->x->cfg.node_timeout_ms);
-        else
-            snprintf(why, sizeof(why), "oversubd at %s is unreachable", nr->n->url);
+        snprintf(why, sizeof(why), "oversubd at %s is unreachable", nr->n->url);
         nr->x->node_failures++;
     } else {
         struct evbuffer *in = evhttp_request_get_input_buffer(req);
@@ -257,14 +306,18 @@ static void on_node_answer(struct evhttp_request *req, void *arg)
             nr->x->node_failures++;
         }
     }
-    nr->cb(nr->arg, code, body, why[0] ? why : NULL);
+    node_cb cb = nr->cb;
+    void *cb_arg = nr->arg;
+    node_req_done(nr);
+    cb(cb_arg, code, body, why[0] ? why : NULL);
     json_decref(body);
-    free(nr);
 }
 
 static int node_send(struct osub_ext *x, struct node *n, enum evhttp_cmd_type m, const char *path,
                      const char *body, node_cb cb, void *arg)
 {
+    if (n->inflight >= NODE_INFLIGHT_MAX)
+        return -2; /* not keeping up: failed at once rather than queued */
     struct node_req *nr = calloc(1, sizeof(*nr));
     if (nr == NULL)
         return -1;
@@ -272,12 +325,17 @@ static int node_send(struct osub_ext *x, struct node *n, enum evhttp_cmd_type m,
     nr->n = n;
     nr->cb = cb;
     nr->arg = arg;
-    nr->sent_ms = mono_ms();
     struct evhttp_request *req = evhttp_request_new(on_node_answer, nr);
-    if (req == NULL) {
+    nr->deadline = evtimer_new(x->base, on_node_deadline, nr);
+    if (req == NULL || nr->deadline == NULL) {
+        if (req != NULL)
+            evhttp_request_free(req);
+        if (nr->deadline != NULL)
+            event_free(nr->deadline);
         free(nr);
         return -1;
     }
+    nr->req = req;
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
     char hostport[300];
     snprintf(hostport, sizeof(hostport), "%s:%d", n->host, n->port);
@@ -293,9 +351,18 @@ static int node_send(struct osub_ext *x, struct node *n, enum evhttp_cmd_type m,
         evbuffer_add(evhttp_request_get_output_buffer(req), body, strlen(body));
     }
     if (evhttp_make_request(n->conn, req, m, path) != 0) {
+        event_free(nr->deadline);
         free(nr); /* libevent freed the request */
         return -1;
     }
+    struct timeval tv = {(time_t)(x->cfg.node_timeout_ms / 1000),
+                         (suseconds_t)(x->cfg.node_timeout_ms % 1000) * 1000};
+    evtimer_add(nr->deadline, &tv);
+    n->inflight++;
+    nr->next = x->reqs;
+    if (x->reqs)
+        x->reqs->prev = nr;
+    x->reqs = nr;
     return 0;
 }
 
@@ -305,6 +372,8 @@ static void on_pool(void *arg, int code, json_t *body, const char *why)
 {
     struct node *n = arg;
     n->pool_busy = false;
+    if (code < 0)
+        return;
     if (code == 200 && body != NULL) {
         json_decref(n->pool);
         n->pool = json_incref(body);
@@ -363,7 +432,25 @@ static void on_nodes(void *arg, long status, const char *body, size_t len, const
             json_object_get(json_object_get(md, "annotations"), "oversub.io/url"));
         if (name == NULL || url == NULL)
             continue;
-        char why[300];
+        char why[300], host[256];
+        int port;
+        /* the token goes only to the node's own addresses: an annotation cannot send it
+         * elsewhere */
+        bool own = false;
+        size_t k;
+        json_t *ad;
+        if (parse_url(url, host, sizeof(host), &port) == 0)
+            json_array_foreach(json_object_get(json_object_get(it, "status"), "addresses"), k, ad)
+            {
+                const char *a = json_string_value(json_object_get(ad, "address"));
+                own = own || (a != NULL && strcmp(a, host) == 0);
+            }
+        if (!own) {
+            logf_("oversub-scheduler: node %s: oversub.io/url %.200s is not one of the node's "
+                  "addresses (status.addresses): ignored",
+                  name, url);
+            continue;
+        }
         struct node *old = node_get(x, name);
         bool had = old != NULL && strcmp(old->url, url) == 0;
         if (osub_ext_node(x, name, url, why, sizeof(why)) != 0) {
@@ -406,14 +493,15 @@ static void cache_key(char *out, size_t outlen, const char *uid, const char *nod
 }
 
 /* The cached decision of node for the pod, if fresh and for the same spec. */
-static json_t *cached(struct osub_ext *x, const char *uid, const char *node, const json_t *spec)
+static json_t *cached(struct osub_ext *x, const char *uid, struct node *n, const json_t *spec)
 {
     char k[400];
-    cache_key(k, sizeof(k), uid, node);
+    cache_key(k, sizeof(k), uid, n->name);
     json_t *c = json_object_get(x->decisions, k);
     if (c == NULL)
         return NULL;
     if (mono_ms() - json_integer_value(json_object_get(c, "at")) > x->cfg.cache_ms ||
+        (uint64_t)json_integer_value(json_object_get(c, "gen")) != n->gen ||
         !json_equal(json_object_get(c, "spec"), spec))
         return NULL;
     return json_object_get(c, "d");
@@ -425,16 +513,12 @@ static void sweep_tick(evutil_socket_t fd, short what, void *arg)
     (void)what;
     struct osub_ext *x = arg;
     int64_t now = mono_ms();
-    json_t *maps[2] = {x->decisions, x->pods};
-    int64_t keep[2] = {x->cfg.cache_ms, 10 * 60 * 1000}; /* a pod read by filter: 10 min */
-    for (int m = 0; m < 2; m++) {
-        const char *k;
-        json_t *v, *tmp;
-        json_object_foreach_safe(maps[m], tmp, k, v)
-        {
-            if (now - json_integer_value(json_object_get(v, "at")) > keep[m])
-                json_object_del(maps[m], k);
-        }
+    const char *k;
+    json_t *v, *tmp;
+    json_object_foreach_safe(x->decisions, tmp, k, v)
+    {
+        if (now - json_integer_value(json_object_get(v, "at")) > x->cfg.cache_ms)
+            json_object_del(x->decisions, k);
     }
 }
 
@@ -452,19 +536,24 @@ struct call {
     char pod_name[320];
     json_t *names;   /* the nodes asked about, in order */
     json_t *answers; /* node -> decision, or {"error": why} */
+    json_t *held;    /* preempt: node -> the pod UIDs its oversubd holds */
     size_t waiting;
     char bad_pod[400]; /* why the pod cannot be read ("" when it can) */
     /* bind */
     char bind_node[254], bind_ns[64], bind_name[254];
     json_t *bind_decision;
+    bool bind_created; /* this bind's submit made the service (a failure releases only that) */
 };
 
 static void call_free(struct call *c)
 {
+    if (c->req != NULL)
+        evhttp_connection_set_closecb(evhttp_request_get_connection(c->req), NULL, NULL);
     json_decref(c->args);
     json_decref(c->spec);
     json_decref(c->names);
     json_decref(c->answers);
+    json_decref(c->held);
     json_decref(c->bind_decision);
     free(c);
 }
@@ -505,7 +594,39 @@ static void on_dry(void *arg, int code, json_t *body, const char *why);
 struct ask {
     struct call *c;
     char node[254];
+    uint64_t gen; /* the node's when asked */
 };
+
+static void finish(struct call *c);
+
+/* preempt: which pods a node's oversubd holds (GET /v1/services). */
+static void on_services(void *arg, int code, json_t *body, const char *why)
+{
+    (void)why;
+    struct ask *a = arg;
+    struct call *c = a->c;
+    if (code < 0) {
+        free(a);
+        if (--c->waiting == 0)
+            call_free(c);
+        return;
+    }
+    if (code == 200) {
+        json_t *uids = json_array();
+        size_t i;
+        json_t *sv;
+        json_array_foreach(json_object_get(body, "services"), i, sv)
+        {
+            json_t *u = json_object_get(json_object_get(sv, "kubernetes"), "uid");
+            if (json_is_string(u))
+                json_array_append(uids, u);
+        }
+        json_object_set_new(c->held, a->node, uids);
+    }
+    free(a);
+    if (--c->waiting == 0)
+        finish(c);
+}
 
 static void finish(struct call *c);
 
@@ -531,7 +652,7 @@ static void ask_nodes(struct call *c)
                           "unresolvable", 1));
             continue;
         }
-        json_t *d = cached(x, c->uid, name, c->spec);
+        json_t *d = cached(x, c->uid, n, c->spec);
         if (d != NULL) {
             x->node_cached++;
             json_object_set(c->answers, name, d);
@@ -550,16 +671,43 @@ static void ask_nodes(struct call *c)
         }
         a->c = c;
         snprintf(a->node, sizeof(a->node), "%s", name);
+        a->gen = n->gen;
         x->node_asks++;
         c->waiting++;
-        if (node_send(x, n, EVHTTP_REQ_POST, "/v1/services?dry_run=1", text, on_dry, a) != 0) {
+        /* asked once per call, however often the name is listed */
+        json_object_set_new(c->answers, name, json_pack("{s:s}", "error", "asking"));
+        int rc = node_send(x, n, EVHTTP_REQ_POST, "/v1/services?dry_run=1", text, on_dry, a);
+        if (rc != 0) {
             c->waiting--;
             free(a);
-            json_object_set_new(c->answers, name,
-                                json_pack("{s:s}", "error", "cannot reach its oversubd"));
+            char why[700];
+            if (rc == -2)
+                snprintf(why, sizeof(why),
+                         "oversubd at %s has %d requests outstanding: it is not keeping up", n->url,
+                         NODE_INFLIGHT_MAX);
+            else
+                snprintf(why, sizeof(why), "cannot reach oversubd at %s", n->url);
+            json_object_set_new(c->answers, name, json_pack("{s:s}", "error", why));
         }
     }
     free(text);
+    /* preempt: also which pods each node holds, to tell kube-scheduler's victims on oversub's
+     * GPUs from those it chose for other resources */
+    json_array_foreach(c->names, i, nm)
+    {
+        struct node *n;
+        struct ask *a;
+        if (c->verb != V_PREEMPT || (n = node_get(x, json_string_value(nm))) == NULL ||
+            (a = calloc(1, sizeof(*a))) == NULL)
+            continue;
+        a->c = c;
+        snprintf(a->node, sizeof(a->node), "%s", json_string_value(nm));
+        c->waiting++;
+        if (node_send(x, n, EVHTTP_REQ_GET, "/v1/services", NULL, on_services, a) != 0) {
+            c->waiting--;
+            free(a);
+        }
+    }
     if (--c->waiting == 0)
         finish(c);
 }
@@ -570,6 +718,12 @@ static void on_dry(void *arg, int code, json_t *body, const char *why)
     struct call *c = a->c;
     struct osub_ext *x = c->x;
     json_t *d = NULL;
+    if (code < 0) { /* stopping: nobody is answered */
+        free(a);
+        if (--c->waiting == 0)
+            call_free(c);
+        return;
+    }
     if (why != NULL) {
         d = json_pack("{s:s}", "error", why);
     } else if (code == 200 || code == 409) {
@@ -588,9 +742,10 @@ static void on_dry(void *arg, int code, json_t *body, const char *why)
         if (json_object_get(d, "error") == NULL) {
             char k[400];
             cache_key(k, sizeof(k), c->uid, a->node);
-            json_object_set_new(
-                x->decisions, k,
-                json_pack("{s:O, s:I, s:O}", "d", d, "at", (json_int_t)mono_ms(), "spec", c->spec));
+            json_object_set_new(x->decisions, k,
+                                json_pack("{s:O, s:I, s:O, s:I}", "d", d, "at",
+                                          (json_int_t)mono_ms(), "spec", c->spec, "gen",
+                                          (json_int_t)a->gen));
         }
         json_object_set_new(c->answers, a->node, d);
     }
@@ -872,50 +1027,76 @@ static json_t *victim_map(const json_t *args)
     return json_is_object(m) ? m : NULL;
 }
 
+static bool uid_in(const json_t *arr, const char *uid, const char *key)
+{
+    size_t i;
+    json_t *e;
+    json_array_foreach(arr, i, e)
+    {
+        const char *u = json_string_value(key ? json_object_get(e, key) : e);
+        if (u != NULL && strcmp(u, uid) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* Per node: kube-scheduler's victims it chose for what it counts (CPU, memory...), less the
+ * pods on oversub's GPUs that oversub says need not go (kube-scheduler cannot count oversold
+ * memory), plus the pods oversub would evict there. A node where oversub would not start the
+ * pod, or with no victim left, is dropped; a node oversub makes room on by degrading only is
+ * counted apart (no pod of its need go). */
 static void finish_preempt(struct call *c)
 {
+    struct osub_ext *x = c->x;
     json_t *out = json_object();
     json_t *in = victim_map(c->args);
     const char *name;
     json_t *v;
-    size_t kept = 0, degrade_only = 0, dropped = 0;
+    size_t kept = 0, degrade_only = 0, dropped = 0, spared = 0;
     json_object_foreach(in, name, v)
     {
-        json_t *d = json_object_get(c->answers, name);
-        char why[512];
         json_t *sched = proposed_uids(v);
         json_t *pods = json_array();
         int64_t pdb = json_integer_value(osub_json_get_ci(v, "NumPDBViolations"));
-        bool ok = c->spec != NULL && !c->bad_pod[0] && verdict(d, why, sizeof(why)) == 1;
-        json_t *vict = json_object_get(d, "victims");
-        size_t evicted_pods = 0, evictions = 0, i;
-        json_t *vi;
-        json_array_foreach(vict, i, vi)
-        {
-            if (!is_evict(vi))
-                continue;
-            evictions++;
-            const char *uid = json_string_value(json_object_get(vi, "pod_uid"));
-            if (uid != NULL) {
-                json_array_append_new(pods, json_pack("{s:s}", "UID", uid));
-                evicted_pods++;
-            }
-        }
-        if (ok && evictions == 0) {
-            /* the pod fits on oversub's GPUs there, with no eviction (at most degrades):
-             * kube-scheduler's victims were chosen for its other resources; they stand */
+        if (c->spec == NULL && !c->bad_pod[0]) {
+            /* the pod asks nothing of oversub: kube-scheduler's choice stands */
             size_t k;
             json_t *u;
             json_array_foreach(sched, k, u)
                 json_array_append_new(pods, json_pack("{s:O}", "UID", u));
-            if (json_array_size(vict) > 0)
-                degrade_only++;
-        } else if (ok) {
-            /* only oversub's victims: the pods it would evict for the memory (a victim that is
-             * no pod is evicted by the node's oversubd itself) */
-            pdb = 0;
+        } else if (!c->bad_pod[0]) {
+            json_t *d = json_object_get(c->answers, name);
+            char why[512];
+            json_t *held = json_object_get(c->held, name); /* oversub's pods there, or NULL */
+            if (verdict(d, why, sizeof(why)) == 1) {
+                size_t k, evictions = 0;
+                json_t *u;
+                json_array_foreach(sched, k, u)
+                {
+                    if (held != NULL && uid_in(held, json_string_value(u), NULL)) {
+                        spared++; /* on oversub's GPUs: oversub decides whether it goes */
+                        continue;
+                    }
+                    json_array_append_new(pods, json_pack("{s:O}", "UID", u));
+                }
+                json_array_foreach(json_object_get(d, "victims"), k, u)
+                {
+                    if (!is_evict(u))
+                        continue;
+                    evictions++;
+                    const char *uid = json_string_value(json_object_get(u, "pod_uid"));
+                    if (uid != NULL && !uid_in(pods, uid, "UID"))
+                        json_array_append_new(pods, json_pack("{s:s}", "UID", uid));
+                }
+                if (evictions == 0 && json_array_size(json_object_get(d, "victims")) > 0)
+                    degrade_only++;
+            } else {
+                logf_("oversub-scheduler: preempt %s: %s dropped: %s", c->pod_name, name, why);
+            }
         }
         if (json_array_size(pods) > 0) {
+            /* kube-scheduler's count of budget violations among its victims: an upper bound
+             * for what is kept of them */
             json_object_set_new(
                 out, name,
                 json_pack("{s:o, s:I}", "Pods", pods, "NumPDBViolations", (json_int_t)pdb));
@@ -926,9 +1107,11 @@ static void finish_preempt(struct call *c)
         }
         json_decref(sched);
     }
-    logf_("oversub-scheduler: preempt %s: %zu nodes kept, %zu dropped (%zu of them degrade-only: "
-          "oversub makes room there by degrading, no pod need go)",
-          c->pod_name, kept, dropped, degrade_only);
+    x->preempt_degrade_only += degrade_only;
+    logf_("oversub-scheduler: preempt %s: %zu nodes kept, %zu dropped, %zu of kube-scheduler's "
+          "victims spared on oversub's GPUs; %zu degrade-only (oversub makes room there by "
+          "degrading, no pod of its need go)",
+          c->pod_name, kept, dropped, spared, degrade_only);
     call_done(c, 200, json_pack("{s:o}", "NodeNameToMetaVictims", out));
 }
 
@@ -955,6 +1138,8 @@ static void on_release(void *arg, int code, json_t *body, const char *why)
 {
     (void)body;
     struct osub_ext *x = arg;
+    if (code < 0)
+        return;
     if (code == 200 || code == 404)
         x->releases++;
     else
@@ -964,6 +1149,11 @@ static void on_release(void *arg, int code, json_t *body, const char *why)
 
 static void release_on_node(struct call *c)
 {
+    if (!c->bind_created) { /* it was there before this bind: not this bind's to release */
+        logf_("oversub-scheduler: %s was on %s before this bind: left as it is", c->pod_name,
+              c->bind_node);
+        return;
+    }
     struct node *n = node_get(c->x, c->bind_node);
     char path[200];
     snprintf(path, sizeof(path), "/v1/services/%s",
@@ -985,6 +1175,44 @@ static void bind_fail(struct call *c, const char *fmt, ...)
     call_done(c, 200, json_pack("{s:s}", "Error", msg));
 }
 
+static void bound_ok(struct call *c)
+{
+    c->x->binds_ok++;
+    const char *out = json_string_value(json_object_get(c->bind_decision, "outcome"));
+    logf_("oversub-scheduler: bound %s to %s (oversub: %s, %zu victims)", c->pod_name, c->bind_node,
+          out ? out : "?", json_array_size(json_object_get(c->bind_decision, "victims")));
+    call_done(c, 200, json_pack("{s:s}", "Error", ""));
+}
+
+/* The Binding's answer was lost (a timeout, a 5xx): the pod itself says whether it went
+ * through, before the reservation is kept or released. */
+static void on_binding_check(void *arg, long status, const char *body, size_t len,
+                             const char *error)
+{
+    struct call *c = arg;
+    if (status < 0) {
+        call_free(c);
+        return;
+    }
+    json_t *pod = status == 200 ? json_loadb(body, len, 0, NULL) : NULL;
+    const char *uid = json_string_value(json_object_get(json_object_get(pod, "metadata"), "uid"));
+    const char *node = json_string_value(json_object_get(json_object_get(pod, "spec"), "nodeName"));
+    bool bound =
+        uid != NULL && node != NULL && strcmp(uid, c->uid) == 0 && strcmp(node, c->bind_node) == 0;
+    json_decref(pod);
+    if (bound) {
+        logf_("oversub-scheduler: the Binding of %s went through though its answer was lost",
+              c->pod_name);
+        bound_ok(c);
+        return;
+    }
+    release_on_node(c);
+    bind_fail(c,
+              "the Binding's answer was lost (%s) and the pod is not bound to %s; the reservation "
+              "is released",
+              error ? error : "an error", c->bind_node);
+}
+
 static void on_binding(void *arg, long status, const char *body, size_t len, const char *error)
 {
     struct call *c = arg;
@@ -992,13 +1220,14 @@ static void on_binding(void *arg, long status, const char *body, size_t len, con
         call_free(c);
         return;
     }
+    if (status == 0 || status >= 500) {
+        char path[600];
+        snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s", c->bind_ns, c->bind_name);
+        if (osub_kube_request(c->x->kube, "GET", path, NULL, on_binding_check, c) == 0)
+            return;
+    }
     if (status == 201 || status == 200) {
-        c->x->binds_ok++;
-        const char *out = json_string_value(json_object_get(c->bind_decision, "outcome"));
-        logf_("oversub-scheduler: bound %s to %s (oversub: %s, %zu victims)", c->pod_name,
-              c->bind_node, out ? out : "?",
-              json_array_size(json_object_get(c->bind_decision, "victims")));
-        call_done(c, 200, json_pack("{s:s}", "Error", ""));
+        bound_ok(c);
         return;
     }
     /* no Binding: the reservation goes, so the node's memory is not held for a pod that is
@@ -1019,6 +1248,10 @@ static void on_submit(void *arg, int code, json_t *body, const char *why)
 {
     struct call *c = arg;
     struct osub_ext *x = c->x;
+    if (code < 0) {
+        call_free(c);
+        return;
+    }
     json_t *dec = json_object_get(body, "decision");
     const char *out = json_string_value(json_object_get(dec, "outcome"));
     if (why != NULL) {
@@ -1040,6 +1273,7 @@ static void on_submit(void *arg, int code, json_t *body, const char *why)
         return;
     }
     c->bind_decision = json_incref(dec);
+    c->bind_created = strcmp(out, "exists") != 0;
     /* the node now holds the grant: the Binding makes the pod the node's */
     json_t *binding =
         json_pack("{s:s, s:s, s:{s:s, s:s, s:s}, s:{s:s, s:s, s:s}}", "apiVersion", "v1", "kind",
@@ -1068,6 +1302,7 @@ static void bind_submit(struct call *c)
     }
     json_t *k = json_object_get(c->spec, "kubernetes");
     json_object_set_new(k, "node", json_string(c->bind_node));
+    n->gen++; /* what was cached about this node no longer holds, bound or not */
     char *text = json_dumps(c->spec, JSON_COMPACT);
     if (text == NULL || node_send(x, n, EVHTTP_REQ_POST, "/v1/services", text, on_submit, c) != 0)
         bind_fail(c, "cannot reach oversubd on %s", c->bind_node);
@@ -1100,6 +1335,20 @@ static void on_pod_read(void *arg, long status, const char *body, size_t len, co
         bind_fail(c, "the pod %s is no longer the one with UID %s", c->pod_name, c->uid);
         return;
     }
+    const char *bound =
+        json_string_value(json_object_get(json_object_get(pod, "spec"), "nodeName"));
+    if (bound != NULL && bound[0] != '\0') {
+        char b[254];
+        snprintf(b, sizeof(b), "%s", bound);
+        json_decref(pod);
+        if (strcmp(b, c->bind_node) == 0) { /* a retry of a bind that went through */
+            logf_("oversub-scheduler: %s is already bound to %s", c->pod_name, b);
+            call_done(c, 200, json_pack("{s:s}", "Error", ""));
+        } else {
+            bind_fail(c, "the pod %s is already bound to node %s", c->pod_name, b);
+        }
+        return;
+    }
     c->spec = osub_pod_spec(pod, &c->x->cfg.policy, NULL, why, sizeof(why));
     json_decref(pod);
     if (c->spec == NULL) {
@@ -1116,11 +1365,18 @@ static void do_bind(struct call *c)
     const char *ns = json_string_value(osub_json_get_ci(c->args, "PodNamespace"));
     const char *uid = json_string_value(osub_json_get_ci(c->args, "PodUID"));
     const char *node = json_string_value(osub_json_get_ci(c->args, "Node"));
-    if (name == NULL || uid == NULL || node == NULL || strlen(name) > 253 || strlen(uid) > 100 ||
-        strlen(node) > 253 || (ns != NULL && strlen(ns) > 63)) {
+    if (name == NULL || uid == NULL || node == NULL) {
         call_done(c, 200,
                   json_pack("{s:s}", "Error",
                             "a bind needs PodName, PodNamespace, PodUID and Node (strings)"));
+        return;
+    }
+    if (!dns_name(name, 253) || !dns_name(node, 253) ||
+        (ns != NULL && ns[0] && !dns_name(ns, 63)) || !dns_name(uid, 64)) {
+        call_done(c, 200,
+                  json_pack("{s:s}", "Error",
+                            "PodName, PodNamespace, PodUID and Node must be Kubernetes names "
+                            "(lowercase letters, digits, '-' and '.')"));
         return;
     }
     snprintf(c->bind_name, sizeof(c->bind_name), "%s", name);
@@ -1133,13 +1389,8 @@ static void do_bind(struct call *c)
                      "--kube-api, or run it in the cluster)");
         return;
     }
-    json_t *p = json_object_get(x->pods, uid);
-    if (p != NULL) {
-        c->spec = json_deep_copy(json_object_get(p, "spec"));
-        bind_submit(c);
-        return;
-    }
-    /* not read by a filter of ours (restarted since): the pod from the API server */
+    /* the pod as the API server has it, first: it must exist with this UID and be bound
+     * nowhere yet, before any node reserves (and evicts) for it */
     char path[600];
     snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s", c->bind_ns, name);
     if (osub_kube_request(x->kube, "GET", path, NULL, on_pod_read, c) != 0)
@@ -1200,8 +1451,6 @@ static void read_pod(struct call *c)
         snprintf(c->bad_pod, sizeof(c->bad_pod), "oversub: %s", why);
         return;
     }
-    json_object_set_new(c->x->pods, c->uid,
-                        json_pack("{s:O, s:I}", "spec", c->spec, "at", (json_int_t)mono_ms()));
 }
 
 /* The node names of a call: NodeNames, else the Nodes' items, else the victims' nodes. */
@@ -1257,6 +1506,7 @@ static void on_verb(struct evhttp_request *req, void *arg, enum verb v)
     c->started = mono_s();
     c->args = args;
     c->answers = json_object();
+    c->held = json_object();
     evhttp_connection_set_closecb(evhttp_request_get_connection(req), on_client_close, c);
     if (v == V_BIND) {
         do_bind(c);
@@ -1390,12 +1640,16 @@ static void on_metrics(struct evhttp_request *req, void *arg)
         "# TYPE oversub_extender_binds_total counter\n"
         "oversub_extender_binds_total{result=\"ok\"} %" PRIu64 "\n"
         "oversub_extender_binds_total{result=\"failed\"} %" PRIu64 "\n"
+        "# HELP oversub_extender_preempt_degrade_only_total Nodes in preempt calls where oversub "
+        "makes room by degrading only.\n"
+        "# TYPE oversub_extender_preempt_degrade_only_total counter\n"
+        "oversub_extender_preempt_degrade_only_total %" PRIu64 "\n"
         "# HELP oversub_extender_reservations_released_total Reservations released after a "
         "failed Binding.\n"
         "# TYPE oversub_extender_reservations_released_total counter\n"
         "oversub_extender_reservations_released_total %" PRIu64 "\n",
         live, down, x->node_asks, x->node_cached, x->node_failures, x->binds_ok, x->binds_failed,
-        x->releases);
+        x->preempt_degrade_only, x->releases);
     evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
                       "text/plain; version=0.0.4");
     evhttp_send_reply(req, 200, "OK", b);
@@ -1422,6 +1676,7 @@ void osub_ext_config_default(struct osub_ext_config *c)
     c->pool_refresh_ms = 5000;
     c->nodes_refresh_ms = 30000;
     osub_kube_opts_default(&c->kube_opts);
+    c->kube_opts.timeout_ms = 4000; /* a bind's API calls end inside kube-scheduler's 5 s */
     osub_pod_policy_default(&c->policy);
 }
 
@@ -1437,9 +1692,8 @@ int osub_ext_new(struct event_base *base, const struct osub_ext_config *c, struc
     x->cfg = *c;
     x->base = base;
     x->by_name = json_object();
-    x->pods = json_object();
     x->decisions = json_object();
-    if (x->by_name == NULL || x->pods == NULL || x->decisions == NULL) {
+    if (x->by_name == NULL || x->decisions == NULL) {
         snprintf(err, errlen, "out of memory");
         osub_ext_free(x);
         return -1;
@@ -1526,6 +1780,17 @@ void osub_ext_free(struct osub_ext *x)
 {
     if (x == NULL)
         return;
+    /* requests to nodes still out: cancelled, their calls freed unanswered */
+    while (x->reqs != NULL) {
+        struct node_req *nr = x->reqs;
+        node_cb cb = nr->cb;
+        void *arg = nr->arg;
+        evhttp_cancel_request(nr->req);
+        node_req_done(nr);
+        cb(arg, -1, NULL, "stopping");
+    }
+    osub_kube_free(x->kube); /* its callbacks see -1 and free their calls */
+    x->kube = NULL;
     if (x->http)
         evhttp_free(x->http);
     struct event *evs[] = {x->pool_ev, x->nodes_ev, x->sweep_ev};
@@ -1540,7 +1805,6 @@ void osub_ext_free(struct osub_ext *x)
     }
     free(x->nodes);
     json_decref(x->by_name);
-    json_decref(x->pods);
     json_decref(x->decisions);
     osub_kube_free(x->kube);
     free(x);

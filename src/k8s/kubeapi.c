@@ -1,4 +1,4 @@
-/* kubeapi.c - the API server client of kubeapi.h: libcurl on one worker thread */
+/* kubeapi.c - the API server client of kubeapi.h: libcurl on worker threads */
 #include "kubeapi.h"
 
 #include <errno.h>
@@ -25,8 +25,8 @@ struct kreq {
 
 struct osub_kube {
     struct osub_kube_opts o;
-    pthread_t thread;
-    bool started;
+    pthread_t threads[16];
+    int n_threads;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     struct kreq *todo_head, *todo_tail, *done;
@@ -48,6 +48,7 @@ void osub_kube_opts_default(struct osub_kube_opts *o)
     snprintf(o->ca_file, sizeof(o->ca_file),
              "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt");
     o->timeout_ms = 10000;
+    o->workers = 4;
 }
 
 static size_t on_data(char *p, size_t size, size_t n, void *arg)
@@ -137,7 +138,7 @@ static void *worker(void *arg)
         while (k->todo_head == NULL && !k->stop)
             pthread_cond_wait(&k->cv, &k->mu);
         struct kreq *r = k->todo_head;
-        if (r == NULL) {
+        if (r == NULL || k->stop) { /* stopping: what is left is answered -1 by the free */
             pthread_mutex_unlock(&k->mu);
             break;
         }
@@ -235,17 +236,28 @@ int osub_kube_new(struct event_base *base, const struct osub_kube_opts *o, struc
         k->o.api[--n] = '\0';
     if (k->o.timeout_ms <= 0)
         k->o.timeout_ms = 10000;
+    if (k->o.workers < 1)
+        k->o.workers = 1;
+    if (k->o.workers > 16)
+        k->o.workers = 16;
     k->pipefd[0] = k->pipefd[1] = -1;
     pthread_mutex_init(&k->mu, NULL);
     pthread_cond_init(&k->cv, NULL);
     if (pipe2(k->pipefd, O_CLOEXEC | O_NONBLOCK) != 0 ||
         (k->wake = event_new(base, k->pipefd[0], EV_READ | EV_PERSIST, on_wake, k)) == NULL ||
-        event_add(k->wake, NULL) != 0 || pthread_create(&k->thread, NULL, worker, k) != 0) {
+        event_add(k->wake, NULL) != 0) {
         snprintf(err, errlen, "cannot start the API client: %s", strerror(errno));
         osub_kube_free(k);
         return -1;
     }
-    k->started = true;
+    for (int i = 0; i < k->o.workers; i++) {
+        if (pthread_create(&k->threads[i], NULL, worker, k) != 0) {
+            snprintf(err, errlen, "cannot start the API client's threads");
+            osub_kube_free(k);
+            return -1;
+        }
+        k->n_threads++;
+    }
     *out = k;
     return 0;
 }
@@ -254,12 +266,13 @@ void osub_kube_free(struct osub_kube *k)
 {
     if (k == NULL)
         return;
-    if (k->started) {
+    if (k->n_threads > 0) {
         pthread_mutex_lock(&k->mu);
         k->stop = true;
-        pthread_cond_signal(&k->cv);
+        pthread_cond_broadcast(&k->cv);
         pthread_mutex_unlock(&k->mu);
-        pthread_join(k->thread, NULL);
+        for (int i = 0; i < k->n_threads; i++)
+            pthread_join(k->threads[i], NULL);
     }
     /* what never ran, and what ran but was not handed back: answered as abandoned (-1) */
     struct kreq *lists[2] = {k->todo_head, k->done};

@@ -1,6 +1,6 @@
 /* kubeapi.h - a client of the Kubernetes API server for an event loop: requests are made with
- * libcurl on a worker thread (one keep-alive connection, in order) and each answer is handed
- * back on the loop */
+ * libcurl on worker threads (one keep-alive connection each: a slow answer holds up only its
+ * own) and each answer is handed back on the loop */
 #ifndef OSUB_K8S_KUBEAPI_H
 #define OSUB_K8S_KUBEAPI_H
 
@@ -16,6 +16,7 @@ struct osub_kube_opts {
     char token_file[512]; /* read before each request (service-account tokens rotate); "" = none */
     char ca_file[512];    /* "" = the system's CAs */
     long timeout_ms;      /* per request (10000) */
+    int workers;          /* requests made at once, each on its own thread and connection (4) */
 };
 
 /* The in-cluster defaults: the service account's token and CA, the API from the environment. */

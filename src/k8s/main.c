@@ -35,6 +35,8 @@ static void usage(FILE *f)
             "                         (/var/run/secrets/kubernetes.io/serviceaccount/token)\n"
             "  --kube-ca-file F       its CA (/var/run/secrets/kubernetes.io/serviceaccount/"
             "ca.crt)\n"
+            "  --kube-timeout-ms MS   one API server request at most (4000: a bind answers\n"
+            "                         within kube-scheduler's 5 s)\n"
             "  --token-file F         the nodes' oversubd admin token\n"
             "  --online-priority N    a pod with no oversub.io/class annotation is online from\n"
             "                         this spec.priority (1000) ...\n"
@@ -69,13 +71,14 @@ int main(int argc, char **argv)
 {
     struct osub_ext_config cfg;
     osub_ext_config_default(&cfg);
-    enum { O_KAPI = 256, O_KTOK, O_KCA, O_KNODES, O_ONLINE, O_BATCH, O_NT, O_CACHE, O_POOL };
+    enum { O_KAPI = 256, O_KTOK, O_KCA, O_KNODES, O_ONLINE, O_BATCH, O_NT, O_CACHE, O_POOL, O_KT };
     static const struct option opts[] = {{"listen", required_argument, NULL, 'l'},
                                          {"node", required_argument, NULL, 'n'},
                                          {"kube-nodes", no_argument, NULL, O_KNODES},
                                          {"kube-api", required_argument, NULL, O_KAPI},
                                          {"kube-token-file", required_argument, NULL, O_KTOK},
                                          {"kube-ca-file", required_argument, NULL, O_KCA},
+                                         {"kube-timeout-ms", required_argument, NULL, O_KT},
                                          {"token-file", required_argument, NULL, 't'},
                                          {"online-priority", required_argument, NULL, O_ONLINE},
                                          {"batch-priority", required_argument, NULL, O_BATCH},
@@ -125,6 +128,11 @@ int main(int argc, char **argv)
             break;
         case O_KCA:
             snprintf(cfg.kube_opts.ca_file, sizeof(cfg.kube_opts.ca_file), "%s", optarg);
+            break;
+        case O_KT:
+            if (num("--kube-timeout-ms", optarg, 100, 60000, &v) != 0)
+                return 2;
+            cfg.kube_opts.timeout_ms = (long)v;
             break;
         case 't':
             snprintf(cfg.token_file, sizeof(cfg.token_file), "%s", optarg);
@@ -199,11 +207,15 @@ int main(int argc, char **argv)
         *eq = '\0';
         if (osub_ext_node(x, nodes[i], eq + 1, err, sizeof(err)) != 0) {
             fprintf(stderr, "oversub-scheduler: --node: %s\n", err);
+            osub_ext_free(x);
+            event_base_free(base);
             return 2;
         }
     }
     if (osub_ext_start(x, err, sizeof(err)) != 0) {
         fprintf(stderr, "oversub-scheduler: %s\n", err);
+        osub_ext_free(x);
+        event_base_free(base);
         return 1;
     }
     if (cfg.kube)

@@ -285,14 +285,17 @@ json_t *osub_pod_spec(const json_t *pod, const struct osub_pod_policy *pol, cons
     json_t *ctrs = json_array();
     size_t i;
     json_t *c;
-    json_array_foreach(json_object_get(spec, "containers"), i, c)
-    {
-        int64_t v = 0;
-        const char *cn = json_string_value(json_object_get(c, "name"));
-        if (container_vram(c, &v, why, whylen) == 0 && v > 0 && cn != NULL)
-            json_array_append_new(ctrs,
-                                  json_pack("{s:s, s:I}", "name", cn, "vram_mib", (json_int_t)v));
-    }
+    /* every container the kubelet asks the device plugin for: init containers first */
+    static const char *const lists[] = {"initContainers", "containers"};
+    for (int l = 0; l < 2; l++)
+        json_array_foreach(json_object_get(spec, lists[l]), i, c)
+        {
+            int64_t v = 0;
+            const char *cn = json_string_value(json_object_get(c, "name"));
+            if (container_vram(c, &v, why, whylen) == 0 && v > 0 && cn != NULL)
+                json_array_append_new(
+                    ctrs, json_pack("{s:s, s:I}", "name", cn, "vram_mib", (json_int_t)v));
+        }
     json_t *k = json_pack("{s:s, s:s, s:s, s:I, s:o}", "namespace", ns, "name", name, "uid", uid,
                           "grace_seconds", (json_int_t)grace, "containers", ctrs);
     if (k != NULL && node != NULL)

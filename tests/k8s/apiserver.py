@@ -86,8 +86,10 @@ class H(BaseHTTPRequestHandler):
         if token is not None and self.headers.get("Authorization") != "Bearer " + token:
             return self.status(401, "Unauthorized", "Unauthorized")
         if path == "/api/v1/nodes" and method == "GET":
-            items = [{"metadata": {"name": n, "annotations": {"oversub.io/url": u} if u else {}}}
-                     for n, u in nodes]
+            items = [{"metadata": {"name": n, "annotations": {"oversub.io/url": u} if u else {}},
+                      "status": {"addresses": [{"type": "InternalIP", "address": ip},
+                                               {"type": "Hostname", "address": n}]}}
+                     for n, u, ip in nodes]
             return self.send(200, {"kind": "NodeList", "apiVersion": "v1", "items": items})
         m = POD.match(path)
         if not m:
@@ -150,13 +152,17 @@ class H(BaseHTTPRequestHandler):
 def main():
     global token
     ap = argparse.ArgumentParser()
-    ap.add_argument("--node", action="append", default=[], help="NAME=URL (URL may be empty)")
+    ap.add_argument("--node", action="append", default=[],
+                    help="NAME=URL[@ADDRESS] (URL may be empty; ADDRESS: the node's, else URL's host)")
     ap.add_argument("--token", default=None)
     a = ap.parse_args()
     token = a.token
-    for n in a.node:
+    for n in a.node:  # NAME=URL, or NAME=URL@ADDRESS when the node's address is another
         k, _, v = n.partition("=")
-        nodes.append((k, v))
+        v, _, ip = v.partition("@")
+        if not ip:
+            ip = v.split("//")[-1].split(":")[0] if v else "10.0.0.1"
+        nodes.append((k, v, ip))
     srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
     print("listening on http://127.0.0.1:%d" % srv.server_address[1], flush=True)
     srv.serve_forever()

@@ -262,7 +262,9 @@ def main():
     check("prioritize reused filter's answers", "oversub_extender_node_cached_total" in mt and
           int([l for l in mt.splitlines() if l.startswith("oversub_extender_node_cached_total")][0].split()[1]) >= 2, "")
 
-    # -- preempt: only oversub's victims; degrade-only nodes told apart -------------------
+    # -- preempt: on oversub's GPUs only oversub's victims; degrade-only nodes told apart ---
+    # kube-scheduler proposes, on node-a, train-a (a pod on oversub's GPUs) and a CPU hog
+    # (uid 77, no pod of oversub's); on node-b, train-b (oversub's; it only needs a degrade)
     pa = json.loads(json.dumps(fixture("preempt_meta.json")))
     pa["Pod"] = p
     pa["NodeNameToMetaVictims"] = {
@@ -272,14 +274,21 @@ def main():
     code, pr = http("POST", ext + "/preempt", pa)
     check("preempt: reply key", code == 200 and "NodeNameToMetaVictims" in pr, pr)
     mv = pr.get("NodeNameToMetaVictims", {})
-    check("preempt: node-a lists exactly oversub's victim (train-a), not the scheduler's other pod",
-          mv.get("node-a", {}).get("Pods") == [{"UID": uid(1)}], mv)
+    check("preempt: node-a keeps kube-scheduler's CPU hog and oversub's victim (train-a)",
+          sorted(x["UID"] for x in mv.get("node-a", {}).get("Pods", [])) == sorted([uid(1), uid(77)]), mv)
+    check("preempt: NumPDBViolations is kube-scheduler's (an upper bound), never forced to 0",
+          mv.get("node-a", {}).get("NumPDBViolations") == 1, mv)
     check("preempt: every node listed has at least one victim",
           all(len(v["Pods"]) >= 1 for v in mv.values()), mv)
-    check("preempt: on the degrade-only node no pod of oversub's is a victim beyond kube-scheduler's own",
-          mv.get("node-b", {}).get("Pods", [{"UID": uid(2)}]) == [{"UID": uid(2)}], mv)
+    check("preempt: on the degrade-only node, oversub's pod is spared: the node is dropped",
+          "node-b" not in mv, mv)
+    # a hog alone on node-a (oversub's own victim added to it)
+    pa["NodeNameToMetaVictims"] = {"node-a": {"Pods": [{"UID": uid(77)}], "NumPDBViolations": 0}}
+    code, pr = http("POST", ext + "/preempt", pa)
+    check("preempt: oversub's victim is added to kube-scheduler's", sorted(
+        x["UID"] for x in pr["NodeNameToMetaVictims"].get("node-a", {}).get("Pods", [])) == sorted([uid(1), uid(77)]), pr)
     _, extlog = None, open(os.path.join(TMP, "extender.log")).read()
-    check("preempt: the degrade-only node is told apart in the log", "degrade-only" in extlog, extlog[-400:])
+    check("preempt: the degrade-only node is told apart in the log", "1 degrade-only" in extlog, extlog[-400:])
 
     # -- bind with victims: node-a evicts train-a through the Eviction API -----------------
     http("POST", api + "/_pods", p)
@@ -366,6 +375,107 @@ def main():
     check("priority 10 with no annotation is batch",
           http("GET", nodes["node-c"] + "/v1/services/pod-" + uid(9))[1].get("class") == "batch")
 
+    # -- bind checks the pod with the API server before any node reserves for it -----------
+    def evictions():
+        return len([e for e in http("GET", api + "/_log")[1] if e["path"].endswith("/eviction")])
+    before = evictions()
+    fake = pod("fake", uid(40), 60000, cls="online", prio=100000, ns="attacker")
+    http("POST", ext + "/filter", {"Pod": fake, "Nodes": None, "NodeNames": ["node-a"]})
+    code, br = http("POST", ext + "/bind", {"PodName": "fake", "PodNamespace": "attacker",
+                                             "PodUID": uid(40), "Node": "node-a"})
+    check("bind of a pod the API server does not have: an error, before any node is asked",
+          "not found" in br.get("Error", ""), br)
+    check("... no service made for it", http("GET", nodes["node-a"] + "/v1/services/pod-" + uid(40))[0] == 404)
+    check("... and no eviction asked", evictions() == before, evictions())
+    # a pod already bound: bound again to its node is a no-op, to another node an error, and
+    # neither touches the running pod's reservation
+    code, br = http("POST", ext + "/bind", {"PodName": "batchy", "PodNamespace": "serving",
+                                             "PodUID": uid(9), "Node": "node-c"})
+    check("binding an already-bound pod to its node again: done", br == {"Error": ""}, br)
+    code, br = http("POST", ext + "/bind", {"PodName": "batchy", "PodNamespace": "serving",
+                                             "PodUID": uid(9), "Node": "node-a"})
+    check("binding it to another node: an error naming where it is", "already bound to node node-c"
+          in br.get("Error", ""), br)
+    check("its reservation is untouched", http("GET", nodes["node-c"] + "/v1/services/pod-" + uid(9))[0] == 200)
+    check("nothing made on the other node", http("GET", nodes["node-a"] + "/v1/services/pod-" + uid(9))[0] == 404)
+    code, br = http("POST", ext + "/bind", {"PodName": "a/../../x", "PodNamespace": "b?c",
+                                             "PodUID": uid(41), "Node": "node-a"})
+    check("names that are no Kubernetes names are refused", "Kubernetes names" in br.get("Error", ""), br)
+
+    # -- what a bind changes on a node is not answered from the cache ----------------------
+    def asks():
+        mt = http("GET", ext + "/metrics")[1]
+        return int([l for l in mt.splitlines() if l.startswith("oversub_extender_node_asks_total")][0].split()[1])
+    q = pod("cache-q", uid(42), 1000, cls="batch")
+    http("POST", ext + "/filter", {"Pod": q, "Nodes": None, "NodeNames": ["node-c"]})
+    a0 = asks()
+    http("POST", ext + "/prioritize", {"Pod": q, "Nodes": None, "NodeNames": ["node-c"]})
+    check("prioritize right after filter: from the cache", asks() == a0, (a0, asks()))
+    other = pod("cache-other", uid(43), 1000, cls="batch")
+    filter_bind(other, "node-c", ("node-c",))
+    a1 = asks()
+    http("POST", ext + "/prioritize", {"Pod": q, "Nodes": None, "NodeNames": ["node-c"]})
+    check("after a bind to the node, the node is asked again", asks() == a1 + 1, (a1, asks()))
+
+    # -- a pod the API server shows on another node: its reservation here goes --------------
+    moved = http("GET", api + "/api/v1/namespaces/serving/pods/cache-other", token=token)[1]
+    moved["spec"]["nodeName"] = "node-a"
+    http("POST", api + "/_pods", moved)
+    wait_for("the moved pod released on node-c",
+             lambda: http("GET", nodes["node-c"] + "/v1/services/pod-" + uid(43))[0] == 404, cap=60)
+    check("the node says why: bound elsewhere", "is bound to node node-a, not here" in
+          open(os.path.join(TMP, "node-c.log")).read())
+
+    # -- a hung node and a trickling one: filter still answers, with their reason ----------
+    import socket
+    import threading
+    held = []
+
+    def serve(kind):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+
+        def loop():
+            while True:
+                try:
+                    conn, _ = s.accept()
+                except OSError:
+                    return
+                held.append(conn)
+                if kind == "trickle":
+                    def drip(cn):
+                        try:
+                            cn.recv(65536)
+                            cn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+                            while True:
+                                cn.sendall(b" ")
+                                time.sleep(0.2)
+                        except OSError:
+                            pass
+                    threading.Thread(target=drip, args=(conn,), daemon=True).start()
+        threading.Thread(target=loop, daemon=True).start()
+        return "http://127.0.0.1:%d" % s.getsockname()[1]
+    hung, trickle = serve("hung"), serve("trickle")
+    _, ext3 = start([ext_bin, "--listen", "127.0.0.1:0", "--node-timeout", "1000",
+                     "--node", "hung=" + hung, "--node", "trickle=" + trickle,
+                     "--node", "node-c=" + nodes["node-c"]], "extender3")
+    small = pod("small", uid(44), 500, cls="batch")
+    results = []
+
+    def one():
+        results.append(http("POST", ext3 + "/filter", {"Pod": small, "Nodes": None,
+                                                         "NodeNames": ["hung", "trickle", "node-c"]}))
+    ts = [threading.Thread(target=one) for _ in range(3)]
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join()
+    for code, r in results:
+        check("filter answers beside a hung and a trickling node", code == 200 and r["NodeNames"] == ["node-c"], r)
+        check("... each failed with the deadline said", all(
+            "did not answer within 1000 ms" in r["FailedNodes"].get(n, "") for n in ("hung", "trickle")), r)
+
     # -- a node holds only its own pods ---------------------------------------------------
     code, r = http("POST", nodes["node-a"] + "/v1/services", {
         "id": "pod-" + uid(30), "class": "batch", "vram_mib": 1000,
@@ -404,7 +514,8 @@ def main():
 
     # -- nodes found through the API server's Node objects --------------------------------
     api2_p, api2 = start(["/usr/bin/python3", os.path.join(HERE, "apiserver.py"),
-                          "--node", "gpu-1=" + nodes["node-a"], "--node", "cpu-1="], "apiserver2")
+                          "--node", "gpu-1=" + nodes["node-a"], "--node", "cpu-1=",
+                          "--node", "evil=" + nodes["node-b"] + "@10.9.9.9"], "apiserver2")
     _, ext2 = start([ext_bin, "--listen", "127.0.0.1:0", "--kube-api", api2, "--kube-nodes",
                      "--kube-token-file", "", "--kube-ca-file", ""], "extender2")
     known = wait_for("gpu-1 known from its annotation", lambda: [n for n in http("GET", ext2 + "/v1/nodes")[1]["nodes"]
@@ -412,6 +523,10 @@ def main():
     check("a node from its oversub.io/url annotation", known and known[0]["url"] == nodes["node-a"], known)
     code, r = http("POST", ext2 + "/filter", {"Pod": p3, "Nodes": None, "NodeNames": ["gpu-1", "cpu-1"]})
     check("a Node without the annotation is unresolvable", "cpu-1" in r["FailedAndUnresolvableNodes"], r)
+    names2 = [n["name"] for n in http("GET", ext2 + "/v1/nodes")[1]["nodes"]]
+    check("an annotation pointing away from the node's own addresses is ignored (the token never "
+          "goes there)", "evil" not in names2, names2)
+    check("... and said so", "is not one of the node's addresses" in open(os.path.join(TMP, "extender2.log")).read())
 
     # -- deploy/kubernetes: what the manifests say is what the programs take --------------
     import yaml
