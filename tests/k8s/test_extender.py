@@ -549,7 +549,7 @@ def main():
             if d["kind"] == "ClusterRole" and d["metadata"]["name"] == role:
                 return {(r, v) for rule in d["rules"] for r in rule["resources"] for v in rule["verbs"]}
         return set()
-    need = {("pods/binding", "create"), ("nodes", "list"), ("pods", "get")}
+    need = {("pods/binding", "create"), ("nodes", "list"), ("pods", "get"), ("leases", "update")}
     check("extender RBAC: what it calls", need <= rules("oversub-scheduler.yaml", "oversub-scheduler"))
     need = {("pods/eviction", "create"), ("pods", "get"), ("nodes", "patch")}
     check("oversubd RBAC: what it calls", need <= rules("oversubd.yaml", "oversubd"))
@@ -567,8 +567,15 @@ def main():
     _, murl = start([oversubd, "--config", mcfg, "--gpus", "sim:1x81920", "--socket", ""], "manifest-node")
     check("the DaemonSet's oversub.yaml starts oversubd (its keys, with paths made local)", murl.startswith("http://"))
     dep = [d for d in docs["oversub-scheduler.yaml"] if d["kind"] == "Deployment"][0]
-    eargs = dep["spec"]["template"]["spec"]["containers"][0]["args"][1:]
-    eargs = [("127.0.0.1:0" if a == "0.0.0.0:8888" else tokf2 if a.endswith("/token") else a) for a in eargs]
+    ctrs = {c["name"]: c for c in dep["spec"]["template"]["spec"]["containers"]}
+    check("the scheduler pod runs kube-scheduler beside the extender", sorted(ctrs) == ["kube-scheduler", "oversub-scheduler"], ctrs.keys())
+    check("the extender listens on the pod's loopback only, where kube-scheduler calls it",
+          "127.0.0.1:8888" in ctrs["oversub-scheduler"]["args"] and e["urlPrefix"] == "http://127.0.0.1:8888", e)
+    scm = [d for d in docs["oversub-scheduler.yaml"] if d["kind"] == "ConfigMap"][0]
+    check("the scheduler pod's configuration is scheduler-config.yaml",
+          yaml.safe_load(scm["data"]["scheduler-config.yaml"]) == sc)
+    eargs = ctrs["oversub-scheduler"]["args"][1:]
+    eargs = [("127.0.0.1:0" if a == "127.0.0.1:8888" else tokf2 if a.endswith("/token") else a) for a in eargs]
     _, e3 = start([ext_bin] + eargs + ["--kube-api", api2, "--kube-token-file", "", "--kube-ca-file", ""], "manifest-ext")
     check("the Deployment's arguments start oversub-scheduler", e3.startswith("http://"))
 
