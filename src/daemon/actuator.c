@@ -322,6 +322,10 @@ int osubd_act_take(const struct osubd *d, json_t *spec, bool trusted, json_t **e
                                       "cuda_shim",      "kubernetes"};
     for (size_t k = 0; k < sizeof(all) / sizeof(all[0]); k++)
         json_object_del(spec, all[k]);
+    if (json_object_get(x, "kubernetes") != NULL && osubd_act_pod_fits(d, spec, err, errlen) != 0) {
+        json_decref(x);
+        return -1;
+    }
     if (json_object_size(x) == 0) {
         json_decref(x);
         return 0;
@@ -2629,6 +2633,9 @@ int osubd_act_shim_processes(struct osubd *d, const char *id)
 
 #include <sys/random.h>
 
+#include "deviceplugin.h"
+#include "spec_json.h"
+
 /* A pod's segment is named <id>.<16 hex>.seg in the state's shim/ folder (0711: not
  * listable): the random part is what keeps other local users out of a file that the pod's
  * containers, of any uid, must open read-write (mode 0666). Managed services' are <id>.seg. */
@@ -2668,14 +2675,28 @@ static bool pod_seg_adopt(struct osubd *d, struct osub_proc *p, const char *dir)
     return got;
 }
 
+/* Writes the engine's grants into a pod's mapped segment now (the watch round does it later
+ * on; a container told to start must not find 0 there). */
+static void pod_seg_grants(struct osub_proc *p, const osub_service_info_t *si)
+{
+    for (int32_t i = 0; i < si->n_slots && (uint32_t)i < p->seg.s->n_devices; i++) {
+        uint64_t want = (uint64_t)si->slots[i].grant_mib << 20;
+        if (osub_seg_grant(&p->seg, (uint32_t)i) != want)
+            osub_seg_set_grant(&p->seg, (uint32_t)i, want);
+    }
+}
+
 int osubd_act_pod_segment(struct osubd *d, const char *id, char *path, size_t pathlen, char *why,
                           size_t whylen)
 {
     osub_service_info_t si;
-    if (osub_engine_service_info(d->e, id, &si) != 0 || !live_state(si.state)) {
-        snprintf(why, whylen, "service %s is not running in oversubd", id);
+    if (osub_engine_service_info(d->e, id, &si) != 0 ||
+        !(live_state(si.state) || si.state == OSUB_STATE_PENDING)) {
+        snprintf(why, whylen,
+                 "service %s is neither running nor waiting for its victims in oversubd", id);
         return -1;
     }
+    bool waits = si.state == OSUB_STATE_PENDING;
     if (si.n_slots < 1 || si.n_slots > OSUB_SEG_DEVICES) {
         snprintf(why, whylen, "the CUDA shim grants 1 to %d GPUs (service %s has %d)",
                  OSUB_SEG_DEVICES, id, (int)si.n_slots);
@@ -2686,6 +2707,12 @@ int osubd_act_pod_segment(struct osubd *d, const char *id, char *path, size_t pa
         snprintf(path, pathlen, "%s", p->seg_path);
         return 0;
     }
+    struct stat st;
+    if (waits && p != NULL && p->seg_path[0] != '\0' && lstat(p->seg_path, &st) == 0 &&
+        S_ISREG(st.st_mode)) {
+        snprintf(path, pathlen, "%s", p->seg_path); /* made, and left unmapped while it waits */
+        return 0;
+    }
     if (p == NULL && (p = proc_get(d, id)) == NULL) {
         snprintf(why, whylen, "out of memory");
         return -1;
@@ -2693,7 +2720,6 @@ int osubd_act_pod_segment(struct osubd *d, const char *id, char *path, size_t pa
     char sd[512], dir[600];
     state_dir(d, sd, sizeof(sd));
     snprintf(dir, sizeof(dir), "%s/shim", sd);
-    struct stat st;
     if (mkdirs(dir, 0711) != 0 || lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) ||
         chmod(dir, 0711) != 0) {
         snprintf(why, whylen, "cannot make %s for the CUDA shim: %s", dir, strerror(errno));
@@ -2710,8 +2736,8 @@ int osubd_act_pod_segment(struct osubd *d, const char *id, char *path, size_t pa
         }
         snprintf(p->seg_path, sizeof(p->seg_path), "%s/%s.%02x%02x%02x%02x%02x%02x%02x%02x.seg",
                  dir, id, r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]);
-        uint64_t grants[OSUB_SEG_DEVICES];
-        for (int32_t i = 0; i < si.n_slots; i++)
+        uint64_t grants[OSUB_SEG_DEVICES] = {0}; /* waiting: nothing may be allocated yet */
+        for (int32_t i = 0; i < si.n_slots && !waits; i++)
             grants[i] = (uint64_t)si.slots[i].grant_mib << 20;
         char err[512];
         if (osub_seg_create(&p->seg, p->seg_path, (uid_t)-1, (gid_t)-1, id, (uint32_t)si.n_slots,
@@ -2728,8 +2754,165 @@ int osubd_act_pod_segment(struct osubd *d, const char *id, char *path, size_t pa
             return -1;
         }
     }
+    if (waits) {
+        /* a pending service's slots already carry the grant it will have; its memory is still
+         * the victims'. Unmapped, the watch round leaves the segment at 0 (it writes only mapped
+         * segments); the sweep maps it again once the service starts. */
+        for (uint32_t i = 0; i < p->seg.s->n_devices; i++)
+            if (osub_seg_grant(&p->seg, i) != 0)
+                osub_seg_set_grant(&p->seg, i, 0);
+        osub_seg_cleanup(&p->seg);
+    } else {
+        pod_seg_grants(p, &si);
+    }
     snprintf(path, pathlen, "%s", p->seg_path);
     return 0;
+}
+
+/* A whole regular file (not through a link) into a new buffer of at most max bytes. */
+static int pod_file_read(const char *path, size_t max, char **buf, size_t *len)
+{
+    *buf = NULL;
+    *len = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return -errno;
+    struct stat st;
+    int rc = 0;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size > max) {
+        rc = -EINVAL;
+        goto err_close_fd;
+    }
+    *buf = malloc((size_t)st.st_size + 1);
+    if (*buf == NULL) {
+        rc = -ENOMEM;
+        goto err_close_fd;
+    }
+    while (*len < (size_t)st.st_size) {
+        ssize_t n = read(fd, *buf + *len, (size_t)st.st_size - *len);
+        if (n <= 0) {
+            rc = n < 0 ? -errno : -EIO;
+            free(*buf);
+            *buf = NULL;
+            *len = 0;
+            goto err_close_fd;
+        }
+        *len += (size_t)n;
+    }
+err_close_fd:
+    close(fd);
+    return rc;
+}
+
+#define POD_SHIM_MAX (256u << 20)
+
+int osubd_act_pod_shim(struct osubd *d, char *path, size_t pathlen, char *why, size_t whylen)
+{
+    path[0] = '\0';
+    const char *src = d->act->shim_path;
+    if (src[0] == '\0')
+        return 0;
+    char sd[512], dir[600], tmp[700];
+    state_dir(d, sd, sizeof(sd));
+    snprintf(dir, sizeof(dir), "%s/lib", sd);
+    struct stat st;
+    if (mkdirs(dir, 0755) != 0 || lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        snprintf(why, whylen, "cannot make %s for the CUDA shim pods mount: %s", dir,
+                 strerror(errno));
+        return -1;
+    }
+    int n = snprintf(path, pathlen, "%s/liboversub-cuda.so", dir);
+    if (n < 0 || (size_t)n >= pathlen) {
+        snprintf(why, whylen, "%s: the path is too long", dir);
+        path[0] = '\0';
+        return -1;
+    }
+    char *want = NULL, *have = NULL;
+    size_t wl, hl;
+    int rc = pod_file_read(src, POD_SHIM_MAX, &want, &wl);
+    if (rc != 0) {
+        snprintf(why, whylen, "cannot read the CUDA shim %s: %s", src, strerror(-rc));
+        path[0] = '\0';
+        return -1;
+    }
+    if (pod_file_read(path, POD_SHIM_MAX, &have, &hl) == 0 && hl == wl &&
+        memcmp(have, want, wl) == 0 && lstat(path, &st) == 0) {
+        free(have);
+        free(want);
+        if ((st.st_mode & 07777) != 0755 && chmod(path, 0755) != 0) {
+            snprintf(why, whylen, "chmod %s: %s", path, strerror(errno));
+            path[0] = '\0';
+            return -1;
+        }
+        return 0; /* the same shim: left alone */
+    }
+    free(have);
+    /* a new file renamed over the old: containers running keep the one they mounted */
+    snprintf(tmp, sizeof(tmp), "%s/.liboversub-cuda.so.XXXXXX", dir);
+    int fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, whylen, "cannot create a file in %s: %s", dir, strerror(errno));
+        goto err_free_want;
+    }
+    size_t off = 0;
+    while (off < wl) {
+        ssize_t w = write(fd, want + off, wl - off);
+        if (w <= 0) {
+            snprintf(why, whylen, "cannot write %s: %s", tmp, w < 0 ? strerror(errno) : "no room");
+            goto err_unlink_tmp;
+        }
+        off += (size_t)w;
+    }
+    if (fchmod(fd, 0755) != 0 || fsync(fd) != 0) {
+        snprintf(why, whylen, "cannot finish %s: %s", tmp, strerror(errno));
+        goto err_unlink_tmp;
+    }
+    close(fd);
+    fd = -1;
+    if (rename(tmp, path) != 0) {
+        snprintf(why, whylen, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+        goto err_unlink_tmp;
+    }
+    free(want);
+    fprintf(stderr, "oversubd: device plugin: the CUDA shim %s copied to %s (what pods mount)\n",
+            src, path);
+    return 0;
+err_unlink_tmp:
+    if (fd >= 0)
+        close(fd);
+    unlink(tmp);
+err_free_want:
+    free(want);
+    path[0] = '\0';
+    return -1;
+}
+
+int osubd_act_pod_fits(const struct osubd *d, const json_t *spec, char *err, size_t errlen)
+{
+    int64_t can = osubd_dp_cut_mib(d);
+    if (can < 0)
+        return 0;
+    osub_spec_t sp;
+    char e2[300];
+    if (osub_spec_from_json(spec, &sp, e2, sizeof(e2)) != 0)
+        return 0; /* the submit says what is wrong with it */
+    int64_t held = 0;
+    size_t n = osub_engine_service_count(d->e);
+    for (size_t i = 0; i < n; i++) {
+        const char *id = osub_engine_service_id(d->e, i);
+        osub_service_info_t si;
+        if (strcmp(id, sp.id) == 0 || osubd_act_kube(d, id) == NULL ||
+            osub_engine_service_info(d->e, id, &si) != 0)
+            continue; /* a retry of the same pod counts once */
+        held += si.spec->vram_mib;
+    }
+    if (held + sp.vram_mib <= can)
+        return 0;
+    snprintf(err, errlen,
+             "this node's kubelet can account only %lld MiB of %s (the device plugin's list is "
+             "cut at 4 MiB); %lld MiB are held by pods already, and this pod asks %lld MiB",
+             (long long)can, OSUBD_DP_RESOURCE, (long long)held, (long long)sp.vram_mib);
+    return -1;
 }
 
 const char *osubd_act_shim_path(const struct osubd *d)

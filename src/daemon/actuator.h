@@ -86,13 +86,27 @@ void osubd_act_forget(struct osubd *d, const char *id);
 /* The grant segment of a pod service (the device plugin mounts it into the pod's containers):
  * made at the first call (one device per GPU of its placement, as CUDA_VISIBLE_DEVICES numbers
  * them; mode 0666 under an unguessable name in the state's shim/ folder), or the one made
- * before oversubd restarted; the watch round then writes its grants and reads its usage as for
- * a managed service. Its path is copied into path. 0, or -1 with a sentence in why (the
- * service is not running, or has no placement the shim can grant). */
+ * before oversubd restarted. While the service is pending (its victims still hold its memory)
+ * the segment grants 0 on every GPU and is left unmapped, so the watch round does not write
+ * the engine's grant into it; once the service runs, a call (or the sweep) maps it, writes its
+ * grants at once, and the watch round then keeps its grants and reads its usage as for a
+ * managed service. Its path is copied into path. 0, or -1 with a sentence in why (the service
+ * is neither running nor pending, or has no placement the shim can grant). */
 int osubd_act_pod_segment(struct osubd *d, const char *id, char *path, size_t pathlen, char *why,
                           size_t whylen);
 /* liboversub-cuda.so's path ("" when services run without it). Borrowed. */
 const char *osubd_act_shim_path(const struct osubd *d);
+/* The shim as pods mount it: liboversub-cuda.so copied into the state's folder
+ * (STATE_DIR/lib/liboversub-cuda.so, mode 0755; a temporary file renamed over it, only when
+ * its content differs), since oversubd's own copy may be inside its container image where the
+ * kubelet cannot see it. Its path into path ("" when services run without the shim). 0, or -1
+ * with a sentence in why. */
+int osubd_act_pod_shim(struct osubd *d, char *path, size_t pathlen, char *why, size_t whylen);
+/* For osubd_act_take: a pod's spec (the submit's, without the exec fields) that would take the
+ * pods' MiB on this node past what the device plugin advertises when its list is cut
+ * (osubd_dp_cut_mib): -1 with the sentence in err. 0 otherwise (no plugin, no cut, it fits,
+ * or a spec the submit refuses anyway). */
+int osubd_act_pod_fits(const struct osubd *d, const json_t *spec, char *err, size_t errlen);
 /* Drops the segments of pods the engine no longer knows (in memory and on disk), and opens
  * again those of running pods made before oversubd restarted. */
 void osubd_act_pods_sweep(struct osubd *d);

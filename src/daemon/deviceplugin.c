@@ -29,9 +29,11 @@
 #define DP_LIST_MAX (OSUBD_DP_MSG_MAX - 4096) /* our cut: under kubelet's limit, with room */
 #define DP_REQ_MAX (OSUBD_DP_MSG_MAX + 5)     /* a request's body, gRPC prefix included */
 #define DP_CONNS_MAX 16
-#define DP_STREAMS_MAX 16 /* concurrent calls on one connection */
+#define DP_STREAMS_MAX 128 /* concurrent calls on one connection (PreStartContainer waits) */
 #define DP_REG_TIMEOUT_S 10
 #define DP_OUT_HIGH (256 * 1024) /* nghttp2 is asked for more frames below this much queued */
+#define DP_PARK_MS 100           /* waiting PreStartContainer calls are checked this often */
+#define DP_PRESTART_MS 25000     /* ... and answered UNAVAILABLE after (kubelet gives up at 30 s) */
 #define DP_SHIM_IN_CTR "/usr/local/lib/oversub/liboversub-cuda.so"
 #define DP_SEG_IN_CTR "/var/run/oversub/grant.seg"
 
@@ -42,6 +44,7 @@ enum { /* gRPC status codes */
        GRPC_RESOURCE_EXHAUSTED = 8,
        GRPC_UNIMPLEMENTED = 12,
        GRPC_INTERNAL = 13,
+       GRPC_UNAVAILABLE = 14,
 };
 
 struct dp_conn;
@@ -57,8 +60,12 @@ struct dp_stream {
     bool watch;    /* ListAndWatch: open until the connection goes */
     bool ending;   /* trailers follow what out holds */
     bool deferred; /* nghttp2 waits for out to fill (resume_data) */
+    bool parked;   /* PreStartContainer waiting for its pod's service to start */
     int status;    /* gRPC status of the trailers */
     char message[300];
+    char park_id[OSUB_ID_MAX + 1]; /* parked: the service, its container, the deadline */
+    size_t park_container;
+    int64_t park_until_ms; /* engine time */
     struct osubd_pb in;
     struct evbuffer *out;
 };
@@ -90,8 +97,12 @@ struct osubd_dp {
     int64_t advertised;   /* devices in the list (capacity, or the cut) */
     struct osubd_pb list; /* the ListAndWatchResponse, gRPC-framed */
     struct event *check_ev;
-    json_t *allocated; /* service id -> [container index, ...] given to the kubelet */
+    json_t *allocated; /* service id -> [{container, devices, n}, ...] given to the kubelet
+                        * (devices: the ID set's fingerprint, dp_id_hash; a bare index before) */
     bool cut_said;
+    char shim[700];        /* the shim pods mount: its copy in the state's folder ("" none) */
+    int64_t prestart_ms;   /* a waiting PreStartContainer is answered UNAVAILABLE after this */
+    struct event *park_ev; /* re-checks the parked PreStartContainer calls */
 };
 
 /* ---- the device list -------------------------------------------------------------------- */
@@ -446,13 +457,23 @@ static bool message_ok(struct osubd_pb_reader r)
     return rc == 0;
 }
 
+/* DevicePluginOptions: pre_start_required (a pod's container starts only once its service
+ * does); get_preferred_allocation_available false (the IDs mean nothing). */
 static void call_options(struct dp_stream *st, struct osubd_pb_reader *r)
 {
     if (!message_ok(*r)) {
         answer_error(st, GRPC_INVALID_ARGUMENT, "Empty: not a valid protobuf message");
         return;
     }
-    answer_empty(st); /* pre_start_required and get_preferred_allocation_available: false */
+    struct osubd_pb b;
+    osubd_pb_init(&b, 16);
+    grpc_prefix(&b, 2);
+    osubd_pb_bool(&b, 1, true);
+    if (b.failed)
+        answer_error(st, GRPC_INTERNAL, "out of memory");
+    else
+        answer(st, &b, false);
+    osubd_pb_free(&b);
 }
 
 static void call_watch(struct dp_stream *st, struct osubd_pb_reader *r)
@@ -527,12 +548,66 @@ static void call_preferred(struct dp_stream *st, struct osubd_pb_reader *r)
 
 /* ---- Allocate: kubelet's requests matched with the extender's pods ----------------------- */
 
+/* The container index of an allocation record ({container, devices, n}, or a bare index). */
+static json_int_t dp_rec_container(const json_t *e)
+{
+    return json_is_object(e) ? json_integer_value(json_object_get(e, "container"))
+                             : json_integer_value(e);
+}
+
 static bool dp_given(struct osubd_dp *dp, const char *id, size_t j)
 {
     const json_t *a = json_object_get(dp->allocated, id);
     for (size_t i = 0; i < json_array_size(a); i++)
-        if (json_integer_value(json_array_get(a, i)) == (json_int_t)j)
+        if (dp_rec_container(json_array_get(a, i)) == (json_int_t)j)
             return true;
+    return false;
+}
+
+/* One device ID's part of a set's fingerprint: FNV-1a, then splitmix64's finalizer, so that
+ * the sum over a set (the same in any order: kubelet sends sets) stays spread. */
+static uint64_t dp_id_hash(const uint8_t *p, size_t n)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 1099511628211ULL;
+    }
+    h ^= h >> 30;
+    h *= 0xbf58476d1ce4e5b9ULL;
+    h ^= h >> 27;
+    h *= 0x94d049bb133111ebULL;
+    return h ^ (h >> 31);
+}
+
+static void dp_fp_text(uint64_t fp, char out[17])
+{
+    snprintf(out, 17, "%016llx", (unsigned long long)fp);
+}
+
+/* The allocation a set of device IDs was given to (PreStartContainer sends the container's
+ * IDs): the service id (borrowed from dp->allocated) and the container, or false. */
+static bool dp_lookup(struct osubd_dp *dp, uint64_t fp, int64_t n, const char **id, size_t *ctr)
+{
+    char hex[17];
+    dp_fp_text(fp, hex);
+    const char *k;
+    json_t *a;
+    json_object_foreach(dp->allocated, k, a)
+    {
+        size_t i;
+        json_t *e;
+        json_array_foreach(a, i, e)
+        {
+            const char *f = json_string_value(json_object_get(e, "devices"));
+            if (f != NULL && strcmp(f, hex) == 0 &&
+                json_integer_value(json_object_get(e, "n")) == n) {
+                *id = k;
+                *ctr = (size_t)dp_rec_container(e);
+                return true;
+            }
+        }
+    }
     return false;
 }
 
@@ -555,7 +630,8 @@ struct dp_match {
     int64_t vram_mib;
 };
 
-/* The oldest pod container of `count` MiB not given yet (nor earlier in this request). */
+/* The oldest pod container of `count` MiB not given yet (nor earlier in this request), of a
+ * pod that runs or waits for its victims to leave. */
 static bool dp_find(struct osubd_dp *dp, int64_t count, const struct dp_match *taken, size_t nt,
                     struct dp_match *m)
 {
@@ -566,9 +642,9 @@ static bool dp_find(struct osubd_dp *dp, int64_t count, const struct dp_match *t
         const json_t *k = osubd_act_kube(d, id);
         osub_service_info_t si;
         if (k == NULL || osub_engine_service_info(d->e, id, &si) != 0 ||
-            !(si.state == OSUB_STATE_LOADING || si.state == OSUB_STATE_RUNNING ||
-              si.state == OSUB_STATE_DEGRADED))
-            continue;
+            !(si.state == OSUB_STATE_PENDING || si.state == OSUB_STATE_LOADING ||
+              si.state == OSUB_STATE_RUNNING || si.state == OSUB_STATE_DEGRADED))
+            continue; /* pending: bound, its victims leaving (PreStartContainer waits) */
         size_t j;
         json_t *c;
         json_array_foreach(json_object_get(k, "containers"), j, c)
@@ -609,7 +685,7 @@ static int dp_container_answer(struct osubd_dp *dp, const struct dp_match *m, st
         else
             snprintf(gpus + l, sizeof(gpus) - l, "%s%d", i ? "," : "", (int)g);
     }
-    const char *shim = osubd_act_shim_path(d);
+    const char *shim = dp->shim;
     if (shim[0] && osubd_act_pod_segment(d, m->id, segpath, sizeof(segpath), why, whylen) != 0)
         return -1;
     struct osubd_pb c;
@@ -660,6 +736,7 @@ static void call_allocate(struct dp_stream *st, struct osubd_pb_reader *r)
     struct osubd_dp *dp = st->c->dp;
     struct dp_match m[64];
     int64_t counts[64];
+    uint64_t fps[64];
     size_t n = 0;
     struct osubd_pb_field f, g;
     int rc;
@@ -672,9 +749,12 @@ static void call_allocate(struct dp_stream *st, struct osubd_pb_reader *r)
         }
         struct osubd_pb_reader c = {f.data, f.data + f.len};
         counts[n] = 0;
+        fps[n] = 0;
         while ((rc = osubd_pb_next(&c, &g)) == 1)
-            if (g.num == 1 && g.wire == 2)
+            if (g.num == 1 && g.wire == 2) {
                 counts[n]++;
+                fps[n] += dp_id_hash(g.data, g.len);
+            }
         if (rc < 0)
             break;
         n++;
@@ -687,13 +767,13 @@ static void call_allocate(struct dp_stream *st, struct osubd_pb_reader *r)
         if (!dp_find(dp, counts[i], m, i, &m[i])) {
             fprintf(stderr,
                     "oversubd: device plugin: Allocate of %lld MiB (container %zu of the "
-                    "request) refused: no running pod submitted through the extender has a "
-                    "container of that size not yet allocated\n",
+                    "request) refused: no running or pending pod submitted through the extender "
+                    "has a container of that size not yet allocated\n",
                     (long long)counts[i], i + 1);
             answer_error(st, GRPC_FAILED_PRECONDITION,
                          "oversub: no pod bound through oversub-scheduler has a container asking "
                          "%lld %s that is not allocated yet (pods must be scheduled by the "
-                         "oversub extender, and be running in oversubd)",
+                         "oversub extender, and be running or pending in oversubd)",
                          (long long)counts[i], OSUBD_DP_RESOURCE);
             return;
         }
@@ -725,18 +805,167 @@ static void call_allocate(struct dp_stream *st, struct osubd_pb_reader *r)
                     break;
                 }
             }
-            if (json_array_append_new(a, json_integer((json_int_t)m[i].container)) != 0) {
+            char hex[17];
+            dp_fp_text(fps[i], hex);
+            if (json_array_append_new(a, json_pack("{s:I, s:s, s:I}", "container",
+                                                   (json_int_t)m[i].container, "devices", hex, "n",
+                                                   (json_int_t)counts[i])) != 0) {
                 osubd_fatal(dp->d, "out of memory recording an allocation");
                 break;
             }
-            fprintf(stderr, "oversubd: device plugin: allocated %lld MiB to %s container %zu\n",
-                    (long long)m[i].vram_mib, m[i].id, m[i].container);
+            osub_service_info_t si;
+            bool waits = osub_engine_service_info(dp->d->e, m[i].id, &si) == 0 &&
+                         si.state == OSUB_STATE_PENDING;
+            fprintf(stderr, "oversubd: device plugin: allocated %lld MiB to %s container %zu%s\n",
+                    (long long)m[i].vram_mib, m[i].id, m[i].container,
+                    waits ? " (pending: it starts once its victims are gone)" : "");
         }
         dp_save_allocated(dp);
         answer(st, &framed, false);
     }
     osubd_pb_free(&out);
     osubd_pb_free(&framed);
+}
+
+/* ---- PreStartContainer: a pod's container starts once its service does ----------------- */
+
+/* A PreStartContainer call for the container in st->park_id: answered (true) once its service
+ * runs, or is gone or leaving, or when it waited too long; false while it still waits. */
+static bool prestart_try(struct dp_stream *st)
+{
+    struct osubd_dp *dp = st->c->dp;
+    struct osubd *d = dp->d;
+    const char *id = st->park_id;
+    osub_service_info_t si;
+    if (osub_engine_service_info(d->e, id, &si) != 0 || osubd_act_kube(d, id) == NULL) {
+        fprintf(stderr, "oversubd: device plugin: PreStartContainer for %s refused: it is gone\n",
+                id);
+        answer_error(st, GRPC_FAILED_PRECONDITION,
+                     "oversub: %s is no longer in oversubd: its pod does not start on this node",
+                     id);
+        return true;
+    }
+    if (si.state == OSUB_STATE_LOADING || si.state == OSUB_STATE_RUNNING ||
+        si.state == OSUB_STATE_DEGRADED) {
+        char path[700], why[300];
+        if (dp->shim[0] &&
+            osubd_act_pod_segment(d, id, path, sizeof(path), why, sizeof(why)) != 0) {
+            fprintf(stderr, "oversubd: device plugin: PreStartContainer for %s refused: %s\n", id,
+                    why);
+            answer_error(st, GRPC_FAILED_PRECONDITION, "oversub: %s: %s", id, why);
+            return true;
+        }
+        if (st->parked)
+            fprintf(stderr,
+                    "oversubd: device plugin: PreStartContainer for %s container %zu answered: "
+                    "its service is %s\n",
+                    id, st->park_container, osub_state_name(si.state));
+        answer_empty(st);
+        return true;
+    }
+    if (si.state == OSUB_STATE_PENDING || si.state == OSUB_STATE_QUEUED) {
+        if (osubd_engine_now(d) < st->park_until_ms)
+            return false;
+        char waits[160] = "";
+        for (int32_t i = 0; i < si.n_waits; i++) {
+            size_t l = strlen(waits);
+            snprintf(waits + l, sizeof(waits) - l, "%s%s", i ? ", " : "", si.waits[i].service);
+        }
+        fprintf(stderr,
+                "oversubd: device plugin: PreStartContainer for %s container %zu: still %s after "
+                "%lld ms: answered UNAVAILABLE (the kubelet retries the start)\n",
+                id, st->park_container, osub_state_name(si.state), (long long)dp->prestart_ms);
+        answer_error(
+            st, GRPC_UNAVAILABLE,
+            "waiting for its victims to leave: oversub's %s is still %s after %lld s%s%s%s; "
+            "the kubelet retries the container's start",
+            id, osub_state_name(si.state), (long long)(dp->prestart_ms / 1000),
+            waits[0] ? " (waiting for " : "", waits, waits[0] ? ")" : "");
+        return true;
+    }
+    fprintf(stderr, "oversubd: device plugin: PreStartContainer for %s refused: it is %s\n", id,
+            osub_state_name(si.state));
+    answer_error(st, GRPC_FAILED_PRECONDITION,
+                 "oversub: %s is %s in oversubd: its pod is leaving this node", id,
+                 osub_state_name(si.state));
+    return true;
+}
+
+/* Every DP_PARK_MS while calls wait: those whose service started (or timed out) are answered. */
+static void on_park(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct osubd_dp *dp = arg;
+    bool left = false;
+    for (struct dp_conn *c = dp->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->client)
+            continue;
+        bool any = false;
+        for (struct dp_stream *st = c->streams; st; st = st->next) {
+            if (!st->parked)
+                continue;
+            if (prestart_try(st)) {
+                st->parked = false;
+                any = true;
+            } else {
+                left = true;
+            }
+        }
+        if (any)
+            conn_flush(c);
+    }
+    if (!left)
+        event_del(dp->park_ev);
+}
+
+/* PreStartContainer: the kubelet is about to start a container with these devices. The
+ * allocation they were given to names the pod; the call is held open (parked, the loop goes
+ * on) while the pod's service is pending, so the container starts only once its victims are
+ * gone and its memory is real. IDs no allocation holds have nothing to wait for. */
+static void call_prestart(struct dp_stream *st, struct osubd_pb_reader *r)
+{
+    struct osubd_dp *dp = st->c->dp;
+    struct osubd_pb_field f;
+    uint64_t fp = 0;
+    int64_t n = 0;
+    int rc;
+    while ((rc = osubd_pb_next(r, &f)) == 1)
+        if (f.num == 1 && f.wire == 2) {
+            n++;
+            fp += dp_id_hash(f.data, f.len);
+        }
+    if (rc < 0) {
+        answer_error(st, GRPC_INVALID_ARGUMENT,
+                     "PreStartContainerRequest: not a valid protobuf message");
+        return;
+    }
+    const char *id;
+    size_t ctr;
+    if (!dp_lookup(dp, fp, n, &id, &ctr)) {
+        fprintf(stderr,
+                "oversubd: device plugin: PreStartContainer for %lld devices that no allocation "
+                "of this oversubd holds: nothing to wait for\n",
+                (long long)n);
+        answer_empty(st);
+        return;
+    }
+    snprintf(st->park_id, sizeof(st->park_id), "%s", id);
+    st->park_container = ctr;
+    st->park_until_ms = osubd_engine_now(dp->d) + dp->prestart_ms;
+    if (prestart_try(st))
+        return;
+    st->parked = true;
+    fprintf(stderr,
+            "oversubd: device plugin: PreStartContainer for %s container %zu waits: its service "
+            "is pending (its victims are leaving)\n",
+            st->park_id, ctr);
+    struct timeval tv = {0, DP_PARK_MS * 1000};
+    if (!evtimer_pending(dp->park_ev, NULL) && event_add(dp->park_ev, &tv) != 0) {
+        st->parked = false;
+        answer_error(st, GRPC_INTERNAL, "out of memory");
+    }
 }
 
 static void dispatch(struct dp_stream *st)
@@ -758,7 +987,7 @@ static void dispatch(struct dp_stream *st)
         {"/v1beta1.DevicePlugin/ListAndWatch", call_watch},
         {"/v1beta1.DevicePlugin/GetPreferredAllocation", call_preferred},
         {"/v1beta1.DevicePlugin/Allocate", call_allocate},
-        {"/v1beta1.DevicePlugin/PreStartContainer", call_options},
+        {"/v1beta1.DevicePlugin/PreStartContainer", call_prestart},
     };
     for (size_t i = 0; i < sizeof(calls) / sizeof(calls[0]); i++)
         if (strcmp(st->path, calls[i].path) == 0) {
@@ -1026,13 +1255,13 @@ static void reg_start(struct osubd_dp *dp)
     dp->reg = c;
     struct timeval tv = {DP_REG_TIMEOUT_S, 0};
     bufferevent_set_timeouts(bev, &tv, &tv);
-    /* RegisterRequest{version, endpoint, resource_name, options{}} */
+    /* RegisterRequest{version, endpoint, resource_name, options{pre_start_required}} */
     struct osubd_pb msg;
     osubd_pb_init(&msg, 4096);
     osubd_pb_string(&msg, 1, "v1beta1");
     osubd_pb_string(&msg, 2, OSUBD_DP_SOCKET);
     osubd_pb_string(&msg, 3, OSUBD_DP_RESOURCE);
-    osubd_pb_bytes(&msg, 4, "", 0);
+    osubd_pb_bytes(&msg, 4, "\x08\x01", 2); /* options: pre_start_required */
     struct dp_stream *st0 = calloc(1, sizeof(*st0));
     struct evbuffer *out = evbuffer_new();
     struct osubd_pb framed;
@@ -1192,6 +1421,18 @@ int osubd_dp_start(struct osubd *d, char *err, size_t errlen)
                  dp->allocs_path, dp->allocated == NULL ? je.text : "not an object");
         return -1;
     }
+    char why[500];
+    if (osubd_act_pod_shim(d, dp->shim, sizeof(dp->shim), why, sizeof(why)) != 0) {
+        snprintf(err, errlen, "device_plugin: %s", why);
+        return -1;
+    }
+    /* a test knob (docs/deviceplugin.md): how long PreStartContainer waits */
+    const char *knob = getenv("OSUB_DP_PRESTART_MS");
+    char *end = NULL;
+    long long ms = knob != NULL ? strtoll(knob, &end, 10) : 0;
+    dp->prestart_ms = knob != NULL && *knob && *end == '\0' && ms > 0 && ms <= 600000
+                          ? (int64_t)ms
+                          : DP_PRESTART_MS;
     int64_t cap = dp_capacity(d);
     if (dp_build_list(dp, cap) != 0) {
         snprintf(err, errlen, "out of memory");
@@ -1200,8 +1441,9 @@ int osubd_dp_start(struct osubd *d, char *err, size_t errlen)
     if (serve_start(dp, err, errlen) != 0)
         return -1;
     dp->check_ev = event_new(d->base, -1, EV_PERSIST, on_check, dp);
+    dp->park_ev = event_new(d->base, -1, EV_PERSIST, on_park, dp);
     struct timeval tv = {0, DP_CHECK_MS * 1000};
-    if (dp->check_ev == NULL || event_add(dp->check_ev, &tv) != 0) {
+    if (dp->check_ev == NULL || dp->park_ev == NULL || event_add(dp->check_ev, &tv) != 0) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
@@ -1219,9 +1461,19 @@ void osubd_dp_stop(struct osubd *d)
     serve_stop(dp);
     if (dp->check_ev)
         event_free(dp->check_ev);
+    if (dp->park_ev)
+        event_free(dp->park_ev);
     osubd_pb_free(&dp->list);
     json_decref(dp->allocated);
     osubd_act_pods_close(d);
     free(dp);
     d->dp = NULL;
+}
+
+int64_t osubd_dp_cut_mib(const struct osubd *d)
+{
+    const struct osubd_dp *dp = d->dp;
+    if (dp == NULL || dp->advertised >= dp->capacity_mib)
+        return -1;
+    return dp->advertised;
 }

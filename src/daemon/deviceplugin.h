@@ -22,6 +22,11 @@ int osubd_dp_start(struct osubd *d, char *err, size_t errlen);
  * osubd_stop(). NULL-safe (no plugin: nothing). */
 void osubd_dp_stop(struct osubd *d);
 
+/* What the kubelet can account of oversub.io/vram-mib on this node when the device list is cut
+ * to fit its 4 MiB message limit: the MiB advertised; -1 when the plugin is off or the list
+ * holds the whole logical capacity. Pod submits past it are refused (osubd_act_pod_fits). */
+int64_t osubd_dp_cut_mib(const struct osubd *d);
+
 /* The ListAndWatch answer for count devices of 1 MiB (the shortest device IDs first), cut to
  * what fits in max bytes: the number of devices it holds, and in *bytes the size of the whole
  * list had it not been cut (either may be NULL). Pure: for the docs' figure and the tests. */

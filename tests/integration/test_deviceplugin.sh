@@ -2,8 +2,10 @@
 # test_deviceplugin.sh - oversubd's kubelet device plugin (docs/deviceplugin.md) against a
 # kubelet stand-in (tests/k8s/kubelet_standin.py, Debian's python3-grpcio): Register, the
 # device list and its re-streaming, Allocate for a pod submitted through the API (its env, its
-# mounts, its grant segment enforced by the shim and read back as usage), refusals, malformed
-# input, a kubelet restart, an oversubd restart.
+# mounts, its grant segment enforced by the shim and read back as usage), a pod bound while its
+# victims leave (allocated, PreStartContainer held until they are gone, or answered UNAVAILABLE
+# after OSUB_DP_PRESTART_MS), refusals, malformed input, a kubelet restart, an oversubd
+# restart, the cut list and the pods' MiB held under it.
 # usage: test_deviceplugin.sh OVERSUBD SHIM CUDA_CLIENT FAKECUDA_DIR
 set -u
 oversubd=$1 shim=$2 client=$3 fakedir=$4
@@ -33,8 +35,8 @@ standin() { # a kubelet (re)starting: its Registration service, plugins' sockets
     wait_for 20 has_lines "$tmp/serve.$1" '^serving' 1 || bad "stand-in $1 did not start: $(cat "$tmp/serve.$1")"
 }
 printf '%s\n' "device_plugin: $KD" "cuda_shim: $shim" "hysteresis_ms: 500" >"$D/c.yaml"
-start_d() {
-    "$oversubd" --config "$D/c.yaml" --listen 127.0.0.1:0 --socket "$D/s.sock" --state "$D/st/db" \
+start_d() { # PreStartContainer gives up after 3 s here (25 s by default)
+    OSUB_DP_PRESTART_MS=3000 "$oversubd" --config "$D/c.yaml" --listen 127.0.0.1:0 --socket "$D/s.sock" --state "$D/st/db" \
         --gpus sim:2x1000 --ratio 1.5 --tick-ms 100 >>"$D/out" 2>>"$D/err" &
     DPID=$!
     pids+=($DPID)
@@ -50,12 +52,12 @@ echo "== register"
 standin 1
 start_d
 wait_for 20 has_lines "$tmp/serve.1" '^register' 1 || bad "no Register came: $(tail -5 "$D/err")"
-expect "Register's fields" "register version=v1beta1 endpoint=oversub.sock resource=oversub.io/vram-mib" \
+expect "Register's fields" "register version=v1beta1 endpoint=oversub.sock resource=oversub.io/vram-mib pre_start=1" \
     "$(grep '^register' "$tmp/serve.1" | head -1)"
 grep -q "device plugin: registered oversub.io/vram-mib" "$D/err" || bad "the registration is logged"
 
 echo "== ListAndWatch"
-dp watch >"$tmp/watch1" 2>&1 &
+timeout 120 $PY "$SI" watch "$KD" >"$tmp/watch1" 2>&1 & # open until the kubelet restart below
 WPID=$!
 pids+=($WPID)
 # 2 GPUs x 1000 MiB x 1.5 = 3000 devices of 1 MiB, all healthy, IDs distinct and short
@@ -65,8 +67,10 @@ expect "the list: logical MiB" "devices 3000 healthy=3000 unique=3000 maxlen=2" 
 expect "ratio to 2.0" 200 "$(curl -s -o /dev/null -w '%{http_code}' --unix-socket "$S" -X PUT http://x/v1/pool -d '{"ratio": 2.0}')"
 wait_for 20 has_lines "$tmp/watch1" '^devices' 2 || bad "a ratio change was not streamed: $(cat "$tmp/watch1")"
 expect "the list again at ratio 2.0" "devices 4000" "$(grep '^devices' "$tmp/watch1" | sed -n 2p | cut -d' ' -f1-2)"
-expect "options" "options pre_start=0 preferred=0" "$(dp options)"
-expect "PreStartContainer answers empty" "prestart ok" "$(dp prestart)"
+expect "options: PreStartContainer required" "options pre_start=1 preferred=0" "$(dp options)"
+expect "Register carries the option too" "register version=v1beta1 endpoint=oversub.sock resource=oversub.io/vram-mib pre_start=1" \
+    "$(grep '^register' "$tmp/serve.1" | head -1)"
+expect "PreStartContainer for devices no allocation holds: nothing to wait for" "prestart ok" "$(dp prestart)"
 expect "GetPreferredAllocation: the must first" "preferred c,a" "$(dpa preferred 2 a b c)"
 
 echo "== Allocate"
@@ -90,7 +94,12 @@ expect "LD_PRELOAD: the shim in the container" /usr/local/lib/oversub/liboversub
 expect "OVERSUB_SHIM_SEGMENT" /var/run/oversub/grant.seg "$(env OVERSUB_SHIM_SEGMENT)"
 mounts=$(json '" ".join("%s=%s:%s" % (m["container_path"], m["host_path"], "ro" if m["read_only"] else "rw") for m in d["containers"][0]["mounts"])' <<<"$out")
 seg=$(json '[m["host_path"] for m in d["containers"][0]["mounts"] if m["container_path"].endswith(".seg")][0]' <<<"$out")
-expect "the mounts" "/usr/local/lib/oversub/liboversub-cuda.so=$(realpath "$shim"):ro /var/run/oversub/grant.seg=$seg:rw" "$mounts"
+# the shim is mounted from the state's folder (the host's, in the DaemonSet), not from where
+# oversubd found it (inside its own image)
+expect "the mounts" "/usr/local/lib/oversub/liboversub-cuda.so=$D/st/lib/liboversub-cuda.so:ro /var/run/oversub/grant.seg=$seg:rw" "$mounts"
+expect "the shim's copy is the shim" same "$(cmp -s "$shim" "$D/st/lib/liboversub-cuda.so" && echo same)"
+expect "the shim's copy: mode 0755" 755 "$(stat -c %a "$D/st/lib/liboversub-cuda.so")"
+grep -q "the CUDA shim .* copied to $D/st/lib/liboversub-cuda.so" "$D/err" || bad "the copy is logged: $(grep 'CUDA shim' "$D/err")"
 expect "the segment in the state's shim folder" "$D/st/shim" "$(dirname "$seg")"
 expect "the segment: any container user may open it" 666 "$(stat -c %a "$seg")"
 expect "the folder: not listable" 711 "$(stat -c %a "$D/st/shim")"
@@ -111,6 +120,61 @@ out=$(dpa allocate 100)
 expect "the second container" a "$(json "d['containers'][0]['envs']['OVERSUB_CONTAINER']" <<<"$out")"
 expect "both share the pod's segment" "$seg" "$(json '[m["host_path"] for m in d["containers"][0]["mounts"] if m["container_path"].endswith(".seg")][0]' <<<"$out")"
 expect "each container once" FAILED_PRECONDITION "$(json 'd["code"]' <<<"$(dpa allocate 100)")"
+
+echo "== a pod bound while its victims leave"
+# two experiments fill what pod-u1 left; an online pod then needs one of them evicted
+expect "victim 1" loading "$(api POST /v1/services '{"id":"v1","class":"experiment","vram":"600MiB","gpus":1,"grace_ms":60000}' | json 'd["state"]')"
+expect "victim 2" loading "$(api POST /v1/services '{"id":"v2","class":"experiment","vram":"900MiB","gpus":1,"grace_ms":60000}' | json 'd["state"]')"
+pod2='{"id":"pod-u2","class":"online","vram":"900MiB","kubernetes":{"namespace":"ns","name":"p2",
+ "uid":"u2","node":"n1","grace_seconds":5,"containers":[{"name":"m","vram_mib":900}]}}'
+expect "the pod is bound and waits for a victim" pending "$(api POST /v1/services "$pod2" | json 'd["state"]')"
+victim=$(svc pod-u2 'd["waiting_for"][0]["service"]')
+out=$(dpa allocate --prefix q 900)
+expect "a pending pod is allocated (kubelet's admission)" True "$(json 'd["ok"]' <<<"$out")"
+expect "its container" m "$(env OVERSUB_CONTAINER)"
+expect "its GPU: the placement it waits on" "$(svc pod-u2 'd["placement"][0]["gpu"]')" "$(env CUDA_VISIBLE_DEVICES)"
+grep -q "allocated 900 MiB to pod-u2 container 0 (pending: it starts once its victims are gone)" "$D/err" ||
+    bad "the pending allocation is logged: $(tail -3 "$D/err")"
+seg2=$(json '[m["host_path"] for m in d["containers"][0]["mounts"] if m["container_path"].endswith(".seg")][0]' <<<"$out")
+dpa prestart q 900 20 >"$tmp/ps2" 2>&1 &
+PSPID=$!
+pids+=($PSPID)
+wait_for 20 has_lines "$D/err" "PreStartContainer for pod-u2 container 0 waits" 1 || bad "PreStartContainer did not wait: $(cat "$tmp/ps2")"
+expect "PreStartContainer held open while its victim holds the memory" "" "$(cat "$tmp/ps2")"
+# the victim's memory is not the pod's yet: its segment grants nothing (watch rounds included)
+OVERSUB_SHIM_SEGMENT=$seg2 LD_PRELOAD=$shim LD_LIBRARY_PATH=$fakedir FAKE_CUDA_MEM_MIB=1000 \
+    "$client" alloc:100 expect:2 >"$tmp/ctr2.out" 2>&1
+expect "while pending, the pod's segment refuses allocations" 0 "$?"
+expect "the API still answers while PreStartContainer waits" ok "$(api GET /healthz | json 'd["status"]')"
+api DELETE "/v1/services/$victim" >/dev/null # the victim leaves
+wait_for 20 has_lines "$tmp/ps2" '^prestart' 1 || bad "PreStartContainer not answered once the victim left: $(tail -3 "$D/err")"
+expect "PreStartContainer answered once the victim left" "prestart ok" "$(cat "$tmp/ps2")"
+expect "the pod's service runs" loading "$(svc pod-u2 'd["state"]')"
+# answered only after the grant is in the segment: the container has its memory at once
+OVERSUB_SHIM_SEGMENT=$seg2 LD_PRELOAD=$shim LD_LIBRARY_PATH=$fakedir FAKE_CUDA_MEM_MIB=1000 \
+    "$client" alloc:800 expect:0 alloc:200 expect:2 >"$tmp/ctr2.out" 2>&1
+expect "its grant once it runs: 900 MiB" 0 "$?"
+expect "a container restart: answered at once" "prestart ok" "$(dpa prestart q 900 5)"
+
+echo "== PreStartContainer gives up (UNAVAILABLE) while the victims stay"
+pod3='{"id":"pod-u3","class":"online","vram":"600MiB","kubernetes":{"namespace":"ns","name":"p3",
+ "uid":"u3","node":"n1","grace_seconds":5,"containers":[{"name":"m","vram_mib":600}]}}'
+expect "the second pod waits for a victim" pending "$(api POST /v1/services "$pod3" | json 'd["state"]')"
+victim=$(svc pod-u3 'd["waiting_for"][0]["service"]')
+expect "allocated" True "$(json 'd["ok"]' <<<"$(dpa allocate --prefix r 600)")"
+out=$(dpa prestart r 600 20)
+expect "UNAVAILABLE after OSUB_DP_PRESTART_MS (the kubelet retries the start)" \
+    "prestart UNAVAILABLE waiting for its victims to leave: oversub's pod-u3 is still pending after 3 s (waiting for $victim); the kubelet retries the container's start" "$out"
+grep -q "PreStartContainer for pod-u3 container 0: still pending after 3000 ms: answered UNAVAILABLE" "$D/err" ||
+    bad "the timeout is logged: $(tail -3 "$D/err")"
+expect "the pod stays bound" pending "$(svc pod-u3 'd["state"]')"
+api DELETE "/v1/services/$victim" >/dev/null
+wait_for 20 test "$(svc pod-u3 'd["state"]')" = loading || bad "pod-u3 did not start"
+expect "the kubelet's retry starts it" "prestart ok" "$(dpa prestart r 600 5)"
+seg3=$(ls "$D"/st/shim/pod-u3.*.seg)
+api DELETE /v1/services/pod-u2 >/dev/null
+api DELETE /v1/services/pod-u3 >/dev/null
+wait_for 20 test ! -e "$seg2" -a ! -e "$seg3" || bad "the pods' segments stay after they went"
 
 echo "== malformed input"
 out=$(dpa raw Allocate ff)
@@ -174,6 +238,15 @@ S=$D/s.sock
 wait_for 20 has_lines "$D/err8" 'device plugin: serving' 1 || bad "8x81920: $(cat "$D/err8")"
 grep -q "851968 MiB of logical capacity would be a ListAndWatch message of 14237254 bytes, over the kubelet's 4194304: advertising 260965 MiB" "$D/err8" ||
     bad "the cut is said: $(grep 'device plugin' "$D/err8")"
+# what the kubelet cannot account, oversub does not admit: pods' MiB stay under the cut
+podc() { echo '{"id":"pod-'$1'","class":"batch","vram":"80000MiB","gpus":1,"kubernetes":{"namespace":"ns","name":"'$1'","uid":"'$1'","containers":[{"name":"m","vram_mib":80000}]}}'; }
+for u in c1 c2 c3; do expect "pod $u under the cut" loading "$(api POST /v1/services "$(podc $u)" | json 'd["state"]')"; done
+cut_msg="this node's kubelet can account only 260965 MiB of oversub.io/vram-mib (the device plugin's list is cut at 4 MiB); 240000 MiB are held by pods already, and this pod asks 80000 MiB"
+expect "a dry run past the cut" "invalid_spec $cut_msg" "$(api POST '/v1/services?dry_run=1' "$(podc c4)" | json 'd["error"]["code"] + " " + d["error"]["message"]')"
+expect "a submit past the cut" "invalid_spec $cut_msg" "$(api POST /v1/services "$(podc c4)" | json 'd["error"]["code"] + " " + d["error"]["message"]')"
+expect "not admitted" 404 "$(curl -s -o /dev/null -w '%{http_code}' --unix-socket "$S" http://x/v1/services/pod-c4)"
+expect "a retry of a pod already held counts once" loading "$(api POST /v1/services "$(podc c1)" | json 'd["state"]')"
+expect "services that are not pods are not the kubelet's" loading "$(api POST /v1/services '{"id":"plain","class":"batch","vram":"80000MiB","gpus":1}' | json 'd["state"]')"
 out=$(timeout 20 $PY "$SI" watch "$KD" | head -1)
 expect "the cut list fits kubelet's 4 MiB" "devices 260965 healthy=260965 unique=260965 maxlen=4" "$(cut -d' ' -f1-5 <<<"$out")"
 echo "  $out"

@@ -6,9 +6,14 @@ tests/integration/test_deviceplugin.sh: no cluster needed.
                        does, first removes the other sockets in DIR); prints one line a Register
   watch DIR            ListAndWatch on DIR/oversub.sock: one line per list it streams
   options DIR          GetDevicePluginOptions
-  prestart DIR         PreStartContainer
+  prestart DIR [PREFIX N [SECONDS]]
+                       PreStartContainer for the IDs PREFIX0 .. PREFIX<N-1> (default: one ID,
+                       "a"), waiting up to SECONDS (10; the kubelet's is 30): "prestart ok", or
+                       "prestart CODE message"
   preferred DIR SIZE ID... GetPreferredAllocation from the IDs given
-  allocate DIR N...    Allocate, one container per N (that many device IDs): a JSON line
+  allocate DIR [--prefix P] N...
+                       Allocate, one container per N (that many device IDs, named P0, P1, ...
+                       across the request; P is "d" by default): a JSON line
   raw DIR METHOD HEX   a unary call with the bytes given as the request: the status
 
 Debian's python3-grpcio and python3-grpc-tools (the .proto is compiled at start, into a
@@ -62,8 +67,8 @@ def serve(d):
 
     class Reg(pbg.RegistrationServicer):
         def Register(self, req, ctx):
-            say("register version=%s endpoint=%s resource=%s" %
-                (req.version, req.endpoint, req.resource_name))
+            say("register version=%s endpoint=%s resource=%s pre_start=%d" %
+                (req.version, req.endpoint, req.resource_name, req.options.pre_start_required))
             return pb.Empty()
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
@@ -105,9 +110,18 @@ def main():
         say("options pre_start=%d preferred=%d" %
             (o.pre_start_required, o.get_preferred_allocation_available))
     elif cmd == "prestart":
-        pbg.DevicePluginStub(channel(d)).PreStartContainer(
-            pb.PreStartContainerRequest(devices_ids=["a"]), timeout=10)
-        say("prestart ok")
+        ids = ["a"]
+        wait = 10.0
+        if len(sys.argv) > 4:
+            ids = ["%s%d" % (sys.argv[3], i) for i in range(int(sys.argv[4]))]
+        if len(sys.argv) > 5:
+            wait = float(sys.argv[5])
+        try:
+            pbg.DevicePluginStub(channel(d)).PreStartContainer(
+                pb.PreStartContainerRequest(devices_ids=ids), timeout=wait)
+            say("prestart ok")
+        except grpc.RpcError as e:
+            say("prestart %s %s" % (e.code().name, e.details()))
     elif cmd == "preferred":
         size, ids = int(sys.argv[3]), sys.argv[4:]
         r = pbg.DevicePluginStub(channel(d)).GetPreferredAllocation(
@@ -119,8 +133,11 @@ def main():
     elif cmd == "allocate":
         req = pb.AllocateRequest()
         n0 = 0
-        for n in map(int, sys.argv[3:]):
-            req.container_requests.add(devices_ids=["d%d" % i for i in range(n0, n0 + n)])
+        args, prefix = sys.argv[3:], "d"
+        if args[:1] == ["--prefix"]:
+            prefix, args = args[1], args[2:]
+        for n in map(int, args):
+            req.container_requests.add(devices_ids=["%s%d" % (prefix, i) for i in range(n0, n0 + n)])
             n0 += n
         try:
             r = pbg.DevicePluginStub(channel(d)).Allocate(req, timeout=10)
