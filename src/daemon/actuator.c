@@ -1536,7 +1536,7 @@ static void post_directive(struct osubd *d, const osub_event_t *ev, const char *
         if (strcmp(w->id, ev->service) == 0)
             waiter_reply(w, true);
     }
-    osubd_pods_directive(d, ev->service, action);
+    osubd_pods_directive(d, ev->service, action, ev->cause);
     const char *url = json_string_value(json_object_get(x, "control_url"));
     if (url != NULL) {
         struct hook *h = calloc(1, sizeof(*h));

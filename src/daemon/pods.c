@@ -14,15 +14,19 @@
 #include "daemon.h"
 #include "kubeapi.h"
 
-#define RETRY_MS 5000  /* an eviction refused (a disruption budget, the API down): asked again */
-#define WATCH_MS 1000  /* an evicted pod: looked at this often until it is gone */
-#define SWEEP_MS 10000 /* every pod service: is its pod still there, and still running? */
+#define RETRY_MS 5000    /* an eviction refused (a disruption budget, the API down): asked again */
+#define WATCH_MS 1000    /* an evicted pod: looked at this often until it is gone */
+#define SWEEP_MS 10000   /* every pod service: is its pod still there, and still running? */
+#define UNBOUND_MS 60000 /* a pod reserved here and still bound nowhere after this: released */
 
 struct osubd_pods {
     struct osub_kube *kube;
-    json_t *evicting; /* service id -> {"ns", "name", "uid", "grace", "state": asking|gone?} */
+    /* service id -> {"ns", "name", "uid", "grace", "state", "cause"?}: state held (until the pod
+     * it makes room for is bound here), asking, retry, evicted */
+    json_t *evicting;
     struct event *tick;
     int64_t sweep_at;
+    int64_t unbound_ms; /* UNBOUND_MS, or $OSUB_POD_UNBOUND_MS (a test knob) */
     json_t *sweeping; /* ids whose GET is in flight */
     uint64_t asked, accepted, blocked, failed, gone;
 };
@@ -32,6 +36,7 @@ struct ask {
     char id[OSUB_ID_MAX + 1];
     bool watch; /* a GET of the pod, not an eviction */
     bool sweep; /* a GET of the sweep: the pod was not being evicted */
+    bool cause; /* a GET of the pod a held eviction makes room for */
 };
 
 /* The pod of a service is gone (or done): an evicted one has exited; any other is released. */
@@ -53,6 +58,53 @@ static void release_pod(struct osubd *d, const char *id, const char *why)
 
 static void send_eviction(struct osubd *d, const char *id);
 static void on_answer(void *arg, long status, const char *body, size_t len, const char *error);
+
+/* A held eviction: is the pod it makes room for bound here yet? Bound: the eviction goes.
+ * Gone (its Binding failed, it was deleted): the eviction is dropped and the victim's pod
+ * keeps running, counted as leaving until it ends. Not yet: asked again next tick. */
+static void cause_answer(struct osubd *d, const char *id, long status, const char *body, size_t len)
+{
+    json_t *e = json_object_get(d->pods->evicting, id);
+    if (e == NULL)
+        return;
+    json_object_set_new(e, "state", json_string("held"));
+    const char *cause = json_string_value(json_object_get(e, "cause"));
+    const json_t *ck = cause ? osubd_act_kube(d, cause) : NULL;
+    if (ck == NULL)
+        return; /* the tick drops it */
+    json_t *j = status == 200 ? json_loadb(body, len, 0, NULL) : NULL;
+    const char *uid = json_string_value(json_object_get(json_object_get(j, "metadata"), "uid"));
+    const char *on = json_string_value(json_object_get(json_object_get(j, "spec"), "nodeName"));
+    const char *want_uid = json_string_value(json_object_get(ck, "uid"));
+    const char *want_node = json_string_value(json_object_get(ck, "node"));
+    bool same = uid != NULL && want_uid != NULL && strcmp(uid, want_uid) == 0;
+    if (same && on != NULL && want_node != NULL && strcmp(on, want_node) == 0) {
+        osubd_note(d, id, "pod", "evict-release",
+                   "%s: pod %s/%s is bound here: its victim's eviction goes", id,
+                   json_string_value(json_object_get(ck, "namespace")),
+                   json_string_value(json_object_get(ck, "name")));
+        send_eviction(d, id);
+    } else if (status == 404 || (status == 200 && !same) || (same && on != NULL && on[0] != '\0')) {
+        osubd_note(d, id, "pod", "evict-dropped",
+                   "%s: its eviction is not sent: pod %s/%s, which it was to make room for, is "
+                   "not bound here (%s); %s keeps running, counted as leaving until it ends",
+                   id, json_string_value(json_object_get(ck, "namespace")),
+                   json_string_value(json_object_get(ck, "name")),
+                   status == 404 ? "deleted"
+                   : !same       ? "replaced"
+                                 : "bound elsewhere",
+                   id);
+        json_object_del(d->pods->evicting, id);
+    }
+    json_decref(j);
+}
+
+static bool unbound_too_long(struct osubd *d, const char *id)
+{
+    osub_service_info_t si;
+    return osub_engine_service_info(d->e, id, &si) == 0 &&
+           osubd_engine_now(d) - si.submitted_ms > d->pods->unbound_ms;
+}
 
 /* The sweep's answer about a pod that was not being evicted: deleted (404), replaced (another
  * UID), or finished (Succeeded, Failed: its containers are gone) releases its service. */
@@ -76,6 +128,11 @@ static void sweep_answer(struct osubd *d, const char *id, long status, const cha
     else if (status == 200 && now_uid != NULL && uid != NULL && strcmp(now_uid, uid) != 0)
         snprintf(why, sizeof(why), "pod %s/%s is another pod now (UID %s): released", ns, name,
                  now_uid);
+    else if (status == 200 && (on == NULL || on[0] == '\0') && unbound_too_long(d, id))
+        snprintf(why, sizeof(why),
+                 "pod %s/%s is still bound nowhere %d s after its reservation here (its Binding "
+                 "failed or was never made): released",
+                 ns, name, (int)(d->pods->unbound_ms / 1000));
     else if (status == 200 && on != NULL && on[0] != '\0' && mine != NULL && strcmp(on, mine) != 0)
         snprintf(why, sizeof(why), "pod %s/%s is bound to node %s, not here: released", ns, name,
                  on);
@@ -126,6 +183,12 @@ static void on_answer(void *arg, long status, const char *body, size_t len, cons
     if (a->sweep) {
         if (status >= 0)
             sweep_answer(d, a->id, status, body, len);
+        free(a);
+        return;
+    }
+    if (a->cause) {
+        if (status >= 0)
+            cause_answer(d, a->id, status, body, len);
         free(a);
         return;
     }
@@ -222,7 +285,35 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
             continue;
         }
         const char *st = json_string_value(json_object_get(e, "state"));
-        if (st != NULL && strcmp(st, "retry") == 0 && now >= retry_at) {
+        if (st != NULL && strcmp(st, "held") == 0) {
+            const char *cause = json_string_value(json_object_get(e, "cause"));
+            const json_t *ck = cause ? osubd_act_kube(d, cause) : NULL;
+            osub_service_info_t ci;
+            if (ck == NULL || osub_engine_service_info(d->e, cause, &ci) != 0) {
+                osubd_note(d, id, "pod", "evict-dropped",
+                           "%s: its eviction is not sent: %s, which it was to make room for, was "
+                           "released before its pod was bound here; %s keeps running, counted "
+                           "as leaving until it ends",
+                           id, cause ? cause : "?", id);
+                json_object_del(d->pods->evicting, id);
+                continue;
+            }
+            struct ask *a = calloc(1, sizeof(*a));
+            char path[600];
+            snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s",
+                     json_string_value(json_object_get(ck, "namespace")),
+                     json_string_value(json_object_get(ck, "name")));
+            if (a == NULL)
+                continue;
+            a->d = d;
+            a->cause = true;
+            snprintf(a->id, sizeof(a->id), "%s", id);
+            json_object_set_new(e, "state", json_string("checking"));
+            if (osub_kube_request(d->pods->kube, "GET", path, NULL, on_answer, a) != 0) {
+                free(a);
+                json_object_set_new(e, "state", json_string("held"));
+            }
+        } else if (st != NULL && strcmp(st, "retry") == 0 && now >= retry_at) {
             send_eviction(d, id);
         } else if (st != NULL && strcmp(st, "evicted") == 0) {
             struct ask *a = calloc(1, sizeof(*a));
@@ -247,7 +338,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-void osubd_pods_directive(struct osubd *d, const char *id, const char *action)
+void osubd_pods_directive(struct osubd *d, const char *id, const char *action, const char *cause)
 {
     const json_t *k = osubd_act_kube(d, id);
     if (k == NULL || strcmp(action, "evict") != 0)
@@ -271,6 +362,21 @@ void osubd_pods_directive(struct osubd *d, const char *id, const char *action)
                   "state", "asking");
     if (e == NULL || json_object_set_new(d->pods->evicting, id, e) != 0)
         return;
+    /* made room for a pod: not before that pod is bound here (a bind whose Binding fails
+     * must not cost a running pod its life) */
+    const json_t *ck = cause != NULL && cause[0] ? osubd_act_kube(d, cause) : NULL;
+    if (ck != NULL) {
+        json_object_set_new(e, "state", json_string("held"));
+        json_object_set_new(e, "cause", json_string(cause));
+        osubd_note(d, id, "pod", "evict-held",
+                   "%s: eviction of pod %s/%s held until pod %s/%s, which it makes room for, is "
+                   "bound here",
+                   id, json_string_value(json_object_get(k, "namespace")),
+                   json_string_value(json_object_get(k, "name")),
+                   json_string_value(json_object_get(ck, "namespace")),
+                   json_string_value(json_object_get(ck, "name")));
+        return;
+    }
     send_eviction(d, id);
 }
 
@@ -286,6 +392,10 @@ int osubd_pods_init(struct osubd *d, char *err, size_t errlen)
         return -1;
     }
     d->pods = p;
+    p->unbound_ms = UNBOUND_MS;
+    const char *knob = getenv("OSUB_POD_UNBOUND_MS");
+    if (knob != NULL && atoll(knob) > 0)
+        p->unbound_ms = atoll(knob);
     struct osub_kube_opts o;
     osub_kube_opts_default(&o);
     const char *api = d->cfg.kube_api;

@@ -16,7 +16,9 @@ void osubd_pods_free(struct osubd *d);
 
 /* A directive for a service (degrade, restore, evict, resume): an eviction of a pod is asked of
  * the API server. */
-void osubd_pods_directive(struct osubd *d, const char *id, const char *action);
+/* cause: the service it makes room for ("" or NULL: none); a pod's eviction for another pod
+ * waits until that pod is bound to this node. */
+void osubd_pods_directive(struct osubd *d, const char *id, const char *action, const char *cause);
 
 /* oversub_pod_evictions_total and friends for /metrics. */
 void osubd_pods_metrics(struct osubd *d, struct evbuffer *b);

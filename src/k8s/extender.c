@@ -43,6 +43,7 @@ struct node {
 };
 
 #define NODE_INFLIGHT_MAX 8 /* more outstanding on one node: it is not keeping up */
+#define BIND_BUDGET_MS 4500 /* a bind answers inside kube-scheduler's 5 s */
 
 struct node_req;
 
@@ -697,8 +698,8 @@ static void ask_nodes(struct call *c)
     {
         struct node *n;
         struct ask *a;
-        if (c->verb != V_PREEMPT || (n = node_get(x, json_string_value(nm))) == NULL ||
-            (a = calloc(1, sizeof(*a))) == NULL)
+        if (c->verb != V_PREEMPT || !x->cfg.scheduler_counts_vram ||
+            (n = node_get(x, json_string_value(nm))) == NULL || (a = calloc(1, sizeof(*a))) == NULL)
             continue;
         a->c = c;
         snprintf(a->node, sizeof(a->node), "%s", json_string_value(nm));
@@ -1040,11 +1041,14 @@ static bool uid_in(const json_t *arr, const char *uid, const char *key)
     return false;
 }
 
-/* Per node: kube-scheduler's victims it chose for what it counts (CPU, memory...), less the
- * pods on oversub's GPUs that oversub says need not go (kube-scheduler cannot count oversold
- * memory), plus the pods oversub would evict there. A node where oversub would not start the
- * pod, or with no victim left, is dropped; a node oversub makes room on by degrading only is
- * counted apart (no pod of its need go). */
+/* Per node: where oversub would not start the pod, the node is dropped. Where it would, the
+ * victims kube-scheduler chose stand: with ignoredByScheduler (the shipped configuration) they
+ * were chosen for what kube-scheduler counts itself (CPU, memory), and oversub's own victims
+ * are evicted by the node at bind, degrade first, with their grace and their disruption budgets
+ * (kube-scheduler would merely delete them). With --scheduler-counts-vram, kube-scheduler also
+ * counted oversub.io/vram-mib itself, naively: its victims that are pods on oversub's GPUs and
+ * that oversub would not evict are spared. A node left with no victim is dropped; nodes oversub
+ * makes room on by degrading only are counted apart. */
 static void finish_preempt(struct call *c)
 {
     struct osub_ext *x = c->x;
@@ -1058,45 +1062,42 @@ static void finish_preempt(struct call *c)
         json_t *sched = proposed_uids(v);
         json_t *pods = json_array();
         int64_t pdb = json_integer_value(osub_json_get_ci(v, "NumPDBViolations"));
-        if (c->spec == NULL && !c->bad_pod[0]) {
-            /* the pod asks nothing of oversub: kube-scheduler's choice stands */
+        bool keep_all = c->spec == NULL && !c->bad_pod[0]; /* asks nothing of oversub */
+        json_t *d = json_object_get(c->answers, name);
+        char why[512] = "";
+        if (!keep_all && !c->bad_pod[0] && verdict(d, why, sizeof(why)) == 1) {
+            size_t k, evictions = 0;
+            json_t *u;
+            json_array_foreach(json_object_get(d, "victims"), k, u) evictions += is_evict(u);
+            if (evictions == 0 && json_array_size(json_object_get(d, "victims")) > 0)
+                degrade_only++;
+            json_t *held = x->cfg.scheduler_counts_vram ? json_object_get(c->held, name) : NULL;
+            json_array_foreach(sched, k, u)
+            {
+                const char *uid = json_string_value(u);
+                bool oversub_evicts = false;
+                size_t j;
+                json_t *w;
+                json_array_foreach(json_object_get(d, "victims"), j, w)
+                {
+                    const char *pu = json_string_value(json_object_get(w, "pod_uid"));
+                    oversub_evicts = oversub_evicts || (is_evict(w) && pu && strcmp(pu, uid) == 0);
+                }
+                if (held != NULL && uid_in(held, uid, NULL) && !oversub_evicts) {
+                    spared++; /* on oversub's GPUs, and oversub says it need not go */
+                    continue;
+                }
+                json_array_append_new(pods, json_pack("{s:O}", "UID", u));
+            }
+        } else if (keep_all) {
             size_t k;
             json_t *u;
             json_array_foreach(sched, k, u)
                 json_array_append_new(pods, json_pack("{s:O}", "UID", u));
-        } else if (!c->bad_pod[0]) {
-            json_t *d = json_object_get(c->answers, name);
-            char why[512];
-            json_t *held = json_object_get(c->held, name); /* oversub's pods there, or NULL */
-            if (verdict(d, why, sizeof(why)) == 1) {
-                size_t k, evictions = 0;
-                json_t *u;
-                json_array_foreach(sched, k, u)
-                {
-                    if (held != NULL && uid_in(held, json_string_value(u), NULL)) {
-                        spared++; /* on oversub's GPUs: oversub decides whether it goes */
-                        continue;
-                    }
-                    json_array_append_new(pods, json_pack("{s:O}", "UID", u));
-                }
-                json_array_foreach(json_object_get(d, "victims"), k, u)
-                {
-                    if (!is_evict(u))
-                        continue;
-                    evictions++;
-                    const char *uid = json_string_value(json_object_get(u, "pod_uid"));
-                    if (uid != NULL && !uid_in(pods, uid, "UID"))
-                        json_array_append_new(pods, json_pack("{s:s}", "UID", uid));
-                }
-                if (evictions == 0 && json_array_size(json_object_get(d, "victims")) > 0)
-                    degrade_only++;
-            } else {
-                logf_("oversub-scheduler: preempt %s: %s dropped: %s", c->pod_name, name, why);
-            }
+        } else if (why[0]) {
+            logf_("oversub-scheduler: preempt %s: %s dropped: %s", c->pod_name, name, why);
         }
         if (json_array_size(pods) > 0) {
-            /* kube-scheduler's count of budget violations among its victims: an upper bound
-             * for what is kept of them */
             json_object_set_new(
                 out, name,
                 json_pack("{s:o, s:I}", "Pods", pods, "NumPDBViolations", (json_int_t)pdb));
@@ -1155,6 +1156,8 @@ static void release_on_node(struct call *c)
         return;
     }
     struct node *n = node_get(c->x, c->bind_node);
+    if (n != NULL)
+        n->gen++; /* what was cached while the reservation held is stale again */
     char path[200];
     snprintf(path, sizeof(path), "/v1/services/%s",
              json_string_value(json_object_get(c->spec, "id")));
@@ -1173,6 +1176,13 @@ static void bind_fail(struct call *c, const char *fmt, ...)
     c->x->binds_failed++;
     logf_("oversub-scheduler: bind %s to %s failed: %s", c->pod_name, c->bind_node, msg);
     call_done(c, 200, json_pack("{s:s}", "Error", msg));
+}
+
+/* What is left of a bind's budget for its next API request (at least 100 ms). */
+static long bind_left_ms(const struct call *c)
+{
+    long left = (long)(BIND_BUDGET_MS - (mono_s() - c->started) * 1000.0);
+    return left < 100 ? 100 : left;
 }
 
 static void bound_ok(struct call *c)
@@ -1197,8 +1207,9 @@ static void on_binding_check(void *arg, long status, const char *body, size_t le
     json_t *pod = status == 200 ? json_loadb(body, len, 0, NULL) : NULL;
     const char *uid = json_string_value(json_object_get(json_object_get(pod, "metadata"), "uid"));
     const char *node = json_string_value(json_object_get(json_object_get(pod, "spec"), "nodeName"));
-    bool bound =
-        uid != NULL && node != NULL && strcmp(uid, c->uid) == 0 && strcmp(node, c->bind_node) == 0;
+    bool seen = pod != NULL && uid != NULL; /* the pod was read: its binding is known */
+    bool same = seen && strcmp(uid, c->uid) == 0;
+    bool bound = same && node != NULL && strcmp(node, c->bind_node) == 0;
     json_decref(pod);
     if (bound) {
         logf_("oversub-scheduler: the Binding of %s went through though its answer was lost",
@@ -1206,11 +1217,21 @@ static void on_binding_check(void *arg, long status, const char *body, size_t le
         bound_ok(c);
         return;
     }
-    release_on_node(c);
+    if (status == 404 ||
+        (seen && (!same || node == NULL || node[0] == '\0' || strcmp(node, c->bind_node) != 0))) {
+        release_on_node(c);
+        bind_fail(c,
+                  "the Binding's answer was lost (%s) and the pod is not bound to %s; the "
+                  "reservation is released",
+                  error ? error : "an error", c->bind_node);
+        return;
+    }
+    /* neither answer came: whether it is bound is unknown, so the reservation stays (the node
+     * releases it once the pod is seen bound nowhere, or elsewhere) */
     bind_fail(c,
-              "the Binding's answer was lost (%s) and the pod is not bound to %s; the reservation "
-              "is released",
-              error ? error : "an error", c->bind_node);
+              "the Binding's outcome is unknown (%s, and the pod could not be read); the "
+              "reservation on %s is kept until its node sees where the pod went",
+              error ? error : "no answer", c->bind_node);
 }
 
 static void on_binding(void *arg, long status, const char *body, size_t len, const char *error)
@@ -1223,7 +1244,8 @@ static void on_binding(void *arg, long status, const char *body, size_t len, con
     if (status == 0 || status >= 500) {
         char path[600];
         snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s", c->bind_ns, c->bind_name);
-        if (osub_kube_request(c->x->kube, "GET", path, NULL, on_binding_check, c) == 0)
+        if (osub_kube_request_within(c->x->kube, "GET", path, NULL, bind_left_ms(c),
+                                     on_binding_check, c) == 0)
             return;
     }
     if (status == 201 || status == 200) {
@@ -1283,7 +1305,8 @@ static void on_submit(void *arg, int code, json_t *body, const char *why)
     json_decref(binding);
     char path[600];
     snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s/binding", c->bind_ns, c->bind_name);
-    if (text == NULL || osub_kube_request(x->kube, "POST", path, text, on_binding, c) != 0) {
+    if (text == NULL || osub_kube_request_within(x->kube, "POST", path, text, bind_left_ms(c),
+                                                 on_binding, c) != 0) {
         free(text);
         release_on_node(c);
         bind_fail(c, "out of memory");
@@ -1295,6 +1318,11 @@ static void on_submit(void *arg, int code, json_t *body, const char *why)
 static void bind_submit(struct call *c)
 {
     struct osub_ext *x = c->x;
+    if (mono_s() - c->started > BIND_BUDGET_MS / 1000.0) {
+        bind_fail(c, "the API server took the bind's %d ms before the node could be asked",
+                  BIND_BUDGET_MS);
+        return;
+    }
     struct node *n = node_get(x, c->bind_node);
     if (n == NULL) {
         bind_fail(c, "no oversubd known on node %s", c->bind_node);
@@ -1393,7 +1421,7 @@ static void do_bind(struct call *c)
      * nowhere yet, before any node reserves (and evicts) for it */
     char path[600];
     snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s", c->bind_ns, name);
-    if (osub_kube_request(x->kube, "GET", path, NULL, on_pod_read, c) != 0)
+    if (osub_kube_request_within(x->kube, "GET", path, NULL, bind_left_ms(c), on_pod_read, c) != 0)
         bind_fail(c, "out of memory");
 }
 

@@ -25,6 +25,7 @@ struct osub_ext_config {
     bool kube_nodes;          /* nodes from the Node objects' oversub.io/url annotation */
     struct osub_kube_opts kube_opts;
     struct osub_pod_policy policy;
+    bool scheduler_counts_vram; /* kube-scheduler counts oversub.io/vram-mib too (not ignored) */
 };
 
 struct osub_ext;

@@ -17,6 +17,7 @@ struct kreq {
     char *path, *body;
     osub_kube_cb cb;
     void *arg;
+    long timeout_ms; /* this request's, 0: the client's */
     long status;
     char *answer;
     size_t len, cap;
@@ -95,8 +96,9 @@ static void perform(struct osub_kube *k, CURL *c, struct kreq *r)
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, r->method);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, k->o.timeout_ms);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, k->o.timeout_ms);
+    long t = r->timeout_ms > 0 && r->timeout_ms < k->o.timeout_ms ? r->timeout_ms : k->o.timeout_ms;
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, t);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, t);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, r);
     curl_easy_setopt(c, CURLOPT_ERRORBUFFER, r->error);
@@ -301,9 +303,16 @@ const char *osub_kube_api(const struct osub_kube *k)
 int osub_kube_request(struct osub_kube *k, const char *method, const char *path, const char *body,
                       osub_kube_cb cb, void *arg)
 {
+    return osub_kube_request_within(k, method, path, body, 0, cb, arg);
+}
+
+int osub_kube_request_within(struct osub_kube *k, const char *method, const char *path,
+                             const char *body, long timeout_ms, osub_kube_cb cb, void *arg)
+{
     struct kreq *r = calloc(1, sizeof(*r));
     if (r == NULL)
         return -1;
+    r->timeout_ms = timeout_ms;
     snprintf(r->method, sizeof(r->method), "%s", method);
     r->path = strdup(path);
     r->body = body ? strdup(body) : NULL;

@@ -37,6 +37,10 @@ typedef void (*osub_kube_cb)(void *arg, long status, const char *body, size_t le
 int osub_kube_request(struct osub_kube *k, const char *method, const char *path, const char *body,
                       osub_kube_cb cb, void *arg);
 
+/* The same, within timeout_ms (at most the client's own; 0: the client's). */
+int osub_kube_request_within(struct osub_kube *k, const char *method, const char *path,
+                             const char *body, long timeout_ms, osub_kube_cb cb, void *arg);
+
 /* Requests sent and answers by class (0: none, 2: 2xx, 4: 4xx, 5: 5xx). */
 void osub_kube_counts(const struct osub_kube *k, unsigned long counts[6]);
 

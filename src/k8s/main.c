@@ -42,6 +42,9 @@ static void usage(FILE *f)
             "                         this spec.priority (1000) ...\n"
             "  --batch-priority N     ... batch from this one (0), experiment below\n"
             "  --node-timeout MS      how long one oversubd may take (2000)\n"
+            "  --scheduler-counts-vram  kube-scheduler counts oversub.io/vram-mib too\n"
+            "                         (ignoredByScheduler: false): preempt spares its victims\n"
+            "                         on oversub's GPUs that oversub would not evict\n"
             "  --cache-ms MS          a node's answer for a pod is reused this long (10000)\n"
             "  --pool-refresh-ms MS   each node's pool is read this often (5000)\n"
             "  --help, --version\n");
@@ -71,7 +74,19 @@ int main(int argc, char **argv)
 {
     struct osub_ext_config cfg;
     osub_ext_config_default(&cfg);
-    enum { O_KAPI = 256, O_KTOK, O_KCA, O_KNODES, O_ONLINE, O_BATCH, O_NT, O_CACHE, O_POOL, O_KT };
+    enum {
+        O_KAPI = 256,
+        O_KTOK,
+        O_KCA,
+        O_KNODES,
+        O_ONLINE,
+        O_BATCH,
+        O_NT,
+        O_CACHE,
+        O_POOL,
+        O_KT,
+        O_SCV
+    };
     static const struct option opts[] = {{"listen", required_argument, NULL, 'l'},
                                          {"node", required_argument, NULL, 'n'},
                                          {"kube-nodes", no_argument, NULL, O_KNODES},
@@ -79,6 +94,7 @@ int main(int argc, char **argv)
                                          {"kube-token-file", required_argument, NULL, O_KTOK},
                                          {"kube-ca-file", required_argument, NULL, O_KCA},
                                          {"kube-timeout-ms", required_argument, NULL, O_KT},
+                                         {"scheduler-counts-vram", no_argument, NULL, O_SCV},
                                          {"token-file", required_argument, NULL, 't'},
                                          {"online-priority", required_argument, NULL, O_ONLINE},
                                          {"batch-priority", required_argument, NULL, O_BATCH},
@@ -128,6 +144,9 @@ int main(int argc, char **argv)
             break;
         case O_KCA:
             snprintf(cfg.kube_opts.ca_file, sizeof(cfg.kube_opts.ca_file), "%s", optarg);
+            break;
+        case O_SCV:
+            cfg.scheduler_counts_vram = true;
             break;
         case O_KT:
             if (num("--kube-timeout-ms", optarg, 100, 60000, &v) != 0)

@@ -304,16 +304,17 @@ cat "$tmp"/log.[0-9]* >"$tmp/all"
 total=$(wc -l <"$tmp/all")
 echo "answers: $(awk '{print $2}' "$tmp/all" | sort | uniq -c | awk '{printf "%s x%s  ", $2, $1}')"
 # "kind code curl-rc id type round-flag": curl 7 refused (the daemon was gone), 28 no answer in
-# 10 s, 52/56 closed without an answer, 18 an answer cut short; a code of 000 otherwise is not HTTP
+# 10 s, 52/56 closed without an answer, 55 closed while the request was still being sent, 18 an
+# answer cut short; a code of 000 otherwise is not HTTP
 hung=$(awk '$3 == 28' "$tmp/all" | wc -l)
-dropped=$(awk '($3 == 52 || $3 == 56 || $3 == 18) && $6 == "alive"' "$tmp/all" | wc -l)
-cut=$(awk '($3 == 52 || $3 == 56 || $3 == 18) && $6 == "gone"' "$tmp/all" | wc -l)
+dropped=$(awk '($3 == 52 || $3 == 55 || $3 == 56 || $3 == 18) && $6 == "alive"' "$tmp/all" | wc -l)
+cut=$(awk '($3 == 52 || $3 == 55 || $3 == 56 || $3 == 18) && $6 == "gone"' "$tmp/all" | wc -l)
 refused=$(awk '$3 == 7' "$tmp/all" | wc -l)
-other=$(awk '$2 == "000" && $3 != 7 && $3 != 28 && $3 != 52 && $3 != 56 && $3 != 18' "$tmp/all" | wc -l)
+other=$(awk '$2 == "000" && $3 != 7 && $3 != 28 && $3 != 52 && $3 != 55 && $3 != 56 && $3 != 18' "$tmp/all" | wc -l)
 echo "requests: $total; dropped connections: $dropped (daemon alive) + $cut (daemon exiting); refused (daemon gone): $refused; timed out: $hung; crashes: $crashes; clean exits: $exits; restarts: $restarts; allocator: ${stats:-no stats}"
-[ "$dropped" -gt 0 ] && echo "NOTE: $dropped connections closed without an answer by a daemon that lived on: $(awk '($3 == 52 || $3 == 56 || $3 == 18) && $6 == "alive" {print $1}' "$tmp/all" | sort | uniq -c | tr '\n' ' ')"
+[ "$dropped" -gt 0 ] && echo "NOTE: $dropped connections closed without an answer by a daemon that lived on: $(awk '($3 == 52 || $3 == 55 || $3 == 56 || $3 == 18) && $6 == "alive" {print $1}' "$tmp/all" | sort | uniq -c | tr '\n' ' ')"
 [ "$hung" -eq 0 ] && ok || bad "$hung requests got no answer in 10 s: $(awk '$3 == 28 {print $1}' "$tmp/all" | sort | uniq -c | tr '\n' ' ')"
-[ "$other" -eq 0 ] && ok || bad "$other answers were not HTTP: $(awk '$2 == "000" && $3 != 7 && $3 != 28 && $3 != 52 && $3 != 56 && $3 != 18' "$tmp/all" | head -5 | tr '\n' ';')"
+[ "$other" -eq 0 ] && ok || bad "$other answers were not HTTP: $(awk '$2 == "000" && $3 != 7 && $3 != 28 && $3 != 52 && $3 != 55 && $3 != 56 && $3 != 18' "$tmp/all" | head -5 | tr '\n' ';')"
 for w in $(ls "$tmp"/weird.* 2>/dev/null | head -3); do echo "--- an answer without a status line ($w): $(head -c 300 "$w" | tr -c '[:print:]' '.')"; done
 w400=$(awk '$2 == 400 && $5 == "json" && $1 != "badjson" && $1 != "badfield"' "$tmp/all")
 [ -n "$w400" ] && echo "NOTE: $(echo "$w400" | wc -l) well-formed requests answered 400 by oversubd (an allocation failure reported as the client's error?): $(echo "$w400" | awk '{print $1}' | sort | uniq -c | tr '\n' ' ')"

@@ -12,6 +12,8 @@ options, the bearer token); every request is recorded and read back with GET /_l
                                                        429 when a PodDisruptionBudget blocks it
   DELETE /api/v1/namespaces/NS/pods/NAME               200
   POST /_pods {pod}      adds or replaces a pod        POST /_fail {"binding": 409, "eviction": 429}
+  POST /_fail {"hang": {"binding": S, "get": S, "get_bound": S}}: a Binding applied, then its
+                         answer held S seconds; a pod GET (of a bound pod) held S seconds
   GET  /_log             the recorded requests         POST /_gone {"namespace","name"}: pod deleted
 """
 import argparse
@@ -19,6 +21,7 @@ import json
 import re
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 lock = threading.Lock()
@@ -98,6 +101,10 @@ class H(BaseHTTPRequestHandler):
         with lock:
             pod = pods.get((ns, name))
         if sub is None and method == "GET":
+            if fail.get("hang", {}).get("get"):
+                time.sleep(fail["hang"]["get"])
+            if fail.get("hang", {}).get("get_bound") and pod and pod.get("spec", {}).get("nodeName"):
+                time.sleep(fail["hang"]["get_bound"])
             if pod is None:
                 return self.status(404, "NotFound", 'pods "%s" not found' % name)
             return self.send(200, pod)
@@ -121,6 +128,8 @@ class H(BaseHTTPRequestHandler):
             if pod is not None:
                 with lock:
                     pod.setdefault("spec", {})["nodeName"] = b["target"]["name"]
+            if fail.get("hang", {}).get("binding"):
+                time.sleep(fail["hang"]["binding"])  # applied, its answer lost
             return self.send(201, {"kind": "Status", "status": "Success", "code": 201})
         if sub == "/eviction" and method == "POST":
             ok = (isinstance(b, dict) and b.get("apiVersion") == "policy/v1"

@@ -133,7 +133,8 @@ def main():
             f.write("kubernetes_api: %s\nkubernetes_token_file: %s\nkubernetes_node: %s\n"
                     % (api, tokf, n))
         _, url = start([oversubd, "--config", cfg, "--listen", "127.0.0.1:0", "--state",
-                        os.path.join(TMP, n + ".db"), "--socket", "", "--gpus", pool], n)
+                        os.path.join(TMP, n + ".db"), "--socket", "", "--gpus", pool], n,
+                       env=dict(os.environ, OSUB_POD_UNBOUND_MS="4000"))
         nodes[n] = url
     ext_args = [ext_bin, "--listen", "127.0.0.1:0", "--kube-api", api, "--kube-token-file", tokf,
                 "--kube-ca-file", "", "--pool-refresh-ms", "200"]
@@ -262,33 +263,38 @@ def main():
     check("prioritize reused filter's answers", "oversub_extender_node_cached_total" in mt and
           int([l for l in mt.splitlines() if l.startswith("oversub_extender_node_cached_total")][0].split()[1]) >= 2, "")
 
-    # -- preempt: on oversub's GPUs only oversub's victims; degrade-only nodes told apart ---
-    # kube-scheduler proposes, on node-a, train-a (a pod on oversub's GPUs) and a CPU hog
-    # (uid 77, no pod of oversub's); on node-b, train-b (oversub's; it only needs a degrade)
+    # -- preempt: kube-scheduler's victims stand where oversub starts the pod ----------------
+    # kube-scheduler proposes, on node-a, train-a (a pod on oversub's GPUs, which oversub would
+    # evict) and a CPU hog (uid 77, no pod of oversub's); on node-b, train-b (oversub's; oversub
+    # only needs to degrade it)
     pa = json.loads(json.dumps(fixture("preempt_meta.json")))
     pa["Pod"] = p
-    pa["NodeNameToMetaVictims"] = {
+    victims = {
         "node-a": {"Pods": [{"UID": uid(1)}, {"UID": uid(77)}], "NumPDBViolations": 1},
         "node-b": {"Pods": [{"UID": uid(2)}], "NumPDBViolations": 0},
+        "node-nogpu": {"Pods": [{"UID": uid(78)}], "NumPDBViolations": 0},
     }
+    pa["NodeNameToMetaVictims"] = victims
     code, pr = http("POST", ext + "/preempt", pa)
     check("preempt: reply key", code == 200 and "NodeNameToMetaVictims" in pr, pr)
     mv = pr.get("NodeNameToMetaVictims", {})
-    check("preempt: node-a keeps kube-scheduler's CPU hog and oversub's victim (train-a)",
-          sorted(x["UID"] for x in mv.get("node-a", {}).get("Pods", [])) == sorted([uid(1), uid(77)]), mv)
-    check("preempt: NumPDBViolations is kube-scheduler's (an upper bound), never forced to 0",
-          mv.get("node-a", {}).get("NumPDBViolations") == 1, mv)
+    check("preempt (ignoredByScheduler): kube-scheduler's victims stand where oversub starts the pod",
+          mv.get("node-a") == victims["node-a"] and mv.get("node-b") == victims["node-b"], mv)
+    check("preempt: a node where oversub would not start the pod is dropped", "node-nogpu" not in mv, mv)
     check("preempt: every node listed has at least one victim",
           all(len(v["Pods"]) >= 1 for v in mv.values()), mv)
-    check("preempt: on the degrade-only node, oversub's pod is spared: the node is dropped",
-          "node-b" not in mv, mv)
-    # a hog alone on node-a (oversub's own victim added to it)
-    pa["NodeNameToMetaVictims"] = {"node-a": {"Pods": [{"UID": uid(77)}], "NumPDBViolations": 0}}
-    code, pr = http("POST", ext + "/preempt", pa)
-    check("preempt: oversub's victim is added to kube-scheduler's", sorted(
-        x["UID"] for x in pr["NodeNameToMetaVictims"].get("node-a", {}).get("Pods", [])) == sorted([uid(1), uid(77)]), pr)
-    _, extlog = None, open(os.path.join(TMP, "extender.log")).read()
+    extlog = open(os.path.join(TMP, "extender.log")).read()
     check("preempt: the degrade-only node is told apart in the log", "1 degrade-only" in extlog, extlog[-400:])
+    check("preempt: and why node-nogpu was dropped", "node-nogpu dropped: no oversubd known" in extlog, extlog[-600:])
+    # kube-scheduler counting oversub.io/vram-mib itself: its victims on oversub's GPUs that
+    # oversub would not evict are spared
+    _, ext4 = start(ext_args[:3] + ["--scheduler-counts-vram"] + ext_args[3:], "extender4")
+    code, pr = http("POST", ext4 + "/preempt", pa)
+    mv = pr.get("NodeNameToMetaVictims", {})
+    check("preempt (counts vram): oversub's own victim and the hog kept on node-a",
+          sorted(x["UID"] for x in mv.get("node-a", {}).get("Pods", [])) == sorted([uid(1), uid(77)]), mv)
+    check("preempt (counts vram): train-b, which oversub only degrades, spared: node-b dropped",
+          "node-b" not in mv, mv)
 
     # -- bind with victims: node-a evicts train-a through the Eviction API -----------------
     http("POST", api + "/_pods", p)
@@ -332,6 +338,59 @@ def main():
     check("the node says why: the disruption budget", "disruption budget" in nb, nb[-500:])
     http("POST", api + "/_fail", {})
 
+    # -- a bind whose Binding fails costs its victim nothing ----------------------------------
+    http("POST", api + "/_fail", {})
+    va = pod("train-d", uid(20), 30000, cls="batch", grace=2)
+    r, (code, br) = filter_bind(va, "node-a", ("node-a",))
+    check("bind train-d on node-a", br == {"Error": ""}, br)
+    before = len([e for e in http("GET", api + "/_log")[1] if e["path"].endswith("/train-d/eviction")])
+    http("POST", api + "/_fail", {"binding": 409})
+    pd = pod("chat-d", uid(21), 20000, cls="online", prio=100000)
+    r, (code, br) = filter_bind(pd, "node-a", ("node-a",))
+    check("the Binding refused: the bind fails", "refused the Binding" in br.get("Error", ""), br)
+    http("POST", api + "/_fail", {})
+    na = os.path.join(TMP, "node-a.log")
+    wait_for("train-d's eviction dropped on node-a", lambda: "evict-dropped" in open(na).read() or
+             "its eviction is not sent" in open(na).read())
+    after = len([e for e in http("GET", api + "/_log")[1] if e["path"].endswith("/train-d/eviction")])
+    check("no Eviction was sent for train-d", after == before == 0, (before, after))
+    check("train-d's service is still there", http("GET", nodes["node-a"] + "/v1/services/pod-" + uid(20))[0] == 200)
+    check("the node said it held the eviction for the pod it made room for",
+          "held until pod serving/chat-d" in open(na).read())
+
+    # -- a Binding whose answer is lost while it went through: the reservation stays --------
+    pl = pod("chat-lost", uid(22), 2000, cls="online", prio=100000)
+    http("POST", api + "/_pods", pl)
+    http("POST", ext + "/filter", {"Pod": pl, "Nodes": None, "NodeNames": ["node-c"]})
+    http("POST", api + "/_fail", {"hang": {"binding": 6, "get": 0}})
+    code, br = http("POST", ext + "/bind", {"PodName": "chat-lost", "PodNamespace": "serving",
+                                             "PodUID": uid(22), "Node": "node-c"})
+    check("a lost Binding answer: the pod read says it went through", br == {"Error": ""}, br)
+    check("... and its reservation stays", http("GET", nodes["node-c"] + "/v1/services/pod-" + uid(22))[0] == 200)
+    http("POST", api + "/_fail", {})
+    pu = pod("chat-unknown", uid(23), 2000, cls="online", prio=100000)
+    http("POST", api + "/_pods", pu)
+    http("POST", ext + "/filter", {"Pod": pu, "Nodes": None, "NodeNames": ["node-c"]})
+    http("POST", api + "/_fail", {"hang": {"binding": 6, "get_bound": 6}})
+    t0 = time.time()
+    code, br = http("POST", ext + "/bind", {"PodName": "chat-unknown", "PodNamespace": "serving",
+                                             "PodUID": uid(23), "Node": "node-c"})
+    took = time.time() - t0
+    http("POST", api + "/_fail", {})
+    check("neither answer: the outcome is said to be unknown", "outcome is unknown" in br.get("Error", ""), br)
+    check("... and the reservation is kept", http("GET", nodes["node-c"] + "/v1/services/pod-" + uid(23))[0] == 200)
+    print("bind with the API server hanging answered in %.1f s" % took)
+    # a reservation whose pod is bound nowhere: the node releases it
+    orphan = pod("orphan", uid(24), 1000, cls="batch")
+    http("POST", api + "/_pods", orphan)
+    code, r = http("POST", nodes["node-c"] + "/v1/services", {
+        "id": "pod-" + uid(24), "class": "batch", "vram_mib": 1000,
+        "kubernetes": {"namespace": "serving", "name": "orphan", "uid": uid(24), "node": "node-c"}})
+    check("a reservation made without a Binding", code in (201, 202), r)
+    wait_for("the unbound pod's reservation released",
+             lambda: http("GET", nodes["node-c"] + "/v1/services/pod-" + uid(24))[0] == 404, cap=90)
+    check("the node says why: bound nowhere", "is still bound nowhere" in open(os.path.join(TMP, "node-c.log")).read())
+
     # -- a Binding the API server refuses: the reservation is released ---------------------
     http("POST", api + "/_fail", {"binding": 409})
     p6 = pod("chat-6", uid(6), 10000, cls="online", prio=100000)
@@ -360,6 +419,7 @@ def main():
     r, (code, br) = filter_bind(done, "node-c", ("node-c",))
     check("bind job-done", br == {"Error": ""}, br)
     done["status"]["phase"] = "Succeeded"
+    done["spec"]["nodeName"] = "node-c"
     http("POST", api + "/_pods", done)
     wait_for("the deleted pod's service released",
              lambda: http("GET", nodes["node-c"] + "/v1/services/pod-" + uid(7))[0] == 404, cap=60)
