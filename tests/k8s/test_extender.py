@@ -611,8 +611,10 @@ def main():
         return set()
     need = {("pods/binding", "create"), ("nodes", "list"), ("pods", "get"), ("leases", "update")}
     check("extender RBAC: what it calls", need <= rules("oversub-scheduler.yaml", "oversub-scheduler"))
-    need = {("pods/eviction", "create"), ("pods", "get"), ("nodes", "patch")}
-    check("oversubd RBAC: what it calls", need <= rules("oversubd.yaml", "oversubd"))
+    need = {("pods/eviction", "create"), ("pods", "get")}
+    got = rules("oversubd.yaml", "oversubd")
+    check("oversubd RBAC: what it calls, and nothing on nodes", need <= got and
+          not any(r == "nodes" for r, _ in got), got)
     cm = [d for d in docs["oversubd.yaml"] if d["kind"] == "ConfigMap"][0]
     conf = yaml.safe_load(cm["data"]["oversub.yaml"])
     tokf2 = os.path.join(TMP, "admin.token")
