@@ -35,6 +35,7 @@ struct node {
     json_t *pool;                   /* the last GET /v1/pool (NULL: none yet) */
     int64_t pool_at_ms;             /* when it came */
     char pool_err[256];             /* the last refresh's failure, "" when it answered */
+    int64_t pool_err_ms;            /* when that failure came */
     bool pool_busy;
     bool from_api, seen; /* found through a Node object; seen in the last listing */
     bool gone;           /* dropped from the listing: kept while requests fly */
@@ -381,6 +382,7 @@ static void on_pool(void *arg, int code, json_t *body, const char *why)
         n->pool_at_ms = mono_ms();
         n->pool_err[0] = '\0';
     } else {
+        n->pool_err_ms = mono_ms();
         snprintf(n->pool_err, sizeof(n->pool_err), "%s",
                  why                          ? why
                  : code == 401 || code == 403 ? "oversubd refused our token"
@@ -661,7 +663,10 @@ static void ask_nodes(struct call *c)
         }
         if (n->pool_err[0] && n->pool == NULL) {
             /* never answered a pool read: not waited for again on each pod */
-            json_object_set_new(c->answers, name, json_pack("{s:s}", "error", n->pool_err));
+            char why[400];
+            snprintf(why, sizeof(why), "%s (its last pool read, %lld s ago; it has never answered)",
+                     n->pool_err, (long long)((mono_ms() - n->pool_err_ms) / 1000));
+            json_object_set_new(c->answers, name, json_pack("{s:s}", "error", why));
             continue;
         }
         struct ask *a = calloc(1, sizeof(*a));
