@@ -11,7 +11,7 @@ bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 expect() { if [ "$2" = "$3" ]; then ok; else bad "$1: got '$3', want '$2'"; fi; }
 json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 waitline() { # file, pattern -> the number that follows the pattern there (a port), once it appears
-    for _ in $(seq 1 200); do
+    for _ in $(seq 1 1200); do
         l=$(grep -o "$2[0-9]*" "$1" 2>/dev/null | head -1)
         [ -n "$l" ] && { echo "${l##*[!0-9]}"; return 0; }
         sleep 0.05

@@ -41,7 +41,7 @@ start_d() { # PreStartContainer gives up after 3 s here (25 s by default)
     DPID=$!
     pids+=($DPID)
     S=$D/s.sock
-    for _ in $(seq 1 200); do [ -S "$S" ] && curl -s --unix-socket "$S" http://x/healthz >/dev/null && break; sleep 0.05; done
+    for _ in $(seq 1 1200); do [ -S "$S" ] && curl -s --unix-socket "$S" http://x/healthz >/dev/null && break; sleep 0.05; done
 }
 api() { curl -s --unix-socket "$S" -X "$1" "http://x$2" ${3:+-d "$3"}; }
 svc() { api GET "/v1/services/$1" | json "$2" 2>/dev/null; }

@@ -30,8 +30,16 @@ restart_d() {
     DPID=$!
     pids+=($DPID)
     S=$D/s.sock
-    for _ in $(seq 1 200); do [ -S "$S" ] && curl -s --unix-socket "$S" http://x/healthz >/dev/null && break; sleep 0.05; done
+    # the event: it answers on its socket and has said where it listens (a loaded machine may
+    # take long: the cap is generous, and a daemon that never came up is said so)
+    for _ in $(seq 1 1200); do
+        [ -S "$S" ] && curl -s --unix-socket "$S" http://x/healthz >/dev/null &&
+            grep -q "listening on http://127.0.0.1:" "$D/out" && break
+        kill -0 "$DPID" 2>/dev/null || break
+        sleep 0.05
+    done
     PORT=$(grep -o "listening on http://127.0.0.1:[0-9]*" "$D/out" | tail -1 | sed 's/.*://')
+    [ -n "$PORT" ] || echo "NOTE: oversubd ($D) has not said where it listens: $(tail -3 "$D/err" | tr '\n' ' ')"
 }
 stop_d() { kill "$DPID" 2>/dev/null; wait "$DPID" 2>/dev/null; }
 api() { curl -s --unix-socket "$S" -X "$1" "http://x$2" ${3:+-d "$3"}; }

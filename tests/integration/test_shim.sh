@@ -183,7 +183,7 @@ start_d() {
     DPID=$!
     pids+=($DPID)
     S=$D/s.sock
-    for _ in $(seq 1 200); do [ -S "$S" ] && curl -s --unix-socket "$S" http://x/healthz >/dev/null && break; sleep 0.05; done
+    for _ in $(seq 1 1200); do [ -S "$S" ] && curl -s --unix-socket "$S" http://x/healthz >/dev/null && break; sleep 0.05; done
 }
 start_d
 api() { curl -s --unix-socket "$S" -X "$1" "http://x$2" ${3:+-d "$3"}; }

@@ -26,7 +26,7 @@ start() { # dir, extra args... ; sets PORT and PID (env FAKE=1: under libfaketim
     PID=$!
     pids+=("$PID")
     PORT=""
-    for _ in $(seq 1 200); do
+    for _ in $(seq 1 1200); do
         PORT=$(grep -o 'http://127.0.0.1:[0-9]*' "$dir/out" 2>/dev/null | head -1 | sed 's/.*://')
         [ -n "$PORT" ] && break
         kill -0 "$PID" 2>/dev/null || break
