@@ -38,7 +38,7 @@ restart_d() {
     DPID=$!
     pids+=($DPID)
     S=$D/s.sock
-    for _ in $(seq 1 100); do [ -S "$S" ] && curl -s --unix-socket "$S" http://x/healthz >/dev/null && break; sleep 0.05; done
+    for _ in $(seq 1 1200); do [ -S "$S" ] && curl -s --unix-socket "$S" http://x/healthz >/dev/null && break; sleep 0.05; done
     PORT=$(grep -o "listening on http://127.0.0.1:[0-9]*" "$D/out" | tail -1 | sed 's/.*://')
     GWP=$(grep -o "gateway on http://127.0.0.1:[0-9]*" "$D/out" | tail -1 | sed 's/.*://')
 }

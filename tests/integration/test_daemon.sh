@@ -28,7 +28,7 @@ start() { # dir, extra args... ; sets PORT and PID
     PID=$!
     pids+=("$PID")
     PORT=""
-    for _ in $(seq 1 100); do
+    for _ in $(seq 1 1200); do
         PORT=$(grep -o 'http://127.0.0.1:[0-9]*' "$dir/out" 2>/dev/null | head -1 | sed 's/.*://')
         [ -n "$PORT" ] && break
         sleep 0.05

@@ -17,7 +17,7 @@ start() { # extra args...; sets PORT and PID
     PID=$!
     pids+=("$PID")
     PORT=""
-    for _ in $(seq 1 100); do
+    for _ in $(seq 1 1200); do
         PORT=$(grep -o 'http://127.0.0.1:[0-9]*' "$tmp/out" 2>/dev/null | head -1 | sed 's/.*://')
         [ -n "$PORT" ] && break
         sleep 0.05
@@ -182,7 +182,7 @@ printf 'allow_root_services: true\ntick_ms: 100\n' >"$tmp/conf2.yaml"
     --gpus nvml --nvml-lib "$lib" >"$tmp/mout" 2>"$tmp/merr") &
 MPID=$!
 pids+=("$MPID")
-for _ in $(seq 1 100); do [ -S "$tmp/m.sock" ] && break; sleep 0.05; done
+for _ in $(seq 1 1200); do [ -S "$tmp/m.sock" ] && break; sleep 0.05; done
 curl -s --unix-socket "$tmp/m.sock" -X POST http://x/v1/services -d '{"id":"m1","class":"batch","vram":"100GiB","gpus":2,"command":["/bin/sleep","30"]}' >/dev/null
 mp=""
 for _ in $(seq 1 50); do

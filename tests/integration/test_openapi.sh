@@ -41,7 +41,7 @@ chmod 600 "$tmp/token"
 start b --token-file "$tmp/token" || exit 1
 port_b=$port
 # the socket is bound just before the line is printed; wait for it to be there all the same
-for _ in $(seq 1 100); do [ -S "$tmp/a/s.sock" ] && break; sleep 0.05; done
+for _ in $(seq 1 1200); do [ -S "$tmp/a/s.sock" ] && break; sleep 0.05; done
 
 python3 "$here/openapi_check.py" --a "http://127.0.0.1:$port_a" --a-socket "$tmp/a/s.sock" \
     --b "http://127.0.0.1:$port_b" --b-token "$(cat "$tmp/token")" \
