@@ -446,7 +446,12 @@ int cli_demo(int argc, char **argv)
         }
     }
     pid_t pid = -1;
-    char dir[] = "/tmp/oversub-demo.XXXXXX";
+    /* its folder under $TMPDIR (else /tmp), as other programs make theirs */
+    char dir[512];
+    const char *td = getenv("TMPDIR");
+    if (td == NULL || td[0] != '/' || strlen(td) > 60) /* its socket lives in there */
+        td = "/tmp";
+    snprintf(dir, sizeof(dir), "%s/oversub-demo.XXXXXX", td);
     if (url != NULL) {
         char err[300];
         if (http_target_init(&tgt, url, err, sizeof(err)) != 0) {

@@ -233,7 +233,10 @@ wait_state ext draining 10 || bad "no escalation: $(state ext)"
 evs ext escalate | grep -q "did not acknowledge" || bad "escalate event: $(evs ext)"
 evs ext evict | grep -q "did not acknowledge its degrade in time" || bad "evict reason: $(evs ext evict)"
 wait_state ext overdue 10 || bad "ext not overdue: $(state ext)"
-expect "p1 still waits" pending "$(state p1)"
+# p1 waits: pending on its overdue victim, or, once a second grace has passed (a loaded machine
+# may take that long between two looks), back in the queue (DESIGN.md) — never started
+p1s=$(state p1)
+case $p1s in pending | queued) ok ;; *) bad "p1 still waits: got '$p1s', want pending or queued" ;; esac
 wait_for 5 sh -c "grep -c '\"action\"' '$D/hook' | grep -qx 2" || bad "webhooks: $(cat "$D/hook")"
 python3 - "$D/hook" <<'PY' || bad "webhook bodies: $(cat "$D/hook")"
 import json, sys
@@ -296,11 +299,12 @@ expect "server back to batch 8" 8 "$(field flex '["batch"]')"
 grep -q "directive .*: restore (batch 8" "$D/st/logs/flex.log" || bad "the server did not see the restore"
 
 echo "== 6. oversubd restarted while a service drains: same deadline, live processes adopted"
+# slow's grace (12 s) must outlast a kill -9, a restart and the checks below on a loaded machine
 kill "$DPID"; wait "$DPID" 2>/dev/null
 start_d s6 1x81920 1.0 "allow_root_services: true"
 expect "keep starts" 201 "$(code POST /v1/services '{"id":"keep","class":"online","vram":"10GiB","command":["/bin/sleep","300"]}')"
 P6=$(freeport)
-expect "slow starts" 201 "$(code POST /v1/services "{\"id\":\"slow\",\"class\":\"batch\",\"vram\":\"20GiB\",\"grace_ms\":4000,\"command\":[\"$LLM\",\"--port\",\"$P6\",\"--load-ms\",\"100\",\"--base-mib\",\"15000\",\"--ignore-sigterm\",\"--ignore-directives\"]}")"
+expect "slow starts" 201 "$(code POST /v1/services "{\"id\":\"slow\",\"class\":\"batch\",\"vram\":\"20GiB\",\"grace_ms\":12000,\"command\":[\"$LLM\",\"--port\",\"$P6\",\"--load-ms\",\"100\",\"--base-mib\",\"15000\",\"--ignore-sigterm\",\"--ignore-directives\"]}")"
 wait_state slow running 10 || bad "slow never ran"
 wait_for 5 sh -c "curl -s --unix-socket '$S' http://x/v1/services/slow | grep -q '\"used_mib\":17048'" || bad "slow's usage not reported"
 SLOW=$(field slow '["process"]["pid"]')
@@ -316,8 +320,12 @@ expect "adopted, same process" "$SLOW" "$(field slow '["process"]["pid"]')"
 expect "keep adopted" "$KEEP" "$(field keep '["process"]["pid"]')"
 expect "not duplicated" 1 "$(pgrep -fc -- "--port $P6")"
 evs slow adopt | grep -q "adopted slow's process $SLOW" || bad "no adoption note: $(evs slow process)"
-expect "the directive repeated" evict "$(curl -s "http://127.0.0.1:$PORT/v1/services/slow/directives" | json 'd["directives"][-1]["action"]')"
-wait_state hog loading 10 || bad "hog did not start after slow's grace: $(state hog)"
+# the restarted actuators repeat the outstanding directive once the loop runs (waited for):
+# this run's own counter says it went out, whether or not slow has left by then (its grace may
+# end first on a loaded machine, and a released service has no directives to read)
+repeated() { api GET /metrics | grep -q '^oversub_directives_total{action="evict"} [1-9]'; }
+wait_for 20 repeated && ok || bad "the directive repeated: $(api GET /metrics | grep '^oversub_directives_total')"
+wait_state hog loading 30 || bad "hog did not start after slow's grace: $(state hog)"
 alive "$SLOW" && bad "slow survived its grace period across the restart"
 killed=$(ev_time slow process kill)
 [ -n "$killed" ] && [ "$killed" -ge "$DL" ] || bad "killed at $killed, deadline $DL"

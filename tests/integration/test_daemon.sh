@@ -238,8 +238,10 @@ if [ -n "$cli" ]; then
     "$cli" advise --from-daemon --bogus >/dev/null 2>&1
     expect "advise --from-daemon bad flag" 2 "$?"
     # the demo: a daemon of its own in a temporary folder, the worked scenario, narrated
-    ls -d /tmp/oversub-demo.* 2>/dev/null | sort >"$tmp/demo.before"
-    OVERSUBD=$bin "$cli" demo >"$tmp/demo" 2>&1
+    # its folder under its own TMPDIR: another suite's demo running beside this one is not ours
+    mkdir -p "$tmp/demotmp"
+    ls -d "$tmp"/demotmp/oversub-demo.* 2>/dev/null | sort >"$tmp/demo.before"
+    TMPDIR=$tmp/demotmp OVERSUBD=$bin "$cli" demo >"$tmp/demo" 2>&1
     expect "cli demo" 0 "$?"
     grep -q "\[degrade\] degraded model-eval" "$tmp/demo" && ok || bad "demo: no degrade narrated: $(cat "$tmp/demo")"
     grep -q "\[start\] started chat-3" "$tmp/demo" && ok || bad "demo: chat-3 did not start"
@@ -247,7 +249,7 @@ if [ -n "$cli" ]; then
     # step 6: the example batch-job, a real process, evicted and resumed from its checkpoint
     grep -q "\[resume\] resumed nightly .* from checkpoint" "$tmp/demo" && ok || bad "demo: no resume of the job"
     grep -q "the job's result: total=465 units=30" "$tmp/demo" && ok || bad "demo: the job's total"
-    ls -d /tmp/oversub-demo.* 2>/dev/null | sort >"$tmp/demo.after"
+    ls -d "$tmp"/demotmp/oversub-demo.* 2>/dev/null | sort >"$tmp/demo.after"
     expect "demo cleans up" "" "$(comm -13 "$tmp/demo.before" "$tmp/demo.after")"
     "$cli" demo --bogus >/dev/null 2>&1
     expect "demo bad flag" 2 "$?"
