@@ -1,6 +1,7 @@
 /* actuator.c - makes services obey the engine: managed processes, directives, webhooks, logs */
 #define _GNU_SOURCE
 #include "actuator.h"
+#include "pod.h"
 #include "pods.h"
 
 #include <linux/close_range.h>
@@ -149,18 +150,6 @@ static bool can_switch_users(void)
     return (eff & (1ULL << 7)) && (eff & (1ULL << 6)); /* CAP_SETUID, CAP_SETGID */
 }
 
-/* A DNS-1123 name (a namespace, a pod, a container: lowercase letters, digits, '-', '.'). */
-static bool kube_name_ok(const char *s, size_t max)
-{
-    size_t n = s ? strlen(s) : 0;
-    if (n == 0 || n > max)
-        return false;
-    for (const char *p = s; *p; p++)
-        if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '-' || *p == '.'))
-            return false;
-    return true;
-}
-
 /* The pod a service is ({"namespace", "name", "uid", "node"?, "grace_seconds"?, "containers"?:
  * [{"name", "vram_mib"}]}), checked and copied: what evicts it through the API server and what
  * the device plugin hands its containers. NULL with why. */
@@ -189,8 +178,8 @@ static json_t *kube_record(const json_t *v, char *why, size_t whylen)
             return NULL;
         }
     }
-    if (!kube_name_ok(ns, 63) || !kube_name_ok(name, 253) || !kube_name_ok(uid, 64) ||
-        (json_object_get(v, "node") != NULL && !kube_name_ok(node, 253))) {
+    if (!osub_k8s_name_ok(ns, 63) || !osub_k8s_name_ok(name, 253) || !osub_k8s_name_ok(uid, 64) ||
+        (json_object_get(v, "node") != NULL && !osub_k8s_name_ok(node, 253))) {
         snprintf(why, whylen,
                  "namespace, name and uid (and node, when given) must be "
                  "Kubernetes names: lowercase letters, digits, '-' and '.'");
@@ -211,7 +200,7 @@ static json_t *kube_record(const json_t *v, char *why, size_t whylen)
         {
             const json_t *m = json_object_get(e, "vram_mib");
             if (!json_is_object(e) || json_object_size(e) != 2 ||
-                !kube_name_ok(json_string_value(json_object_get(e, "name")), 63) ||
+                !osub_k8s_name_ok(json_string_value(json_object_get(e, "name")), 63) ||
                 !json_is_integer(m) || json_integer_value(m) < 0 ||
                 json_integer_value(m) > ((json_int_t)1 << 40)) {
                 snprintf(why, whylen,

@@ -27,7 +27,7 @@ struct osubd_pods {
     struct event *tick;
     int64_t sweep_at;
     int64_t unbound_ms; /* UNBOUND_MS, or $OSUB_POD_UNBOUND_MS (a test knob) */
-    json_t *sweeping; /* ids whose GET is in flight */
+    json_t *sweeping;   /* ids whose GET is in flight */
     uint64_t asked, accepted, blocked, failed, gone;
 };
 

@@ -135,18 +135,6 @@ static void reply_error(struct evhttp_request *req, int code, const char *msg)
     reply_json(req, code, json_pack("{s:s}", "error", msg));
 }
 
-/* A Kubernetes object name (DNS-1123: lowercase letters, digits, '-', '.'), up to max. */
-static bool dns_name(const char *s, size_t max)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n > max)
-        return false;
-    for (const char *p = s; *p; p++)
-        if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '-' || *p == '.'))
-            return false;
-    return true;
-}
-
 static int parse_url(const char *url, char *host, size_t hostlen, int *port)
 {
     struct evhttp_uri *u = evhttp_uri_parse(url);
@@ -1404,8 +1392,8 @@ static void do_bind(struct call *c)
                             "a bind needs PodName, PodNamespace, PodUID and Node (strings)"));
         return;
     }
-    if (!dns_name(name, 253) || !dns_name(node, 253) ||
-        (ns != NULL && ns[0] && !dns_name(ns, 63)) || !dns_name(uid, 64)) {
+    if (!osub_k8s_name_ok(name, 253) || !osub_k8s_name_ok(node, 253) ||
+        (ns != NULL && ns[0] && !osub_k8s_name_ok(ns, 63)) || !osub_k8s_name_ok(uid, 64)) {
         call_done(c, 200,
                   json_pack("{s:s}", "Error",
                             "PodName, PodNamespace, PodUID and Node must be Kubernetes names "

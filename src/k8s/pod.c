@@ -164,6 +164,17 @@ int osub_pod_vram(const json_t *pod, int64_t *mib, char *why, size_t whylen)
     return 0;
 }
 
+bool osub_k8s_name_ok(const char *s, size_t max)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n > max)
+        return false;
+    for (const char *p = s; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '-' || *p == '.'))
+            return false;
+    return true;
+}
+
 int osub_pod_service_id(const char *uid, char *out, size_t outlen)
 {
     size_t n = uid ? strlen(uid) : 0;

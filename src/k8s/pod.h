@@ -28,6 +28,10 @@ int osub_k8s_quantity(const char *s, int64_t *out);
  * limit, else its request). Returns 0 (*mib 0: the pod does not ask), or -1 with why. */
 int osub_pod_vram(const json_t *pod, int64_t *mib, char *why, size_t whylen);
 
+/* A Kubernetes object name (DNS-1123: lowercase letters, digits, '-', '.'), 1 to max bytes;
+ * NULL is none. */
+bool osub_k8s_name_ok(const char *s, size_t max);
+
 /* The service id of a pod: "pod-" + its UID. -1 when the UID is not one. */
 int osub_pod_service_id(const char *uid, char *out, size_t outlen);
 
