@@ -70,6 +70,7 @@ struct osub_proc {
     struct osub_segment seg;  /* its CUDA shim's grant segment (seg.s NULL: none) */
     char seg_path[700];
     uint64_t seg_reported[OSUB_SEG_DEVICES]; /* the usage last reported from it, MiB */
+    bool seg_faulty; /* its segment said something impossible last look (said once an episode) */
     struct osubd *d;
 };
 
@@ -1824,12 +1825,7 @@ static void rotate_log(struct osubd *d, const char *id)
 }
 
 /* What oversubd reads of a segment, copied out under the guard below. */
-struct seg_view {
-    uint32_t n;
-    int live;
-    uint64_t grant[OSUB_SEG_DEVICES], held[OSUB_SEG_DEVICES], peak[OSUB_SEG_DEVICES];
-    uint64_t refused, reclaimed, got;
-};
+#define seg_view osub_seg_view
 
 /* A segment is a file of the service's user, who can shrink it under our mapping: a read past
  * its end is SIGBUS. Every look at one runs under this guard; a fault drops that segment (the
@@ -1849,14 +1845,44 @@ static void on_sigbus(int sig, siginfo_t *info, void *ctx)
 
 static void seg_drop(struct osubd *d, struct osub_proc *p, const char *why)
 {
+    /* events are anyone's to read: the path only in oversubd's own log */
+    fprintf(stderr, "oversubd: %s: its CUDA shim segment %s %s\n", p->id, p->seg_path, why);
     osubd_note(d, p->id, "shim", "damaged",
-               "%s: its CUDA shim segment %s %s: no longer read (its grant is not updated)", p->id,
-               p->seg_path, why);
+               "%s: its CUDA shim segment %s: no longer read (its grant is not updated)", p->id,
+               why);
     osub_seg_cleanup(&p->seg);
 }
 
+/* The largest GPU of the pool, in bytes: no device of a segment can hold more. */
+static uint64_t largest_gpu_bytes(struct osubd *d)
+{
+    osub_pool_info_t pi;
+    uint64_t most = 0;
+    osub_engine_pool_info(d->e, &pi);
+    for (int32_t g = 0; g < pi.n_gpus + pi.n_lost; g++) {
+        osub_gpu_info_t gi;
+        if (osub_engine_gpu_info(d->e, g, &gi) == 0 && gi.vram_mib > 0 &&
+            (uint64_t)gi.vram_mib << 20 > most)
+            most = (uint64_t)gi.vram_mib << 20;
+    }
+    return most;
+}
+
+/* A segment that said something impossible: the service's fault. Its figure is ignored this
+ * round (said once until a round reads clean), the daemon reads on. */
+static void seg_fault(struct osubd *d, struct osub_proc *p, const char *why)
+{
+    if (!p->seg_faulty)
+        osubd_note(d, p->id, "shim", "tampered",
+                   "%s: its CUDA shim segment: %s; its figure is ignored until it reads clean",
+                   p->id, why);
+    p->seg_faulty = true;
+}
+
 /* Reads the segment (and, with si, first reclaims dead processes and writes the engine's
- * grants into it). false when it had to be dropped. */
+ * grants into it). Everything read is bounded by the geometry copied when the segment was
+ * made; a rewritten header is put back. false when there is nothing to believe this round
+ * (the segment was dropped, or said something impossible). */
 static bool seg_look(struct osubd *d, struct osub_proc *p, const osub_service_info_t *si,
                      struct seg_view *v)
 {
@@ -1873,28 +1899,27 @@ static bool seg_look(struct osubd *d, struct osub_proc *p, const osub_service_in
     }
     seg_guard = &jb;
     memset(v, 0, sizeof(*v));
-    struct osub_seg *g = p->seg.s;
+    char why[300];
+    bool clean = osub_seg_check(&p->seg, true, why, sizeof(why)) == 0;
+    if (!clean)
+        seg_fault(d, p, why);
     if (si != NULL) {
         osub_seg_reclaim(&p->seg, &v->got);
-        for (uint32_t i = 0; i < g->n_devices && i < (uint32_t)si->n_slots; i++) {
+        for (uint32_t i = 0; i < p->seg.n_devices && i < (uint32_t)si->n_slots; i++) {
             uint64_t want = (uint64_t)si->slots[i].grant_mib << 20;
             if (osub_seg_grant(&p->seg, i) != want)
                 osub_seg_set_grant(&p->seg, i, want);
         }
     }
-    v->n = g->n_devices;
-    if (v->n > OSUB_SEG_DEVICES)
-        v->n = OSUB_SEG_DEVICES;
-    v->live = osub_seg_live(&p->seg);
-    for (uint32_t i = 0; i < v->n; i++) {
-        v->grant[i] = osub_seg_grant(&p->seg, i);
-        v->held[i] = osub_seg_reserved(&p->seg, i);
-        v->peak[i] = atomic_load(&g->dev[i].peak_bytes);
-        v->refused += atomic_load(&g->dev[i].refused);
+    if (osub_seg_view(&p->seg, largest_gpu_bytes(d), v, why, sizeof(why)) != 0) {
+        if (clean)
+            seg_fault(d, p, why);
+        clean = false;
     }
-    v->reclaimed = atomic_load(&g->reclaimed_bytes);
     seg_guard = NULL;
-    return true;
+    if (clean)
+        p->seg_faulty = false;
+    return clean;
 }
 
 static uint64_t to_mib(uint64_t bytes)
@@ -2146,8 +2171,10 @@ static void describe_shim(struct osubd *d, struct osub_proc *p, json_t *o)
             json_array_append_new(held, json_integer((json_int_t)to_mib(sv.held[i])));
             json_array_append_new(peak, json_integer((json_int_t)to_mib(sv.peak[i])));
         }
+        /* the path is a way into the service's accounting: the admin's (and the socket's) only */
         json_object_set_new(o, "shim",
-                            json_pack("{s:s, s:i, s:o, s:o, s:o, s:I, s:I}", "segment", p->seg_path,
+                            json_pack("{s:s, s:i, s:o, s:o, s:o, s:I, s:I}", "segment",
+                                      d->req_admin ? p->seg_path : "<redacted>",
                                       "processes", sv.live, "grant_mib", grant, "held_mib", held,
                                       "peak_mib", peak, "refused", (json_int_t)sv.refused,
                                       "reclaimed_mib", (json_int_t)(sv.reclaimed >> 20)));
@@ -2625,9 +2652,11 @@ int osubd_act_shim_processes(struct osubd *d, const char *id)
 #include "deviceplugin.h"
 #include "spec_json.h"
 
-/* A pod's segment is named <id>.<16 hex>.seg in the state's shim/ folder (0711: not
- * listable): the random part is what keeps other local users out of a file that the pod's
- * containers, of any uid, must open read-write (mode 0666). Managed services' are <id>.seg. */
+/* A pod's segment is named <id>.<16 hex>.seg in the state's shim/pods/ folder: 0700 and
+ * root's, so that no local user reaches it by its path; the pod's containers, of any uid, get
+ * the file by the bind mount the device plugin asks for (which needs no passage through the
+ * folder), so the file itself is 0666. Managed services' are shim/<id>.seg, 0600 and their
+ * user's. */
 static bool pod_seg_name(const char *name, const char *id)
 {
     size_t il = id != NULL ? strlen(id) : 0, nl = strlen(name);
@@ -2639,6 +2668,43 @@ static bool pod_seg_name(const char *name, const char *id)
         if (!((name[i] >= '0' && name[i] <= '9') || (name[i] >= 'a' && name[i] <= 'f')))
             return false;
     return true;
+}
+
+/* The pods' segment folder, made (shim/ 0711, shim/pods/ 0700, both root's, never a link);
+ * pod segments an older oversubd left in shim/ itself are moved in (a rename: the bind mounts
+ * of running containers follow the file). 0, or -1 with a sentence in why. */
+static int pod_seg_dir(struct osubd *d, char *dir, size_t dirlen, char *why, size_t whylen)
+{
+    char sd[512], shim[560];
+    struct stat st;
+    state_dir(d, sd, sizeof(sd));
+    snprintf(shim, sizeof(shim), "%s/shim", sd);
+    snprintf(dir, dirlen, "%s/pods", shim);
+    if (mkdirs(shim, 0711) != 0 || lstat(shim, &st) != 0 || !S_ISDIR(st.st_mode) ||
+        chmod(shim, 0711) != 0 || (mkdir(dir, 0700) != 0 && errno != EEXIST) ||
+        lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || chmod(dir, 0700) != 0) {
+        snprintf(why, whylen, "cannot make %s for the CUDA shim: %s", dir, strerror(errno));
+        return -1;
+    }
+    if (st.st_uid != geteuid() && lchown(dir, geteuid(), getegid()) != 0) {
+        snprintf(why, whylen, "%s is not oversubd's user's and cannot be made so: %s", dir,
+                 strerror(errno));
+        return -1;
+    }
+    DIR *dd = opendir(shim);
+    for (struct dirent *e; dd != NULL && (e = readdir(dd)) != NULL;) {
+        if (!pod_seg_name(e->d_name, NULL))
+            continue;
+        char from[900], to[900];
+        snprintf(from, sizeof(from), "%s/%s", shim, e->d_name);
+        snprintf(to, sizeof(to), "%s/%s", dir, e->d_name);
+        if (rename(from, to) != 0)
+            fprintf(stderr, "oversubd: cannot move the pod segment %s into %s: %s\n", from, dir,
+                    strerror(errno));
+    }
+    if (dd != NULL)
+        closedir(dd);
+    return 0;
 }
 
 /* An existing segment of the pod (made before oversubd restarted), opened into p. */
@@ -2656,8 +2722,11 @@ static bool pod_seg_adopt(struct osubd *d, struct osub_proc *p, const char *dir)
         if (osub_seg_open(&p->seg, p->seg_path, err, sizeof(err)) == 0)
             got = true;
         else
-            osubd_note(d, p->id, "shim", "damaged", "%s: its pod segment %s cannot be used: %s",
-                       p->id, p->seg_path, err);
+        {
+            fprintf(stderr, "oversubd: %s: its pod segment: %s\n", p->id, err);
+            osubd_note(d, p->id, "shim", "damaged",
+                       "%s: its pod segment cannot be used (oversubd's log says why)", p->id);
+        }
     }
     if (dd != NULL)
         closedir(dd);
@@ -2666,13 +2735,10 @@ static bool pod_seg_adopt(struct osubd *d, struct osub_proc *p, const char *dir)
 
 /* Writes the engine's grants into a pod's mapped segment now (the watch round does it later
  * on; a container told to start must not find 0 there). */
-static void pod_seg_grants(struct osub_proc *p, const osub_service_info_t *si)
+static void pod_seg_grants(struct osubd *d, struct osub_proc *p, const osub_service_info_t *si)
 {
-    for (int32_t i = 0; i < si->n_slots && (uint32_t)i < p->seg.s->n_devices; i++) {
-        uint64_t want = (uint64_t)si->slots[i].grant_mib << 20;
-        if (osub_seg_grant(&p->seg, (uint32_t)i) != want)
-            osub_seg_set_grant(&p->seg, (uint32_t)i, want);
-    }
+    struct seg_view v;
+    seg_look(d, p, si, &v); /* under the guard: the pod can write (and cut) the file */
 }
 
 int osubd_act_pod_segment(struct osubd *d, const char *id, char *path, size_t pathlen, char *why,
@@ -2706,16 +2772,9 @@ int osubd_act_pod_segment(struct osubd *d, const char *id, char *path, size_t pa
         snprintf(why, whylen, "out of memory");
         return -1;
     }
-    char sd[512], dir[600];
-    state_dir(d, sd, sizeof(sd));
-    snprintf(dir, sizeof(dir), "%s/shim", sd);
-    if (mkdirs(dir, 0711) != 0 || lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) ||
-        chmod(dir, 0711) != 0) {
-        snprintf(why, whylen, "cannot make %s for the CUDA shim: %s", dir, strerror(errno));
+    char dir[620];
+    if (pod_seg_dir(d, dir, sizeof(dir), why, whylen) != 0)
         return -1;
-    }
-    if (stat(sd, &st) == 0 && (st.st_mode & 0111) != 0111)
-        chmod(sd, (st.st_mode & 07777) | 0111); /* passable: the kubelet mounts the file */
     memset(p->seg_reported, 0, sizeof(p->seg_reported));
     if (!pod_seg_adopt(d, p, dir)) {
         uint8_t r[8];
@@ -2747,12 +2806,12 @@ int osubd_act_pod_segment(struct osubd *d, const char *id, char *path, size_t pa
         /* a pending service's slots already carry the grant it will have; its memory is still
          * the victims'. Unmapped, the watch round leaves the segment at 0 (it writes only mapped
          * segments); the sweep maps it again once the service starts. */
-        for (uint32_t i = 0; i < p->seg.s->n_devices; i++)
+        for (uint32_t i = 0; i < p->seg.n_devices; i++)
             if (osub_seg_grant(&p->seg, i) != 0)
                 osub_seg_set_grant(&p->seg, i, 0);
         osub_seg_cleanup(&p->seg);
     } else {
-        pod_seg_grants(p, &si);
+        pod_seg_grants(d, p, &si);
     }
     snprintf(path, pathlen, "%s", p->seg_path);
     return 0;
@@ -2920,9 +2979,11 @@ void osubd_act_pods_sweep(struct osubd *d)
         proc_drop(d, p); /* a pod that is gone: its segment with it */
     }
     /* segments of pods that went while oversubd was stopped */
-    char sd[512], dir[600];
-    state_dir(d, sd, sizeof(sd));
-    snprintf(dir, sizeof(dir), "%s/shim", sd);
+    char dir[620], why[300];
+    if (pod_seg_dir(d, dir, sizeof(dir), why, sizeof(why)) != 0) {
+        fprintf(stderr, "oversubd: %s\n", why);
+        return;
+    }
     DIR *dd = opendir(dir);
     for (struct dirent *e; dd != NULL && (e = readdir(dd)) != NULL;) {
         size_t nl = strlen(e->d_name);
@@ -2937,7 +2998,7 @@ void osubd_act_pods_sweep(struct osubd *d)
         } else if ((p == NULL || p->seg.s == NULL) && live_state(si.state) &&
                    osubd_act_kube(d, id) != NULL) {
             /* a pod running since before oversubd restarted: its grant kept up again */
-            char path[700], why[300];
+            char path[700];
             if (osubd_act_pod_segment(d, id, path, sizeof(path), why, sizeof(why)) != 0)
                 fprintf(stderr, "oversubd: %s: its pod segment: %s\n", id, why);
         }

@@ -116,6 +116,8 @@ struct gw_bconn {
     bool reused;    /* taken from the pool: the backend may have closed it meanwhile */
     bool broken;    /* a send failed: failed from the loop (the timer at once), not from the
                      * sender, whose caller still holds the client */
+    char url[OSUBD_ROUTE_URL_MAX + 1]; /* the backend URL it was opened for: pooled and taken
+                                        * again only while the route still names it there */
 };
 
 struct peer_count {
@@ -150,6 +152,8 @@ struct gw_svc {
     char id[OSUB_ID_MAX + 1];
     struct gw_req *queue;
     int32_t n_queued, inflight;
+    int32_t refs; /* requests that point at it: it is freed, once its route is gone, at 0 */
+    uint64_t swept_version; /* the state version its idle connections were last checked at */
     struct gw_bconn *idle[16]; /* per backend */
     int n_idle[16];
     uint32_t rr;
@@ -425,6 +429,10 @@ static void req_free(struct gw_req *r)
     if (r->timer) {
         event_free(r->timer);
         r->timer = NULL;
+    }
+    if (r->svc != NULL) {
+        r->svc->refs--;
+        r->svc = NULL;
     }
     struct osub_gateway *g = r->g;
     if (g != NULL && g->n_free < 256 && r->head_cap <= 16384) {
@@ -1064,6 +1072,30 @@ static void bc_close(struct gw_bconn *bc)
     free(bc);
 }
 
+/* Whether the service's route still names, at bc's place, the backend bc was opened for. */
+static bool bc_current(const struct gw_bconn *bc)
+{
+    const struct osubd_route *rt = osubd_routes_get(bc->svc->g->d->routes, bc->svc->id);
+    return rt != NULL && bc->backend < rt->n_backends &&
+           strcmp(rt->backends[bc->backend], bc->url) == 0;
+}
+
+/* Closes s's idle connections (all, or those whose backend the route no longer names). */
+static void svc_flush_idle(struct gw_svc *s, bool all)
+{
+    for (int b = 0; b < 16; b++)
+        for (struct gw_bconn **p = &s->idle[b]; *p != NULL;) {
+            struct gw_bconn *bc = *p;
+            if (!all && bc_current(bc)) {
+                p = &bc->next;
+                continue;
+            }
+            *p = bc->next;
+            s->n_idle[b]--;
+            bc_close(bc);
+        }
+}
+
 static void bc_unidle(struct gw_bconn *bc)
 {
     struct gw_svc *s = bc->svc;
@@ -1164,7 +1196,8 @@ static void bc_done(struct gw_bconn *bc)
     /* back to the pool only when the whole request went out and nothing is left over: a
      * backend that answered before the body was sent would read the rest as a request */
     if (bc->keepalive && bc->st != 3 && evbuffer_get_length(bc->in) == 0 && r->body_done &&
-        !bc->broken && evbuffer_get_length(bc->out) == 0 && s->n_idle[b] < IDLE_PER_BACKEND) {
+        !bc->broken && evbuffer_get_length(bc->out) == 0 && s->n_idle[b] < IDLE_PER_BACKEND &&
+        bc_current(bc)) {
         bc->st = 0;
         bc->next = s->idle[b];
         s->idle[b] = bc;
@@ -1449,6 +1482,10 @@ static struct gw_bconn *bc_get(struct gw_svc *s, int b, const char *url)
         struct gw_bconn *bc = s->idle[b];
         s->idle[b] = bc->next;
         s->n_idle[b]--;
+        if (strcmp(bc->url, url) != 0) {
+            bc_close(bc); /* opened for a backend the route no longer names here */
+            continue;
+        }
         event_del(bc->timer);
         bc->reused = true;
         return bc;
@@ -1467,6 +1504,7 @@ static struct gw_bconn *bc_get(struct gw_svc *s, int b, const char *url)
     bc->fd = fd;
     bc->svc = s;
     bc->backend = b;
+    snprintf(bc->url, sizeof(bc->url), "%s", url);
     struct event_base *base = s->g->d->base;
     bc->in = evbuffer_new();
     bc->out = evbuffer_new();
@@ -1719,8 +1757,24 @@ static void on_pump(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     struct osub_gateway *g = arg;
-    for (struct gw_svc *s = g->svcs; s != NULL; s = s->next)
+    for (struct gw_svc **sp = &g->svcs; *sp != NULL;) {
+        struct gw_svc *s = *sp;
         pump(g, s);
+        if (s->swept_version != g->d->state_version) {
+            /* the state changed: a route that changed or went takes its pooled connections
+             * with it (the next owner of the id must never reach the old backend), and a
+             * service gone takes its gateway state once no request points at it */
+            s->swept_version = g->d->state_version;
+            bool gone = route_of(g->d, s->id) == NULL;
+            svc_flush_idle(s, gone);
+            if (gone && s->refs == 0 && s->queue == NULL && s->inflight == 0) {
+                *sp = s->next;
+                free(s);
+                continue;
+            }
+        }
+        sp = &s->next;
+    }
 }
 
 static struct gw_svc *svc_find(struct osub_gateway *g, const char *id, size_t n);
@@ -1881,6 +1935,7 @@ static void handle(struct gw_client *c, struct gw_req *r)
             deadline = v;
     }
     r->svc = s;
+    s->refs++;
     if (prio > 0 && prio >= s->v_shed) {
         s->rej_shed++;
         reply(r, 429, "Too Many Requests", "overloaded", "shed",

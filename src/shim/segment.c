@@ -28,9 +28,10 @@ static uint64_t boottime_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static off_t slot_byte(const struct osub_seg *s, int i)
+/* the byte of slot i's lock: from the layout this build knows, never from the header */
+static off_t slot_byte(int i)
 {
-    return (off_t)s->slot_offset + (off_t)i * (off_t)s->slot_size;
+    return (off_t)offsetof(struct osub_seg, slot) + (off_t)i * (off_t)sizeof(struct osub_seg_slot);
 }
 
 /* Subtracts up to n from *c, never below zero; returns what it took. */
@@ -97,6 +98,7 @@ int osub_seg_create(struct osub_segment *g, const char *path, uid_t uid, gid_t g
 {
     g->fd = g->probe_fd = -1;
     g->s = NULL;
+    g->n_devices = g->n_slots = 0;
     if (n_devices == 0 || n_devices > OSUB_SEG_DEVICES) {
         snprintf(err, errlen, "a segment grants 1 to %d devices, not %u", OSUB_SEG_DEVICES,
                  n_devices);
@@ -126,6 +128,8 @@ int osub_seg_create(struct osub_segment *g, const char *path, uid_t uid, gid_t g
         return rc;
     }
     init_header(g->s, service, n_devices, grant_bytes, 0);
+    g->n_devices = n_devices;
+    g->n_slots = OSUB_SEG_SLOTS;
     atomic_thread_fence(memory_order_seq_cst);
     return 0;
 }
@@ -135,6 +139,7 @@ int osub_seg_create_anon(struct osub_segment *g, uint32_t n_devices, uint64_t gr
 {
     g->fd = g->probe_fd = -1;
     g->s = NULL;
+    g->n_devices = g->n_slots = 0;
     int fd = memfd_create("oversub-grant", MFD_CLOEXEC);
     if (fd < 0) {
         int e = errno;
@@ -152,7 +157,11 @@ int osub_seg_create_anon(struct osub_segment *g, uint32_t n_devices, uint64_t gr
         close(fd);
         return rc;
     }
+    if (n_devices == 0 || n_devices > OSUB_SEG_DEVICES)
+        n_devices = OSUB_SEG_DEVICES;
     init_header(g->s, "standalone", n_devices, NULL, grant_bytes);
+    g->n_devices = n_devices;
+    g->n_slots = OSUB_SEG_SLOTS;
     return 0;
 }
 
@@ -160,6 +169,7 @@ int osub_seg_open(struct osub_segment *g, const char *path, char *err, size_t er
 {
     g->fd = g->probe_fd = -1;
     g->s = NULL;
+    g->n_devices = g->n_slots = 0;
     int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
@@ -179,17 +189,21 @@ int osub_seg_open(struct osub_segment *g, const char *path, char *err, size_t er
         close(fd);
         return rc;
     }
-    const struct osub_seg *s = g->s;
-    if (s->magic != OSUB_SEG_MAGIC || s->version != OSUB_SEG_VERSION ||
-        s->size != sizeof(struct osub_seg) || s->n_slots != OSUB_SEG_SLOTS ||
-        s->slot_offset != offsetof(struct osub_seg, slot) ||
-        s->slot_size != sizeof(struct osub_seg_slot) || s->n_devices == 0 ||
-        s->n_devices > OSUB_SEG_DEVICES) {
+    /* one read of each field: what is checked is what is kept */
+    const volatile struct osub_seg *s = g->s;
+    uint32_t magic = s->magic, version = s->version, size = s->size, n_slots = s->n_slots;
+    uint32_t slot_offset = s->slot_offset, slot_size = s->slot_size, n_devices = s->n_devices;
+    if (magic != OSUB_SEG_MAGIC || version != OSUB_SEG_VERSION || size != sizeof(struct osub_seg) ||
+        n_slots != OSUB_SEG_SLOTS || slot_offset != offsetof(struct osub_seg, slot) ||
+        slot_size != sizeof(struct osub_seg_slot) || n_devices == 0 ||
+        n_devices > OSUB_SEG_DEVICES) {
         snprintf(err, errlen, "%s: not a version-%u grant segment (magic %08x, version %u)", path,
-                 OSUB_SEG_VERSION, s->magic, s->version);
+                 OSUB_SEG_VERSION, magic, version);
         osub_seg_cleanup(g);
         return -EPROTO;
     }
+    g->n_devices = n_devices;
+    g->n_slots = n_slots;
     return 0;
 }
 
@@ -205,12 +219,13 @@ void osub_seg_cleanup(struct osub_segment *g)
         close(g->probe_fd);
     g->s = NULL;
     g->fd = g->probe_fd = -1;
+    g->n_devices = g->n_slots = 0;
 }
 
 static int slot_lock(const struct osub_segment *g, int i, int cmd, short type)
 {
     struct flock fl = {
-        .l_type = type, .l_whence = SEEK_SET, .l_start = slot_byte(g->s, i), .l_len = 1};
+        .l_type = type, .l_whence = SEEK_SET, .l_start = slot_byte(i), .l_len = 1};
     if (fcntl(cmd == F_OFD_GETLK ? g->probe_fd : g->fd, cmd, &fl) != 0)
         return -errno;
     return cmd == F_OFD_GETLK ? (fl.l_type == F_UNLCK ? 0 : 1) : 0;
@@ -220,7 +235,7 @@ static int slot_lock(const struct osub_segment *g, int i, int cmd, short type)
 static int probe_lock(const struct osub_segment *g, int i, short type)
 {
     struct flock fl = {
-        .l_type = type, .l_whence = SEEK_SET, .l_start = slot_byte(g->s, i), .l_len = 1};
+        .l_type = type, .l_whence = SEEK_SET, .l_start = slot_byte(i), .l_len = 1};
     return fcntl(g->probe_fd, F_OFD_SETLK, &fl) != 0 ? -errno : 0;
 }
 
@@ -236,7 +251,7 @@ static void free_slot(const struct osub_segment *g, int i, bool unlock, uint64_t
     struct osub_seg *s = g->s;
     struct osub_seg_slot *sl = &s->slot[i];
     uint64_t total = 0;
-    for (uint32_t d = 0; d < s->n_devices; d++) {
+    for (uint32_t d = 0; d < g->n_devices; d++) {
         uint64_t had = atomic_exchange_explicit(&sl->reserved_bytes[d], 0, ACQREL);
         total += sub_clamped(&s->dev[d].reserved_bytes, had);
     }
@@ -256,7 +271,7 @@ int osub_seg_reclaim(struct osub_segment *g, uint64_t *bytes)
     uint64_t got = 0;
     int n = 0, alive = 0;
     uint64_t epoch0 = atomic_load_explicit(&s->epoch, ACQ);
-    for (int i = 0; i < (int)s->n_slots; i++) {
+    for (int i = 0; i < (int)g->n_slots; i++) {
         uint32_t st = atomic_load_explicit(&s->slot[i].state, ACQ);
         if (st == OSUB_SLOT_FREE)
             continue;
@@ -304,7 +319,7 @@ int osub_seg_reclaim(struct osub_segment *g, uint64_t *bytes)
          * of its updates. Each counter is read, then the epoch checked (a claim since our look
          * began changes it: stop), then swapped to zero only if it still holds what was read
          * (a claimer's reservation since changes it, and its value stands). */
-        for (uint32_t d = 0; d < s->n_devices; d++) {
+        for (uint32_t d = 0; d < g->n_devices; d++) {
             uint64_t cur = atomic_load_explicit(&s->dev[d].reserved_bytes, ACQ);
             if (atomic_load_explicit(&s->epoch, ACQ) != epoch0 + (uint64_t)n)
                 break;
@@ -322,7 +337,7 @@ int osub_seg_reclaim(struct osub_segment *g, uint64_t *bytes)
 int osub_seg_live(const struct osub_segment *g)
 {
     int n = 0;
-    for (int i = 0; i < (int)g->s->n_slots; i++)
+    for (int i = 0; i < (int)g->n_slots; i++)
         if (atomic_load_explicit(&g->s->slot[i].state, ACQ) == OSUB_SLOT_LIVE &&
             slot_held(g, i) == 1)
             n++;
@@ -333,7 +348,7 @@ int osub_seg_claim(struct osub_segment *g)
 {
     struct osub_seg *s = g->s;
     for (int round = 0; round < 2; round++) {
-        for (int i = 0; i < (int)s->n_slots; i++) {
+        for (int i = 0; i < (int)g->n_slots; i++) {
             uint32_t st = OSUB_SLOT_FREE;
             if (!atomic_compare_exchange_strong_explicit(&s->slot[i].state, &st, OSUB_SLOT_CLAIMING,
                                                          ACQREL, RLX))
@@ -369,7 +384,7 @@ int osub_seg_claim(struct osub_segment *g)
 
 void osub_seg_unclaim(struct osub_segment *g, int slot)
 {
-    if (slot < 0 || slot >= (int)g->s->n_slots)
+    if (slot < 0 || slot >= (int)g->n_slots)
         return;
     uint32_t st = OSUB_SLOT_LIVE;
     if (!atomic_compare_exchange_strong_explicit(&g->s->slot[slot].state, &st, OSUB_SLOT_RECLAIMING,
@@ -381,7 +396,7 @@ void osub_seg_unclaim(struct osub_segment *g, int slot)
 int osub_seg_reserve(struct osub_segment *g, int slot, uint32_t dev, uint64_t bytes)
 {
     struct osub_seg *s = g->s;
-    if (dev >= s->n_devices)
+    if (dev >= g->n_devices || slot < 0 || slot >= (int)g->n_slots)
         return -EINVAL;
     struct osub_seg_dev *d = &s->dev[dev];
     struct osub_seg_slot *sl = &s->slot[slot];
@@ -407,7 +422,7 @@ int osub_seg_reserve(struct osub_segment *g, int slot, uint32_t dev, uint64_t by
 void osub_seg_release(struct osub_segment *g, int slot, uint32_t dev, uint64_t bytes)
 {
     struct osub_seg *s = g->s;
-    if (dev >= s->n_devices)
+    if (dev >= g->n_devices || slot < 0 || slot >= (int)g->n_slots)
         return;
     /* the slot first, then the device: a death between leaves the device high (safe) */
     uint64_t took = sub_clamped(&s->slot[slot].reserved_bytes[dev], bytes);
@@ -417,7 +432,7 @@ void osub_seg_release(struct osub_segment *g, int slot, uint32_t dev, uint64_t b
 
 void osub_seg_set_grant(struct osub_segment *g, uint32_t dev, uint64_t bytes)
 {
-    if (dev >= g->s->n_devices)
+    if (dev >= g->n_devices)
         return;
     atomic_store_explicit(&g->s->dev[dev].grant_bytes, bytes, REL);
     atomic_fetch_add_explicit(&g->s->generation, 1, REL);
@@ -425,10 +440,82 @@ void osub_seg_set_grant(struct osub_segment *g, uint32_t dev, uint64_t bytes)
 
 uint64_t osub_seg_grant(const struct osub_segment *g, uint32_t dev)
 {
-    return dev < g->s->n_devices ? atomic_load_explicit(&g->s->dev[dev].grant_bytes, ACQ) : 0;
+    return dev < g->n_devices ? atomic_load_explicit(&g->s->dev[dev].grant_bytes, ACQ) : 0;
 }
 
 uint64_t osub_seg_reserved(const struct osub_segment *g, uint32_t dev)
 {
-    return dev < g->s->n_devices ? atomic_load_explicit(&g->s->dev[dev].reserved_bytes, ACQ) : 0;
+    return dev < g->n_devices ? atomic_load_explicit(&g->s->dev[dev].reserved_bytes, ACQ) : 0;
+}
+
+int osub_seg_check(struct osub_segment *g, bool repair, char *why, size_t whylen)
+{
+    volatile struct osub_seg *s = g->s;
+    const char *field = NULL;
+    uint32_t got = 0, want = 0;
+#define CHECK(f, w)                                                                                \
+    do {                                                                                           \
+        uint32_t v_ = s->f;                                                                        \
+        if (field == NULL && v_ != (w)) {                                                          \
+            field = #f;                                                                            \
+            got = v_;                                                                              \
+            want = (w);                                                                            \
+        }                                                                                          \
+    } while (0)
+    CHECK(magic, OSUB_SEG_MAGIC);
+    CHECK(version, OSUB_SEG_VERSION);
+    CHECK(size, (uint32_t)sizeof(struct osub_seg));
+    CHECK(n_devices, g->n_devices);
+    CHECK(n_slots, g->n_slots);
+    CHECK(slot_offset, (uint32_t)offsetof(struct osub_seg, slot));
+    CHECK(slot_size, (uint32_t)sizeof(struct osub_seg_slot));
+#undef CHECK
+    if (field == NULL)
+        return 0;
+    if (why != NULL)
+        snprintf(why, whylen, "its header was rewritten (%s is %u, not %u)", field, got, want);
+    if (repair) {
+        s->magic = OSUB_SEG_MAGIC;
+        s->version = OSUB_SEG_VERSION;
+        s->size = (uint32_t)sizeof(struct osub_seg);
+        s->n_devices = g->n_devices;
+        s->n_slots = g->n_slots;
+        s->slot_offset = (uint32_t)offsetof(struct osub_seg, slot);
+        s->slot_size = (uint32_t)sizeof(struct osub_seg_slot);
+    }
+    return -EPROTO;
+}
+
+/* no device holds a pebibyte: a figure above this is a lie, whatever the pool */
+#define SEG_PLAUSIBLE_BYTES (1ull << 50)
+
+int osub_seg_view(const struct osub_segment *g, uint64_t max_bytes, struct osub_seg_view *v,
+                  char *why, size_t whylen)
+{
+    const struct osub_seg *s = g->s;
+    uint64_t cap = max_bytes > 0 && max_bytes < SEG_PLAUSIBLE_BYTES ? max_bytes : SEG_PLAUSIBLE_BYTES;
+    int rc = 0;
+    uint64_t got = v->got;
+    memset(v, 0, sizeof(*v));
+    v->got = got;
+    v->n = g->n_devices <= OSUB_SEG_DEVICES ? g->n_devices : OSUB_SEG_DEVICES;
+    v->live = osub_seg_live(g);
+    for (uint32_t i = 0; i < v->n; i++) {
+        v->grant[i] = osub_seg_grant(g, i);
+        uint64_t held = osub_seg_reserved(g, i);
+        uint64_t peak = atomic_load_explicit(&s->dev[i].peak_bytes, RLX);
+        if (held > cap) {
+            if (rc == 0 && why != NULL)
+                snprintf(why, whylen, "it says %llu bytes are held on its device %u, more than %llu",
+                         (unsigned long long)held, i, (unsigned long long)cap);
+            rc = -ERANGE;
+            held = cap;
+        }
+        v->held[i] = held;
+        v->peak[i] = peak < cap ? peak : cap;
+        uint64_t r = atomic_load_explicit(&s->dev[i].refused, RLX);
+        v->refused = v->refused + r < v->refused ? UINT64_MAX : v->refused + r;
+    }
+    v->reclaimed = atomic_load_explicit(&s->reclaimed_bytes, RLX);
+    return rc;
 }

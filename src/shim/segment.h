@@ -76,6 +76,19 @@ struct osub_segment {
     int probe_fd; /* another description of the same file: F_OFD_GETLK ignores locks held
                    * through the asking description, so liveness is asked through this one */
     struct osub_seg *s;
+    /* The geometry, copied at creation (or at a validated open): every loop and index is
+     * bounded by these, never by the header, which any process of the service can rewrite. */
+    uint32_t n_devices;
+    uint32_t n_slots;
+};
+
+/* What oversubd reads of a segment each watch round (osub_seg_view). Every figure is bounded:
+ * n <= the geometry's devices, held/peak clamped to what a device can be. */
+struct osub_seg_view {
+    uint32_t n;
+    int live;
+    uint64_t grant[OSUB_SEG_DEVICES], held[OSUB_SEG_DEVICES], peak[OSUB_SEG_DEVICES];
+    uint64_t refused, reclaimed, got;
 };
 
 /* Creates the segment file `path` (must not exist: O_EXCL, symlinks not followed), mode 0600,
@@ -111,6 +124,17 @@ void osub_seg_release(struct osub_segment *g, int slot, uint32_t dev, uint64_t b
 int osub_seg_reclaim(struct osub_segment *g, uint64_t *bytes);
 /* Number of live processes (LIVE slots whose lock is held). */
 int osub_seg_live(const struct osub_segment *g);
+
+/* Whether the header still says what the geometry copy says (magic, version, size, devices,
+ * slots, slot layout): 0, or -EPROTO with a sentence in why naming the first field that
+ * differs. A process of the service that rewrote it is at fault; with repair, the header is
+ * written back to the true geometry so the service's own shims read it right again. */
+int osub_seg_check(struct osub_segment *g, bool repair, char *why, size_t whylen);
+/* Fills v from the segment, bounded by the geometry copy; a figure no device can hold (held
+ * beyond max_bytes when max_bytes > 0, or beyond 2^50) is reported in why and the call returns
+ * -ERANGE (v is still filled, clamped). 0 when every figure is plausible. */
+int osub_seg_view(const struct osub_segment *g, uint64_t max_bytes, struct osub_seg_view *v,
+                  char *why, size_t whylen);
 
 /* Sets the grant of device dev and bumps the generation (oversubd's side). */
 void osub_seg_set_grant(struct osub_segment *g, uint32_t dev, uint64_t bytes);

@@ -108,7 +108,8 @@ class H(BaseHTTPRequestHandler):
         u = urlparse(self.path)
         q = parse_qs(u.query)
         if u.path == "/echo":
-            self.send(200, json.dumps({"path": self.path, "headers": dict(self.headers)}))
+            self.send(200, json.dumps({"path": self.path, "headers": dict(self.headers),
+                                       "port": self.server.server_address[1]}))
         elif u.path == "/slow":
             tag = q.get("tag", ["?"])[0]
             with lock:

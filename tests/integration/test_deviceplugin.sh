@@ -100,9 +100,19 @@ expect "the mounts" "/usr/local/lib/oversub/liboversub-cuda.so=$D/st/lib/libover
 expect "the shim's copy is the shim" same "$(cmp -s "$shim" "$D/st/lib/liboversub-cuda.so" && echo same)"
 expect "the shim's copy: mode 0755" 755 "$(stat -c %a "$D/st/lib/liboversub-cuda.so")"
 grep -q "the CUDA shim .* copied to $D/st/lib/liboversub-cuda.so" "$D/err" || bad "the copy is logged: $(grep 'CUDA shim' "$D/err")"
-expect "the segment in the state's shim folder" "$D/st/shim" "$(dirname "$seg")"
-expect "the segment: any container user may open it" 666 "$(stat -c %a "$seg")"
-expect "the folder: not listable" 711 "$(stat -c %a "$D/st/shim")"
+expect "the segment in the state's shim/pods folder" "$D/st/shim/pods" "$(dirname "$seg")"
+expect "the segment: any container user may open it (through its bind mount)" 666 "$(stat -c %a "$seg")"
+# no local user reaches it by its path (issue 23: 0666 in a 0711 folder was anyone's)
+expect "the pods' folder: root's only" "700 $(id -u)" "$(stat -c '%a %u' "$D/st/shim/pods")"
+expect "the shim folder: passable, not listable" 711 "$(stat -c %a "$D/st/shim")"
+if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1; then
+    chmod 711 "$tmp" "$D" "$D/st" # every folder above passable, as a host's /var/lib is
+    expect "another local user cannot open it, even knowing its name" denied "$(su -s /bin/sh nobody -c "cat '$seg' >/dev/null 2>&1 && echo opened || echo denied")"
+fi
+expect "the socket (the admin) sees the path" "$seg" "$(svc pod-u1 'd["shim"]["segment"]')"
+PORT=$(grep -o "listening on http://127.0.0.1:[0-9]*" "$D/out" | tail -1 | sed 's/.*://')
+expect "TCP without the admin token never sees it" "<redacted>" "$(curl -s "http://127.0.0.1:$PORT/v1/services/pod-u1" | json 'd["shim"]["segment"]')"
+expect "nor in the list" "" "$(curl -s "http://127.0.0.1:$PORT/v1/services" | grep -o "$(basename "$seg")")"
 # the shim as the container would run it, against the fake driver: the grant enforced, the
 # usage read back by the watch round
 F=$tmp/ctr
@@ -171,7 +181,7 @@ expect "the pod stays bound" pending "$(svc pod-u3 'd["state"]')"
 api DELETE "/v1/services/$victim" >/dev/null
 wait_for 20 test "$(svc pod-u3 'd["state"]')" = loading || bad "pod-u3 did not start"
 expect "the kubelet's retry starts it" "prestart ok" "$(dpa prestart r 600 5)"
-seg3=$(ls "$D"/st/shim/pod-u3.*.seg)
+seg3=$(ls "$D"/st/shim/pods/pod-u3.*.seg)
 api DELETE /v1/services/pod-u2 >/dev/null
 api DELETE /v1/services/pod-u3 >/dev/null
 wait_for 20 test ! -e "$seg2" -a ! -e "$seg3" || bad "the pods' segments stay after they went"

@@ -393,6 +393,28 @@ if command -v promtool >/dev/null; then
 fi
 expect "control API alive" 200 "$(curl -s -o /dev/null -w '%{http_code}' "$A/healthz")"
 
+# ---- a route that changes takes its pooled connections with it (issue 23) ----
+python3 "$here/backend.py" >"$tmp/backend2.out" 2>&1 &
+pids+=($!)
+B2PORT=$(waitline "$tmp/backend2.out" "port ") || bad "second backend did not start"
+B2="http://127.0.0.1:$B2PORT"
+at() { curl -s "$G/mv/echo" ${1:+-H "Authorization: Bearer $1"} | json 'd["port"]'; }
+expect "submit mv on backend 1" 201 "$(submit "{\"id\":\"mv\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"$B\"]}")"
+curl -s -o /dev/null -X POST "$A/v1/services/mv/ready"
+expect "mv answers from backend 1" "$BPORT" "$(at)"
+expect "and again (its connection pooled)" "$BPORT" "$(at)"
+expect "backends moved to 2" 200 "$(curl -s -o /dev/null -w '%{http_code}' -X PUT "$A/v1/services/mv/backends" -d "{\"backends\":[\"$B2\"]}")"
+expect "after PUT backends: backend 2" "$B2PORT" "$(at)"
+expect "and only backend 2" "$B2PORT" "$(at)"
+curl -s -o /dev/null -X DELETE "$A/v1/services/mv"
+expect "the same id by another owner, on backend 1" 201 "$(submit "{\"id\":\"mv\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"$B\"]}")"
+curl -s -o /dev/null -X POST "$A/v1/services/mv/ready"
+expect "its requests (and its Authorization) reach its backend, never the old one" "$BPORT" "$(at secret-of-the-new-owner)"
+curl -s -o /dev/null -X DELETE "$A/v1/services/mv"
+wait_for() { local n=$(($1 * 10)); shift; for _ in $(seq 1 "$n"); do "$@" && return 0; sleep 0.1; done; return 1; }
+freed() { ! curl -s "$A/metrics" | grep -q 'oversub_gateway_inflight{service="mv"}'; }
+wait_for 20 freed || bad "the gateway's state of a released service is freed: $(curl -s "$A/metrics" | grep 'service="mv"' | head -3)"
+
 # ---- the routes survive a restart ----
 kill -TERM "${pids[1]}"; wait "${pids[1]}" 2>/dev/null
 "$bin" --listen 127.0.0.1:0 --gateway 127.0.0.1:0 --socket "" --state "$tmp/state.db" \

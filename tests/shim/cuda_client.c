@@ -5,6 +5,7 @@
  * program runs against the fake driver and, in scripts/gpu-check-shim.sh, a real one. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -357,6 +358,22 @@ static int run(const char *cmd)
         const char *seg = getenv("OVERSUB_SHIM_SEGMENT");
         if (seg == NULL || truncate(seg, 0) != 0)
             die("shrinkseg: no segment to cut");
+    } else if (strcmp(step, "pokeseg") == 0 && arg) {
+        /* a hostile service: write a 32- or 64-bit value at a byte offset of its segment
+         * (pokeseg:OFFSET:VALUE, a value above 2^32-1 written as 64 bits) */
+        const char *seg = getenv("OVERSUB_SHIM_SEGMENT");
+        unsigned long long off = 0, val = 0;
+        if (seg == NULL || sscanf(arg, "%llu:%llu", &off, &val) != 2)
+            die("pokeseg:OFFSET:VALUE with OVERSUB_SHIM_SEGMENT set");
+        int fd = open(seg, O_RDWR);
+        uint32_t v32 = (uint32_t)val;
+        uint64_t v64 = val;
+        ssize_t n = fd < 0 ? -1
+                    : val > UINT32_MAX ? pwrite(fd, &v64, sizeof(v64), (off_t)off)
+                                       : pwrite(fd, &v32, sizeof(v32), (off_t)off);
+        if (n <= 0)
+            die("pokeseg: cannot write the segment");
+        close(fd);
     } else if (strcmp(step, "hold") == 0) {
         for (;;)
             pause();

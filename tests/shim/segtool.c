@@ -1,6 +1,7 @@
 /* segtool.c - makes and reads grant segments for the shim's tests, as oversubd does:
  *   segtool create PATH DEVICES GRANT_MIB   segtool grant PATH DEVICE MIB
- *   segtool show PATH                       segtool reclaim PATH */
+ *   segtool show PATH                       segtool reclaim PATH
+ *   segtool offsets (the header fields' byte offsets) */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,13 @@ static int usage(void)
 
 int main(int argc, char **argv)
 {
+    if (argc == 2 && strcmp(argv[1], "offsets") == 0) {
+        /* where a hostile service would write (test_shim.sh) */
+        printf("n_devices=%zu n_slots=%zu reserved0=%zu\n", offsetof(struct osub_seg, n_devices),
+               offsetof(struct osub_seg, n_slots),
+               offsetof(struct osub_seg, dev) + offsetof(struct osub_seg_dev, reserved_bytes));
+        return 0;
+    }
     if (argc < 3)
         return usage();
     struct osub_segment g;
@@ -45,7 +53,7 @@ int main(int argc, char **argv)
     } else if (strcmp(argv[1], "show") == 0 && argc == 3) {
         printf("live=%d reclaimed_slots=%" PRIu64 " reclaimed_mib=%" PRIu64 "\n", osub_seg_live(&g),
                atomic_load(&g.s->reclaimed_slots), atomic_load(&g.s->reclaimed_bytes) >> 20);
-        for (uint32_t d = 0; d < g.s->n_devices; d++)
+        for (uint32_t d = 0; d < g.n_devices; d++)
             printf("dev=%u grant_mib=%" PRIu64 " reserved_mib=%" PRIu64 " reserved=%" PRIu64
                    " peak_mib=%" PRIu64 " refused=%" PRIu64 "\n",
                    d, osub_seg_grant(&g, d) >> 20, osub_seg_reserved(&g, d) >> 20,

@@ -290,6 +290,48 @@ static void test_slots_run_out_cleanly(void **state)
     osub_seg_cleanup(&g);
 }
 
+/* A process of the service can rewrite any byte of the header: the reader is bounded by the
+ * geometry it copied (issue 23: n_slots 0x7fffffff, or n_devices 2^32-1 with a dead LIVE slot,
+ * read out of bounds and killed oversubd), says what was rewritten, and puts it back. */
+static void test_rewritten_header_is_not_believed(void **state)
+{
+    (void)state;
+    struct osub_segment g;
+    make(&g, "h", 2, 1000 * MIB);
+    char why[200];
+    assert_int_equal(osub_seg_check(&g, false, why, sizeof(why)), 0);
+    /* a dead process's LIVE slot with something reserved, then the header rewritten */
+    atomic_store(&g.s->slot[5].state, OSUB_SLOT_LIVE);
+    atomic_store(&g.s->slot[5].reserved_bytes[1], 300 * MIB);
+    atomic_store(&g.s->dev[1].reserved_bytes, 300 * MIB);
+    g.s->n_slots = 0x7fffffff;
+    g.s->n_devices = UINT32_MAX;
+    g.s->slot_size = 1u << 30;
+    assert_int_equal(osub_seg_check(&g, false, why, sizeof(why)), -EPROTO);
+    assert_non_null(strstr(why, "n_devices is 4294967295, not 2"));
+    uint64_t b = 0;
+    assert_int_equal(osub_seg_reclaim(&g, &b), 1); /* the one dead slot, and nothing past it */
+    assert_int_equal(b, 300 * MIB);
+    assert_int_equal(osub_seg_live(&g), 0);
+    assert_int_equal(osub_seg_grant(&g, 2), 0); /* beyond its 2 devices, whatever it says */
+    osub_seg_set_grant(&g, 1000, MIB);          /* ignored, not written past the end */
+    assert_int_equal(osub_seg_reserve(&g, 0, 2, MIB), -EINVAL);
+    assert_int_equal(osub_seg_reserve(&g, 100000, 0, MIB), -EINVAL);
+    struct osub_seg_view v = {0};
+    assert_int_equal(osub_seg_view(&g, 10000 * MIB, &v, why, sizeof(why)), 0);
+    assert_int_equal(v.n, 2);
+    /* repaired: the header reads true again, and a fresh open accepts it */
+    assert_int_equal(osub_seg_check(&g, true, why, sizeof(why)), -EPROTO);
+    assert_int_equal(osub_seg_check(&g, false, why, sizeof(why)), 0);
+    assert_int_equal(g.s->n_slots, OSUB_SEG_SLOTS);
+    /* a figure no device holds is refused, clamped, and said */
+    atomic_store(&g.s->dev[0].reserved_bytes, UINT64_MAX - 5);
+    assert_int_equal(osub_seg_view(&g, 10000 * MIB, &v, why, sizeof(why)), -ERANGE);
+    assert_int_equal(v.held[0], 10000 * MIB);
+    assert_non_null(strstr(why, "device 0"));
+    osub_seg_cleanup(&g);
+}
+
 int main(void)
 {
     if (mkdtemp(dir) == NULL)
@@ -302,6 +344,7 @@ int main(void)
         cmocka_unit_test(test_abandoned_claims),
         cmocka_unit_test(test_refuses_what_is_not_a_segment),
         cmocka_unit_test(test_slots_run_out_cleanly),
+        cmocka_unit_test(test_rewritten_header_is_not_believed),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[300];
