@@ -544,6 +544,23 @@ static void submit_commit(struct osubd *d, int rc, const osub_submit_result_t *r
         osubd_fatal(d, "out of memory keeping a service's gateway or run settings");
 }
 
+/* A route whose backend is oversubd's own API or gateway: the gateway never forwards there,
+ * whatever allowed_destinations says (else a service's backends are a way around the token).
+ * 0, or -1 with a sentence in err. */
+static int route_not_self(struct osubd *d, const struct osubd_route *r, char *err, size_t errlen)
+{
+    for (int32_t i = 0; r != NULL && i < r->n_backends; i++) {
+        const char *w = osubd_self_url(&d->self, r->backends[i]);
+        if (w != NULL) {
+            snprintf(err, errlen,
+                     "backends[%d] %s is oversubd's own %s: the gateway never forwards to oversubd",
+                     (int)i, r->backends[i], w);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dry)
 {
     json_t *spec = read_body(d, req, false);
@@ -554,8 +571,10 @@ static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dr
     /* what the gateway and the actuators keep of the service is staged here and kept only if
      * the engine accepts the submit: a refused submit changes nothing anywhere */
     struct osubd_route *route = NULL;
-    if (osubd_route_take(spec, false, d->dest, &route, err, sizeof(err)) != 0) {
+    if (osubd_route_take(spec, false, d->dest, &route, err, sizeof(err)) != 0 ||
+        route_not_self(d, route, err, sizeof(err)) != 0) {
         json_decref(spec);
+        free(route);
         reply_error(d, req, 422, "invalid_spec", err);
         return;
     }
@@ -839,8 +858,10 @@ static void h_backends(struct osubd *d, struct evhttp_request *req, const char *
         reply_error(d, req, 422, "invalid_backends", "field 'backends' is required");
         return;
     }
-    if (osubd_route_take(j, true, d->dest, &route, err, sizeof(err)) != 0) {
+    if (osubd_route_take(j, true, d->dest, &route, err, sizeof(err)) != 0 ||
+        route_not_self(d, route, err, sizeof(err)) != 0) {
         json_decref(j);
+        free(route);
         reply_error(d, req, 422, "invalid_backends", err);
         return;
     }
@@ -1629,6 +1650,7 @@ int osubd_api_init(struct osubd *d, char *err, size_t errlen)
         return -1;
     }
     osubd_conns_listen(d->conns, h);
+    osubd_self_add_fd(&d->self, (int)evhttp_bound_socket_get_fd(h), "control API");
     int port = osubd_bound_port(h);
     d->cfg.listen_port = port;
     if (d->cfg.socket_path[0] && bind_unix(d, err, errlen) != 0)

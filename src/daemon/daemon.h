@@ -10,6 +10,7 @@
 #include <event2/http.h>
 #include <jansson.h>
 
+#include "selfaddr.h"
 #include "oversub/engine.h"
 #include "idmap.h"
 #include "routes.h"
@@ -113,6 +114,7 @@ struct osubd {
     struct evhttp *http_unix;        /* the API on the Unix socket: trusted to run programs */
     bool req_trusted;                /* the request being handled came over the Unix socket */
     struct osubd_destinations *dest; /* allowed_destinations, parsed */
+    struct osubd_self self;          /* the addresses the API and the gateway listen on */
     bool req_admin;                  /* ... or carries the admin token, or no token is configured */
     struct osubd_act *act;           /* the actuators' own state (actuator.c) */
     struct osubd_pods *pods;         /* pods evicted through the API server (pods.c) */

@@ -1476,8 +1476,9 @@ static int backend_addr(struct gw_svc *s, int b, const char *url)
     return 0;
 }
 
-static struct gw_bconn *bc_get(struct gw_svc *s, int b, const char *url)
+static struct gw_bconn *bc_get(struct gw_svc *s, int b, const char *url, const char **self)
 {
+    *self = NULL;
     while (s->idle[b] != NULL) {
         struct gw_bconn *bc = s->idle[b];
         s->idle[b] = bc->next;
@@ -1492,6 +1493,12 @@ static struct gw_bconn *bc_get(struct gw_svc *s, int b, const char *url)
     }
     if (backend_addr(s, b, url) != 0)
         return NULL;
+    const char *own = osubd_self_match(&s->g->d->self, (struct sockaddr *)&s->baddr[b]);
+    if (own != NULL) {
+        /* a name that resolves to oversubd's own API or gateway: never forwarded to */
+        *self = own;
+        return NULL;
+    }
     int fd = socket(s->baddr[b].ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return NULL;
@@ -1590,7 +1597,18 @@ static void dispatch(struct osub_gateway *g, struct gw_req *r)
     double t = now_s();
     for (size_t k = 0; k < nb && s->down_until[b] > t; k++)
         b = (int)(s->rr++ % nb); /* skip backends out of rotation (all out: probe one) */
-    struct gw_bconn *bc = nb ? bc_get(s, b, route->backends[b]) : NULL;
+    const char *self = NULL;
+    struct gw_bconn *bc = nb ? bc_get(s, b, route->backends[b], &self) : NULL;
+    if (bc == NULL && self != NULL) {
+        s->backend_errors++;
+        /* literals: answers are cached by their texts' addresses */
+        reply(r, 502, "Bad Gateway", "backend_forbidden", "self",
+              strcmp(self, "gateway") == 0
+                  ? "the service's backend is oversubd's own gateway: never forwarded to"
+                  : "the service's backend is oversubd's own control API: never forwarded to",
+              0);
+        return;
+    }
     if (bc == NULL) {
         s->backend_errors++;
         if (nb) {
@@ -2022,6 +2040,7 @@ int osubd_gateway_init(struct osubd *d, char *err, size_t errlen)
         bport = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                                : ((struct sockaddr_in *)&ss)->sin_port);
     osubd_listener_guard(g->lis, "gateway", &g->refused_conns);
+    osubd_self_add_fd(&d->self, (int)evconnlistener_get_fd(g->lis), "gateway");
     g->pump = event_new(d->base, -1, EV_PERSIST, on_pump, g);
     struct timeval tv = {0, 50000};
     event_add(g->pump, &tv);

@@ -14,7 +14,14 @@ here=$(cd "$(dirname "$0")" && pwd)
 FLAG=$tmp/flag python3 "$here/backend.py" >"$tmp/backend.out" 2>&1 &
 pids+=($!)
 BPORT=$(waitline "$tmp/backend.out" "port ") || { echo "backend did not start"; exit 1; }
-"$bin" --listen 127.0.0.1:0 --gateway 127.0.0.1:0 --socket "" --state "$tmp/state.db" \
+# the host's own name, when it resolves to 127.0.0.1, allowed by name (a backend named so
+# reaches oversubd's API: refused when the gateway connects)
+SELFNAME=$(hostname 2>/dev/null)
+case "$(getent ahostsv4 "$SELFNAME" 2>/dev/null | head -1 | cut -d' ' -f1)" in
+127.0.0.1) printf 'allowed_destinations: "127.0.0.0/8,::1/128,localhost,%s"\n' "$SELFNAME" >"$tmp/gw.yaml" ;;
+*) SELFNAME= ; : >"$tmp/gw.yaml" ;;
+esac
+"$bin" --config "$tmp/gw.yaml" --listen 127.0.0.1:0 --gateway 127.0.0.1:0 --socket "" --state "$tmp/state.db" \
     --gpus sim:8x81920 --ratio 1.5 --tick-ms 100 >"$tmp/out" 2>"$tmp/err" &
 pids+=($!)
 PORT=$(waitline "$tmp/out" "listening on http://127.0.0.1:") || { echo "oversubd did not start: $(cat "$tmp/err")"; exit 1; }
@@ -414,6 +421,28 @@ curl -s -o /dev/null -X DELETE "$A/v1/services/mv"
 wait_for() { local n=$(($1 * 10)); shift; for _ in $(seq 1 "$n"); do "$@" && return 0; sleep 0.1; done; return 1; }
 freed() { ! curl -s "$A/metrics" | grep -q 'oversub_gateway_inflight{service="mv"}'; }
 wait_for 20 freed || bad "the gateway's state of a released service is freed: $(curl -s "$A/metrics" | grep 'service="mv"' | head -3)"
+
+# ---- the gateway never forwards to oversubd's own API or gateway (issue 23) ----
+for own in "$A" "http://localhost:$PORT" "http://0.0.0.0:$PORT" "$G" "http://[::ffff:127.0.0.1]:$PORT"; do
+    expect "a backend at $own refused" 422 "$(submit "{\"id\":\"loop\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"$own\"]}")"
+done
+grep -q "is oversubd's own control API: the gateway never forwards to oversubd" "$tmp/sub" || grep -q "is oversubd's own" "$tmp/sub" || bad "the refusal says why: $(cat "$tmp/sub")"
+expect "submit loop on a real backend" 201 "$(submit "{\"id\":\"loop\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"$B\"]}")"
+expect "PUT backends to the API refused" 422 "$(curl -s -o "$tmp/put" -w '%{http_code}' -X PUT "$A/v1/services/loop/backends" -d "{\"backends\":[\"$A\"]}")"
+grep -q "oversubd's own control API" "$tmp/put" || bad "the PUT refusal names the API: $(cat "$tmp/put")"
+curl -s -o /dev/null -X DELETE "$A/v1/services/loop"
+# a name (allowed by name) that resolves to the API: refused when the gateway connects
+if [ -n "$SELFNAME" ]; then
+    expect "submit byname (a name: resolved later)" 201 "$(submit "{\"id\":\"byname\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"http://$SELFNAME:$PORT\"]}")"
+    curl -s -o /dev/null -X POST "$A/v1/services/byname/ready"
+    ratio0=$(curl -s "$A/v1/pool" | json 'd["ratio"]')
+    expect "through the gateway to the API by name: 502" 502 "$(curl -s -o "$tmp/bn" -w '%{http_code}' -X PUT "$G/byname/v1/pool" -H 'Content-Type: application/json' -d '{"ratio":"3.0"}')"
+    expect "said why" backend_forbidden "$(json 'd["error"]["code"]' <"$tmp/bn")"
+    expect "the ratio unchanged" "$ratio0" "$(curl -s "$A/v1/pool" | json 'd["ratio"]')"
+    curl -s -o /dev/null -X DELETE "$A/v1/services/byname"
+else
+    echo "the host's name does not resolve to loopback: the by-name check is skipped"
+fi
 
 # ---- the routes survive a restart ----
 kill -TERM "${pids[1]}"; wait "${pids[1]}" 2>/dev/null
