@@ -43,11 +43,12 @@ run: build
 	@mkdir -p var
 	@echo "oversubd: state in var/oversub.db, API on 127.0.0.1:7070 and var/oversub.sock"
 	@echo "try:  curl -s localhost:7070/v1/pool"
-	@echo "      curl -s -X POST localhost:7070/v1/services -d '{\"id\":\"chat\",\"class\":\"online\",\"vram\":\"40GiB\"}'"
+	@echo "      curl -s -X POST localhost:7070/v1/services -H 'Content-Type: application/json' -d '{\"id\":\"chat\",\"class\":\"online\",\"vram\":\"40GiB\"}'"
 	@echo "      curl -s localhost:7070/metrics | head"
 	@echo "      build/oversub demo     (the worked scenario on a daemon of its own)"
 	@echo "gateway: services submitted with \"backends\" answer on localhost:8080/{service}/..."
-	./$(BUILD)/oversubd --config oversub.yaml
+	@if [ "$$(id -u)" = 0 ]; then echo "make run as root: managed services given no user run as root (--allow-root-services; the installed configuration refuses it)"; fi
+	./$(BUILD)/oversubd --config oversub.yaml $$([ "$$(id -u)" = 0 ] && echo --allow-root-services)
 
 scenario: build
 	./$(BUILD)/oversub-scenario

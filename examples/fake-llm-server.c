@@ -55,6 +55,7 @@ static struct {
     size_t queued;
     struct evhttp_connection *ctl;
     char host[256];
+    char host_port[300]; /* the Host header: oversubd refuses one that is not its address */
     int port;
     int listen_port;
 } S;
@@ -81,7 +82,7 @@ static void ctl_send(enum evhttp_cmd_type m, const char *what, const char *body)
     char path[256], auth[128];
     snprintf(path, sizeof(path), "/v1/services/%s/%s", S.env.service, what);
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    evhttp_add_header(h, "Host", S.host);
+    evhttp_add_header(h, "Host", S.host_port);
     evhttp_add_header(h, "Content-Type", "application/json");
     if (S.env.token) {
         snprintf(auth, sizeof(auth), "Bearer %s", S.env.token);
@@ -310,7 +311,7 @@ static void poll_directives(void)
     char path[300];
     snprintf(path, sizeof(path), "/v1/services/%s/directives?wait=20&after=%lld", S.env.service,
              S.after);
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Host", S.host);
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Host", S.host_port);
     evhttp_make_request(c, req, EVHTTP_REQ_GET, path);
 }
 
@@ -434,6 +435,7 @@ int main(int argc, char **argv)
         const char *colon = strrchr(h, ':');
         snprintf(S.host, sizeof(S.host), "%.*s", colon ? (int)(colon - h) : (int)strlen(h), h);
         S.port = colon ? atoi(colon + 1) : 80;
+        snprintf(S.host_port, sizeof(S.host_port), "%s:%d", S.host, S.port);
         S.ctl = evhttp_connection_base_new(S.base, NULL, S.host, (uint16_t)S.port);
         evhttp_connection_set_retries(S.ctl, 3);
         poll_directives();

@@ -127,10 +127,18 @@ int http_request(const struct http_target *t, const char *method, const char *pa
     char auth[300] = "";
     if (t->token[0])
         snprintf(auth, sizeof(auth), "Authorization: Bearer %s\r\n", t->token);
+    /* Host: the address connected to (oversubd refuses a Host that is not one of its own) */
+    char host[300];
+    if (t->unix_path[0])
+        snprintf(host, sizeof(host), "localhost");
+    else if (strchr(t->host, ':') != NULL)
+        snprintf(host, sizeof(host), "[%s]:%d", t->host, t->port);
+    else
+        snprintf(host, sizeof(host), "%s:%d", t->host, t->port);
     int hl = snprintf(head, sizeof(head),
-                      "%s %s HTTP/1.1\r\nHost: oversubd\r\nConnection: close\r\n%s"
+                      "%s %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n%s"
                       "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
-                      method, path, auth, bl);
+                      method, path, host, auth, bl);
     if (hl < 0 || (size_t)hl >= sizeof(head) || write_all(fd, head, (size_t)hl) != 0 ||
         (bl > 0 && write_all(fd, body, bl) != 0)) {
         snprintf(err, errlen, "cannot send the request: %s", strerror(errno));

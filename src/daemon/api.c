@@ -28,6 +28,7 @@
 #include "conns.h"
 #include "daemon.h"
 #include "jsonmem.h"
+#include "deviceplugin.h"
 #include "netpolicy.h"
 #include "actuator.h"
 #include "pods.h"
@@ -1364,6 +1365,7 @@ static void h_metrics(struct osubd *d, struct evhttp_request *req, const char *q
         (unsigned long long)osubd_conns_refused(d->conns_unix), d->store_full ? 1 : 0,
         (unsigned long long)d->waiters_gone);
     osubd_gateway_metrics(d, b);
+    osubd_dp_metrics(d, b);
     osubd_act_metrics(d, b);
     osubd_pods_metrics(d, b);
     process_metrics(d, b);
@@ -1420,6 +1422,55 @@ static bool same_secret(const char *given, const char *want)
 
 static void on_request(struct evhttp_request *req, void *arg);
 
+/* application/json, or a +json type, with or without parameters */
+static bool json_media_type(const char *ct)
+{
+    if (ct == NULL)
+        return false;
+    while (*ct == ' ' || *ct == '\t')
+        ct++;
+    size_t n = strcspn(ct, "; \t");
+    if (n == 16 && strncasecmp(ct, "application/json", 16) == 0)
+        return true;
+    return n > 17 && strncasecmp(ct, "application/", 12) == 0 &&
+           strncasecmp(ct + n - 5, "+json", 5) == 0;
+}
+
+/* A browser's request from another origin, or through a name that is not oversubd's (DNS
+ * rebinding): over TCP, Host must name a listener (its address, localhost, or api_hostnames),
+ * and Origin, when sent, must be http://<that Host>. Mutations carry JSON (a form or a
+ * text/plain body, what a page may send without asking, is refused). 0, or the status sent. */
+static int browser_guard(struct osubd *d, struct evhttp_request *req, enum evhttp_cmd_type m)
+{
+    struct evkeyvalq *in = evhttp_request_get_input_headers(req);
+    const char *host = evhttp_find_header(in, "Host");
+    if (host != NULL && !osubd_self_host_ok(&d->self, host, d->cfg.api_hostnames)) {
+        reply_error(d, req, 403, "forbidden_host",
+                    "Host names neither an address oversubd listens on nor one of its "
+                    "api_hostnames (a page that rebinds a name to this address is refused)");
+        return 403;
+    }
+    const char *origin = evhttp_find_header(in, "Origin");
+    if (origin != NULL) {
+        bool same = host != NULL && strncasecmp(origin, "http://", 7) == 0 &&
+                    strcasecmp(origin + 7, host) == 0;
+        if (!same) {
+            reply_error(d, req, 403, "cross_origin",
+                        "a request from another origin (a web page) is refused: the API is "
+                        "for its own dashboard and for clients that send no Origin");
+            return 403;
+        }
+    }
+    if ((m == EVHTTP_REQ_POST || m == EVHTTP_REQ_PUT || m == EVHTTP_REQ_PATCH) &&
+        !json_media_type(evhttp_find_header(in, "Content-Type"))) {
+        reply_error(d, req, 415, "unsupported_media_type",
+                    "changes need Content-Type: application/json (a page's form or text/plain "
+                    "body is refused)");
+        return 415;
+    }
+    return 0;
+}
+
 /* The Unix socket's requests: its mode (0600) already says who may connect. */
 static void on_request_unix(struct evhttp_request *req, void *arg)
 {
@@ -1448,6 +1499,8 @@ static void on_request(struct evhttp_request *req, void *arg)
                     "two Content-Length headers, or Content-Length with Transfer-Encoding");
         goto done;
     }
+    if (!d->req_trusted && browser_guard(d, req, m) != 0)
+        goto done;
     /* command arguments and control URLs: the socket and the admin token see them; TCP
      * without the token (configured or not: any local user can reach loopback) does not */
     d->req_admin = d->req_trusted;

@@ -38,6 +38,7 @@ struct osubd_config {
     char cuda_shim[512]; /* liboversub-cuda.so: "" = next to oversubd, "none" = never preload */
     char cgroup[512];    /* "" or "auto": a cgroup v2 folder per service; "none"; or a folder */
     char allowed_destinations[1024]; /* where webhooks and the gateway may connect: CIDRs, names */
+    char api_hostnames[512]; /* names the API may be reached by (Host), besides its addresses */
     int64_t poll_ms;
     bool metrics_per_service; /* per-service series on /metrics (cardinality: opt-in) */
     char gateway_host[256];   /* "" = no gateway */

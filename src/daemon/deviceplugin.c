@@ -30,6 +30,8 @@
 #define DP_REQ_MAX (OSUBD_DP_MSG_MAX + 5)     /* a request's body, gRPC prefix included */
 #define DP_CONNS_MAX 16
 #define DP_STREAMS_MAX 128 /* concurrent calls on one connection (PreStartContainer waits) */
+#define DP_WATCHERS_MAX 8  /* ListAndWatch streams open at once, all connections together: the
+                            * kubelet keeps one; each may buffer one list (4 MiB) */
 #define DP_REG_TIMEOUT_S 10
 #define DP_OUT_HIGH (256 * 1024) /* nghttp2 is asked for more frames below this much queued */
 #define DP_PARK_MS 100           /* waiting PreStartContainer calls are checked this often */
@@ -61,6 +63,8 @@ struct dp_stream {
     bool ending;   /* trailers follow what out holds */
     bool deferred; /* nghttp2 waits for out to fill (resume_data) */
     bool parked;   /* PreStartContainer waiting for its pod's service to start */
+    bool want_list; /* watch: the list changed while out still held an earlier one; the
+                     * latest goes out once that is sent (coalesced: one copy per watcher) */
     int status;    /* gRPC status of the trailers */
     char message[300];
     char park_id[OSUB_ID_MAX + 1]; /* parked: the service, its container, the deadline */
@@ -103,6 +107,8 @@ struct osubd_dp {
     char shim[700];        /* the shim pods mount: its copy in the state's folder ("" none) */
     int64_t prestart_ms;   /* a waiting PreStartContainer is answered UNAVAILABLE after this */
     struct event *park_ev; /* re-checks the parked PreStartContainer calls */
+    uint64_t lists_coalesced; /* list changes a slow watcher skipped (it gets the latest) */
+    uint64_t watch_refused;   /* ListAndWatch calls beyond DP_WATCHERS_MAX */
 };
 
 /* ---- the device list -------------------------------------------------------------------- */
@@ -340,8 +346,14 @@ static ssize_t read_out(nghttp2_session *s, int32_t sid, uint8_t *buf, size_t le
 {
     (void)user;
     struct dp_stream *st = src->ptr;
+    if (st->want_list && evbuffer_get_length(st->out) == 0) {
+        /* what it had is sent: the latest list now */
+        st->want_list = false;
+        if (evbuffer_add(st->out, st->c->dp->list.p, st->c->dp->list.len) != 0)
+            return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    }
     size_t n = (size_t)evbuffer_remove(st->out, buf, len);
-    if (evbuffer_get_length(st->out) > 0)
+    if (evbuffer_get_length(st->out) > 0 || st->want_list)
         return (ssize_t)n;
     if (!st->ending) {
         if (n > 0)
@@ -482,27 +494,79 @@ static void call_watch(struct dp_stream *st, struct osubd_pb_reader *r)
         answer_error(st, GRPC_INVALID_ARGUMENT, "Empty: not a valid protobuf message");
         return;
     }
-    answer(st, &st->c->dp->list, true);
+    struct osubd_dp *dp = st->c->dp;
+    int open = 0;
+    for (struct dp_conn *c = dp->conns; c; c = c->next)
+        for (struct dp_stream *o = c->streams; o; o = o->next)
+            open += o->watch && o != st;
+    if (open >= DP_WATCHERS_MAX) {
+        dp->watch_refused++;
+        answer_error(st, GRPC_RESOURCE_EXHAUSTED,
+                     "%d ListAndWatch streams are open already (the kubelet keeps one)",
+                     DP_WATCHERS_MAX);
+        return;
+    }
+    answer(st, &dp->list, true);
 }
 
-/* GetPreferredAllocation: the devices that must be in, then the first available ones. */
+/* One device ID of a request: bytes inside the request. */
+struct dp_id {
+    const uint8_t *p;
+    size_t len;
+};
+
+static int id_cmp(const void *a, const void *b)
+{
+    const struct dp_id *x = a, *y = b;
+    if (x->len != y->len)
+        return x->len < y->len ? -1 : 1;
+    return memcmp(x->p, y->p, x->len);
+}
+
+/* the IDs one container request may name in each list (kubelet names at most the plugin's
+ * devices; our list is cut under DP_LIST_MAX bytes, so this many are always more than it has) */
+#define DP_IDS_MAX 65536
+
+/* GetPreferredAllocation: the devices that must be in, then the first available ones. Linear
+ * in the request (issue 23: a check of each available ID against every must-include one froze
+ * the daemon's loop for 116 s on 120,000 IDs): the must-include IDs sorted once, each available
+ * one looked up by binary search; at most DP_IDS_MAX IDs per container request. */
 static void call_preferred(struct dp_stream *st, struct osubd_pb_reader *r)
 {
     struct osubd_pb out;
     osubd_pb_init(&out, DP_LIST_MAX);
     struct osubd_pb_field f, g;
     int rc;
+    struct dp_id *must = NULL;
+    bool too_many = false;
     while ((rc = osubd_pb_next(r, &f)) == 1) {
         if (f.num != 1 || f.wire != 2)
             continue;
         struct osubd_pb_reader c = {f.data, f.data + f.len}, again;
         int64_t size = 0;
+        size_t n_must = 0, n_ids = 0; /* must-include, available */
         again = c;
-        while ((rc = osubd_pb_next(&c, &g)) == 1)
+        while ((rc = osubd_pb_next(&c, &g)) == 1) {
             if (g.num == 3 && g.wire == 0)
                 size = (int32_t)g.varint;
-        if (rc < 0)
+            else if (g.num == 1 && g.wire == 2 && ++n_ids > DP_IDS_MAX)
+                too_many = true;
+            else if (g.num == 2 && g.wire == 2 && ++n_must > DP_IDS_MAX)
+                too_many = true;
+        }
+        if (rc < 0 || too_many)
             break;
+        free(must);
+        must = n_must ? malloc(n_must * sizeof(*must)) : NULL;
+        if (n_must && must == NULL) {
+            out.failed = true;
+            break;
+        }
+        size_t k = 0;
+        for (c = again; osubd_pb_next(&c, &g) == 1;)
+            if (g.num == 2 && g.wire == 2)
+                must[k++] = (struct dp_id){(const uint8_t *)g.data, g.len};
+        qsort(must, n_must, sizeof(*must), id_cmp);
         struct osubd_pb one;
         osubd_pb_init(&one, DP_LIST_MAX);
         int64_t taken = 0;
@@ -511,22 +575,25 @@ static void call_preferred(struct dp_stream *st, struct osubd_pb_reader *r)
             while (taken < size && osubd_pb_next(&c, &g) == 1) {
                 if (g.num != (uint32_t)pass || g.wire != 2)
                     continue;
-                bool dup = false;
-                if (pass == 1) { /* an available one already taken as a must */
-                    struct osubd_pb_reader m = again;
-                    struct osubd_pb_field h;
-                    while (!dup && osubd_pb_next(&m, &h) == 1)
-                        dup = h.num == 2 && h.wire == 2 && h.len == g.len &&
-                              memcmp(h.data, g.data, g.len) == 0;
-                }
-                if (!dup) {
-                    osubd_pb_bytes(&one, 1, g.data, g.len);
-                    taken++;
-                }
+                struct dp_id key = {(const uint8_t *)g.data, g.len};
+                /* an available one already taken as a must */
+                if (pass == 1 && n_must && bsearch(&key, must, n_must, sizeof(*must), id_cmp))
+                    continue;
+                osubd_pb_bytes(&one, 1, g.data, g.len);
+                taken++;
             }
         }
         osubd_pb_bytes(&out, 1, one.p, one.len);
         osubd_pb_free(&one);
+    }
+    free(must);
+    if (too_many) {
+        osubd_pb_free(&out);
+        answer_error(st, GRPC_INVALID_ARGUMENT,
+                     "PreferredAllocationRequest: a container request names more than %d "
+                     "device IDs in a list",
+                     DP_IDS_MAX);
+        return;
     }
     if (rc < 0) {
         osubd_pb_free(&out);
@@ -1315,6 +1382,13 @@ static void push_list(struct osubd_dp *dp)
         for (struct dp_stream *st = c->streams; st; st = st->next) {
             if (!st->watch || st->out == NULL)
                 continue;
+            if (evbuffer_get_length(st->out) > 0 || st->want_list) {
+                /* still sending an earlier list: it gets the latest after, never a copy per
+                 * change (issue 23: 8 stuck watchers, 10 changes, +446 MiB) */
+                dp->lists_coalesced += st->want_list;
+                st->want_list = true;
+                continue;
+            }
             if (evbuffer_add(st->out, dp->list.p, dp->list.len) != 0) {
                 c->dead = true;
                 break;
@@ -1385,6 +1459,39 @@ static void on_check(evutil_socket_t fd, short what, void *arg)
                 (long long)dp->advertised, (long long)cap);
         push_list(dp);
     }
+}
+
+void osubd_dp_metrics(struct osubd *d, struct evbuffer *b)
+{
+    struct osubd_dp *dp = d->dp;
+    if (dp == NULL)
+        return;
+    int watchers = 0;
+    size_t buffered = 0;
+    for (struct dp_conn *c = dp->conns; c; c = c->next)
+        for (struct dp_stream *st = c->streams; st; st = st->next)
+            if (st->watch) {
+                watchers++;
+                buffered += st->out ? evbuffer_get_length(st->out) : 0;
+            }
+    evbuffer_add_printf(
+        b,
+        "# HELP oversub_deviceplugin_watchers ListAndWatch streams open (the kubelet's).\n"
+        "# TYPE oversub_deviceplugin_watchers gauge\noversub_deviceplugin_watchers %d\n"
+        "# HELP oversub_deviceplugin_watch_buffered_bytes Device-list bytes queued for watchers "
+        "that have not read them (at most one list each).\n"
+        "# TYPE oversub_deviceplugin_watch_buffered_bytes gauge\n"
+        "oversub_deviceplugin_watch_buffered_bytes %zu\n"
+        "# HELP oversub_deviceplugin_list_bytes The device list's size, framed.\n"
+        "# TYPE oversub_deviceplugin_list_bytes gauge\noversub_deviceplugin_list_bytes %zu\n"
+        "# HELP oversub_deviceplugin_lists_coalesced_total List changes a slow watcher skipped "
+        "(it gets the latest).\n# TYPE oversub_deviceplugin_lists_coalesced_total counter\n"
+        "oversub_deviceplugin_lists_coalesced_total %llu\n"
+        "# HELP oversub_deviceplugin_watch_refused_total ListAndWatch calls refused beyond %d "
+        "open.\n# TYPE oversub_deviceplugin_watch_refused_total counter\n"
+        "oversub_deviceplugin_watch_refused_total %llu\n",
+        watchers, buffered, dp->list.len, (unsigned long long)dp->lists_coalesced,
+        DP_WATCHERS_MAX, (unsigned long long)dp->watch_refused);
 }
 
 int osubd_dp_start(struct osubd *d, char *err, size_t errlen)

@@ -21,6 +21,9 @@ int osubd_dp_start(struct osubd *d, char *err, size_t errlen);
 /* Closes its sockets and connections; pods' segments stay on disk for the next run. Before
  * osubd_stop(). NULL-safe (no plugin: nothing). */
 void osubd_dp_stop(struct osubd *d);
+/* The device plugin's series for /metrics (nothing when it is off). */
+struct evbuffer;
+void osubd_dp_metrics(struct osubd *d, struct evbuffer *b);
 
 /* What the kubelet can account of oversub.io/vram-mib on this node when the device list is cut
  * to fit its 4 MiB message limit: the MiB advertised; -1 when the plugin is off or the list

@@ -48,6 +48,8 @@ static void usage(FILE *f)
             "  --kube-api URL       where pods are evicted: auto (in a cluster), none, or the\n"
             "                       API server's URL (oversub.yaml: kubernetes_api)\n"
             "  --new-state          start although STATE.marker says the state lost commands\n"
+            "  --allow-root-services  managed services given no user may run as root (make run,\n"
+            "                       as root, passes it; the key allow_root_services)\n"
             "                       (a deleted -wal file, an emptied or replaced database)\n"
             "  --help, --version\n");
 }
@@ -190,7 +192,8 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
         if (sv == NULL && json_is_boolean(v))
             sv = json_is_true(v) ? "true" : "false";
         char joined[1024] = "";
-        if (sv == NULL && json_is_array(v) && strcmp(key, "allowed_destinations") == 0) {
+        if (sv == NULL && json_is_array(v) &&
+            (strcmp(key, "allowed_destinations") == 0 || strcmp(key, "api_hostnames") == 0)) {
             /* a YAML list: its items, comma-separated */
             size_t i;
             json_t *it;
@@ -307,6 +310,21 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
                 rc = -1;
             }
             snprintf(c->allowed_destinations, sizeof(c->allowed_destinations), "%s", sv);
+        } else if (strcmp(key, "api_hostnames") == 0) {
+            /* names a browser may reach the API by (Host: NAME:PORT); IP literals of the
+             * listeners and localhost always */
+            for (const char *q = sv; *q != '\0'; q++)
+                if (!((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') ||
+                      (*q >= '0' && *q <= '9') || *q == '-' || *q == '.' || *q == ',' ||
+                      *q == ' ')) {
+                    fprintf(stderr,
+                            "oversubd: %s: key 'api_hostnames': host names separated by commas "
+                            "(letters, digits, '-', '.'), not '%s'\n",
+                            where, sv);
+                    rc = -1;
+                    break;
+                }
+            snprintf(c->api_hostnames, sizeof(c->api_hostnames), "%s", sv);
         } else if (strcmp(key, "device_plugin") == 0) {
             if (sv[0] != '\0' && sv[0] != '/') {
                 fprintf(stderr,
@@ -376,6 +394,7 @@ int main(int argc, char **argv)
                                          {"nvml-lib", required_argument, NULL, 'N'},
                                          {"gateway", required_argument, NULL, 'G'},
                                          {"new-state", no_argument, NULL, 'n'},
+                                         {"allow-root-services", no_argument, NULL, 'A'},
                                          {"help", no_argument, NULL, 'h'},
                                          {"version", no_argument, NULL, 'v'},
                                          {"device-plugin", required_argument, NULL, 'D'},
@@ -455,6 +474,9 @@ int main(int argc, char **argv)
             break;
         case 'n':
             d.cfg.new_state = true;
+            break;
+        case 'A':
+            d.cfg.allow_root_services = true;
             break;
         case 'N':
             snprintf(d.cfg.nvml_lib, sizeof(d.cfg.nvml_lib), "%s", optarg);

@@ -8,13 +8,14 @@
 #include <strings.h>
 
 #include "oversub/errors.h"
+#include "internal.h"
 
 __extension__ typedef unsigned __int128 osub_u128;
 
 /* Parses "123.456" into an integer part and up to `max_frac` fractional digits, scaled by
  * 10^max_frac. Returns the number of characters consumed, 0 on no digits, -1 on overflow,
  * and sets *extra_nonzero when digits beyond max_frac were not all zero. */
-static int parse_decimal(const char *s, int max_frac, int64_t *scaled, int *extra_nonzero,
+static int parse_decimal(const char *s, int max_frac, osub_u128 *scaled, int *extra_nonzero,
                          int *frac_digits)
 {
     const char *p = s;
@@ -49,10 +50,12 @@ static int parse_decimal(const char *s, int max_frac, int64_t *scaled, int *extr
         return 0;
     for (int i = nf; i < max_frac; i++)
         frac *= 10;
-    int64_t scale = 1;
+    /* in 128 bits: ip (< 2^44) times 10^9 does not fit in 64 (issue 23: "18446744074GiB"
+     * wrapped to 298 MiB) */
+    osub_u128 scale = 1;
     for (int i = 0; i < max_frac; i++)
         scale *= 10;
-    *scaled = ip * scale + frac;
+    *scaled = (osub_u128)ip * scale + (osub_u128)frac;
     return (int)(p - s);
 }
 
@@ -62,7 +65,7 @@ int osub_parse_ratio(const char *s, int32_t *milli_out)
         return OSUB_EINVAL;
     while (isspace((unsigned char)*s))
         s++;
-    int64_t v;
+    osub_u128 v;
     int extra, nfrac;
     int n = parse_decimal(s, 3, &v, &extra, &nfrac);
     if (n <= 0)
@@ -116,7 +119,7 @@ int osub_parse_size_mib(const char *s, int allow_zero, int64_t *mib_out)
         return OSUB_EINVAL;
     while (isspace((unsigned char)*s))
         s++;
-    int64_t v; /* value x 10^9 */
+    osub_u128 v; /* value x 10^9 */
     int extra, nfrac;
     int n = parse_decimal(s, 9, &v, &extra, &nfrac);
     if (n <= 0 || extra)

@@ -17,6 +17,9 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 #include <jansson.h>
+#include <sys/resource.h>
+
+#include "conns.h"
 
 #define BODY_MAX (16u << 20) /* a filter call for 5,000 full Node objects fits */
 #define LAT_BUCKETS 12
@@ -67,6 +70,7 @@ struct osub_ext {
     uint64_t lat[V__COUNT][LAT_BUCKETS + 1];
     double lat_sum[V__COUNT];
     uint64_t node_asks, node_cached, node_failures;
+    uint64_t accept_refused; /* connections not accepted for want of descriptors */
     uint64_t binds_ok, binds_failed, releases, preempt_degrade_only;
 };
 
@@ -241,6 +245,8 @@ struct node_req {
     struct evhttp_request *req;
     struct event *deadline; /* the whole answer within node_timeout_ms, however it trickles */
     struct node_req *prev, *next;
+    bool sending;     /* inside evhttp_make_request: a callback now is a synchronous failure */
+    bool failed_sync; /* ... which node_send reports itself (-1); the caller's cb is not run */
 };
 
 static void node_req_done(struct node_req *nr)
@@ -279,6 +285,13 @@ static void on_node_deadline(evutil_socket_t fd, short what, void *arg)
 static void on_node_answer(struct evhttp_request *req, void *arg)
 {
     struct node_req *nr = arg;
+    if (nr->sending) {
+        /* evhttp_make_request failed before it returned (no descriptor, no route): libevent
+         * frees the request after this; node_send, still running, cleans up and says so */
+        nr->failed_sync = true;
+        nr->req = NULL;
+        return;
+    }
     int code = req ? evhttp_request_get_response_code(req) : 0;
     json_t *body = NULL;
     char why[700] = "";
@@ -340,19 +353,33 @@ static int node_send(struct osub_ext *x, struct node *n, enum evhttp_cmd_type m,
         evhttp_add_header(h, "Content-Type", "application/json");
         evbuffer_add(evhttp_request_get_output_buffer(req), body, strlen(body));
     }
-    if (evhttp_make_request(n->conn, req, m, path) != 0) {
-        event_free(nr->deadline);
-        free(nr); /* libevent freed the request */
-        return -1;
-    }
-    struct timeval tv = {(time_t)(x->cfg.node_timeout_ms / 1000),
-                         (suseconds_t)(x->cfg.node_timeout_ms % 1000) * 1000};
-    evtimer_add(nr->deadline, &tv);
+    /* linked and counted first: whatever the call does, node_req_done undoes exactly this */
     n->inflight++;
     nr->next = x->reqs;
     if (x->reqs)
         x->reqs->prev = nr;
     x->reqs = nr;
+    nr->sending = true;
+    int rc = evhttp_make_request(n->conn, req, m, path);
+    nr->sending = false;
+    if (rc != 0 || nr->failed_sync) {
+        /* the request is libevent's to free (it has, or will as the call unwinds) */
+        int e = errno;
+        x->node_failures++;
+        static time_t said;
+        time_t now = time(NULL);
+        if (now - said >= 10) {
+            logf_("oversub-scheduler: node %s: a request to oversubd at %s could not be sent "
+                  "(%s); said once every 10 s",
+                  n->name, n->url, e ? strerror(e) : "connection refused at once");
+            said = now;
+        }
+        node_req_done(nr);
+        return -1;
+    }
+    struct timeval tv = {(time_t)(x->cfg.node_timeout_ms / 1000),
+                         (suseconds_t)(x->cfg.node_timeout_ms % 1000) * 1000};
+    evtimer_add(nr->deadline, &tv);
     return 0;
 }
 
@@ -1609,6 +1636,11 @@ static void on_metrics(struct evhttp_request *req, void *arg)
     for (int v = 0; v < V__COUNT; v++)
         evbuffer_add_printf(b, "oversub_extender_calls_total{verb=\"%s\"} %" PRIu64 "\n",
                             verb_names[v], x->calls[v]);
+    evbuffer_add_printf(b,
+                        "# HELP oversub_extender_accept_refused_total Connections not accepted "
+                        "for want of file descriptors.\n# TYPE oversub_extender_accept_refused_total "
+                        "counter\noversub_extender_accept_refused_total %" PRIu64 "\n",
+                        x->accept_refused);
     evbuffer_add_printf(b, "# HELP oversub_extender_errors_total Calls answered with an error.\n"
                            "# TYPE oversub_extender_errors_total counter\n");
     for (int v = 0; v < V__COUNT; v++)
@@ -1768,6 +1800,13 @@ int osub_ext_start(struct osub_ext *x, char *err, size_t errlen)
     evhttp_set_cb(x->http, "/metrics", on_metrics, x);
     evhttp_set_cb(x->http, "/v1/nodes", on_nodes_get, x);
     evhttp_set_gencb(x->http, on_other, x);
+    /* descriptors: the soft limit raised to the hard one (kube-scheduler keeps many
+     * connections, and every node has one of ours) */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
     struct evhttp_bound_socket *h =
         evhttp_bind_socket_with_handle(x->http, x->cfg.listen_host, (uint16_t)x->cfg.listen_port);
     if (h == NULL) {
@@ -1775,6 +1814,9 @@ int osub_ext_start(struct osub_ext *x, char *err, size_t errlen)
                  strerror(errno));
         return -1;
     }
+    /* out of descriptors: accept backs off (and says so once) instead of spinning */
+    osubd_listener_guard(evhttp_bound_socket_get_listener(h), "oversub-scheduler",
+                         &x->accept_refused);
     struct sockaddr_storage ss;
     socklen_t sl = sizeof(ss);
     int port = x->cfg.listen_port;

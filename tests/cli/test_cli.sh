@@ -249,7 +249,7 @@ else
         echo "oversubd did not start: $(cat "$tmp/d/err")"
     U=$(grep -o "http://127.0.0.1:[0-9]*" "$tmp/d/out" | head -1)
     C() { "$bin" --url "$U" "$@"; }
-    post() { python3 -c "import urllib.request as u; u.urlopen(u.Request('$U$1', data=b'{}', method='POST'))"; }
+    post() { python3 -c "import urllib.request as u; u.urlopen(u.Request('$U$1', data=b'{}', method='POST', headers={'Content-Type': 'application/json'}))"; }
 
     # deploy says the truth: loading, not started; and what to do next
     check "deploy" 0 C deploy web --class online --vram 20GiB
@@ -394,6 +394,37 @@ B
         done <"$tmp/flags"
         if [ -z "$missing" ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: completion of $c lacks:$missing"; fi
     done
+fi
+
+# the README's managed deploy, run as written against oversubd started as make run starts it
+# (issue 23: as root it was refused, "give 'user'"): in a folder laid out as the repository is
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+if [ -n "$daemon" ] && [ -x "$daemon" ]; then
+    R=$tmp/readme
+    mkdir -p "$R/var"
+    ln -s "$(dirname "$bin")" "$R/build"
+    run_line=$(awk '/^run:/,/^$/' "$repo/Makefile" | grep 'oversubd --config oversub.yaml')
+    extra=""
+    if [ "$(id -u)" = 0 ]; then
+        if grep -q -- "--allow-root-services" <<<"$run_line"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: make run as root lets managed services run: $run_line"; fi
+        extra=--allow-root-services
+    fi
+    (cd "$R" && exec "$daemon" --config "$repo/oversub.yaml" $extra --listen 127.0.0.1:0 --gateway 127.0.0.1:0 \
+        --gpus sim:8x81920 --tick-ms 100 >"$R/out" 2>"$R/err") &
+    RPID=$!
+    wait_for 20 test -S "$R/var/oversub.sock" || echo "make run's oversubd did not start: $(cat "$R/err")"
+    # the README's block, its result moved into this test's folder
+    cmdline=$(awk '/build\/oversub deploy nightly/,/^ *```/' "$repo/README.md" | grep -v '```' |
+        sed 's/\\$//' | tr '\n' ' ' | sed "s|/tmp/nightly.out|$tmp/nightly.out|")
+    case "$cmdline" in *"deploy nightly"*) pass=$((pass + 1)) ;; *) fail=$((fail + 1)); echo "FAIL: the README's deploy example was not found" ;; esac
+    (cd "$R" && unset OVERSUB_URL && eval "$cmdline") >"$tmp/readme.out" 2>&1
+    rc=$?
+    if [ "$rc" -eq 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: the README's deploy as written: exit $rc: $(cat "$tmp/readme.out")"; fi
+    up() { (cd "$R" && "$bin" list 2>/dev/null) | grep -q "nightly.*\(loading\|running\)"; }
+    if wait_for 20 up; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: the README's nightly runs: $(cd "$R" && "$bin" list 2>&1 | head -5)"; fi
+    (cd "$R" && "$bin" release nightly) >/dev/null 2>&1
+    kill "$RPID" 2>/dev/null
+    wait "$RPID" 2>/dev/null
 fi
 
 echo "cli: $pass passed, $fail failed"

@@ -15,7 +15,7 @@ import time
 def longpolls(port, n):
     for _ in range(n):
         s = socket.create_connection(("127.0.0.1", port))
-        s.sendall(b"GET /v1/events?since=999999999&wait=120 HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.sendall(b"GET /v1/events?since=999999999&wait=120 HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port)
         s.close()
 
 
@@ -74,7 +74,7 @@ def slowhead(port, seconds):
 def directive_polls(port, service, n):
     for _ in range(n):
         s = socket.create_connection(("127.0.0.1", port))
-        s.sendall(b"GET /v1/services/%s/directives?wait=60 HTTP/1.1\r\nHost: x\r\n\r\n" % service.encode())
+        s.sendall(b"GET /v1/services/%s/directives?wait=60 HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % (service.encode(), port))
         s.close()
 
 

@@ -144,8 +144,10 @@ def http_raw(target, method, path, body=None, headers=None, extra_headers=None, 
             c.putheader(k, v)
         for k, v in (extra_headers or []):
             c.putheader(k, v)
+        if not any(k.lower() == "content-type" for k in hdrs) and not any(
+                k.lower() == "content-type" for k, _ in (extra_headers or [])):
+            c.putheader("Content-Type", "application/json")  # oversubd refuses changes without
         if body is not None:
-            c.putheader("Content-Type", "application/json")
             if not any(k.lower() == "content-length" for k, _ in (extra_headers or [])):
                 c.putheader("Content-Length", str(len(body)))
         c.endheaders()

@@ -72,6 +72,9 @@ expect "Register carries the option too" "register version=v1beta1 endpoint=over
     "$(grep '^register' "$tmp/serve.1" | head -1)"
 expect "PreStartContainer for devices no allocation holds: nothing to wait for" "prestart ok" "$(dp prestart)"
 expect "GetPreferredAllocation: the must first" "preferred c,a" "$(dpa preferred 2 a b c)"
+expect "GetPreferredAllocation of 60,000 IDs: each once, the musts first" "preferred-many n=60000 unique=60000 musts_first=True" "$(timeout 130 $PY "$SI" preferred-many "$KD" 60000)"
+expect "more IDs than any plugin has: refused" "preferred-many INVALID_ARGUMENT PreferredAllocationRequest: a container request names more than 65536 device IDs in a list" "$(timeout 130 $PY "$SI" preferred-many "$KD" 70000)"
+expect "and the daemon answers after both" ok "$(api GET /healthz | json 'd["status"]')"
 
 echo "== Allocate"
 out=$(dpa allocate 100)
@@ -260,6 +263,35 @@ expect "services that are not pods are not the kubelet's" loading "$(api POST /v
 out=$(timeout 20 $PY "$SI" watch "$KD" | head -1)
 expect "the cut list fits kubelet's 4 MiB" "devices 260965 healthy=260965 unique=260965 maxlen=4" "$(cut -d' ' -f1-5 <<<"$out")"
 echo "  $out"
+
+echo "== watchers that never read (issue 23: a full list per change each, unbounded)"
+metric() { api GET /metrics | grep "^$1 " | cut -d' ' -f2; }
+rss() { grep VmRSS "/proc/$DPID/status" | tr -s ' ' | cut -d' ' -f2; }
+rss0=$(rss)
+$PY "$SI" stuck-watch "$KD" 8 >"$tmp/stuck" 2>&1 &
+STPID=$!
+pids+=($STPID)
+eight() { [ "$(metric oversub_deviceplugin_watchers)" = 8 ]; }
+wait_for 30 eight || bad "8 stuck watchers open: $(metric oversub_deviceplugin_watchers) $(cat "$tmp/stuck")"
+lb=$(metric oversub_deviceplugin_list_bytes)
+for r in 1.4 1.5 1.6 1.7 1.8 1.9 2.0 2.1 2.2 2.3; do
+    n0=$(grep -c "device plugin: advertising" "$D/err8")
+    api PUT /v1/pool "{\"ratio\":\"$r\"}" >/dev/null
+    pushed() { [ "$(grep -c "device plugin: advertising" "$D/err8")" -gt "$n0" ]; }
+    wait_for 20 pushed || bad "ratio $r: the list changed: $(tail -2 "$D/err8")"
+done
+coalesced() { [ "$(metric oversub_deviceplugin_lists_coalesced_total)" -ge 72 ]; }
+wait_for 60 coalesced || bad "10 changes, 8 slow watchers: 72 lists skipped, got $(metric oversub_deviceplugin_lists_coalesced_total)"
+buf=$(metric oversub_deviceplugin_watch_buffered_bytes)
+expect "each slow watcher holds at most one list" True "$($PY -c "print($buf <= 8 * $lb)")"
+rss1=$(rss)
+expect "memory: about one list per watcher, not one per change ($rss0 -> $rss1 KiB, list $lb bytes)" True "$($PY -c "print(($rss1 - $rss0) * 1024 < 8 * $lb * 3)")"
+expect "a ninth watcher is refused" "watch ended RESOURCE_EXHAUSTED" "$(timeout 20 $PY "$SI" watch "$KD" | head -1)"
+kill $STPID
+wait $STPID 2>/dev/null
+none() { [ "$(metric oversub_deviceplugin_watchers)" = 0 ]; }
+wait_for 30 none || bad "the stuck watchers' streams go with their connection: $(metric oversub_deviceplugin_watchers)"
+expect "and a watcher is served again" "devices 260965" "$(timeout 20 $PY "$SI" watch "$KD" | head -1 | cut -d' ' -f1-2)"
 kill $DPID
 wait $DPID 2>/dev/null
 

@@ -160,7 +160,7 @@ lis = socket.socket()
 lis.bind(("127.0.0.1", 0))
 lis.listen(64)
 port = lis.getsockname()[1]
-auth = {"Authorization": "Bearer " + sys.argv[4]}
+auth = {"Authorization": "Bearer " + sys.argv[4], "Content-Type": "application/json"}
 req = urllib.request.Request(api + "/v1/services", data=json.dumps({"id": "rst", "class": "online", "vram": "1GiB", "backends": ["http://127.0.0.1:%d" % port], "max_inflight": 8}).encode(), method="POST", headers=auth)
 urllib.request.urlopen(req).read()
 urllib.request.urlopen(urllib.request.Request(api + "/v1/services/rst/ready", data=b"", method="POST", headers=auth)).read()

@@ -5,12 +5,14 @@ tests/integration/test_deviceplugin.sh: no cluster needed.
   serve DIR            the Registration service on DIR/kubelet.sock (as a starting kubelet
                        does, first removes the other sockets in DIR); prints one line a Register
   watch DIR            ListAndWatch on DIR/oversub.sock: one line per list it streams
+  stuck-watch DIR N    N ListAndWatch streams that never read (window 0), held until killed
   options DIR          GetDevicePluginOptions
   prestart DIR [PREFIX N [SECONDS]]
                        PreStartContainer for the IDs PREFIX0 .. PREFIX<N-1> (default: one ID,
                        "a"), waiting up to SECONDS (10; the kubelet's is 30): "prestart ok", or
                        "prestart CODE message"
   preferred DIR SIZE ID... GetPreferredAllocation from the IDs given
+  preferred-many DIR N   GetPreferredAllocation of N IDs (half must-include): checks the answer
   allocate DIR [--prefix P] N...
                        Allocate, one container per N (that many device IDs, named P0, P1, ...
                        across the request; P is "d" by default): a JSON line
@@ -95,6 +97,31 @@ def watch(d):
         say("watch ended %s" % e.code().name)
 
 
+def stuck_watch(d, n):
+    """n ListAndWatch streams on one raw HTTP/2 connection that never reads: its stream window
+    is 0, so the plugin can send nothing (a kubelet stuck). Prints "stuck N" once the streams
+    are open, then holds them until killed. HPACK by hand: literal headers, no Huffman."""
+    import socket, struct
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.path.join(d, "oversub.sock"))
+    def frame(kind, flags, sid, payload):
+        return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", sid) + payload
+    def lit(name, value):
+        return bytes([0x00, len(name)]) + name + bytes([len(value)]) + value
+    out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, struct.pack(">HI", 4, 0))
+    hdrs = (lit(b":method", b"POST") + lit(b":scheme", b"http") +
+            lit(b":path", b"/v1beta1.DevicePlugin/ListAndWatch") + lit(b":authority", b"localhost") +
+            lit(b"content-type", b"application/grpc") + lit(b"te", b"trailers"))
+    for i in range(n):
+        sid = 2 * i + 1
+        out += frame(1, 0x4, sid, hdrs) + frame(0, 0x1, sid, b"\x00\x00\x00\x00\x00")
+    s.sendall(out + frame(4, 0x1, 0, b""))  # and our ack of its SETTINGS, whenever they come
+    say("stuck %d" % n)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    while True:
+        time.sleep(3600)
+
+
 def status_line(e):
     return json.dumps({"ok": False, "code": e.code().name, "message": e.details()})
 
@@ -105,6 +132,8 @@ def main():
         serve(d)
     elif cmd == "watch":
         watch(d)
+    elif cmd == "stuck-watch":
+        stuck_watch(d, int(sys.argv[3]))
     elif cmd == "options":
         o = pbg.DevicePluginStub(channel(d)).GetDevicePluginOptions(pb.Empty(), timeout=10)
         say("options pre_start=%d preferred=%d" %
@@ -130,6 +159,22 @@ def main():
                                                        must_include_deviceIDs=ids[-1:],
                                                        allocation_size=size)]), timeout=10)
         say("preferred " + ",".join(r.container_responses[0].deviceIDs))
+    elif cmd == "preferred-many":
+        # N IDs available, the second half of them also must-include, size N: the answer is
+        # every ID once, the musts first (issue 23: quadratic on the daemon's loop)
+        n = int(sys.argv[3])
+        ids = ["dev-%06d" % i for i in range(n)]
+        try:
+            r = pbg.DevicePluginStub(channel(d)).GetPreferredAllocation(
+                pb.PreferredAllocationRequest(container_requests=[
+                    pb.ContainerPreferredAllocationRequest(available_deviceIDs=ids,
+                                                           must_include_deviceIDs=ids[n // 2:],
+                                                           allocation_size=n)]), timeout=120)
+            got = list(r.container_responses[0].deviceIDs)
+            say("preferred-many n=%d unique=%d musts_first=%s" %
+                (len(got), len(set(got)), got[:n - n // 2] == ids[n // 2:]))
+        except grpc.RpcError as e:
+            say("preferred-many %s %s" % (e.code().name, e.details()))
     elif cmd == "allocate":
         req = pb.AllocateRequest()
         n0 = 0

@@ -10,6 +10,8 @@ writes nil; tests/k8s/fixtures/), answers are checked key by key. Every wait is 
 import copy
 import json
 import os
+import re
+import socket
 import select
 import shutil
 import signal
@@ -61,8 +63,7 @@ def start(argv, name, env=None):
 def http(method, url, body=None, token=None, raw=None):
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     req = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
+    req.add_header("Content-Type", "application/json")  # oversubd refuses changes without it
     if token:
         req.add_header("Authorization", "Bearer " + token)
     try:
@@ -640,6 +641,51 @@ def main():
     eargs = [("127.0.0.1:0" if a == "127.0.0.1:8888" else tokf2 if a.endswith("/token") else a) for a in eargs]
     _, e3 = start([ext_bin] + eargs + ["--kube-api", api2, "--kube-token-file", "", "--kube-ca-file", ""], "manifest-ext")
     check("the Deployment's arguments start oversub-scheduler", e3.startswith("http://"))
+
+    # -- descriptors run out (issue 23): accept backs off instead of spinning, and a request
+    # to a node that cannot even be sent (socket() fails) is failed, never used after libevent
+    # freed it --------------------------------------------------------------------------------
+    import resource
+    def low_nofile():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    log = open(os.path.join(TMP, "ext-fd.log"), "w")
+    xp = subprocess.Popen([ext_bin, "--listen", "127.0.0.1:0", "--pool-refresh-ms", "100",
+                           "--node", "node-a=%s" % nodes["node-a"],
+                           "--node", "node-down=http://127.0.0.1:1"],
+                          stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=low_nofile)
+    PROCS.append(xp)
+    line = xp.stdout.readline()
+    check("the low-descriptor scheduler starts", line.startswith("listening on http://"), line)
+    import threading
+    threading.Thread(target=lambda: [None for _ in xp.stdout], daemon=True).start()
+    xurl = line.split()[2]
+    host, port = xurl[len("http://"):].split(":")
+    held = []
+    def logtext():
+        return open(os.path.join(TMP, "ext-fd.log")).read()
+    for _ in range(200):
+        if "out of file descriptors" in logtext():
+            break
+        c = socket.create_connection((host, int(port)))
+        c.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # a head never finished
+        held.append(c)
+    check("running out is said", wait_for("the back-off line", lambda: "out of file descriptors" in logtext()), logtext()[-500:])
+    check("a node request that cannot be sent is failed and said",
+          wait_for("the send failure", lambda: "could not be sent" in logtext()), logtext()[-500:])
+    check("the scheduler lives on without descriptors", xp.poll() is None, xp.poll())
+    check("accept backs off: a few lines, not millions", logtext().count("out of file descriptors") < 20,
+          logtext().count("out of file descriptors"))
+    for c in held:
+        c.close()
+    def healthy():
+        try:
+            return http("GET", xurl + "/healthz")[0] == 200
+        except OSError:
+            return False
+    check("once descriptors are back it answers", wait_for("healthz again", healthy))
+    code, text = http("GET", xurl + "/metrics")
+    m = re.search(r"^oversub_extender_accept_refused_total (\d+)", text or "", re.M)
+    check("the refusals are counted", m is not None and int(m.group(1)) > 0, (text or "")[:200])
 
     print("test_extender: %d passed, %d failed" % (passed, failed))
     return 1 if failed else 0

@@ -71,6 +71,15 @@ static void test_size(void **state)
         {"", OSUB_EBAD_SIZE, 0},
         {"GiB", OSUB_EBAD_SIZE, 0},
         {"99999999999999TiB", OSUB_EBAD_SIZE, 0},
+        /* issue 23: what int64 cannot hold is refused, never wrapped (was 298 MiB; UB) */
+        {"18446744074GiB", OSUB_EBAD_SIZE, 0},
+        {"99999999999TiB", OSUB_EBAD_SIZE, 0},
+        {"9223372037GiB", OSUB_EBAD_SIZE, 0},
+        {"10000000000B", 0, 9537},           /* 10 GB in bytes: large, and exact */
+        {"1099511627776MiB", 0, INT64_C(1) << 40}, /* the largest size */
+        {"1099511627777MiB", OSUB_EBAD_SIZE, 0},
+        {"1048576TiB", 0, INT64_C(1) << 40},
+        {"1048576.000000001TiB", OSUB_EBAD_SIZE, 0},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         int64_t m = -1;
@@ -84,6 +93,19 @@ static void test_size(void **state)
     int64_t z = -1;
     assert_int_equal(osub_parse_size_mib("0", 1, &z), 0);
     assert_int_equal(z, 0);
+}
+
+static void test_ratio_overflow(void **state)
+{
+    (void)state;
+    int32_t m = -1;
+    /* digits past what int64 x 1000 holds: refused as out of range, never wrapped into it */
+    assert_true(osub_parse_ratio("18446744073709552", &m) != 0);
+    assert_true(osub_parse_ratio("9223372036854775.808", &m) != 0);
+    assert_int_equal(osub_parse_ratio("18446744.073", &m), OSUB_ERATIO_RANGE);
+    assert_int_equal(m, -1);
+    assert_int_equal(osub_parse_ratio("100", &m), 0);
+    assert_int_equal(m, 100000);
 }
 
 static void test_pool(void **state)
@@ -132,6 +154,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ratio),
         cmocka_unit_test(test_size),
+        cmocka_unit_test(test_ratio_overflow),
         cmocka_unit_test(test_pool),
         cmocka_unit_test(test_error_messages_distinct),
     };
