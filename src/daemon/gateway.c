@@ -45,6 +45,16 @@
 #define HEAD_TIMEOUT_S 10          /* a request's head must arrive within this */
 #define IDLE_TIMEOUT_S 60          /* a kept-alive client may idle this long */
 #define BODY_TIMEOUT_S 30          /* between two reads of a request's body */
+/* A request takes a slot (or a queue place) only once its body has arrived, up to this much of
+ * it: a client trickling its body holds its own connection, never a slot other clients need
+ * (issue 23: two bodies at a byte every 8 s held both slots of a service for 20 s). */
+#define GW_PREREAD (1024 * 1024)
+#define PREREAD_TIMEOUT_S 30 /* ... and that much must arrive within this */
+/* a body larger than GW_PREREAD streams once it has its slot, but no slower than this on
+ * average after its first STREAM_GRACE_S (nginx's client_body_timeout is per read; a rate
+ * floor also stops a byte every few seconds) */
+#define STREAM_FLOOR_BPS (16 * 1024)
+#define STREAM_GRACE_S 10
 #define BACKEND_TIMEOUT_S 60       /* a backend's answer, between two reads */
 #define CONNS_PER_CLIENT 256       /* connections one client address may hold */
 #define OUT_HIGH (4 * 1024 * 1024) /* a client's unsent bytes that pause its backend */
@@ -72,6 +82,13 @@ struct gw_req {
     bool body_done, had_body;
     int retries; /* on a pooled connection that turned out closed */
     int32_t prio;
+    long deadline_ms;     /* its queue deadline (the service's, or the client's shorter one) */
+    bool awaiting_body;   /* head read, body still arriving: no slot, no queue place yet */
+    bool continued;       /* 100 Continue sent already (to have the body before a slot) */
+    struct h1_chunked scan; /* awaiting a chunked body: its framing scanned ahead, ... */
+    size_t scanned;         /* ... over this many bytes of the client's buffer */
+    double stream_t0;       /* its body began streaming to the backend (slot held) */
+    int64_t streamed;       /* body bytes sent to the backend since */
     struct event *timer;
     bool started; /* the answer's head went out: the body streams */
     int status;   /* the answer's status (the gateway's own or the backend's) */
@@ -223,6 +240,8 @@ static int retry_after(const struct gw_svc *s)
     double base = rate > 0.0 ? (double)(s->n_queued + 1) / rate * 1000.0 : 1000.0;
     if (base < 200)
         base = 200; /* sooner is not worth a round trip; with the jitter, 100 to 300 ms */
+    if (base > 40000)
+        base = 40000; /* capped before the jitter: a long wait is still spread (20 to 60 s) */
     double ms = base * (0.5 + (double)(x >> 11) / 9007199254740992.0); /* [0.5, 1.5) x base */
     return ms > 60000 ? 60000 : (int)ms;
 }
@@ -706,6 +725,18 @@ static void cl_on_timer(evutil_socket_t fd, short what, void *arg)
             client_gone(c, "a write failed");
         return;
     }
+    if (!c->lingering && c->cur != NULL && c->cur->awaiting_body) {
+        /* a body that did not arrive in time: it never had a slot; 408 and close */
+        char buf[1280];
+        int n = format_answer(buf, sizeof(buf), 408, "Request Timeout", "timeout", "body_timeout",
+                              "the request's body did not arrive within 30 s", 0, true, false,
+                              NULL);
+        send(c->fd, buf, (size_t)n, MSG_NOSIGNAL);
+        access_log(c->cur, 408, "body_timeout");
+        c->g->bad_requests++;
+        cl_close(c);
+        return;
+    }
     if (!c->lingering && c->in_head && c->cur == NULL) {
         /* a head that did not arrive in time (slowloris): 408 and close */
         char buf[1280];
@@ -809,11 +840,21 @@ static const char *phrase_of(int code)
 }
 
 static void handle(struct gw_client *c, struct gw_req *r);
+static void admit(struct osub_gateway *g, struct gw_req *r);
+static bool body_arrived(struct gw_client *c, struct gw_req *r);
 
 static void cl_process_inner(struct gw_client *c)
 {
     while (!c->closing) {
         if (c->cur != NULL) {
+            if (c->cur->awaiting_body) {
+                if (!body_arrived(c, c->cur))
+                    return;
+                c->cur->awaiting_body = false;
+                event_del(c->timer);
+                admit(c->g, c->cur);
+                continue; /* answered at once, dispatched, or queued */
+            }
             if (c->cur->bc != NULL && !c->cur->body_done)
                 forward_body(c->cur);
             /* a queued request's body waits in `in`; beyond 1 MiB we stop reading */
@@ -1582,6 +1623,19 @@ static void forward_body(struct gw_req *r)
         bc_send(bc, tmp);
         evbuffer_drain(tmp, evbuffer_get_length(tmp));
     }
+    double t = now_s();
+    if (r->stream_t0 == 0)
+        r->stream_t0 = t;
+    r->streamed += (int64_t)k;
+    if (!r->body_done && t - r->stream_t0 > STREAM_GRACE_S &&
+        (double)r->streamed < STREAM_FLOOR_BPS * (t - r->stream_t0)) {
+        /* holding a slot while trickling: cut (from the loop: the callers still hold c) */
+        c->g->bad_requests++;
+        c->closing = c->gone = c->bad_framing = true;
+        struct timeval now = {0, 0};
+        event_add(c->timer, &now);
+        return;
+    }
     if (!r->body_done) {
         struct timeval tv = {BODY_TIMEOUT_S, 0};
         event_add(c->timer, &tv);
@@ -1684,7 +1738,7 @@ static void dispatch(struct osub_gateway *g, struct gw_req *r)
     if (r->bc != bc)
         return; /* the send failed: answered already, or sent again on another connection */
     bc_arm(bc);
-    if (expect100 && !r->body_done)
+    if (expect100 && !r->body_done && !r->continued)
         cl_send(c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
     if (!r->body_done) {
         cl_read_resume(c);
@@ -1863,6 +1917,26 @@ static struct gw_svc *svc_route(struct osub_gateway *g, const char *id, size_t n
     return s != NULL && svc_view(g, s) == 0 ? s : NULL;
 }
 
+/* Whether r's body (up to GW_PREREAD of it) is in the client's buffer. */
+static bool body_arrived(struct gw_client *c, struct gw_req *r)
+{
+    if (!r->had_body || r->body_done)
+        return true;
+    size_t len = evbuffer_get_length(c->in);
+    if (!r->chunked_body)
+        return (int64_t)len >= r->body_left || len >= GW_PREREAD;
+    if (r->scanned == 0 && r->scan.st == 0)
+        r->scan = r->cs; /* the framing as the head left it */
+    size_t upto = len < GW_PREREAD ? len : GW_PREREAD;
+    if (upto > r->scanned) {
+        const char *p = (const char *)evbuffer_pullup(c->in, (ssize_t)upto);
+        h1_chunked_feed(&r->scan, p + r->scanned, upto - r->scanned, NULL, NULL);
+        r->scanned = upto;
+    }
+    /* done, or broken (forward_body says so), or as much as is read ahead */
+    return r->scan.st == H1C_DONE || r->scan.st == H1C_BAD || len >= GW_PREREAD;
+}
+
 static void handle(struct gw_client *c, struct gw_req *r)
 {
     struct osub_gateway *g = c->g;
@@ -1964,6 +2038,27 @@ static void handle(struct gw_client *c, struct gw_req *r)
     }
     r->by_host = by_host;
     r->prio = prio;
+    r->deadline_ms = deadline;
+    if (!body_arrived(c, r)) {
+        /* no slot and no queue place until the body is here: cl_process_inner admits it */
+        r->awaiting_body = true;
+        if (h1_find(&r->hd, "Expect") != NULL && evbuffer_get_length(c->in) == 0) {
+            cl_send(c, "HTTP/1.1 100 Continue\r\n\r\n", 25); /* the body, please */
+            r->continued = true;
+        }
+        cl_arm(c, PREREAD_TIMEOUT_S);
+        return;
+    }
+    admit(g, r);
+}
+
+/* A request whose body has arrived: a slot at once, a place in the queue, or a refusal. */
+static void admit(struct osub_gateway *g, struct gw_req *r)
+{
+    struct osubd *d = g->d;
+    struct gw_svc *s = r->svc;
+    int32_t prio = r->prio;
+    long deadline = r->deadline_ms;
     r->t0 = now_s();
     if (s->v_serving && s->inflight < s->v_lim && s->queue == NULL) {
         dispatch(g, r);

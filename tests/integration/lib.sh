@@ -2,7 +2,24 @@
 # pass/fail counting. Source it after setting nothing; it sets tmp, pids, pass, fail.
 tmp=$(mktemp -d)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null && wait "$p" 2>/dev/null; done; rm -rf "$tmp"; }
+# every process the test started, then any other that still holds a file of its folder (a
+# managed service a daemon left running): a test leaves nothing behind, and says so if it had to
+leftovers() {
+    local p pid
+    for p in /proc/[0-9]*; do
+        pid=${p#/proc/}
+        [ "$pid" = $$ ] || [ "$pid" = "$BASHPID" ] && continue
+        if ls -l "$p/fd" "$p/cwd" 2>/dev/null | grep -q -- "$tmp"; then
+            echo "lib.sh: a process was left running: $pid $(tr '\0' ' ' <"$p/cmdline" 2>/dev/null | head -c 200)" >&2
+            kill -9 "$pid" 2>/dev/null
+        fi
+    done
+}
+cleanup() {
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
+    leftovers
+    rm -rf "$tmp"
+}
 trap cleanup EXIT
 pass=0
 fail=0

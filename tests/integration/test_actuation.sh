@@ -298,6 +298,13 @@ fi
 expect "server back to batch 8" 8 "$(field flex '["batch"]')"
 grep -q "directive .*: restore (batch 8" "$D/st/logs/flex.log" || bad "the server did not see the restore"
 
+# flex goes with this section: the next daemon has a state of its own and would never adopt it
+# (issue 23: every run left a fake-llm-server behind, reparented to init)
+FLEXPID=$(field flex '["process"]["pid"]')
+api DELETE /v1/services/flex >/dev/null
+flex_gone() { ! kill -0 "$FLEXPID" 2>/dev/null; }
+wait_for 20 flex_gone || bad "flex's process ended with its release: $FLEXPID"
+
 echo "== 6. oversubd restarted while a service drains: same deadline, live processes adopted"
 # slow's grace (12 s) must outlast a kill -9, a restart and the checks below on a loaded machine
 kill "$DPID"; wait "$DPID" 2>/dev/null

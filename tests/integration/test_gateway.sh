@@ -400,6 +400,38 @@ if command -v promtool >/dev/null; then
 fi
 expect "control API alive" 200 "$(curl -s -o /dev/null -w '%{http_code}' "$A/healthz")"
 
+# ---- a slow request body holds no slot (issue 23: two trickled bodies held both) ----
+expect "submit trickle (2 slots, no queue)" 201 "$(submit "{\"id\":\"trickle\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"$B\"],\"max_inflight\":2,\"max_queue\":0}")"
+curl -s -o /dev/null -X POST "$A/v1/services/trickle/ready"
+python3 - "$GW" >"$tmp/trickle.out" 2>&1 <<'PY' &
+import socket, sys, time
+port = int(sys.argv[1])
+held = []
+for kind in ("length", "chunked"):
+    s = socket.create_connection(("127.0.0.1", port))
+    if kind == "length":
+        s.sendall(b"POST /trickle/x HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{")
+    else:
+        s.sendall(b"POST /trickle/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n186a0\r\n{")
+    held.append(s)
+print("holding", flush=True)
+time.sleep(120)  # killed by the test once it has checked
+PY
+TRK=$!
+pids+=($TRK)
+for _ in $(seq 1 200); do grep -q holding "$tmp/trickle.out" && break; sleep 0.05; done # the heads and a byte each are sent
+trickling() { [ "$(grep -c holding "$tmp/trickle.out")" = 1 ]; }
+trickling || bad "the trickling client ran: $(cat "$tmp/trickle.out")"
+for i in 1 2 3; do
+    expect "request $i beside two trickled bodies is served" 200 "$(curl -s -o /dev/null -w '%{http_code}' -X POST "$G/trickle/x" -d '{"a":1}')"
+done
+expect "the trickled bodies hold no slot" 0 "$(curl -s "$A/metrics" | awk '$1 == "oversub_gateway_inflight{service=\"trickle\"}" {print $2}')"
+kill $TRK 2>/dev/null
+# a body that comes at once is one request; one past the read-ahead streams as before
+expect "a 3 MB body streams through" 200 "$(head -c 3000000 /dev/zero | tr '\0' a | curl -s -o /dev/null -w '%{http_code}' -X POST "$G/trickle/x" --data-binary @-)"
+expect "a chunked body through" 200 "$(printf '{"b":2}' | curl -s -o /dev/null -w '%{http_code}' -H 'Transfer-Encoding: chunked' -X POST "$G/trickle/x" --data-binary @-)"
+curl -s -o /dev/null -X DELETE "$A/v1/services/trickle"
+
 # ---- a route that changes takes its pooled connections with it (issue 23) ----
 python3 "$here/backend.py" >"$tmp/backend2.out" 2>&1 &
 pids+=($!)

@@ -115,11 +115,30 @@ def stuck_watch(d, n):
     for i in range(n):
         sid = 2 * i + 1
         out += frame(1, 0x4, sid, hdrs) + frame(0, 0x1, sid, b"\x00\x00\x00\x00\x00")
-    s.sendall(out + frame(4, 0x1, 0, b""))  # and our ack of its SETTINGS, whenever they come
+    s.sendall(out)
     say("stuck %d" % n)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    # control frames are read and answered (SETTINGS acked, PING echoed); no WINDOW_UPDATE is
+    # ever sent, so no list can come
+    buf = b""
     while True:
-        time.sleep(3600)
+        b = s.recv(65536)
+        if not b:
+            say("stuck: the plugin closed the connection")
+            return
+        buf += b
+        while len(buf) >= 9:
+            ln = int.from_bytes(buf[0:3], "big")
+            if len(buf) < 9 + ln:
+                break
+            kind, flags, payload = buf[3], buf[4], buf[9:9 + ln]
+            buf = buf[9 + ln:]
+            if kind == 4 and not flags & 1:
+                s.sendall(frame(4, 0x1, 0, b""))
+            elif kind == 6 and not flags & 1:
+                s.sendall(frame(6, 0x1, 0, payload))
+            elif kind == 7:
+                say("stuck: GOAWAY %s" % payload[4:8].hex())
 
 
 def status_line(e):
