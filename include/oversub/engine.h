@@ -323,8 +323,14 @@ OSUB_API void osub_engine_free(osub_engine_t *e);
 OSUB_API int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms,
                                 unsigned flags, osub_submit_result_t *res);
 OSUB_API int osub_engine_release(osub_engine_t *e, const char *id, int64_t now_ms);
-/* Resize: new totals (vram_mib, min_vram_mib; 0 keeps) and batch size (0 keeps). Growing
- * passes admission on its GPUs (no victims); shrinking takes effect at once. */
+/* Resize: new totals (vram_mib, min_vram_mib; 0 keeps) and batch size (0 keeps). Growth passes
+ * the checks a submit of the new size would make on the service's own GPUs, without victims: a
+ * share above a GPU's usable VRAM is OSUB_ETOO_BIG; the logical, backed, physical (the GPU's
+ * held without the service plus its new charge, under admission's limit) and floor checks are
+ * OSUB_ENO_ROOM. A service without GPUs of its own (queued; draining or overdue, on its way
+ * out) is refused only a size that no GPU of the pool could hold (OSUB_ETOO_BIG,
+ * OSUB_ETOO_MANY_GPUS). A shrink always succeeds, at once, down to the floor. An exclusive
+ * service's request cannot change (OSUB_EBAD_STATE); it keeps its GPUs' whole usable VRAM. */
 OSUB_API int osub_engine_resize(osub_engine_t *e, const char *id, int64_t vram_mib,
                                 int64_t min_vram_mib, int32_t batch_size, int64_t now_ms);
 /* Usage: the total (split in proportion to per-GPU grants), compute_pct < 0 = unknown. */
@@ -386,8 +392,9 @@ OSUB_API int osub_engine_load(const char *text, osub_engine_t **out, size_t *err
 
 /* A full textual dump of the state (malloc'd, owned by the caller), for comparisons. */
 OSUB_API char *osub_engine_dump(const osub_engine_t *e);
-/* Checks DESIGN.md's state invariants (3, 4, 5). Returns 0, or OSUB_EINVAL with a sentence
- * in `why`. */
+/* Checks DESIGN.md's state invariants (3, 4, 5; exclusive services included) and that no
+ * service's share on a GPU exceeds that GPU's usable VRAM. Returns 0, or OSUB_EINVAL with a
+ * sentence in `why`. */
 OSUB_API int osub_engine_check(const osub_engine_t *e, char *why, size_t why_len);
 
 OSUB_API const char *osub_state_name(osub_state_t s);

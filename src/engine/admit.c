@@ -180,6 +180,7 @@ void osub__plan_for(osub_engine_t *e, const struct svc *s, const struct req *r, 
     r2.total = s->floor_total;
     r2.charge = r->charge < s->floor_total ? r->charge : s->floor_total;
     r2.quiet = true;
+    r2.fit_share = osub__share(s->full_total, s->k, 0); /* its GPUs must hold it restored */
     struct plan p2;
     osub__plan_admission(e, &r2, &p2);
     if (p2.ok && p2.n_victims == 0) {
@@ -244,16 +245,24 @@ void osub__fill_victims(const osub_engine_t *e, const struct plan *p, osub_submi
     }
 }
 
+/* May pending s start now (DESIGN.md "Service states")? On each of its GPUs, the held of the
+ * others plus its charge must fit under the limit its admission checked (osub__held_limit: the
+ * high watermark, or usable for a backed service with nothing preemptible beside it), so that
+ * a start never puts a GPU into pressure; an exclusive service needs its GPUs to itself. */
 bool osub__pending_can_start(const osub_engine_t *e, const struct svc *s)
 {
     for (int32_t i = 0; i < s->n_slots; i++) {
-        const struct gpu *g = &e->gpus[s->slots[i].gpu];
+        const struct slot *sl = &s->slots[i];
+        const struct gpu *g = &e->gpus[sl->gpu];
         if (s->spec.exclusive) {
             if (g->nsvc != 1)
                 return false;
-        } else if (g->held > g->usable) {
-            return false;
+            continue;
         }
+        int64_t charge = osub__min64(sl->grant, sl->charge);
+        int64_t lim = osub__held_limit(g, e->cfg.high_watermark_pct, s->backed, charge);
+        if (g->held - sl->held + charge > lim)
+            return false;
     }
     return true;
 }

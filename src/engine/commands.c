@@ -536,22 +536,27 @@ int osub_engine_resize(osub_engine_t *e, const char *id, int64_t vram_mib, int64
     rc = osub__check_time(e, now_ms);
     if (rc != 0)
         return rc;
-    /* growing: checks on its GPUs, no victims (timers due by now_ms never add held memory, so
-     * the room checked here is there after they run) */
+    /* growing: the checks a submit of the new size would make on its GPUs, no victims (timers
+     * due by now_ms never add held memory, so the room checked here is there after they run);
+     * without GPUs of its own (queued, or evicted and on its way out), its next placement is
+     * a new admission: only a size that no GPU of the pool could hold is refused now */
     bool degraded = s->state == OSUB_STATE_DEGRADED;
-    if (s->n_slots > 0 && s->state != OSUB_STATE_DRAINING && s->state != OSUB_STATE_OVERDUE) {
-        for (int32_t i = 0; i < s->n_slots; i++) {
-            const struct slot *sl = &s->slots[i];
-            const struct gpu *g = &e->gpus[sl->gpu];
-            int64_t ng = degraded ? osub__share(nm, s->k, i) : osub__share(nv, s->k, i);
-            int64_t d = ng - sl->grant;
-            if (d <= 0)
-                continue;
-            if (g->granted + d > g->logical || (s->backed && g->backed + d > g->usable) ||
-                ((s->backed || s->loading || s->state == OSUB_STATE_PENDING) &&
-                 g->held + d > g->usable))
-                return OSUB_ENO_ROOM;
-        }
+    bool placed =
+        s->n_slots > 0 && s->state != OSUB_STATE_DRAINING && s->state != OSUB_STATE_OVERDUE;
+    bool grows = nv > s->full_total || nm > s->floor_total; /* a shrink always succeeds */
+    int64_t charges[OSUB_SERVICE_GPUS_MAX];
+    for (int32_t i = 0; i < s->n_slots; i++)
+        charges[i] = s->slots[i].charge;
+    if (placed && !s->spec.exclusive && grows) {
+        rc = osub__resize_check(e, s, nv, nm, charges);
+        if (rc != 0)
+            return rc;
+    } else if (!placed && nv > s->full_total) {
+        osub_spec_t grown = s->spec;
+        grown.vram_mib = nv;
+        rc = osub__empty_pool_fit(e, &grown);
+        if (rc != 0)
+            return rc;
     }
     osub__advance(e, now_ms);
     int64_t from = s->full_total;
@@ -559,14 +564,18 @@ int osub_engine_resize(osub_engine_t *e, const char *id, int64_t vram_mib, int64
     s->floor_total = s->spec.min_vram_mib = nm;
     s->degradable = s->preemptible && nm < nv;
     s->full_batch = s->spec.batch_size = nb;
-    if (s->n_slots > 0 && s->state != OSUB_STATE_DRAINING && s->state != OSUB_STATE_OVERDUE) {
-        for (int32_t i = 0; i < s->n_slots; i++) {
+    if (placed) {
+        /* an exclusive service keeps its GPUs' whole usable VRAM whatever its batch or floor */
+        for (int32_t i = 0; i < s->n_slots && !s->spec.exclusive; i++) {
+            struct slot *sl = &s->slots[i];
             int64_t ng = degraded ? osub__share(nm, s->k, i) : osub__share(nv, s->k, i);
-            if (ng < s->slots[i].grant)
+            if (ng < sl->grant)
                 e->dirty = true;
-            osub__slot_set_grant(e, s, &s->slots[i], ng);
+            if (ng > sl->grant)
+                sl->charge = charges[i]; /* what the physical check counted for it */
+            osub__slot_set_grant(e, s, sl, ng);
             if (!s->ack_pending)
-                s->slots[i].held_grant = ng;
+                sl->held_grant = ng;
         }
         if (!degraded)
             s->batch = nb;

@@ -256,6 +256,8 @@ struct req {
     bool pressure;          /* min runtime protection overridden */
     bool quiet;             /* no failure details wanted (queue passes) */
     int32_t held_limit_pct; /* held + share must stay under this % of usable (0 = 100) */
+    int64_t fit_share;      /* the largest share its GPUs must be able to hold (its full
+                               request's, for a start at its floor); 0: the first share */
 };
 
 enum act { ACT_NONE = 0, ACT_DEGRADE = 1, ACT_EVICT = 2 };
@@ -284,11 +286,35 @@ struct plan {
 /* Marks a GPU changed: its victim aggregates and room-tree leaves are recomputed lazily. */
 static inline void osub__gpu_touch(struct osub_engine *e, struct gpu *g);
 
+/* What held plus a newcomer counted at `charge` MiB may reach on g: usable, or (pct of 1-99)
+ * the high watermark, g->hw_lim, except for a backed newcomer where nothing preemptible shares
+ * the GPU (it pushes nobody into pressure), and for a charge above the watermark, which may
+ * still go to an otherwise empty GPU. Admission's physical check (plan.c) and the start of a
+ * pending service (admit.c) use this one rule, so that a pending service starts under the
+ * limit its admission planned for. */
+static inline int64_t osub__held_limit(const struct gpu *g, int32_t pct, bool backed,
+                                       int64_t charge)
+{
+    if (pct >= 100 || pct <= 0)
+        return g->usable;
+    if (backed && g->n_preempt == 0)
+        return g->usable;
+    int64_t lim = g->hw_lim;
+    return charge > lim ? (charge < g->usable ? charge : g->usable) : lim;
+}
+
 OSUB__HIDDEN int osub__trees_init(osub_engine_t *e);
 OSUB__HIDDEN void osub__trees_free(osub_engine_t *e);
 /* False when no GPU could give a request of this level `share` MiB even with every lower
  * level evicted: then no admission plan can work and none need be made. */
 OSUB__HIDDEN bool osub__may_fit(osub_engine_t *e, const struct req *r, int64_t share);
+/* Resize growth (DESIGN.md "Commands"): may placed service s take the totals nv (request) and
+ * nm (floor) on its own GPUs? The checks a submit of the new size would make there, with what
+ * s itself counts there taken out. Returns 0 and fills charges[i] (what the physical check
+ * counted for its i-th slot), OSUB_ETOO_BIG (a share above its GPU's usable) or
+ * OSUB_ENO_ROOM. Changes nothing. */
+OSUB__HIDDEN int osub__resize_check(const osub_engine_t *e, const struct svc *s, int64_t nv,
+                                    int64_t nm, int64_t *charges);
 OSUB__HIDDEN int osub__plan_admission(osub_engine_t *e, const struct req *r, struct plan *out);
 /* snapshot.c: wires a service read from a snapshot into e (its slots, GPU sums, lists and
  * timers); the queue and pending lists are rebuilt by the caller in saved order. Returns 0 or

@@ -64,19 +64,11 @@ static int64_t charge_of(const struct req *r, int64_t share)
     return (int64_t)((osub_i128)share * r->charge / r->total);
 }
 
-/* What held plus the newcomer may reach on a GPU: usable, or the high watermark for a
- * service coming back from the queue (resuming it into pressure would evict it again). */
+/* What held plus the newcomer may reach on a GPU (osub__held_limit): every request's limit is
+ * the pool's high watermark (fill_req), cached per GPU, with its two exceptions. */
 static inline int64_t held_limit(const struct gpu *g, const struct req *r, int64_t share)
 {
-    if (r->held_limit_pct >= 100 || r->held_limit_pct <= 0)
-        return g->usable;
-    /* a backed service next to backed services only pushes nobody into pressure */
-    if (r->backed && g->n_preempt == 0)
-        return g->usable;
-    /* every request's limit is the pool's high watermark (fill_req), cached per GPU */
-    int64_t lim = g->hw_lim;
-    /* a service bigger than the watermark may still come back to an otherwise empty GPU */
-    return share > lim ? (share < g->usable ? share : g->usable) : lim;
+    return osub__held_limit(g, r->held_limit_pct, r->backed, share);
 }
 
 /* ---- floor room ------------------------------------------------------------------------ */
@@ -1322,12 +1314,24 @@ static bool plan_size_reference(osub_engine_t *e, const struct req *r, int64_t s
     return plan_set(e, r, best, k, usable, p);
 }
 
+/* The largest share a request puts on one GPU, which its GPUs' usable VRAM must hold: a size
+ * whose usable is smaller never takes it, exclusive or not (an exclusive request's grant is the
+ * GPU's whole usable, which would then be below its request), and for a start at its floor, a
+ * size that could never hold its full request once restored does not either. */
+static int64_t fit_share(const struct req *r)
+{
+    int64_t s0 = osub__share(r->total, r->k, 0);
+    return r->fit_share > s0 ? r->fit_share : s0;
+}
+
 static void plan_reference(osub_engine_t *e, const struct req *r, struct plan *out)
 {
     memset(out, 0, sizeof(*out));
     struct plan cur;
     for (int32_t j = 0; j < e->n_sizes; j++) {
         if (r->size_mib > 0 && e->size_vram[j] != r->size_mib)
+            continue;
+        if (fit_share(r) > e->size_usable[j])
             continue;
         if (!plan_size_reference(e, r, e->size_vram[j], &cur))
             continue;
@@ -1404,12 +1408,16 @@ static int plan_admission_fast(osub_engine_t *e, const struct req *r, struct pla
     memset(out, 0, sizeof(*out));
     out->check = OSUB_CHECK_NONE;
     out->check_gpu = -1;
-    bool found = false;
+    bool found = false, too_small = false;
     struct plan cur;
     for (int32_t j = 0; j < e->n_sizes; j++) {
         int64_t size = e->size_vram[j];
         if (r->size_mib > 0 && size != r->size_mib)
             continue;
+        if (fit_share(r) > e->size_usable[j]) {
+            too_small = true;
+            continue;
+        }
         if (!plan_size(e, r, size, &cur, out))
             continue;
         if (!found || key_cmp(&cur, out) < 0) {
@@ -1425,6 +1433,8 @@ static int plan_admission_fast(osub_engine_t *e, const struct req *r, struct pla
             found = true;
         }
     }
+    if (!found && too_small && out->check == OSUB_CHECK_NONE)
+        note_failure(out, OSUB_CHECK_GPUS, -1, r->k); /* no GPU it may go to is large enough */
     out->ok = found;
     return 0;
 }
@@ -1680,6 +1690,50 @@ bool osub__may_fit(osub_engine_t *e, const struct req *r, int64_t share)
             return true;
     }
     return false;
+}
+
+int osub__resize_check(const osub_engine_t *e, const struct svc *s, int64_t nv, int64_t nm,
+                       int64_t *charges)
+{
+    /* the request a submit of the new size would make; a degraded service's grant is its
+     * floor, planned as a start at its floor is (admit.c, osub__plan_for) */
+    bool degraded = s->state == OSUB_STATE_DEGRADED;
+    struct req r;
+    memset(&r, 0, sizeof(r));
+    r.held_limit_pct = e->cfg.high_watermark_pct;
+    r.level = s->level;
+    r.backed = s->backed;
+    r.k = s->k;
+    r.self = s;
+    r.total = nv;
+    r.charge = s->backed ? nv : osub__pred_peak(&s->pred, nv, e->now, e->cfg.prediction_trust_ms);
+    r.floor = s->backed ? nv : s->preemptible && nm < nv ? nm : 0;
+    if (degraded) {
+        r.total = nm;
+        r.charge = osub__min64(r.charge, nm);
+        r.floor = osub__min64(r.floor, nm);
+    }
+    for (int32_t i = 0; i < s->n_slots; i++) {
+        const struct slot *sl = &s->slots[i];
+        const struct gpu *g = &e->gpus[sl->gpu];
+        if (nv > s->full_total && osub__share(nv, s->k, i) > g->usable)
+            return OSUB_ETOO_BIG; /* the GPU could never hold it, degraded or restored */
+        int64_t ng = osub__share(r.total, s->k, i);
+        int64_t ch = charge_of(&r, ng);
+        int64_t of = slot_floor(s, i), nf = req_floor(&r, ng);
+        charges[i] = ch;
+        if (ng <= sl->grant && nf <= of)
+            continue; /* nothing grows here */
+        if (g->granted - sl->grant + ng > g->logical)
+            return OSUB_ENO_ROOM;
+        if (s->backed && g->backed - sl->grant + ng > g->usable)
+            return OSUB_ENO_ROOM;
+        if (g->held - sl->held + ch > held_limit(g, &r, ch))
+            return OSUB_ENO_ROOM;
+        if (gpu_floors(e, g) - of + nf > held_limit(g, &r, ng))
+            return OSUB_ENO_ROOM;
+    }
+    return 0;
 }
 
 int64_t osub__loading_reserve(const osub_engine_t *e, int32_t gpu)

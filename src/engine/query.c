@@ -318,10 +318,11 @@ int osub_engine_check(const osub_engine_t *e, char *why, size_t why_len)
                        s->state == OSUB_STATE_DEGRADED;
         if (running && s->n_slots != s->k)
             rc = fail_why(why, why_len, "%s runs on %d GPUs, not %d", s->spec.id, s->n_slots, s->k);
-        if (running && !s->spec.exclusive && osub__grant_total(s) < s->floor_total)
+        /* exclusive services too: their grant, their GPUs' whole usable, holds their request */
+        if (running && osub__grant_total(s) < s->floor_total)
             rc = fail_why(why, why_len, "invariant 5: %s grant %lld below its floor %lld",
                           s->spec.id, (long long)osub__grant_total(s), (long long)s->floor_total);
-        if (s->backed && running && osub__grant_total(s) < s->full_total && !s->spec.exclusive)
+        if (s->backed && running && osub__grant_total(s) < s->full_total)
             rc = fail_why(why, why_len, "invariant 1: backed %s holds less than its request",
                           s->spec.id);
         for (int32_t i = 0; i < s->n_slots && rc == 0; i++) {
@@ -331,6 +332,10 @@ int osub_engine_check(const osub_engine_t *e, char *why, size_t why_len)
                               (long long)sl->held, (long long)osub__slot_held(s, sl));
             if (sl->grant < 0 || sl->used < 0)
                 rc = fail_why(why, why_len, "%s slot %d negative", s->spec.id, i);
+            else if (sl->grant > e->gpus[sl->gpu].usable)
+                rc = fail_why(why, why_len,
+                              "%s's share on GPU %d, %lld MiB, exceeds its usable %lld", s->spec.id,
+                              sl->gpu, (long long)sl->grant, (long long)e->gpus[sl->gpu].usable);
             sum[sl->gpu * 4 + 0] += sl->grant;
             if (s->backed)
                 sum[sl->gpu * 4 + 1] += sl->grant;

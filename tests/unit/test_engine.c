@@ -957,9 +957,238 @@ static void test_resize(void **state)
     running(e, spec("a", "batch", 40960, 1, 0), 10000, 0);
     assert_int_equal(osub_engine_resize(e, "a", 61440, 0, 0, 10), 0);
     assert_int_equal(info(e, "a").grant_mib, 61440);
-    assert_int_equal(osub_engine_resize(e, "a", 90000, 0, 0, 20), OSUB_ENO_ROOM);
+    /* a share above the GPU's usable is too big (DESIGN.md, resize) */
+    assert_int_equal(osub_engine_resize(e, "a", 90000, 0, 0, 20), OSUB_ETOO_BIG);
     assert_int_equal(osub_engine_resize(e, "a", 20480, 0, 0, 30), 0);
     assert_int_equal(ginfo(e, 0).granted_mib, 20480);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+/* A copy of text with the first `from` replaced by `to` (the test fails when it is absent). */
+static char *replaced(const char *text, const char *from, const char *to)
+{
+    const char *at = strstr(text, from);
+    if (at == NULL)
+        fail_msg("snapshot has no \"%s\"", from);
+    size_t head = (size_t)(at - text), nf = strlen(from), nt = strlen(to);
+    char *out = malloc(strlen(text) - nf + nt + 1);
+    assert_non_null(out);
+    memcpy(out, text, head);
+    memcpy(out + head, to, nt);
+    strcpy(out + head + nt, at + nf);
+    return out;
+}
+
+/* Issue 23: an exclusive request passes the same size check as any other placement (its share
+ * <= the GPU's usable): it is never started on a GPU smaller than its share, where its grant,
+ * that GPU's usable VRAM, would be below its floor. */
+static void test_exclusive_never_on_a_smaller_gpu(void **state)
+{
+    (void)state;
+    osub_pool_config_t cfg;
+    osub_pool_config_default(&cfg);
+    cfg.ratio_milli = 2000;
+    int64_t v[2] = {10000, 6000};
+    osub_engine_t *e = mk_engine_cfg(2, v, &cfg);
+    assert_int_equal(sub(e, spec("p", "online", 9500, 1, 0), 0), OSUB_SUBMIT_STARTED);
+    assert_int_equal(info(e, "p").slots[0].gpu, 0);
+    osub_spec_t x = spec("x", "online", 9000, 0, 0);
+    x.exclusive = true;
+    osub_submit_result_t r;
+    /* not allowed to queue: refused, GPU 1 untouched */
+    assert_int_equal(osub_engine_submit(e, &x, 10, 0, &r), OSUB_ENO_ROOM);
+    assert_int_equal(r.outcome, OSUB_SUBMIT_REJECTED);
+    assert_int_equal(ginfo(e, 1).n_services, 0);
+    /* allowed to: queued, never started on GPU 1 */
+    x.queue = OSUB_TRI_YES;
+    assert_int_equal(osub_engine_submit(e, &x, 20, 0, &r), 0);
+    assert_int_equal(r.outcome, OSUB_SUBMIT_QUEUED);
+    assert_int_equal(info(e, "x").state, OSUB_STATE_QUEUED);
+    assert_int_equal(ginfo(e, 1).n_services, 0);
+    assert_false(ginfo(e, 1).exclusive);
+    check_ok(e);
+    /* GPU 0 frees up: x gets it whole */
+    assert_int_equal(osub_engine_release(e, "p", 30), 0);
+    osub_service_info_t si = info(e, "x");
+    assert_int_equal(si.state, OSUB_STATE_LOADING);
+    assert_int_equal(si.slots[0].gpu, 0);
+    assert_int_equal(si.grant_mib, 10000);
+    check_ok(e);
+    osub_engine_free(e);
+
+    /* two GPUs of 10000 cannot hold 21000 in two shares (10500 each), exclusive or not: with
+     * the two larger GPUs taken by backed services, it waits for them */
+    int64_t v2[4] = {10000, 10000, 30000, 30000};
+    e = mk_engine_cfg(4, v2, &cfg);
+    assert_int_equal(sub(e, spec("a", "online", 20000, 1, 0), 0), OSUB_SUBMIT_STARTED);
+    assert_int_equal(sub(e, spec("b", "online", 20000, 1, 0), 0), OSUB_SUBMIT_STARTED);
+    osub_spec_t big = spec("big", "online", 21000, 2, 0);
+    big.exclusive = true;
+    big.queue = OSUB_TRI_YES;
+    assert_int_equal(osub_engine_submit(e, &big, 10, 0, &r), 0);
+    assert_int_equal(r.outcome, OSUB_SUBMIT_QUEUED);
+    assert_int_equal(ginfo(e, 0).n_services + ginfo(e, 1).n_services, 0);
+    check_ok(e);
+    assert_int_equal(osub_engine_release(e, "a", 20), 0);
+    assert_int_equal(osub_engine_release(e, "b", 30), 0);
+    si = info(e, "big");
+    assert_int_equal(si.state, OSUB_STATE_LOADING);
+    assert_int_equal(si.slots[0].gpu, 2);
+    assert_int_equal(si.grant_mib, 60000);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+/* Issue 23: the invariant check catches a grant below the service's floor (exclusive services
+ * included) and a share above its GPU's usable VRAM; a snapshot with either is refused. */
+static void test_check_catches_grants_off_size(void **state)
+{
+    (void)state;
+    osub_pool_config_t cfg;
+    osub_pool_config_default(&cfg);
+    cfg.ratio_milli = 2000;
+    int64_t v[2] = {10000, 10000};
+    osub_engine_t *e = mk_engine_cfg(2, v, &cfg);
+    osub_spec_t x = spec("x", "online", 9000, 1, 0);
+    x.exclusive = true;
+    assert_int_equal(sub(e, x, 0), OSUB_SUBMIT_STARTED);
+    running(e, spec("b", "batch", 3000, 1, 0), 3000, 0);
+    assert_int_equal(info(e, "x").slots[0].gpu, 0);
+    assert_int_equal(info(e, "b").slots[0].gpu, 1);
+    check_ok(e);
+    char *snap = osub_engine_save(e);
+    assert_non_null(snap);
+    osub_engine_t *e2 = NULL;
+    assert_int_equal(osub_engine_load(snap, &e2, NULL), 0);
+    osub_engine_free(e2);
+    /* x holding 6000 of GPU 0 (as if it had been placed on a 6000 MiB GPU): below its 9000 */
+    char *t1 = replaced(snap, "slots=0:10000:10000:0:10000", "slots=0:6000:6000:0:6000");
+    e2 = NULL;
+    assert_int_equal(osub_engine_load(t1, &e2, NULL), OSUB_EBAD_SNAPSHOT);
+    assert_null(e2);
+    /* b asking for and granted 12000 on a 10000 MiB GPU: within the logical capacity (20000),
+     * at its floor, its held its use; only the share is too big for the GPU */
+    char *t2 = replaced(snap, "vram=3000 gpus=1 compute=0 min_vram=3000",
+                        "vram=12000 gpus=1 compute=0 min_vram=12000");
+    char *t3 = replaced(t2, "slots=1:3000:3000:3000:3000", "slots=1:12000:12000:3000:12000");
+    assert_int_equal(osub_engine_load(t3, &e2, NULL), OSUB_EBAD_SNAPSHOT);
+    assert_null(e2);
+    /* the same with a floor below its share: an exclusive service still holds its request */
+    char *t4 = replaced(snap, "vram=9000 gpus=1 compute=0 min_vram=9000",
+                        "vram=9000 gpus=1 compute=0 min_vram=1000");
+    char *t5 = replaced(t4, "slots=0:10000:10000:0:10000", "slots=0:6000:6000:0:6000");
+    assert_int_equal(osub_engine_load(t4, &e2, NULL), 0);
+    osub_engine_free(e2);
+    e2 = NULL;
+    assert_int_equal(osub_engine_load(t5, &e2, NULL), OSUB_EBAD_SNAPSHOT);
+    assert_null(e2);
+    free(t1);
+    free(t2);
+    free(t3);
+    free(t4);
+    free(t5);
+    free(snap);
+    osub_engine_free(e);
+}
+
+/* Issue 23: growth passes the checks a submit of the new size would on the service's GPUs (a
+ * share above usable is too big; logical, backed and held against the GPU's held without the
+ * service); a service without GPUs is refused a size no GPU of the pool could hold; a shrink
+ * always succeeds. */
+static void test_resize_growth_checks_like_a_submit(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(1, 10000, 2000); /* logical 20000, high watermark 9500 */
+    running(e, spec("b", "batch", 3000, 1, 0), 3000, 0);
+    /* larger than the GPU: too big, not just within the logical capacity */
+    assert_int_equal(osub_engine_resize(e, "b", 15000, 0, 0, 10), OSUB_ETOO_BIG);
+    assert_int_equal(info(e, "b").grant_mib, 3000);
+    /* held without it (an online 5000) + its new charge (6000, no history to go by) > 9500 */
+    assert_int_equal(sub(e, spec("o", "online", 5000, 1, 0), 20), OSUB_SUBMIT_STARTED);
+    assert_int_equal(osub_engine_resize(e, "b", 6000, 0, 0, 30), OSUB_ENO_ROOM);
+    assert_int_equal(info(e, "b").grant_mib, 3000);
+    assert_int_equal(osub_engine_resize(e, "b", 4500, 0, 0, 40), 0);
+    assert_int_equal(info(e, "b").grant_mib, 4500);
+    /* a backed service next to a preemptible one: held without it (b's 3000) + its new size
+     * must stay under the high watermark, as at admission, not merely under usable */
+    assert_int_equal(osub_engine_resize(e, "o", 7000, 0, 0, 50), OSUB_ENO_ROOM);
+    assert_int_equal(osub_engine_resize(e, "o", 6500, 0, 0, 55), 0);
+    /* a shrink always succeeds */
+    assert_int_equal(osub_engine_resize(e, "b", 1000, 0, 0, 60), 0);
+    assert_int_equal(osub_engine_resize(e, "o", 4000, 0, 0, 70), 0);
+    assert_int_equal(ginfo(e, 0).granted_mib, 5000);
+    check_ok(e);
+    /* queued: no GPU of the pool could hold a 15000 share */
+    osub_spec_t q = spec("q", "batch", 9000, 1, 0);
+    assert_int_equal(sub(e, q, 80), OSUB_SUBMIT_QUEUED);
+    assert_int_equal(osub_engine_resize(e, "q", 15000, 0, 0, 90), OSUB_ETOO_BIG);
+    assert_int_equal(osub_engine_resize(e, "q", 10000, 0, 0, 100), 0);
+    assert_int_equal(info(e, "q").state, OSUB_STATE_QUEUED);
+    check_ok(e);
+    /* draining: it keeps its memory until it exits and comes back through the queue */
+    assert_int_equal(osub_engine_drain_gpu(e, 0, 110), 0);
+    assert_int_equal(info(e, "b").state, OSUB_STATE_DRAINING);
+    assert_int_equal(osub_engine_resize(e, "b", 15000, 0, 0, 120), OSUB_ETOO_BIG);
+    assert_int_equal(osub_engine_resize(e, "b", 2000, 0, 0, 130), 0);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+/* Issue 23: a pending service starts when the held of the others plus its charge fits under
+ * the limit admission checked (the high watermark here), not merely under usable. */
+static void test_pending_starts_under_the_high_watermark(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(1, 10000, 2000); /* high watermark 9500 */
+    running(e, spec("bat", "batch", 3000, 1, 0), 3000, 0);
+    running(e, spec("exp", "experiment", 6000, 1, 1000), 6000, 0);
+    osub_submit_result_t r;
+    osub_spec_t web = spec("web", "online", 1500, 1, 0);
+    assert_int_equal(osub_engine_submit(e, &web, 10, 0, &r), 0);
+    assert_int_equal(r.outcome, OSUB_SUBMIT_PENDING);
+    assert_int_equal(r.n_victims, 1);
+    assert_string_equal(r.victims[0].service, "exp");
+    assert_false(r.victims[0].evict);
+    /* exp frees some, not all: 3000 + 5400 + 1500 = 9900, under usable, over the watermark */
+    assert_int_equal(osub_engine_usage(e, "exp", 5400, -1, 20), 0);
+    assert_int_equal(ginfo(e, 0).held_mib, 9900);
+    assert_int_equal(info(e, "web").state, OSUB_STATE_PENDING);
+    assert_int_equal(info(e, "bat").state, OSUB_STATE_RUNNING);
+    assert_int_equal(osub_engine_tick(e, 30), 0);
+    assert_int_equal(info(e, "web").state, OSUB_STATE_PENDING);
+    check_ok(e);
+    /* down to its floor: 3000 + 900 + 1500 = 5400 */
+    assert_int_equal(osub_engine_usage(e, "exp", 900, -1, 40), 0);
+    assert_int_equal(info(e, "web").state, OSUB_STATE_LOADING);
+    assert_int_equal(info(e, "bat").state, OSUB_STATE_RUNNING);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+/* Issue 23 (found with the share check): a start at its floor goes only to GPUs that could hold
+ * its full request once restored, never to a smaller one where the restore would grant more
+ * than the GPU has. */
+static void test_floor_start_only_where_restorable(void **state)
+{
+    (void)state;
+    osub_pool_config_t cfg;
+    osub_pool_config_default(&cfg);
+    cfg.ratio_milli = 2000;
+    int64_t v[2] = {10000, 6000};
+    osub_engine_t *e = mk_engine_cfg(2, v, &cfg);
+    assert_int_equal(sub(e, spec("p", "online", 9500, 1, 0), 0), OSUB_SUBMIT_STARTED);
+    assert_int_equal(sub(e, spec("big", "batch", 9000, 1, 5000), 10), OSUB_SUBMIT_QUEUED);
+    /* past floor_start_after_ms: its floor (5000) would fit GPU 1, its request never could */
+    assert_int_equal(osub_engine_tick(e, 130000), 0);
+    assert_int_equal(info(e, "big").state, OSUB_STATE_QUEUED);
+    assert_int_equal(ginfo(e, 1).n_services, 0);
+    check_ok(e);
+    /* GPU 0 frees up: it starts there */
+    assert_int_equal(osub_engine_release(e, "p", 140000), 0);
+    assert_int_equal(osub_engine_tick(e, 140001), 0);
+    osub_service_info_t si = info(e, "big");
+    assert_int_equal(si.slots[0].gpu, 0);
     check_ok(e);
     osub_engine_free(e);
 }
@@ -998,6 +1227,11 @@ int main(void)
         cmocka_unit_test(test_victim_evicted_while_loading_counts_until_exit),
         cmocka_unit_test(test_lost_gpu_with_many_services),
         cmocka_unit_test(test_resize),
+        cmocka_unit_test(test_exclusive_never_on_a_smaller_gpu),
+        cmocka_unit_test(test_check_catches_grants_off_size),
+        cmocka_unit_test(test_resize_growth_checks_like_a_submit),
+        cmocka_unit_test(test_pending_starts_under_the_high_watermark),
+        cmocka_unit_test(test_floor_start_only_where_restorable),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

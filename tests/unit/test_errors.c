@@ -159,9 +159,13 @@ static int c_resize_below_min(osub_engine_t *e)
 {
     return osub_engine_resize(e, "exp", 1000, 0, 0, T2);
 }
-static int c_resize_grow_no_room(osub_engine_t *e)
+static int c_resize_grow_too_big(osub_engine_t *e)
 {
     return osub_engine_resize(e, "bat", 200000, 0, 0, T2);
+}
+static int c_resize_grow_no_room(osub_engine_t *e)
+{
+    return osub_engine_resize(e, "calm", 81920, 0, 0, T2);
 }
 static int c_resize_unknown(osub_engine_t *e)
 {
@@ -226,6 +230,7 @@ static const struct {
     {"negative system usage", c_system_negative, OSUB_ENEGATIVE_USAGE},
     {"system usage, unknown GPU", c_system_bad_gpu, OSUB_EBAD_GPU},
     {"resize below min", c_resize_below_min, OSUB_ENO_SHRINK_BELOW_MIN},
+    {"resize, too big for its GPU", c_resize_grow_too_big, OSUB_ETOO_BIG},
     {"resize, no room", c_resize_grow_no_room, OSUB_ENO_ROOM},
     {"resize unknown", c_resize_unknown, OSUB_EUNKNOWN_SERVICE},
     {"resize negative", c_resize_negative, OSUB_EBAD_VRAM},
