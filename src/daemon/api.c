@@ -550,11 +550,18 @@ static void submit_commit(struct osubd *d, int rc, const osub_submit_result_t *r
  * 0, or -1 with a sentence in err. */
 static int route_not_self(struct osubd *d, const struct osubd_route *r, char *err, size_t errlen)
 {
+    const char *mw = r != NULL && r->metrics_url[0] ? osubd_self_url(&d->self, r->metrics_url) : NULL;
+    if (mw != NULL) {
+        snprintf(err, errlen, "metrics_url %.200s is oversubd's own %s, not the engine's",
+                 r->metrics_url, mw);
+        return -1;
+    }
     for (int32_t i = 0; r != NULL && i < r->n_backends; i++) {
         const char *w = osubd_self_url(&d->self, r->backends[i]);
         if (w != NULL) {
             snprintf(err, errlen,
-                     "backends[%d] %s is oversubd's own %s: the gateway never forwards to oversubd",
+                     "backends[%d] %.200s is oversubd's own %s: the gateway never forwards to "
+                     "oversubd",
                      (int)i, r->backends[i], w);
             return -1;
         }

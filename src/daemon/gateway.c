@@ -191,6 +191,16 @@ struct gw_svc {
     uint64_t view_version;
     bool view_ok, v_serving;
     int32_t v_level, v_lim, v_maxq, v_shed;
+    /* the serving engine's own saturation (its metrics_url, read every second): while it
+     * queues or its KV cache is full, at most eng_lim requests go to it; the rest wait in our
+     * queue, by priority, instead of in its FIFO */
+    struct evhttp_connection *eng_conn;
+    char eng_url[OSUBD_ROUTE_URL_MAX + 1]; /* what eng_conn was opened for */
+    bool eng_busy;       /* a read in flight */
+    double eng_at;       /* the last good read (0: none) */
+    int32_t eng_lim;     /* 0: no limit of its own (no metrics, or stale) */
+    double eng_waiting, eng_running, eng_kv;
+    uint64_t eng_reads, eng_errors;
     long v_qt, v_upstream_ms;
 };
 
@@ -1805,6 +1815,169 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
     cl_after(c);
 }
 
+/* ---- the serving engine's saturation (metrics_url) ---------------------------------------- */
+
+#define ENG_STALE_S 5.0 /* a read older than this no longer limits anything */
+
+/* The in-flight limit: the route's (or the degrade's), and the engine's own while it queues. */
+static int32_t eff_lim(const struct gw_svc *s)
+{
+    if (s->eng_lim > 0 && s->eng_lim < s->v_lim && now_s() - s->eng_at < ENG_STALE_S)
+        return s->eng_lim;
+    return s->v_lim;
+}
+
+static void eng_drop(struct gw_svc *s)
+{
+    if (s->eng_conn != NULL)
+        evhttp_connection_free(s->eng_conn);
+    s->eng_conn = NULL;
+    s->eng_url[0] = '\0';
+}
+
+/* Sums (running, waiting) and takes the largest KV-cache fraction over every series of vLLM's
+ * and SGLang's names in a Prometheus text body. false when none of them is there. */
+static bool eng_parse(const char *p, size_t n, double *waiting, double *running, double *kv)
+{
+    static const struct {
+        const char *name;
+        int what; /* 0 waiting, 1 running, 2 kv */
+    } names[] = {{"vllm:num_requests_waiting", 0}, {"sglang:num_queue_reqs", 0},
+                 {"vllm:num_requests_running", 1}, {"sglang:num_running_reqs", 1},
+                 {"vllm:kv_cache_usage_perc", 2},  {"vllm:gpu_cache_usage_perc", 2},
+                 {"sglang:token_usage", 2}};
+    bool any = false;
+    *waiting = *running = *kv = 0;
+    const char *end = p + n;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *le = nl ? nl : end;
+        if (*p != '#') {
+            size_t nameln = 0;
+            while (p + nameln < le && p[nameln] != '{' && p[nameln] != ' ')
+                nameln++;
+            for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++) {
+                if (strlen(names[k].name) != nameln || memcmp(p, names[k].name, nameln) != 0)
+                    continue;
+                /* the value: the field after the labels (a timestamp may follow) */
+                const char *v = p + nameln;
+                if (*v == '{') {
+                    const char *rb = memchr(v, '}', (size_t)(le - v));
+                    v = rb ? rb + 1 : le;
+                }
+                char num[64];
+                while (v < le && *v == ' ')
+                    v++;
+                size_t vl = 0;
+                while (v + vl < le && v[vl] != ' ' && vl < sizeof(num) - 1)
+                    vl++;
+                memcpy(num, v, vl);
+                num[vl] = '\0';
+                char *e;
+                double x = strtod(num, &e);
+                if (vl == 0 || *e != '\0' || !(x >= 0) || x > 1e9)
+                    break; /* NaN, negative, or not a number: not believed */
+                if (names[k].what == 0)
+                    *waiting += x;
+                else if (names[k].what == 1)
+                    *running += x;
+                else if (x > *kv)
+                    *kv = x;
+                any = true;
+                break;
+            }
+        }
+        p = nl ? nl + 1 : end;
+    }
+    return any;
+}
+
+static void on_eng_answer(struct evhttp_request *req, void *arg)
+{
+    struct gw_svc *s = arg;
+    s->eng_busy = false;
+    int code = req ? evhttp_request_get_response_code(req) : 0;
+    double w, r, kv;
+    struct evbuffer *in = req && code == 200 ? evhttp_request_get_input_buffer(req) : NULL;
+    size_t len = in ? evbuffer_get_length(in) : 0;
+    const char *p = in && len > 0 && len < (8u << 20) ? (const char *)evbuffer_pullup(in, -1) : NULL;
+    if (p == NULL || !eng_parse(p, len, &w, &r, &kv)) {
+        s->eng_errors++;
+        return;
+    }
+    s->eng_reads++;
+    s->eng_waiting = w;
+    s->eng_running = r;
+    s->eng_kv = kv;
+    int32_t lim = s->eng_lim > 0 ? s->eng_lim : s->v_lim;
+    if (lim > s->v_lim)
+        lim = s->v_lim;
+    if (w > 0 || kv >= 0.95) {
+        /* it queues (or has no room for more): no more at once than it runs, and a tenth less
+         * each second it still queues */
+        int32_t runs = r >= 1 ? (int32_t)r : 1;
+        if (lim > runs)
+            lim = runs;
+        else if (w > 0)
+            lim -= lim / 10 > 0 ? lim / 10 : 1;
+    } else if (kv < 0.9) {
+        lim += lim / 10 > 0 ? lim / 10 : 1; /* drained: back up, a tenth a second */
+    }
+    if (lim < 1)
+        lim = 1;
+    s->eng_lim = lim >= s->v_lim ? 0 : lim;
+    s->eng_at = now_s();
+}
+
+/* Reads the engine's metrics of every service that names them (once a second). */
+static void eng_poll(struct osub_gateway *g)
+{
+    for (struct gw_svc *s = g->svcs; s != NULL; s = s->next) {
+        const struct osubd_route *rt = route_of(g->d, s->id);
+        if (rt == NULL || rt->metrics_url[0] == '\0') {
+            if (s->eng_conn != NULL && !s->eng_busy)
+                eng_drop(s);
+            s->eng_lim = 0;
+            continue;
+        }
+        if (s->eng_busy)
+            continue;
+        if (s->eng_conn != NULL && strcmp(s->eng_url, rt->metrics_url) != 0)
+            eng_drop(s);
+        struct evhttp_uri *u = evhttp_uri_parse(rt->metrics_url);
+        if (u == NULL)
+            continue;
+        const char *host = evhttp_uri_get_host(u);
+        int port = evhttp_uri_get_port(u);
+        const char *path = evhttp_uri_get_path(u);
+        char hostport[300], pathq[600];
+        snprintf(hostport, sizeof(hostport), "%s:%d", host ? host : "", port);
+        snprintf(pathq, sizeof(pathq), "%s%s%s", path && path[0] ? path : "/metrics",
+                 evhttp_uri_get_query(u) ? "?" : "",
+                 evhttp_uri_get_query(u) ? evhttp_uri_get_query(u) : "");
+        if (s->eng_conn == NULL && host != NULL && port > 0) {
+            s->eng_conn = evhttp_connection_base_new(g->d->base, NULL, host, (uint16_t)port);
+            if (s->eng_conn != NULL) {
+                evhttp_connection_set_timeout(s->eng_conn, 2);
+                evhttp_connection_set_retries(s->eng_conn, 0);
+                snprintf(s->eng_url, sizeof(s->eng_url), "%s", rt->metrics_url);
+            }
+        }
+        struct evhttp_request *req = s->eng_conn ? evhttp_request_new(on_eng_answer, s) : NULL;
+        if (req != NULL) {
+            evhttp_add_header(evhttp_request_get_output_headers(req), "Host", hostport);
+            s->eng_busy = true;
+            if (evhttp_make_request(s->eng_conn, req, EVHTTP_REQ_GET, pathq) != 0 && s->eng_busy) {
+                /* failed inside the call: libevent freed the request (its callback may have
+                 * run and said so already) */
+                s->eng_busy = false;
+                s->eng_errors++;
+            }
+        }
+        evhttp_uri_free(u);
+    }
+}
+
 static int svc_view(struct osub_gateway *g, struct gw_svc *s);
 
 static void pump(struct osub_gateway *g, struct gw_svc *s)
@@ -1813,7 +1986,7 @@ static void pump(struct osub_gateway *g, struct gw_svc *s)
         return;
     if (svc_view(g, s) != 0 || !s->v_serving)
         return;
-    int32_t lim = s->v_lim;
+    int32_t lim = eff_lim(s);
     while (s->queue != NULL && s->inflight < lim) {
         struct gw_req *r = s->queue;
         unqueue(s, r);
@@ -1829,6 +2002,9 @@ static void on_pump(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     struct osub_gateway *g = arg;
+    static unsigned ticks;
+    if (++ticks % 20 == 0) /* the pump runs every 50 ms: the engines' metrics once a second */
+        eng_poll(g);
     for (struct gw_svc **sp = &g->svcs; *sp != NULL;) {
         struct gw_svc *s = *sp;
         pump(g, s);
@@ -1839,8 +2015,9 @@ static void on_pump(evutil_socket_t fd, short what, void *arg)
             s->swept_version = g->d->state_version;
             bool gone = route_of(g->d, s->id) == NULL;
             svc_flush_idle(s, gone);
-            if (gone && s->refs == 0 && s->queue == NULL && s->inflight == 0) {
+            if (gone && s->refs == 0 && s->queue == NULL && s->inflight == 0 && !s->eng_busy) {
                 *sp = s->next;
+                eng_drop(s);
                 free(s);
                 continue;
             }
@@ -2060,7 +2237,7 @@ static void admit(struct osub_gateway *g, struct gw_req *r)
     int32_t prio = r->prio;
     long deadline = r->deadline_ms;
     r->t0 = now_s();
-    if (s->v_serving && s->inflight < s->v_lim && s->queue == NULL) {
+    if (s->v_serving && s->inflight < eff_lim(s) && s->queue == NULL) {
         dispatch(g, r);
         return;
     }
@@ -2175,6 +2352,7 @@ void osubd_gateway_free(struct osubd *d)
                 s->idle[b] = bc->next;
                 bc_close(bc);
             }
+        eng_drop(s);
         free(s);
     }
     for (int i = 0; i < 1024; i++)
@@ -2263,6 +2441,36 @@ void osubd_gateway_metrics(struct osubd *d, struct evbuffer *b)
         "oversub_gateway_refused_total{why=\"too_large\"} %llu\n",
         (unsigned long long)g->no_route, (unsigned long long)g->bad_requests,
         (unsigned long long)g->refused_conns, (unsigned long long)g->too_large);
+    evbuffer_add_printf(b, "# HELP oversub_gateway_engine_limit The in-flight limit the serving "
+                           "engine's own saturation sets (its metrics_url), 0 when none.\n"
+                           "# TYPE oversub_gateway_engine_limit gauge\n");
+    for (struct gw_svc *s = g->svcs; s; s = s->next)
+        if (s->eng_reads + s->eng_errors > 0)
+            evbuffer_add_printf(b, "oversub_gateway_engine_limit{service=\"%s\"} %d\n", s->id,
+                                eff_lim(s) < s->v_lim ? eff_lim(s) : 0);
+    evbuffer_add_printf(b, "# HELP oversub_gateway_engine_waiting Requests the serving engine "
+                           "says wait in its own queue.\n"
+                           "# TYPE oversub_gateway_engine_waiting gauge\n");
+    for (struct gw_svc *s = g->svcs; s; s = s->next)
+        if (s->eng_reads > 0)
+            evbuffer_add_printf(b, "oversub_gateway_engine_waiting{service=\"%s\"} %g\n", s->id,
+                                s->eng_waiting);
+    evbuffer_add_printf(b, "# HELP oversub_gateway_engine_kv_usage The serving engine's KV cache "
+                           "in use (0 to 1).\n# TYPE oversub_gateway_engine_kv_usage gauge\n");
+    for (struct gw_svc *s = g->svcs; s; s = s->next)
+        if (s->eng_reads > 0)
+            evbuffer_add_printf(b, "oversub_gateway_engine_kv_usage{service=\"%s\"} %g\n", s->id,
+                                s->eng_kv);
+    evbuffer_add_printf(b, "# HELP oversub_gateway_engine_reads_total Reads of the serving "
+                           "engine's metrics.\n# TYPE oversub_gateway_engine_reads_total counter\n");
+    for (struct gw_svc *s = g->svcs; s; s = s->next)
+        if (s->eng_reads + s->eng_errors > 0)
+            evbuffer_add_printf(b,
+                                "oversub_gateway_engine_reads_total{service=\"%s\",result=\"ok\"} "
+                                "%llu\noversub_gateway_engine_reads_total{service=\"%s\",result="
+                                "\"error\"} %llu\n",
+                                s->id, (unsigned long long)s->eng_reads, s->id,
+                                (unsigned long long)s->eng_errors);
     evbuffer_add_printf(b, "# HELP oversub_gateway_inflight Requests in flight to a service.\n"
                            "# TYPE oversub_gateway_inflight gauge\n");
     for (struct gw_svc *s = g->svcs; s; s = s->next)

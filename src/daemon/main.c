@@ -324,7 +324,7 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
                     rc = -1;
                     break;
                 }
-            snprintf(c->api_hostnames, sizeof(c->api_hostnames), "%s", sv);
+            snprintf(c->api_hostnames, sizeof(c->api_hostnames), "%.511s", sv);
         } else if (strcmp(key, "device_plugin") == 0) {
             if (sv[0] != '\0' && sv[0] != '/') {
                 fprintf(stderr,

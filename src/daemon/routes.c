@@ -108,6 +108,24 @@ int osubd_route_take(json_t *spec, bool backends_only, const struct osubd_destin
         json_object_del(spec, ints[k].name);
         any = true;
     }
+    json_t *mu = backends_only ? NULL : json_object_get(spec, "metrics_url");
+    if (mu != NULL) {
+        const char *s = json_string_value(mu);
+        if (!backend_url_ok(s)) {
+            snprintf(err, errlen,
+                     "field 'metrics_url' must be an http://HOST:PORT/PATH URL (the engine's "
+                     "Prometheus endpoint)");
+            return -1;
+        }
+        char why[400];
+        if (dest != NULL && !osubd_url_allowed(dest, s, why, sizeof(why))) {
+            snprintf(err, errlen, "field 'metrics_url': %s", why);
+            return -1;
+        }
+        snprintf(r.metrics_url, sizeof(r.metrics_url), "%s", s);
+        json_object_del(spec, "metrics_url");
+        any = true;
+    }
     if (!any)
         return 0;
     if (r.n_backends == 0) {
@@ -138,6 +156,8 @@ json_t *osubd_route_json(const struct osubd_route *r)
         json_object_set_new(o, "queue_timeout_ms", json_integer(r->queue_timeout_ms));
     if (r->upstream_timeout_ms > 0)
         json_object_set_new(o, "upstream_timeout_ms", json_integer(r->upstream_timeout_ms));
+    if (r->metrics_url[0])
+        json_object_set_new(o, "metrics_url", json_string(r->metrics_url));
     return o;
 }
 
@@ -147,7 +167,8 @@ bool osubd_route_equal(const struct osubd_route *a, const struct osubd_route *b)
         return a == b;
     if (a->n_backends != b->n_backends || a->max_inflight != b->max_inflight ||
         a->max_queue != b->max_queue || a->queue_timeout_ms != b->queue_timeout_ms ||
-        a->upstream_timeout_ms != b->upstream_timeout_ms)
+        a->upstream_timeout_ms != b->upstream_timeout_ms ||
+        strcmp(a->metrics_url, b->metrics_url) != 0)
         return false;
     for (int32_t i = 0; i < a->n_backends; i++)
         if (strcmp(a->backends[i], b->backends[i]) != 0)

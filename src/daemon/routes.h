@@ -22,6 +22,9 @@ struct osubd_route {
     int32_t max_queue;           /* -1: not given (twice the limit) */
     int32_t queue_timeout_ms;    /* 0: not given (5 s) */
     int32_t upstream_timeout_ms; /* 0: not given (the gateway's default) */
+    /* the serving engine's Prometheus endpoint (vLLM's or SGLang's /metrics), "" for none: the
+     * gateway lowers the in-flight limit while the engine queues or its KV cache is full */
+    char metrics_url[OSUBD_ROUTE_URL_MAX + 1];
 };
 
 struct osubd_routes;
@@ -30,7 +33,7 @@ struct osubd_routes *osubd_routes_new(void);
 void osubd_routes_free(struct osubd_routes *t);
 
 /* Takes the gateway's fields (backends, max_inflight, max_queue, queue_timeout_ms,
- * upstream_timeout_ms) out of a submitted spec (or a PUT .../backends body when
+ * upstream_timeout_ms, metrics_url) out of a submitted spec (or a PUT .../backends body when
  * backends_only). *out: a new record, or NULL when no field was given. Returns 0, or -1 with a
  * sentence in err naming the field. */
 struct osubd_destinations;

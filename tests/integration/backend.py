@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """backend.py - a test backend for the gateway: prints "port N" once it listens.
   /echo            the path and headers it got, as JSON
+  /metrics         vLLM's saturation series, as /set-engine?waiting=W&running=R&kv=K set them
   /slow?ms=N&tag=T records T in arrival order, waits N ms, answers T
   /order           the tags in arrival order, as JSON
   /stats           completions finished and abandoned (the client left), as JSON
@@ -15,6 +16,8 @@ from urllib.parse import urlparse, parse_qs
 
 order = []
 lock = threading.Lock()
+# what /metrics says, as vLLM's Prometheus endpoint would (GET /set-engine?waiting=&running=&kv=)
+engine = {"waiting": 0.0, "running": 0.0, "kv": 0.0}
 stats = {"aborted": 0, "completed": 0}
 
 
@@ -107,7 +110,19 @@ class H(BaseHTTPRequestHandler):
     def do_GET(self):
         u = urlparse(self.path)
         q = parse_qs(u.query)
-        if u.path == "/echo":
+        if u.path == "/set-engine":
+            for k in engine:
+                if k in q:
+                    engine[k] = float(q[k][0])
+            self.send(200, json.dumps(engine))
+        elif u.path == "/metrics":
+            self.send(200, "# HELP vllm:num_requests_waiting Number of requests waiting.\n"
+                      "# TYPE vllm:num_requests_waiting gauge\n"
+                      'vllm:num_requests_waiting{model_name="m",engine="0"} %g\n'
+                      'vllm:num_requests_running{model_name="m",engine="0"} %g\n'
+                      'vllm:kv_cache_usage_perc{model_name="m",engine="0"} %g\n'
+                      % (engine["waiting"], engine["running"], engine["kv"]), "text/plain")
+        elif u.path == "/echo":
             self.send(200, json.dumps({"path": self.path, "headers": dict(self.headers),
                                        "port": self.server.server_address[1]}))
         elif u.path == "/slow":

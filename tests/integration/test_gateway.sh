@@ -30,6 +30,7 @@ A="http://127.0.0.1:$PORT"
 G="http://127.0.0.1:$GW"
 B="http://127.0.0.1:$BPORT"
 submit() { curl -s -o "$tmp/sub" -w '%{http_code}' -X POST "$A/v1/services" -d "$1"; }
+wait_for() { local n=$(($1 * 10)); shift; for _ in $(seq 1 "$n"); do "$@" && return 0; sleep 0.1; done; return 1; }
 
 # ---- bad gateway fields ----
 expect "backends not URLs" 422 "$(submit '{"id":"x1","class":"online","vram":"1GiB","backends":["ftp://a"]}')"
@@ -400,6 +401,33 @@ if command -v promtool >/dev/null; then
 fi
 expect "control API alive" 200 "$(curl -s -o /dev/null -w '%{http_code}' "$A/healthz")"
 
+# ---- the serving engine's saturation (issue 26): its queue moves into ours ----
+m() { curl -s "$A/metrics" | awk -v k="$1" '$1 == k {print $2}'; }
+expect "submit eng with its metrics_url" 201 "$(submit "{\"id\":\"eng\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"$B\"],\"max_inflight\":8,\"max_queue\":50,\"queue_timeout_ms\":30000,\"metrics_url\":\"$B/metrics\"}")"
+expect "metrics_url must be a URL" 422 "$(submit '{"id":"eng2","class":"online","vram":"1GiB","backends":["http://127.0.0.1:9"],"metrics_url":"nope"}')"
+expect "nor oversubd's own" 422 "$(submit "{\"id\":\"eng2\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"$B\"],\"metrics_url\":\"$A/metrics\"}")"
+curl -s -o /dev/null -X POST "$A/v1/services/eng/ready"
+curl -s -o /dev/null "$G/eng/echo" # the gateway knows the service from its first request
+curl -s -o /dev/null "$B/set-engine?waiting=5&running=2&kv=0.5"
+lim2() { [ "$(m 'oversub_gateway_engine_limit{service="eng"}')" = 2 ]; }
+wait_for 20 lim2 || bad "the engine queues: at most what it runs (2) go to it: $(curl -s "$A/metrics" | grep 'engine.*eng')"
+ecurls=()
+for i in 1 2 3 4 5 6; do
+    curl -s -o /dev/null "$G/eng/slow?ms=4000&tag=e$i" &
+    ecurls+=($!)
+done
+queued() { [ "$(m 'oversub_gateway_queued{service="eng"}')" -ge 4 ] 2>/dev/null; }
+wait_for 20 queued || bad "the rest wait in oversub's queue: queued $(m 'oversub_gateway_queued{service="eng"}')"
+expect "two in flight to the engine, not six" 2 "$(m 'oversub_gateway_inflight{service="eng"}')"
+curl -s -o /dev/null "$B/set-engine?waiting=0&running=2&kv=0.2"
+unlimited() { [ "$(m 'oversub_gateway_engine_limit{service="eng"}')" = 0 ]; }
+wait_for 30 unlimited || bad "drained: the limit goes back up: $(m 'oversub_gateway_engine_limit{service="eng"}')"
+wait "${ecurls[@]}"
+expect "every request served" 0 "$(m 'oversub_gateway_queued{service="eng"}')"
+expect "the engine's figures shown" 0.2 "$(m 'oversub_gateway_engine_kv_usage{service="eng"}')"
+curl -s -o /dev/null "$B/set-engine?waiting=0&running=0&kv=0"
+curl -s -o /dev/null -X DELETE "$A/v1/services/eng"
+
 # ---- a slow request body holds no slot (issue 23: two trickled bodies held both) ----
 expect "submit trickle (2 slots, no queue)" 201 "$(submit "{\"id\":\"trickle\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"$B\"],\"max_inflight\":2,\"max_queue\":0}")"
 curl -s -o /dev/null -X POST "$A/v1/services/trickle/ready"
@@ -450,7 +478,6 @@ expect "the same id by another owner, on backend 1" 201 "$(submit "{\"id\":\"mv\
 curl -s -o /dev/null -X POST "$A/v1/services/mv/ready"
 expect "its requests (and its Authorization) reach its backend, never the old one" "$BPORT" "$(at secret-of-the-new-owner)"
 curl -s -o /dev/null -X DELETE "$A/v1/services/mv"
-wait_for() { local n=$(($1 * 10)); shift; for _ in $(seq 1 "$n"); do "$@" && return 0; sleep 0.1; done; return 1; }
 freed() { ! curl -s "$A/metrics" | grep -q 'oversub_gateway_inflight{service="mv"}'; }
 wait_for 20 freed || bad "the gateway's state of a released service is freed: $(curl -s "$A/metrics" | grep 'service="mv"' | head -3)"
 
