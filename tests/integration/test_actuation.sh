@@ -106,7 +106,7 @@ expect "exp acknowledged" 1 "$(count_ev exp ack)"
 curl -s -o "$tmp/inflight" -w '%{http_code}' "http://127.0.0.1:$P1/v1/completions?tokens=300" >"$tmp/inflight.code" &
 CURLP=$!
 sleep 0.3
-expect "chat2 needs an eviction" 201 "$(code POST /v1/services '{"id":"chat2","class":"online","vram":"30GiB"}')"
+expect "chat2 needs an eviction: pending until exp's memory is free (it starts under the high watermark, DESIGN.md)" 202 "$(code POST /v1/services '{"id":"chat2","class":"online","vram":"30GiB"}')"
 expect "victim action 2" evict "$(json 'd["decision"]["victims"][0]["action"]' <"$tmp/body")"
 wait_state chat2 loading 10 || bad "chat2 did not start after the eviction: $(state chat2)"
 wait_state exp unknown_service 10 || bad "exp not released (it is not resumable): $(state exp)"
