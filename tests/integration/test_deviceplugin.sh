@@ -285,7 +285,9 @@ wait_for 60 coalesced || bad "10 changes, 8 slow watchers: 72 lists skipped, got
 buf=$(metric oversub_deviceplugin_watch_buffered_bytes)
 expect "each slow watcher holds at most one list" True "$($PY -c "print($buf <= 8 * $lb)")"
 rss1=$(rss)
-expect "memory: about one list per watcher, not one per change ($rss0 -> $rss1 KiB, list $lb bytes)" True "$($PY -c "print(($rss1 - $rss0) * 1024 < 8 * $lb * 3)")"
+# RSS as well, loosely (allocators, and ASan's quarantine, keep freed memory): a copy per change
+# would be 10 lists per watcher; this allows half that
+expect "memory: not a list per change ($rss0 -> $rss1 KiB, list $lb bytes)" True "$($PY -c "print(($rss1 - $rss0) * 1024 < 8 * $lb * 5)")"
 expect "a ninth watcher is refused" "watch ended RESOURCE_EXHAUSTED" "$(timeout 20 $PY "$SI" watch "$KD" | head -1)"
 kill $STPID
 wait $STPID 2>/dev/null
