@@ -1911,7 +1911,14 @@ static bool seg_look(struct osubd *d, struct osub_proc *p, const osub_service_in
                 osub_seg_set_grant(&p->seg, i, want);
         }
     }
-    if (osub_seg_view(&p->seg, largest_gpu_bytes(d), v, why, sizeof(why)) != 0) {
+    /* no device of the service can hold more than its whole request (the shim reserves only
+     * under a grant, and no grant is above the request): a figure above it is a lie */
+    uint64_t cap = largest_gpu_bytes(d);
+    osub_service_info_t mine;
+    if (osub_engine_service_info(d->e, p->id, &mine) == 0 && mine.spec != NULL &&
+        mine.spec->vram_mib > 0 && ((uint64_t)mine.spec->vram_mib << 20) < cap)
+        cap = (uint64_t)mine.spec->vram_mib << 20;
+    if (osub_seg_view(&p->seg, cap, v, why, sizeof(why)) != 0) {
         if (clean)
             seg_fault(d, p, why);
         clean = false;
@@ -1920,6 +1927,42 @@ static bool seg_look(struct osubd *d, struct osub_proc *p, const osub_service_in
     if (clean)
         p->seg_faulty = false;
     return clean;
+}
+
+/* osub_seg_open under the SIGBUS guard: the service may cut the file short between the size
+ * check and the header's read (an attack review's SIGBUS at restart). 0, or a negative errno
+ * with a sentence in err. */
+static int seg_open_guarded(struct osub_segment *g, const char *path, char *err, size_t errlen)
+{
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 1) != 0) {
+        seg_guard = NULL;
+        osub_seg_cleanup(g);
+        snprintf(err, errlen, "%s was cut short while oversubd opened it", path);
+        return -EFAULT;
+    }
+    seg_guard = &jb;
+    int rc = osub_seg_open(g, path, err, errlen);
+    seg_guard = NULL;
+    return rc;
+}
+
+/* Sets every device's grant in a mapped segment to 0, under the guard; false when the segment
+ * faulted (it is then unmapped). */
+static bool seg_zero_guarded(struct osub_segment *g)
+{
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 1) != 0) {
+        seg_guard = NULL;
+        osub_seg_cleanup(g);
+        return false;
+    }
+    seg_guard = &jb;
+    for (uint32_t i = 0; i < g->n_devices; i++)
+        if (osub_seg_grant(g, i) != 0)
+            osub_seg_set_grant(g, i, 0);
+    seg_guard = NULL;
+    return true;
 }
 
 static uint64_t to_mib(uint64_t bytes)
@@ -1976,7 +2019,7 @@ static void shim_adopt(struct osubd *d, struct osub_proc *p)
     snprintf(p->seg_path, sizeof(p->seg_path), "%s/shim/%s.seg", sd, p->id);
     char err[512];
     if (access(p->seg_path, F_OK) == 0 &&
-        osub_seg_open(&p->seg, p->seg_path, err, sizeof(err)) != 0)
+        seg_open_guarded(&p->seg, p->seg_path, err, sizeof(err)) != 0)
         fprintf(stderr, "oversubd: %s: its CUDA shim segment cannot be used: %s\n", p->id, err);
 }
 
@@ -2719,7 +2762,7 @@ static bool pod_seg_adopt(struct osubd *d, struct osub_proc *p, const char *dir)
         int n = snprintf(p->seg_path, sizeof(p->seg_path), "%s/%s", dir, e->d_name);
         if (n < 0 || (size_t)n >= sizeof(p->seg_path))
             continue;
-        if (osub_seg_open(&p->seg, p->seg_path, err, sizeof(err)) == 0)
+        if (seg_open_guarded(&p->seg, p->seg_path, err, sizeof(err)) == 0)
             got = true;
         else
         {
@@ -2806,9 +2849,7 @@ int osubd_act_pod_segment(struct osubd *d, const char *id, char *path, size_t pa
         /* a pending service's slots already carry the grant it will have; its memory is still
          * the victims'. Unmapped, the watch round leaves the segment at 0 (it writes only mapped
          * segments); the sweep maps it again once the service starts. */
-        for (uint32_t i = 0; i < p->seg.n_devices; i++)
-            if (osub_seg_grant(&p->seg, i) != 0)
-                osub_seg_set_grant(&p->seg, i, 0);
+        seg_zero_guarded(&p->seg);
         osub_seg_cleanup(&p->seg);
     } else {
         pod_seg_grants(d, p, &si);

@@ -88,6 +88,7 @@ struct gw_req {
     struct h1_chunked scan; /* awaiting a chunked body: its framing scanned ahead, ... */
     size_t scanned;         /* ... over this many bytes of the client's buffer */
     double stream_t0;       /* its body began streaming to the backend (slot held) */
+    bool streams;           /* counted in its service's streaming */
     int64_t streamed;       /* body bytes sent to the backend since */
     struct event *timer;
     bool started; /* the answer's head went out: the body streams */
@@ -170,6 +171,7 @@ struct gw_svc {
     struct gw_req *queue;
     int32_t n_queued, inflight;
     int32_t refs; /* requests that point at it: it is freed, once its route is gone, at 0 */
+    int32_t streaming; /* in flight with their body still arriving: at most half the slots */
     uint64_t swept_version; /* the state version its idle connections were last checked at */
     struct gw_bconn *idle[16]; /* per backend */
     int n_idle[16];
@@ -460,6 +462,9 @@ static void req_free(struct gw_req *r)
         r->timer = NULL;
     }
     if (r->svc != NULL) {
+        if (r->streams)
+            r->svc->streaming--;
+        r->streams = false;
         r->svc->refs--;
         r->svc = NULL;
     }
@@ -1635,8 +1640,9 @@ static void forward_body(struct gw_req *r)
     }
     double t = now_s();
     if (r->stream_t0 == 0)
-        r->stream_t0 = t;
-    r->streamed += (int64_t)k;
+        r->stream_t0 = t; /* what was read ahead does not count toward the floor */
+    else
+        r->streamed += (int64_t)k;
     if (!r->body_done && t - r->stream_t0 > STREAM_GRACE_S &&
         (double)r->streamed < STREAM_FLOOR_BPS * (t - r->stream_t0)) {
         /* holding a slot while trickling: cut (from the loop: the callers still hold c) */
@@ -1645,6 +1651,10 @@ static void forward_body(struct gw_req *r)
         struct timeval now = {0, 0};
         event_add(c->timer, &now);
         return;
+    }
+    if (r->body_done && r->streams) {
+        r->streams = false;
+        r->svc->streaming--;
     }
     if (!r->body_done) {
         struct timeval tv = {BODY_TIMEOUT_S, 0};
@@ -1688,6 +1698,10 @@ static void dispatch(struct osub_gateway *g, struct gw_req *r)
     bc->st = 0;
     bc->got_bytes = false;
     r->bc = bc;
+    if (!r->body_done && !r->streams) {
+        r->streams = true;
+        s->streaming++;
+    }
     r->t_sent = t;
     observe(&s->queue_wait, t - r->t0);
     s->inflight++;
@@ -1955,8 +1969,31 @@ static void eng_poll(struct osub_gateway *g)
         snprintf(pathq, sizeof(pathq), "%s%s%s", path && path[0] ? path : "/metrics",
                  evhttp_uri_get_query(u) ? "?" : "",
                  evhttp_uri_get_query(u) ? evhttp_uri_get_query(u) : "");
+        char addr[INET6_ADDRSTRLEN] = "";
         if (s->eng_conn == NULL && host != NULL && port > 0) {
-            s->eng_conn = evhttp_connection_base_new(g->d->base, NULL, host, (uint16_t)port);
+            /* resolved here, and never oversubd's own listener (a name may resolve to it) */
+            struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
+            char ps[16];
+            snprintf(ps, sizeof(ps), "%d", port);
+            if (getaddrinfo(host, ps, &hints, &ai) == 0 && ai != NULL &&
+                osubd_self_match(&g->d->self, ai->ai_addr) == NULL) {
+                if (ai->ai_family == AF_INET)
+                    inet_ntop(AF_INET, &((struct sockaddr_in *)ai->ai_addr)->sin_addr, addr,
+                              sizeof(addr));
+                else if (ai->ai_family == AF_INET6)
+                    inet_ntop(AF_INET6, &((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr, addr,
+                              sizeof(addr));
+            }
+            if (ai != NULL)
+                freeaddrinfo(ai);
+            if (addr[0] == '\0') {
+                s->eng_errors++;
+                evhttp_uri_free(u);
+                continue;
+            }
+        }
+        if (s->eng_conn == NULL && addr[0] != '\0') {
+            s->eng_conn = evhttp_connection_base_new(g->d->base, NULL, addr, (uint16_t)port);
             if (s->eng_conn != NULL) {
                 evhttp_connection_set_timeout(s->eng_conn, 2);
                 evhttp_connection_set_retries(s->eng_conn, 0);
@@ -1980,6 +2017,23 @@ static void eng_poll(struct osub_gateway *g)
 
 static int svc_view(struct osub_gateway *g, struct gw_svc *s);
 
+/* Whether r may take a slot now: a request whose body is still arriving (past the read-ahead)
+ * only while fewer than half the service's slots are held by such requests, so that slow
+ * uploaders never hold every slot. */
+static bool stream_ok(const struct gw_svc *s, const struct gw_req *r)
+{
+    if (r->body_done || !r->had_body)
+        return true;
+    /* all of it in the client's buffer already: it will not stream */
+    if (r->cl != NULL && !r->chunked_body &&
+        (int64_t)evbuffer_get_length(r->cl->in) >= r->body_left)
+        return true;
+    if (r->chunked_body && r->scan.st == H1C_DONE)
+        return true;
+    int32_t share = eff_lim(s) / 2 > 0 ? eff_lim(s) / 2 : 1;
+    return s->streaming < share;
+}
+
 static void pump(struct osub_gateway *g, struct gw_svc *s)
 {
     if (s->queue == NULL || g->stopping)
@@ -1988,7 +2042,12 @@ static void pump(struct osub_gateway *g, struct gw_svc *s)
         return;
     int32_t lim = eff_lim(s);
     while (s->queue != NULL && s->inflight < lim) {
+        /* the first in order that may go: a body still arriving only within its share */
         struct gw_req *r = s->queue;
+        while (r != NULL && !stream_ok(s, r))
+            r = r->next;
+        if (r == NULL)
+            break;
         unqueue(s, r);
         struct gw_client *c = r->cl;
         dispatch(g, r);
@@ -2237,7 +2296,7 @@ static void admit(struct osub_gateway *g, struct gw_req *r)
     int32_t prio = r->prio;
     long deadline = r->deadline_ms;
     r->t0 = now_s();
-    if (s->v_serving && s->inflight < eff_lim(s) && s->queue == NULL) {
+    if (s->v_serving && s->inflight < eff_lim(s) && s->queue == NULL && stream_ok(s, r)) {
         dispatch(g, r);
         return;
     }

@@ -135,6 +135,8 @@ static bool split_host(const char *s, size_t len, char *host, size_t hostlen, un
     if (colon != NULL) {
         unsigned long v = 0;
         const char *p = colon + 1;
+        while (p + 1 < end && *p == '0')
+            p++; /* "07070" is port 7070 to a resolver */
         if (p == end || end - p > 5)
             return false;
         for (; p < end; p++) {

@@ -79,7 +79,9 @@ static int map_fd(struct osub_segment *g, int fd, char *err, size_t errlen, cons
     }
     char self[64];
     snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
-    int probe = open(self, O_RDWR | O_CLOEXEC);
+    /* O_NONBLOCK: a lease its owner holds on the file makes a blocking open wait for the
+     * kernel to break it (45 s); this way the open fails at once (EWOULDBLOCK) */
+    int probe = open(self, O_RDWR | O_CLOEXEC | O_NONBLOCK);
     if (probe < 0) {
         int e = errno;
         snprintf(err, errlen, "cannot open %s a second time: %s", what, strerror(e));
@@ -170,7 +172,7 @@ int osub_seg_open(struct osub_segment *g, const char *path, char *err, size_t er
     g->fd = g->probe_fd = -1;
     g->s = NULL;
     g->n_devices = g->n_slots = 0;
-    int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK); /* never wait on a lease */
     if (fd < 0) {
         int e = errno;
         snprintf(err, errlen, "cannot open %s: %s", path, strerror(e));

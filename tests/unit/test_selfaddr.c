@@ -74,6 +74,7 @@ static void test_backends_that_are_oversubd(void **state)
     assert_string_equal(url(&t, "http://0.0.0.0:%u", api), "the control API");
     assert_string_equal(url(&t, "http://[::ffff:127.0.0.1]:%u", api), "the control API");
     assert_string_equal(url(&t, "http://user@127.0.0.1:%u", api), "the control API");
+    assert_string_equal(url(&t, "http://127.0.0.1:000%u", api), "the control API");
     assert_null(url(&t, "http://127.0.0.2:%u", api)); /* bound to 127.0.0.1 only */
     assert_null(url(&t, "http://127.0.0.1:%u", api == 65535 ? 1 : api + 1));
     /* a wildcard listener is reached by every local address */
