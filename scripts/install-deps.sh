@@ -10,7 +10,7 @@ build_pkgs=(build-essential cmake pkg-config libevent-dev libjansson-dev libsqli
             libnghttp2-dev)
 test_pkgs=(valgrind prometheus wrk nginx-light libxml2-utils curl procps python3 faketime
            clang python3-h11 chromium python3-jsonschema python3-yaml man-db groff-base
-           python3-grpcio python3-grpc-tools python3-protobuf)
+           python3-grpcio python3-grpc-tools python3-protobuf python3-pip)
 bench_pkgs=(valgrind wrk nginx-light haproxy)
 
 case "$want" in
