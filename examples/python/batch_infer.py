@@ -32,7 +32,7 @@ Deploy it (the Unix socket may run programs; see docs/serving.md):
     python3 -m oversub submit job.json      # {"id": "nightly", "class": "batch", "resumable": true,
                                             #  "vram": "24GiB", "min_vram": "8GiB", "batch_size": 32,
                                             #  "min_batch_size": 8,
-                                            #  "command": ["python3", "/path/batch_infer.py", "--units", "100000",
+                                            #  "command": ["/usr/bin/python3", "/path/batch_infer.py", "--units", "100000",
                                             #              "--output", "/data/nightly.jsonl"]}
 """
 

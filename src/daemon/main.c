@@ -48,9 +48,9 @@ static void usage(FILE *f)
             "  --kube-api URL       where pods are evicted: auto (in a cluster), none, or the\n"
             "                       API server's URL (oversub.yaml: kubernetes_api)\n"
             "  --new-state          start although STATE.marker says the state lost commands\n"
+            "                       (a deleted -wal file, an emptied or replaced database)\n"
             "  --allow-root-services  managed services given no user may run as root (make run,\n"
             "                       as root, passes it; the key allow_root_services)\n"
-            "                       (a deleted -wal file, an emptied or replaced database)\n"
             "  --help, --version\n");
 }
 
