@@ -2217,10 +2217,10 @@ static void describe_shim(struct osubd *d, struct osub_proc *p, json_t *o)
         /* the path is a way into the service's accounting: the admin's (and the socket's) only */
         json_object_set_new(o, "shim",
                             json_pack("{s:s, s:i, s:o, s:o, s:o, s:I, s:I}", "segment",
-                                      d->req_admin ? p->seg_path : "<redacted>",
-                                      "processes", sv.live, "grant_mib", grant, "held_mib", held,
-                                      "peak_mib", peak, "refused", (json_int_t)sv.refused,
-                                      "reclaimed_mib", (json_int_t)(sv.reclaimed >> 20)));
+                                      d->req_admin ? p->seg_path : "<redacted>", "processes",
+                                      sv.live, "grant_mib", grant, "held_mib", held, "peak_mib",
+                                      peak, "refused", (json_int_t)sv.refused, "reclaimed_mib",
+                                      (json_int_t)(sv.reclaimed >> 20)));
     }
 }
 
@@ -2764,8 +2764,7 @@ static bool pod_seg_adopt(struct osubd *d, struct osub_proc *p, const char *dir)
             continue;
         if (seg_open_guarded(&p->seg, p->seg_path, err, sizeof(err)) == 0)
             got = true;
-        else
-        {
+        else {
             fprintf(stderr, "oversubd: %s: its pod segment: %s\n", p->id, err);
             osubd_note(d, p->id, "shim", "damaged",
                        "%s: its pod segment cannot be used (oversubd's log says why)", p->id);

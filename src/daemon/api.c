@@ -550,7 +550,8 @@ static void submit_commit(struct osubd *d, int rc, const osub_submit_result_t *r
  * 0, or -1 with a sentence in err. */
 static int route_not_self(struct osubd *d, const struct osubd_route *r, char *err, size_t errlen)
 {
-    const char *mw = r != NULL && r->metrics_url[0] ? osubd_self_url(&d->self, r->metrics_url) : NULL;
+    const char *mw =
+        r != NULL && r->metrics_url[0] ? osubd_self_url(&d->self, r->metrics_url) : NULL;
     if (mw != NULL) {
         snprintf(err, errlen, "metrics_url %.200s is oversubd's own %s, not the engine's",
                  r->metrics_url, mw);

@@ -30,8 +30,9 @@
 #define DP_REQ_MAX (OSUBD_DP_MSG_MAX + 5)     /* a request's body, gRPC prefix included */
 #define DP_CONNS_MAX 16
 #define DP_STREAMS_MAX 128 /* concurrent calls on one connection (PreStartContainer waits) */
-#define DP_WATCHERS_MAX 8  /* ListAndWatch streams open at once, all connections together: the
-                            * kubelet keeps one; each may buffer one list (4 MiB) */
+#define DP_WATCHERS_MAX                                                                            \
+    8 /* ListAndWatch streams open at once, all connections together: the                          \
+       * kubelet keeps one; each may buffer one list (4 MiB) */
 #define DP_REG_TIMEOUT_S 10
 #define DP_OUT_HIGH (256 * 1024) /* nghttp2 is asked for more frames below this much queued */
 #define DP_PARK_MS 100           /* waiting PreStartContainer calls are checked this often */
@@ -57,15 +58,15 @@ struct dp_stream {
     struct dp_conn *c;
     int32_t id;
     char path[96];
-    bool grpc;     /* content-type application/grpc */
-    bool too_big;  /* the body passed DP_REQ_MAX: dropped, answered RESOURCE_EXHAUSTED */
-    bool watch;    /* ListAndWatch: open until the connection goes */
-    bool ending;   /* trailers follow what out holds */
-    bool deferred; /* nghttp2 waits for out to fill (resume_data) */
-    bool parked;   /* PreStartContainer waiting for its pod's service to start */
+    bool grpc;      /* content-type application/grpc */
+    bool too_big;   /* the body passed DP_REQ_MAX: dropped, answered RESOURCE_EXHAUSTED */
+    bool watch;     /* ListAndWatch: open until the connection goes */
+    bool ending;    /* trailers follow what out holds */
+    bool deferred;  /* nghttp2 waits for out to fill (resume_data) */
+    bool parked;    /* PreStartContainer waiting for its pod's service to start */
     bool want_list; /* watch: the list changed while out still held an earlier one; the
                      * latest goes out once that is sent (coalesced: one copy per watcher) */
-    int status;    /* gRPC status of the trailers */
+    int status;     /* gRPC status of the trailers */
     char message[300];
     char park_id[OSUB_ID_MAX + 1]; /* parked: the service, its container, the deadline */
     size_t park_container;
@@ -104,9 +105,9 @@ struct osubd_dp {
     json_t *allocated; /* service id -> [{container, devices, n}, ...] given to the kubelet
                         * (devices: the ID set's fingerprint, dp_id_hash; a bare index before) */
     bool cut_said;
-    char shim[700];        /* the shim pods mount: its copy in the state's folder ("" none) */
-    int64_t prestart_ms;   /* a waiting PreStartContainer is answered UNAVAILABLE after this */
-    struct event *park_ev; /* re-checks the parked PreStartContainer calls */
+    char shim[700];           /* the shim pods mount: its copy in the state's folder ("" none) */
+    int64_t prestart_ms;      /* a waiting PreStartContainer is answered UNAVAILABLE after this */
+    struct event *park_ev;    /* re-checks the parked PreStartContainer calls */
     uint64_t lists_coalesced; /* list changes a slow watcher skipped (it gets the latest) */
     uint64_t watch_refused;   /* ListAndWatch calls beyond DP_WATCHERS_MAX */
 };
@@ -1490,8 +1491,8 @@ void osubd_dp_metrics(struct osubd *d, struct evbuffer *b)
         "# HELP oversub_deviceplugin_watch_refused_total ListAndWatch calls refused beyond %d "
         "open.\n# TYPE oversub_deviceplugin_watch_refused_total counter\n"
         "oversub_deviceplugin_watch_refused_total %llu\n",
-        watchers, buffered, dp->list.len, (unsigned long long)dp->lists_coalesced,
-        DP_WATCHERS_MAX, (unsigned long long)dp->watch_refused);
+        watchers, buffered, dp->list.len, (unsigned long long)dp->lists_coalesced, DP_WATCHERS_MAX,
+        (unsigned long long)dp->watch_refused);
 }
 
 int osubd_dp_start(struct osubd *d, char *err, size_t errlen)

@@ -82,9 +82,9 @@ struct gw_req {
     bool body_done, had_body;
     int retries; /* on a pooled connection that turned out closed */
     int32_t prio;
-    long deadline_ms;     /* its queue deadline (the service's, or the client's shorter one) */
-    bool awaiting_body;   /* head read, body still arriving: no slot, no queue place yet */
-    bool continued;       /* 100 Continue sent already (to have the body before a slot) */
+    long deadline_ms;       /* its queue deadline (the service's, or the client's shorter one) */
+    bool awaiting_body;     /* head read, body still arriving: no slot, no queue place yet */
+    bool continued;         /* 100 Continue sent already (to have the body before a slot) */
     struct h1_chunked scan; /* awaiting a chunked body: its framing scanned ahead, ... */
     size_t scanned;         /* ... over this many bytes of the client's buffer */
     double stream_t0;       /* its body began streaming to the backend (slot held) */
@@ -170,9 +170,9 @@ struct gw_svc {
     char id[OSUB_ID_MAX + 1];
     struct gw_req *queue;
     int32_t n_queued, inflight;
-    int32_t refs; /* requests that point at it: it is freed, once its route is gone, at 0 */
+    int32_t refs;      /* requests that point at it: it is freed, once its route is gone, at 0 */
     int32_t streaming; /* in flight with their body still arriving: at most half the slots */
-    uint64_t swept_version; /* the state version its idle connections were last checked at */
+    uint64_t swept_version;    /* the state version its idle connections were last checked at */
     struct gw_bconn *idle[16]; /* per backend */
     int n_idle[16];
     uint32_t rr;
@@ -198,9 +198,9 @@ struct gw_svc {
      * queue, by priority, instead of in its FIFO */
     struct evhttp_connection *eng_conn;
     char eng_url[OSUBD_ROUTE_URL_MAX + 1]; /* what eng_conn was opened for */
-    bool eng_busy;       /* a read in flight */
-    double eng_at;       /* the last good read (0: none) */
-    int32_t eng_lim;     /* 0: no limit of its own (no metrics, or stale) */
+    bool eng_busy;                         /* a read in flight */
+    double eng_at;                         /* the last good read (0: none) */
+    int32_t eng_lim;                       /* 0: no limit of its own (no metrics, or stale) */
     double eng_waiting, eng_running, eng_kv;
     uint64_t eng_reads, eng_errors;
     long v_qt, v_upstream_ms;
@@ -743,9 +743,9 @@ static void cl_on_timer(evutil_socket_t fd, short what, void *arg)
     if (!c->lingering && c->cur != NULL && c->cur->awaiting_body) {
         /* a body that did not arrive in time: it never had a slot; 408 and close */
         char buf[1280];
-        int n = format_answer(buf, sizeof(buf), 408, "Request Timeout", "timeout", "body_timeout",
-                              "the request's body did not arrive within 30 s", 0, true, false,
-                              NULL);
+        int n =
+            format_answer(buf, sizeof(buf), 408, "Request Timeout", "timeout", "body_timeout",
+                          "the request's body did not arrive within 30 s", 0, true, false, NULL);
         send(c->fd, buf, (size_t)n, MSG_NOSIGNAL);
         access_log(c->cur, 408, "body_timeout");
         c->g->bad_requests++;
@@ -1914,7 +1914,8 @@ static void on_eng_answer(struct evhttp_request *req, void *arg)
     double w, r, kv;
     struct evbuffer *in = req && code == 200 ? evhttp_request_get_input_buffer(req) : NULL;
     size_t len = in ? evbuffer_get_length(in) : 0;
-    const char *p = in && len > 0 && len < (8u << 20) ? (const char *)evbuffer_pullup(in, -1) : NULL;
+    const char *p =
+        in && len > 0 && len < (8u << 20) ? (const char *)evbuffer_pullup(in, -1) : NULL;
     if (p == NULL || !eng_parse(p, len, &w, &r, &kv)) {
         s->eng_errors++;
         return;
@@ -2520,8 +2521,9 @@ void osubd_gateway_metrics(struct osubd *d, struct evbuffer *b)
         if (s->eng_reads > 0)
             evbuffer_add_printf(b, "oversub_gateway_engine_kv_usage{service=\"%s\"} %g\n", s->id,
                                 s->eng_kv);
-    evbuffer_add_printf(b, "# HELP oversub_gateway_engine_reads_total Reads of the serving "
-                           "engine's metrics.\n# TYPE oversub_gateway_engine_reads_total counter\n");
+    evbuffer_add_printf(b,
+                        "# HELP oversub_gateway_engine_reads_total Reads of the serving "
+                        "engine's metrics.\n# TYPE oversub_gateway_engine_reads_total counter\n");
     for (struct gw_svc *s = g->svcs; s; s = s->next)
         if (s->eng_reads + s->eng_errors > 0)
             evbuffer_add_printf(b,

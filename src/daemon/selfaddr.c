@@ -127,7 +127,8 @@ static bool split_host(const char *s, size_t len, char *host, size_t hostlen, un
     } else {
         colon = memchr(s, ':', len);
         size_t hl = colon ? (size_t)(colon - s) : len;
-        if (hl == 0 || hl >= hostlen || (colon && memchr(colon + 1, ':', (size_t)(end - colon - 1))))
+        if (hl == 0 || hl >= hostlen ||
+            (colon && memchr(colon + 1, ':', (size_t)(end - colon - 1))))
             return false;
         snprintf(host, hostlen, "%.*s", (int)hl, s);
     }

@@ -1636,11 +1636,12 @@ static void on_metrics(struct evhttp_request *req, void *arg)
     for (int v = 0; v < V__COUNT; v++)
         evbuffer_add_printf(b, "oversub_extender_calls_total{verb=\"%s\"} %" PRIu64 "\n",
                             verb_names[v], x->calls[v]);
-    evbuffer_add_printf(b,
-                        "# HELP oversub_extender_accept_refused_total Connections not accepted "
-                        "for want of file descriptors.\n# TYPE oversub_extender_accept_refused_total "
-                        "counter\noversub_extender_accept_refused_total %" PRIu64 "\n",
-                        x->accept_refused);
+    evbuffer_add_printf(
+        b,
+        "# HELP oversub_extender_accept_refused_total Connections not accepted "
+        "for want of file descriptors.\n# TYPE oversub_extender_accept_refused_total "
+        "counter\noversub_extender_accept_refused_total %" PRIu64 "\n",
+        x->accept_refused);
     evbuffer_add_printf(b, "# HELP oversub_extender_errors_total Calls answered with an error.\n"
                            "# TYPE oversub_extender_errors_total counter\n");
     for (int v = 0; v < V__COUNT; v++)

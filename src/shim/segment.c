@@ -226,8 +226,7 @@ void osub_seg_cleanup(struct osub_segment *g)
 
 static int slot_lock(const struct osub_segment *g, int i, int cmd, short type)
 {
-    struct flock fl = {
-        .l_type = type, .l_whence = SEEK_SET, .l_start = slot_byte(i), .l_len = 1};
+    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = slot_byte(i), .l_len = 1};
     if (fcntl(cmd == F_OFD_GETLK ? g->probe_fd : g->fd, cmd, &fl) != 0)
         return -errno;
     return cmd == F_OFD_GETLK ? (fl.l_type == F_UNLCK ? 0 : 1) : 0;
@@ -236,8 +235,7 @@ static int slot_lock(const struct osub_segment *g, int i, int cmd, short type)
 /* a lock (or unlock) of slot i through the probe description: 0 or a negative errno */
 static int probe_lock(const struct osub_segment *g, int i, short type)
 {
-    struct flock fl = {
-        .l_type = type, .l_whence = SEEK_SET, .l_start = slot_byte(i), .l_len = 1};
+    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = slot_byte(i), .l_len = 1};
     return fcntl(g->probe_fd, F_OFD_SETLK, &fl) != 0 ? -errno : 0;
 }
 
@@ -495,7 +493,8 @@ int osub_seg_view(const struct osub_segment *g, uint64_t max_bytes, struct osub_
                   char *why, size_t whylen)
 {
     const struct osub_seg *s = g->s;
-    uint64_t cap = max_bytes > 0 && max_bytes < SEG_PLAUSIBLE_BYTES ? max_bytes : SEG_PLAUSIBLE_BYTES;
+    uint64_t cap =
+        max_bytes > 0 && max_bytes < SEG_PLAUSIBLE_BYTES ? max_bytes : SEG_PLAUSIBLE_BYTES;
     int rc = 0;
     uint64_t got = v->got;
     memset(v, 0, sizeof(*v));
@@ -508,7 +507,8 @@ int osub_seg_view(const struct osub_segment *g, uint64_t max_bytes, struct osub_
         uint64_t peak = atomic_load_explicit(&s->dev[i].peak_bytes, RLX);
         if (held > cap) {
             if (rc == 0 && why != NULL)
-                snprintf(why, whylen, "it says %llu bytes are held on its device %u, more than %llu",
+                snprintf(why, whylen,
+                         "it says %llu bytes are held on its device %u, more than %llu",
                          (unsigned long long)held, i, (unsigned long long)cap);
             rc = -ERANGE;
             held = cap;

@@ -368,7 +368,7 @@ static int run(const char *cmd)
         int fd = open(seg, O_RDWR);
         uint32_t v32 = (uint32_t)val;
         uint64_t v64 = val;
-        ssize_t n = fd < 0 ? -1
+        ssize_t n = fd < 0             ? -1
                     : val > UINT32_MAX ? pwrite(fd, &v64, sizeof(v64), (off_t)off)
                                        : pwrite(fd, &v32, sizeof(v32), (off_t)off);
         if (n <= 0)

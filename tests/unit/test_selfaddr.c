@@ -42,7 +42,8 @@ static int listen_on(int fam, const char *addr, unsigned *port)
     return fd;
 }
 
-__attribute__((format(printf, 2, 0))) static const char *url_v(const struct osubd_self *t, const char *fmt, va_list ap)
+__attribute__((format(printf, 2, 0))) static const char *url_v(const struct osubd_self *t,
+                                                               const char *fmt, va_list ap)
 {
     char u[300];
     vsnprintf(u, sizeof(u), fmt, ap);

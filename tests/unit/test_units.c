@@ -75,7 +75,7 @@ static void test_size(void **state)
         {"18446744074GiB", OSUB_EBAD_SIZE, 0},
         {"99999999999TiB", OSUB_EBAD_SIZE, 0},
         {"9223372037GiB", OSUB_EBAD_SIZE, 0},
-        {"10000000000B", 0, 9537},           /* 10 GB in bytes: large, and exact */
+        {"10000000000B", 0, 9537},                 /* 10 GB in bytes: large, and exact */
         {"1099511627776MiB", 0, INT64_C(1) << 40}, /* the largest size */
         {"1099511627777MiB", OSUB_EBAD_SIZE, 0},
         {"1048576TiB", 0, INT64_C(1) << 40},
