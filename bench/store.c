@@ -28,9 +28,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_store: N must be a positive count\n");
         return 2;
     }
-    osub_store_t *s;
+    osubd__store_t *s;
     char err[600];
-    if (osub_store_open(argv[1], &s, err, sizeof(err)) != 0) {
+    if (osubd__store_open(argv[1], &s, err, sizeof(err)) != 0) {
         fprintf(stderr, "bench_store: %s\n", err);
         return 1;
     }
@@ -51,13 +51,13 @@ int main(int argc, char **argv)
                  i, i);
         const char *ev[2] = {e1, e2};
         int64_t seq;
-        if (osub_store_append_with_events(s, i, i, cmd, ev, 2, &seq, NULL) != 0) {
-            fprintf(stderr, "bench_store: %s\n", osub_store_error(s));
+        if (osubd__store_append_with_events(s, i, i, cmd, ev, 2, &seq, NULL) != 0) {
+            fprintf(stderr, "bench_store: %s\n", osubd__store_error(s));
             return 1;
         }
     }
     double dt = now_s() - t0;
     printf("bare_sqlite_commits %ld seconds %.3f per_second %.0f\n", n, dt, (double)n / dt);
-    osub_store_close(s);
+    osubd__store_close(s);
     return 0;
 }

@@ -78,7 +78,7 @@ struct osub_proc {
 struct osubd_act {
     json_t *execs;           /* service id -> how to run it: the submitted fields, as osubd_act_take
                               * validated them (an exec is the user's document, shown back as given) */
-    struct osub_idmap *pids; /* service id -> struct act_pid: NVML's memory of that process */
+    struct osubd__idmap *pids; /* service id -> struct act_pid: NVML's memory of that process */
     json_t *saved_procs;     /* the processes saved by the last run, until adopted at start */
     json_t *directives;      /* service id -> its latest directives (in memory) */
     bool dirty;              /* execs, pids or processes changed since the last save */
@@ -609,7 +609,7 @@ static void save_proc(struct osubd *d, struct osub_proc *p)
     if (p->pid > 0)
         osubd_act_set_pid(d, p->id, p->pid);
     else
-        osub_idmap_del(d->act->pids, p->id);
+        osubd__idmap_del(d->act->pids, p->id);
     d->act->dirty = true;
 }
 
@@ -706,11 +706,11 @@ static void cg_setup(struct osubd *d)
         char sd[512], hex[65];
         state_dir(d, sd, sizeof(sd));
         uint8_t h[32];
-        osub_sha256(d->cfg.state_path, strlen(d->cfg.state_path), h);
+        osubd__sha256(d->cfg.state_path, strlen(d->cfg.state_path), h);
         if (d->cfg.state_path[0] != '/') {
             char full[1100];
             snprintf(full, sizeof(full), "%s/%s", sd, d->cfg.state_path);
-            osub_sha256(full, strlen(full), h);
+            osubd__sha256(full, strlen(full), h);
         }
         for (int i = 0; i < 6; i++)
             snprintf(hex + 2 * i, 3, "%02x", h[i]);
@@ -2048,7 +2048,7 @@ static void on_watch(evutil_socket_t fd, short what, void *arg)
     }
     /* external services that gave their PID: draining and gone means exited */
     size_t nk;
-    osub_idmap_key_t *keys = osub_idmap_keys(d->act->pids, &nk); /* exited_cmd may forget one */
+    osubd__idmap_key_t *keys = osubd__idmap_keys(d->act->pids, &nk); /* exited_cmd may forget one */
     for (size_t k = 0; k < nk; k++) {
         const char *id = keys[k];
         struct osub_proc *p = proc_find(d, id);
@@ -2343,9 +2343,9 @@ void osubd_act_meta(struct osubd *d, json_t *meta)
     if (a->saved_procs != NULL) /* not adopted yet: kept as they were */
         json_object_update_missing(procs, a->saved_procs);
     osubd_meta_put(meta, "managed_procs", procs);
-    for (size_t i = 0; i < osub_idmap_slots(a->pids); i++) {
+    for (size_t i = 0; i < osubd__idmap_slots(a->pids); i++) {
         void *v;
-        const char *id = osub_idmap_at(a->pids, i, &v);
+        const char *id = osubd__idmap_at(a->pids, i, &v);
         if (id != NULL)
             json_object_set_new(pids, id, json_integer(((struct act_pid *)v)->pid));
     }
@@ -2371,7 +2371,7 @@ int osubd_act_set_pid(struct osubd *d, const char *id, pid_t pid)
     if (v == NULL)
         return -1;
     v->pid = pid;
-    if (osub_idmap_put(d->act->pids, id, v) != 0) {
+    if (osubd__idmap_put(d->act->pids, id, v) != 0) {
         free(v);
         return -1;
     }
@@ -2381,13 +2381,13 @@ int osubd_act_set_pid(struct osubd *d, const char *id, pid_t pid)
 
 pid_t osubd_act_pid(const struct osubd *d, const char *id)
 {
-    const struct act_pid *v = osub_idmap_get(d->act->pids, id);
+    const struct act_pid *v = osubd__idmap_get(d->act->pids, id);
     return v != NULL ? v->pid : 0;
 }
 
-osub_idmap_key_t *osubd_act_pid_ids(const struct osubd *d, size_t *n)
+osubd__idmap_key_t *osubd_act_pid_ids(const struct osubd *d, size_t *n)
 {
-    return osub_idmap_keys(d->act->pids, n);
+    return osubd__idmap_keys(d->act->pids, n);
 }
 
 bool osubd_act_exec_equal(const struct osubd *d, const char *id, const json_t *exec)
@@ -2431,7 +2431,7 @@ void osubd_act_forget(struct osubd *d, const char *id)
 {
     /* the PID and the directives go with the service; how it ran and its process stay until
      * the process is gone (reconcile) */
-    if (osub_idmap_del(d->act->pids, id))
+    if (osubd__idmap_del(d->act->pids, id))
         d->act->dirty = true;
     json_object_del(d->act->directives, id);
 }
@@ -2441,8 +2441,8 @@ void osubd_act_forget(struct osubd *d, const char *id)
 static json_t *saved_object(struct osubd *d, const char *key, char *err, size_t errlen)
 {
     char *text = NULL;
-    if (osub_store_meta_get(d->store, key, &text) != 0) {
-        snprintf(err, errlen, "cannot read %s from the state: %s", key, osub_store_error(d->store));
+    if (osubd__store_meta_get(d->store, key, &text) != 0) {
+        snprintf(err, errlen, "cannot read %s from the state: %s", key, osubd__store_error(d->store));
         return NULL;
     }
     json_error_t je;
@@ -2510,7 +2510,7 @@ int osubd_act_init(struct osubd *d, char *err, size_t errlen)
             fprintf(stderr, "oversubd: liboversub-cuda.so not found next to oversubd: managed "
                             "services run without the CUDA shim (set cuda_shim)\n");
     }
-    a->pids = osub_idmap_new(free);
+    a->pids = osubd__idmap_new(free);
     a->directives = json_object();
     if (a->pids == NULL || a->directives == NULL) {
         snprintf(err, errlen, "out of memory");
@@ -2558,7 +2558,7 @@ int osubd_act_start(struct osubd *d, char *err, size_t errlen)
     /* PIDs of services the engine does not know (a damaged or older state): forgotten, so
      * that a new service of that id inherits nothing */
     size_t nk;
-    osub_idmap_key_t *keys = osub_idmap_keys(d->act->pids, &nk);
+    osubd__idmap_key_t *keys = osubd__idmap_keys(d->act->pids, &nk);
     for (size_t k = 0; k < nk; k++)
         if (osub_engine_service_info(d->e, keys[k], &(osub_service_info_t){0}) != 0)
             osubd_act_forget(d, keys[k]);
@@ -2674,7 +2674,7 @@ void osubd_act_free(struct osubd *d)
     json_decref(d->act->directives);
     json_decref(d->act->execs);
     json_decref(d->act->saved_procs);
-    osub_idmap_free(d->act->pids);
+    osubd__idmap_free(d->act->pids);
     free(d->act);
     d->act = NULL;
 }

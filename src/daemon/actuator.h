@@ -66,7 +66,7 @@ int osubd_act_commit_exec(struct osubd *d, const char *id, json_t *exec);
  * process); 0 when none. The ids with one, copied (free()). */
 int osubd_act_set_pid(struct osubd *d, const char *id, pid_t pid);
 pid_t osubd_act_pid(const struct osubd *d, const char *id);
-osub_idmap_key_t *osubd_act_pid_ids(const struct osubd *d, size_t *n);
+osubd__idmap_key_t *osubd_act_pid_ids(const struct osubd *d, size_t *n);
 /* Whether a retry's exec is the live service's. */
 bool osubd_act_exec_equal(const struct osubd *d, const char *id, const json_t *exec);
 /* The pod a service is (the spec's "kubernetes" record: namespace, name, uid, node,

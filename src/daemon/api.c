@@ -1045,7 +1045,7 @@ static int collect_cb(void *arg, int64_t seq, const char *text)
 static void send_events(struct osubd *d, struct evhttp_request *req, int64_t since)
 {
     struct ev_collect c = {json_array(), since};
-    osub_store_events(d->store, since, 1000, collect_cb, &c);
+    osubd__store_events(d->store, since, 1000, collect_cb, &c);
     reply_json(d, req, 200, json_pack("{s:o, s:I}", "events", c.arr, "next", (json_int_t)c.last));
 }
 

@@ -22,7 +22,7 @@
 /* Applies cmd (borrowed) at now_ms. Returns the engine's code (0 or OSUB_E*), or
  * OSUB_EINVAL with a sentence in err for a malformed command. For a submit, *res is filled
  * when res is not NULL. */
-int osub_cmd_apply(osub_engine_t *e, const json_t *cmd, int64_t now_ms, osub_submit_result_t *res,
+int osubd__cmd_apply(osub_engine_t *e, const json_t *cmd, int64_t now_ms, osub_submit_result_t *res,
                    char *err, size_t errlen);
 
 #endif

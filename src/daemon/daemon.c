@@ -112,11 +112,11 @@ static int snapshot_now(struct osubd *d)
     char *snap = osub_engine_save(d->e);
     if (snap == NULL)
         return -1;
-    int rc = osub_store_snapshot(d->store, snap, d->last_seq);
+    int rc = osubd__store_snapshot(d->store, snap, d->last_seq);
     free(snap);
     if (rc == 0) {
         d->since_snapshot = 0;
-        osub_store_trim_events(
+        osubd__store_trim_events(
             d->store, d->cfg.events_keep,
             d->cfg.events_days > 0 ? osubd_unix_ms() - d->cfg.events_days * 86400000LL : 0);
     }
@@ -194,7 +194,7 @@ static void log_command(struct osubd *d, int64_t now, const json_t *cmd, json_t 
         }
         meta_saved(d, true);
         d->applied_ticket =
-            osub_writer_add(d->writer, now, now + d->base_unix_ms, ctext, texts, n, snap, meta);
+            osubd__writer_add(d->writer, now, now + d->base_unix_ms, ctext, texts, n, snap, meta);
         return;
     }
     int64_t *seqs = calloc(n ? n : 1, sizeof(*seqs));
@@ -206,18 +206,18 @@ static void log_command(struct osubd *d, int64_t now, const json_t *cmd, json_t 
         json_t *v;
         ok = m != NULL;
         json_object_foreach(m, k, v) ok =
-            ok && osub_store_meta_set(d->store, k, json_string_value(v)) == 0;
+            ok && osubd__store_meta_set(d->store, k, json_string_value(v)) == 0;
         json_decref(m);
         free(meta);
         meta_saved(d, ok);
     }
-    if (ok && osub_store_append_with_events(d->store, now, now + d->base_unix_ms, ctext,
+    if (ok && osubd__store_append_with_events(d->store, now, now + d->base_unix_ms, ctext,
                                             (const char *const *)texts, n, &d->last_seq, seqs) != 0)
         ok = false;
     if (!ok) {
         /* the engine moved and the disk did not: the state on disk is the truth */
         fprintf(stderr, "oversubd: cannot write the state (%s): stopping\n",
-                osub_store_error(d->store));
+                osubd__store_error(d->store));
         d->fatal = true;
         event_base_loopbreak(d->base);
     } else {
@@ -288,7 +288,7 @@ static int apply_at(struct osubd *d, json_t *cmd, int64_t now, osub_submit_resul
     if (res == NULL)
         res = &local;
     memset(res, 0, sizeof(*res));
-    int rc = osub_cmd_apply(d->e, cmd, now, res, err, errlen);
+    int rc = osubd__cmd_apply(d->e, cmd, now, res, err, errlen);
     if (err[0] != '\0' || dry)
         return rc;      /* malformed, or a dry run: nothing reached the engine's state */
     if (commit != NULL) /* the engine decided: what the caller staged is kept or dropped now,
@@ -527,7 +527,7 @@ static int replay_cb(void *arg, int64_t seq, int64_t engine_ms, int64_t unix_ms,
     r->expect++;
     char err[256];
     err[0] = '\0';
-    osub_cmd_apply(r->e, j, engine_ms, NULL, err, sizeof(err));
+    osubd__cmd_apply(r->e, j, engine_ms, NULL, err, sizeof(err));
     json_decref(j);
     if (err[0] != '\0') { /* refused commands are logged; malformed ones never are */
         snprintf(r->err, sizeof(r->err), "command %lld in the log is not one: %s", (long long)seq,
@@ -544,9 +544,9 @@ static int replay_cb(void *arg, int64_t seq, int64_t engine_ms, int64_t unix_ms,
  * (-1 with a sentence in err), never "absent": a new service key or a new state would follow. */
 static int meta_text(struct osubd *d, const char *key, char **text, char *err, size_t errlen)
 {
-    if (osub_store_meta_get(d->store, key, text) != 0) {
+    if (osubd__store_meta_get(d->store, key, text) != 0) {
         snprintf(err, errlen, "%s: cannot read '%s' from the state: %s", d->cfg.state_path, key,
-                 osub_store_error(d->store));
+                 osubd__store_error(d->store));
         return -1;
     }
     return 0;
@@ -562,7 +562,7 @@ static int pool_from(struct osubd *d, const char *gpus, int64_t *vram, char (*na
         names[i][0] = '\0';
     if (strcmp(gpus, "auto") == 0 || strcmp(gpus, "nvml") == 0) {
         char nerr[300];
-        if (d->nvml == NULL && osub_nvml_open(d->cfg.nvml_lib[0] ? d->cfg.nvml_lib : NULL, &d->nvml,
+        if (d->nvml == NULL && osubd__nvml_open(d->cfg.nvml_lib[0] ? d->cfg.nvml_lib : NULL, &d->nvml,
                                               nerr, sizeof(nerr)) != 0) {
             if (strcmp(gpus, "nvml") == 0) {
                 snprintf(err, errlen, "--gpus nvml: %s", nerr);
@@ -574,7 +574,7 @@ static int pool_from(struct osubd *d, const char *gpus, int64_t *vram, char (*na
         } else {
             struct nvml_gpu g[OSUBD_NVML_GPUS_MAX];
             size_t k = 0;
-            if (osub_nvml_read(d->nvml, g, OSUBD_NVML_GPUS_MAX, &k, err, errlen) != 0)
+            if (osubd__nvml_read(d->nvml, g, OSUBD_NVML_GPUS_MAX, &k, err, errlen) != 0)
                 return -1;
             if (k == 0) {
                 snprintf(err, errlen, "NVML reports no GPU");
@@ -621,7 +621,7 @@ static int check_gpus_found(struct osubd *d, char *err, size_t errlen)
     size_t k = 0;
     char nerr[256];
     if (d->nvml == NULL ||
-        osub_nvml_read(d->nvml, g, OSUBD_NVML_GPUS_MAX, &k, nerr, sizeof(nerr)) != 0)
+        osubd__nvml_read(d->nvml, g, OSUBD_NVML_GPUS_MAX, &k, nerr, sizeof(nerr)) != 0)
         k = 0;
     int32_t i = 0;
     char *save = NULL;
@@ -654,7 +654,7 @@ static int check_gpus_found(struct osubd *d, char *err, size_t errlen)
 static void report_process_usage(struct osubd *d, const struct nvml_gpu *g, size_t k)
 {
     size_t nk;
-    osub_idmap_key_t *keys = osubd_act_pid_ids(d, &nk); /* a command may forget one */
+    osubd__idmap_key_t *keys = osubd_act_pid_ids(d, &nk); /* a command may forget one */
     for (size_t ki = 0; ki < nk; ki++) {
         const char *id = keys[ki];
         osub_service_info_t si;
@@ -716,7 +716,7 @@ static void on_poll(evutil_socket_t fd, short what, void *arg)
     struct nvml_gpu g[OSUBD_NVML_GPUS_MAX];
     size_t k = 0;
     char err[256];
-    if (osub_nvml_read(d->nvml, g, OSUBD_NVML_GPUS_MAX, &k, err, sizeof(err)) != 0) {
+    if (osubd__nvml_read(d->nvml, g, OSUBD_NVML_GPUS_MAX, &k, err, sizeof(err)) != 0) {
         fprintf(stderr, "oversubd: NVML: %s\n", err);
         return;
     }
@@ -775,8 +775,8 @@ static int load_service_key(struct osubd *d, bool existing, char *err, size_t er
         char h[65];
         for (int i = 0; i < 32; i++)
             snprintf(h + 2 * i, 3, "%02x", k[i]);
-        if (osub_store_meta_set(d->store, "service_key", h) != 0) {
-            snprintf(err, errlen, "%s: %s", d->cfg.state_path, osub_store_error(d->store));
+        if (osubd__store_meta_set(d->store, "service_key", h) != 0) {
+            snprintf(err, errlen, "%s: %s", d->cfg.state_path, osubd__store_error(d->store));
             return -1;
         }
         memcpy(d->service_key, k, 32);
@@ -806,7 +806,7 @@ static int load_service_key(struct osubd *d, bool existing, char *err, size_t er
 static void state_id(const struct osubd *d, char out[17])
 {
     uint8_t mac[32];
-    osub_hmac_sha256(d->service_key, 32, "oversub state id", 16, mac);
+    osubd__hmac_sha256(d->service_key, 32, "oversub state id", 16, mac);
     for (int i = 0; i < 8; i++)
         snprintf(out + 2 * i, 3, "%02x", mac[i]);
 }
@@ -904,7 +904,7 @@ void osubd_service_token(const struct osubd *d, const char *id, char out[65])
     char msg[160];
     int n = snprintf(msg, sizeof(msg), "oversub service token:%s", id);
     uint8_t mac[32];
-    osub_hmac_sha256(d->service_key, 32, msg, (size_t)n, mac);
+    osubd__hmac_sha256(d->service_key, 32, msg, (size_t)n, mac);
     for (int i = 0; i < 32; i++)
         snprintf(out + 2 * i, 3, "%02x", mac[i]);
 }
@@ -915,9 +915,9 @@ static void on_writer(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     struct osubd *d = arg;
-    struct osub_writer_progress p;
+    struct osubd__writer_progress p;
     char err[600];
-    if (osub_writer_progress(d->writer, &p, err, sizeof(err)) != 0) {
+    if (osubd__writer_progress(d->writer, &p, err, sizeof(err)) != 0) {
         /* the engine moved and the disk did not: the state on disk is the truth */
         fprintf(stderr, "oversubd: cannot write the state (%s): stopping\n", err);
         d->fatal = true;
@@ -1053,7 +1053,7 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
         d->lock_fd = -1;
         return -1;
     }
-    if (osub_store_open(d->cfg.state_path, &d->store, e2, sizeof(e2)) != 0) {
+    if (osubd__store_open(d->cfg.state_path, &d->store, e2, sizeof(e2)) != 0) {
         snprintf(err, errlen, "%s", e2);
         return -1;
     }
@@ -1108,8 +1108,8 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
                   errlen) != 0)
         goto fail;
     int64_t upto = 0;
-    if (osub_store_load_snapshot(d->store, &snap, &upto) != 0) {
-        snprintf(err, errlen, "%s: %s", d->cfg.state_path, osub_store_error(d->store));
+    if (osubd__store_load_snapshot(d->store, &snap, &upto) != 0) {
+        snprintf(err, errlen, "%s: %s", d->cfg.state_path, osubd__store_error(d->store));
         goto fail;
     }
     if (base == NULL) {
@@ -1121,8 +1121,8 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
         cfg.ratio_milli = d->cfg.ratio_milli;
         if (d->nvml != NULL)
             cfg.margin_mib = 1024; /* DESIGN.md: the driver's own memory under NVML */
-        if (osub_store_meta_set(d->store, "engine_config", engine_config_text(&cfg)) != 0) {
-            snprintf(err, errlen, "%s: %s", d->cfg.state_path, osub_store_error(d->store));
+        if (osubd__store_meta_set(d->store, "engine_config", engine_config_text(&cfg)) != 0) {
+            snprintf(err, errlen, "%s: %s", d->cfg.state_path, osubd__store_error(d->store));
             goto fail;
         }
         for (size_t i = 0; i < n; i++)
@@ -1138,10 +1138,10 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
             strcat(ul, u ? "," : "");
             strcat(ul, d->uuids[u]);
         }
-        if (osub_store_meta_set(d->store, "gpu_uuids", ul) != 0 ||
-            osub_store_meta_set(d->store, "base_unix_ms", b) != 0 ||
-            osub_store_meta_set(d->store, "pool", d->nvml ? "nvml" : d->cfg.gpus) != 0) {
-            snprintf(err, errlen, "%s: %s", d->cfg.state_path, osub_store_error(d->store));
+        if (osubd__store_meta_set(d->store, "gpu_uuids", ul) != 0 ||
+            osubd__store_meta_set(d->store, "base_unix_ms", b) != 0 ||
+            osubd__store_meta_set(d->store, "pool", d->nvml ? "nvml" : d->cfg.gpus) != 0) {
+            snprintf(err, errlen, "%s: %s", d->cfg.state_path, osubd__store_error(d->store));
             goto fail;
         }
         fprintf(stderr, "oversubd: new state in %s; GPUs: %s\n", d->cfg.state_path, desc);
@@ -1186,9 +1186,9 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
             }
         }
         struct replay r = {.e = d->e, .expect = upto + 1};
-        if (osub_store_replay(d->store, upto, replay_cb, &r) != 0) {
+        if (osubd__store_replay(d->store, upto, replay_cb, &r) != 0) {
             snprintf(err, errlen, "%s: %s", d->cfg.state_path,
-                     r.err[0] ? r.err : osub_store_error(d->store));
+                     r.err[0] ? r.err : osubd__store_error(d->store));
             goto fail;
         }
         d->last_engine_ms = r.last_ms;
@@ -1207,7 +1207,7 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
                     pool, d->cfg.gpus);
         if (pool != NULL && strcmp(pool, "nvml") == 0) {
             char nerr[300];
-            if (d->nvml == NULL && osub_nvml_open(d->cfg.nvml_lib[0] ? d->cfg.nvml_lib : NULL,
+            if (d->nvml == NULL && osubd__nvml_open(d->cfg.nvml_lib[0] ? d->cfg.nvml_lib : NULL,
                                                   &d->nvml, nerr, sizeof(nerr)) != 0) {
                 /* marking every GPU lost would throw the services out: refuse instead */
                 snprintf(err, errlen,
@@ -1220,12 +1220,12 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
                 goto fail;
         } else if (d->nvml != NULL) {
             /* a simulated pool: the real GPUs are not watched */
-            osub_nvml_close(d->nvml);
+            osubd__nvml_close(d->nvml);
             d->nvml = NULL;
         }
     }
     int64_t last_ev;
-    osub_store_last_event(d->store, &last_ev);
+    osubd__store_last_event(d->store, &last_ev);
     d->last_event_seq = last_ev;
     free(pool);
     free(base);
@@ -1252,12 +1252,12 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
     }
     if (check_marker(d, d->existing, false, err, errlen) != 0)
         return -1;
-    if (osub_writer_start(d->cfg.state_path, d->last_seq, d->cfg.events_keep, d->cfg.events_days,
+    if (osubd__writer_start(d->cfg.state_path, d->last_seq, d->cfg.events_keep, d->cfg.events_days,
                           &d->writer, err, errlen) != 0)
         return -1;
-    osub_writer_set_marker(d->writer, d->marker_fd, d->state_id, osubd_marker_write);
+    osubd__writer_set_marker(d->writer, d->marker_fd, d->state_id, osubd_marker_write);
     d->writer_ev =
-        event_new(d->base, osub_writer_fd(d->writer), EV_READ | EV_PERSIST, on_writer, d);
+        event_new(d->base, osubd__writer_fd(d->writer), EV_READ | EV_PERSIST, on_writer, d);
     if (d->writer_ev == NULL || event_add(d->writer_ev, NULL) != 0) {
         snprintf(err, errlen, "cannot watch the writer");
         return -1;
@@ -1311,8 +1311,8 @@ void osubd_stop(struct osubd *d)
         d->writer_ev = NULL;
     }
     if (d->writer != NULL) {
-        struct osub_writer_progress p;
-        if (osub_writer_stop(d->writer, &p) != 0)
+        struct osubd__writer_progress p;
+        if (osubd__writer_stop(d->writer, &p) != 0)
             d->fatal = true;
         d->writer = NULL;
         d->last_seq = p.last_log_seq;
@@ -1349,7 +1349,7 @@ void osubd_stop(struct osubd *d)
         event_free(d->drain_ev);
     if (d->poll_ev)
         event_free(d->poll_ev);
-    osub_nvml_close(d->nvml);
+    osubd__nvml_close(d->nvml);
     if (d->http)
         evhttp_free(d->http);
     if (d->http_unix)
@@ -1359,7 +1359,7 @@ void osubd_stop(struct osubd *d)
     if (d->base)
         event_base_free(d->base);
     osub_engine_free(d->e);
-    osub_store_close(d->store);
+    osubd__store_close(d->store);
     if (d->marker_fd >= 0)
         close(d->marker_fd);
     if (d->lock_fd >= 0)

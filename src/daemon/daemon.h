@@ -60,9 +60,9 @@ struct osubd_config {
 
 struct waiter;   /* a long-polling GET /v1/events */
 struct deferred; /* a reply held until the writer made its command durable */
-struct osub_writer;
+struct osubd__writer;
 struct osub_gateway;
-struct osub_nvml;
+struct osubd__nvml;
 struct osubd_act;    /* the actuators: processes, PIDs, directives (actuator.c) */
 struct osubd_routes; /* the gateway's per-service settings (routes.c) */
 struct osubd_dp;     /* the kubelet device plugin (deviceplugin.c) */
@@ -74,11 +74,11 @@ struct osubd {
     struct event *tick_ev, *sigint_ev, *sigterm_ev, *sighup_ev, *poll_ev;
     struct event *drain_ev; /* while stopping gracefully: checks the gateway has drained */
     int64_t drain_until_ms; /* engine time the grace ends */
-    struct osub_nvml *nvml; /* NULL: a simulated pool */
+    struct osubd__nvml *nvml; /* NULL: a simulated pool */
     char uuids[OSUBD_NVML_GPUS_MAX][96]; /* per engine GPU (NVML), "" when simulated */
     int32_t n_uuids;
     osub_engine_t *e;
-    osub_store_t *store;
+    osubd__store_t *store;
     int lock_fd;             /* STATE.lock, flock'ed while we run (-1: none) */
     bool socket_bound;       /* the Unix socket is ours to remove at exit */
     int64_t base_unix_ms;    /* engine time 0, on the wall clock (timestamps shown) */
@@ -92,7 +92,7 @@ struct osubd {
     struct waiter *waiters;
     /* group commit: commands handed to the writer (applied) and on disk (durable); replies
      * sent while applied > durable wait in deferred until the commit that covers them */
-    struct osub_writer *writer;
+    struct osubd__writer *writer;
     struct event *writer_ev;
     uint64_t applied_ticket, durable_ticket;
     struct deferred *deferred_head, *deferred_tail;

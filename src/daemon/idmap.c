@@ -10,7 +10,7 @@ struct ent {
     void *val; /* NULL: empty slot */
 };
 
-struct osub_idmap {
+struct osubd__idmap {
     struct ent *tab;
     size_t cap, n; /* cap: a power of two */
     void (*free_val)(void *);
@@ -24,9 +24,9 @@ static uint64_t hash(const char *s)
     return h;
 }
 
-struct osub_idmap *osub_idmap_new(void (*free_val)(void *))
+struct osubd__idmap *osubd__idmap_new(void (*free_val)(void *))
 {
-    struct osub_idmap *m = calloc(1, sizeof(*m));
+    struct osubd__idmap *m = calloc(1, sizeof(*m));
     if (m == NULL)
         return NULL;
     m->cap = 16;
@@ -39,7 +39,7 @@ struct osub_idmap *osub_idmap_new(void (*free_val)(void *))
     return m;
 }
 
-void osub_idmap_free(struct osub_idmap *m)
+void osubd__idmap_free(struct osubd__idmap *m)
 {
     if (m == NULL)
         return;
@@ -50,7 +50,7 @@ void osub_idmap_free(struct osub_idmap *m)
     free(m);
 }
 
-static size_t find(const struct osub_idmap *m, const char *id)
+static size_t find(const struct osubd__idmap *m, const char *id)
 {
     size_t i = (size_t)hash(id) & (m->cap - 1);
     while (m->tab[i].val != NULL && strcmp(m->tab[i].id, id) != 0)
@@ -58,12 +58,12 @@ static size_t find(const struct osub_idmap *m, const char *id)
     return i;
 }
 
-void *osub_idmap_get(const struct osub_idmap *m, const char *id)
+void *osubd__idmap_get(const struct osubd__idmap *m, const char *id)
 {
     return id != NULL ? m->tab[find(m, id)].val : NULL;
 }
 
-static int grow(struct osub_idmap *m)
+static int grow(struct osubd__idmap *m)
 {
     size_t cap = m->cap * 2;
     struct ent *t = calloc(cap, sizeof(*t));
@@ -80,7 +80,7 @@ static int grow(struct osub_idmap *m)
     return 0;
 }
 
-int osub_idmap_put(struct osub_idmap *m, const char *id, void *val)
+int osubd__idmap_put(struct osubd__idmap *m, const char *id, void *val)
 {
     if (id == NULL || val == NULL || strlen(id) > OSUB_ID_MAX)
         return -1;
@@ -102,7 +102,7 @@ int osub_idmap_put(struct osub_idmap *m, const char *id, void *val)
     return 0;
 }
 
-bool osub_idmap_del(struct osub_idmap *m, const char *id)
+bool osubd__idmap_del(struct osubd__idmap *m, const char *id)
 {
     size_t i = find(m, id);
     if (m->tab[i].val == NULL)
@@ -129,17 +129,17 @@ bool osub_idmap_del(struct osub_idmap *m, const char *id)
     return true;
 }
 
-size_t osub_idmap_count(const struct osub_idmap *m)
+size_t osubd__idmap_count(const struct osubd__idmap *m)
 {
     return m->n;
 }
 
-size_t osub_idmap_slots(const struct osub_idmap *m)
+size_t osubd__idmap_slots(const struct osubd__idmap *m)
 {
     return m->cap;
 }
 
-const char *osub_idmap_at(const struct osub_idmap *m, size_t slot, void **val)
+const char *osubd__idmap_at(const struct osubd__idmap *m, size_t slot, void **val)
 {
     if (slot >= m->cap || m->tab[slot].val == NULL)
         return NULL;
@@ -148,12 +148,12 @@ const char *osub_idmap_at(const struct osub_idmap *m, size_t slot, void **val)
     return m->tab[slot].id;
 }
 
-osub_idmap_key_t *osub_idmap_keys(const struct osub_idmap *m, size_t *n)
+osubd__idmap_key_t *osubd__idmap_keys(const struct osubd__idmap *m, size_t *n)
 {
     *n = 0;
     if (m->n == 0)
         return NULL;
-    osub_idmap_key_t *k = malloc(m->n * sizeof(*k));
+    osubd__idmap_key_t *k = malloc(m->n * sizeof(*k));
     if (k == NULL)
         return NULL;
     for (size_t i = 0; i < m->cap; i++)

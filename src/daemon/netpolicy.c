@@ -179,7 +179,7 @@ void osubd_sign(const char *key, long long unix_s, const char *body, size_t len,
     }
     memcpy(msg, ts, (size_t)tl);
     memcpy(msg + tl, body, len);
-    osub_hmac_sha256(key, strlen(key), msg, ml, mac);
+    osubd__hmac_sha256(key, strlen(key), msg, ml, mac);
     free(msg);
     int n = snprintf(out, outlen, "t=%lld,v1=", unix_s);
     for (int i = 0; i < 32 && n + 2 < (int)outlen; i++, n += 2)

@@ -23,7 +23,7 @@ struct nvml_process {
 };
 #define NVML_INSUFFICIENT_SIZE 7
 
-struct osub_nvml {
+struct osubd__nvml {
     void *lib;
     nvml_ret (*init)(void);
     nvml_ret (*shutdown)(void);
@@ -36,14 +36,14 @@ struct osub_nvml {
     nvml_ret (*procs)(nvml_dev, unsigned int *, struct nvml_process *); /* optional */
 };
 
-int osub_nvml_open(const char *path, osub_nvml_t **out, char *err, size_t errlen)
+int osubd__nvml_open(const char *path, osubd__nvml_t **out, char *err, size_t errlen)
 {
     *out = NULL;
     if (path == NULL)
         path = getenv("OSUB_NVML_LIB");
     if (path == NULL)
         path = "libnvidia-ml.so.1";
-    osub_nvml_t *n = calloc(1, sizeof(*n));
+    osubd__nvml_t *n = calloc(1, sizeof(*n));
     if (n == NULL) {
         snprintf(err, errlen, "out of memory");
         return -1;
@@ -86,7 +86,7 @@ int osub_nvml_open(const char *path, osub_nvml_t **out, char *err, size_t errlen
     return 0;
 }
 
-void osub_nvml_close(osub_nvml_t *n)
+void osubd__nvml_close(osubd__nvml_t *n)
 {
     if (n == NULL)
         return;
@@ -95,7 +95,7 @@ void osub_nvml_close(osub_nvml_t *n)
     free(n);
 }
 
-int osub_nvml_read(osub_nvml_t *n, struct nvml_gpu *gpus, size_t cap, size_t *n_out, char *err,
+int osubd__nvml_read(osubd__nvml_t *n, struct nvml_gpu *gpus, size_t cap, size_t *n_out, char *err,
                    size_t errlen)
 {
     unsigned int count = 0;

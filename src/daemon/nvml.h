@@ -23,14 +23,14 @@ struct nvml_gpu {
     int32_t n_procs;
 };
 
-typedef struct osub_nvml osub_nvml_t;
+typedef struct osubd__nvml osubd__nvml_t;
 
 /* Loads path (NULL: "libnvidia-ml.so.1", or $OSUB_NVML_LIB) and initialises NVML. Returns 0,
  * or -1 with a sentence in err (no driver, a library without the calls we need...). */
-int osub_nvml_open(const char *path, osub_nvml_t **out, char *err, size_t errlen);
-void osub_nvml_close(osub_nvml_t *n);
+int osubd__nvml_open(const char *path, osubd__nvml_t **out, char *err, size_t errlen);
+void osubd__nvml_close(osubd__nvml_t *n);
 /* Reads every GPU into gpus (up to cap); *n_out their number. Returns 0 or -1. */
-int osub_nvml_read(osub_nvml_t *n, struct nvml_gpu *gpus, size_t cap, size_t *n_out, char *err,
+int osubd__nvml_read(osubd__nvml_t *n, struct nvml_gpu *gpus, size_t cap, size_t *n_out, char *err,
                    size_t errlen);
 
 #endif

@@ -13,7 +13,7 @@
 #include "idmap.h"
 
 struct osubd_routes {
-    struct osub_idmap *map; /* id -> struct osubd_route */
+    struct osubd__idmap *map; /* id -> struct osubd_route */
     bool dirty;
 };
 
@@ -22,7 +22,7 @@ struct osubd_routes *osubd_routes_new(void)
     struct osubd_routes *t = calloc(1, sizeof(*t));
     if (t == NULL)
         return NULL;
-    t->map = osub_idmap_new(free);
+    t->map = osubd__idmap_new(free);
     if (t->map == NULL) {
         free(t);
         return NULL;
@@ -34,7 +34,7 @@ void osubd_routes_free(struct osubd_routes *t)
 {
     if (t == NULL)
         return;
-    osub_idmap_free(t->map);
+    osubd__idmap_free(t->map);
     free(t);
 }
 
@@ -178,7 +178,7 @@ bool osubd_route_equal(const struct osubd_route *a, const struct osubd_route *b)
 
 const struct osubd_route *osubd_routes_get(const struct osubd_routes *t, const char *id)
 {
-    return osub_idmap_get(t->map, id);
+    return osubd__idmap_get(t->map, id);
 }
 
 int osubd_routes_set(struct osubd_routes *t, const char *id, struct osubd_route *r)
@@ -187,7 +187,7 @@ int osubd_routes_set(struct osubd_routes *t, const char *id, struct osubd_route 
         osubd_routes_forget(t, id);
         return 0;
     }
-    if (osub_idmap_put(t->map, id, r) != 0) {
+    if (osubd__idmap_put(t->map, id, r) != 0) {
         free(r);
         return -1;
     }
@@ -212,13 +212,13 @@ int osubd_routes_set_backends(struct osubd_routes *t, const char *id, const stru
 
 void osubd_routes_forget(struct osubd_routes *t, const char *id)
 {
-    if (osub_idmap_del(t->map, id))
+    if (osubd__idmap_del(t->map, id))
         t->dirty = true;
 }
 
 size_t osubd_routes_count(const struct osubd_routes *t)
 {
-    return osub_idmap_count(t->map);
+    return osubd__idmap_count(t->map);
 }
 
 bool osubd_routes_dirty(const struct osubd_routes *t)
@@ -235,9 +235,9 @@ void osubd_routes_saved(struct osubd_routes *t, bool ok)
 char *osubd_routes_save(const struct osubd_routes *t)
 {
     json_t *o = json_object();
-    for (size_t i = 0; i < osub_idmap_slots(t->map); i++) {
+    for (size_t i = 0; i < osubd__idmap_slots(t->map); i++) {
         void *v;
-        const char *id = osub_idmap_at(t->map, i, &v);
+        const char *id = osubd__idmap_at(t->map, i, &v);
         if (id != NULL)
             json_object_set_new(o, id, osubd_route_json(v));
     }
@@ -255,7 +255,7 @@ int osubd_routes_load(struct osubd_routes *t, const char *text, char *err, size_
         snprintf(err, errlen, "the saved gateway routes are not a JSON object");
         return -1;
     }
-    struct osub_idmap *map = osub_idmap_new(free);
+    struct osubd__idmap *map = osubd__idmap_new(free);
     int rc = map != NULL ? 0 : -1;
     const char *id;
     json_t *v;
@@ -271,7 +271,7 @@ int osubd_routes_load(struct osubd_routes *t, const char *text, char *err, size_
             snprintf(err, errlen, "the saved gateway route of %.63s is bad: %s", id,
                      json_is_object(copy) ? why : "not an object");
             rc = -1;
-        } else if (osub_idmap_put(map, id, r) != 0) {
+        } else if (osubd__idmap_put(map, id, r) != 0) {
             free(r);
             snprintf(err, errlen, "out of memory");
             rc = -1;
@@ -280,10 +280,10 @@ int osubd_routes_load(struct osubd_routes *t, const char *text, char *err, size_
     }
     json_decref(o);
     if (rc != 0) {
-        osub_idmap_free(map);
+        osubd__idmap_free(map);
         return -1;
     }
-    osub_idmap_free(t->map);
+    osubd__idmap_free(t->map);
     t->map = map;
     t->dirty = false;
     return 0;

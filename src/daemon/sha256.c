@@ -107,7 +107,7 @@ static void finish(struct ctx *c, uint8_t out[32])
     }
 }
 
-void osub_sha256(const void *data, size_t len, uint8_t out[32])
+void osubd__sha256(const void *data, size_t len, uint8_t out[32])
 {
     struct ctx c;
     init(&c);
@@ -115,12 +115,12 @@ void osub_sha256(const void *data, size_t len, uint8_t out[32])
     finish(&c, out);
 }
 
-void osub_hmac_sha256(const void *key, size_t key_len, const void *msg, size_t msg_len,
+void osubd__hmac_sha256(const void *key, size_t key_len, const void *msg, size_t msg_len,
                       uint8_t out[32])
 {
     uint8_t k[64] = {0};
     if (key_len > 64)
-        osub_sha256(key, key_len, k);
+        osubd__sha256(key, key_len, k);
     else
         memcpy(k, key, key_len);
     uint8_t ipad[64], opad[64];

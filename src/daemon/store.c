@@ -16,39 +16,39 @@
 #define OSUB_APP_ID 0x4f535542 /* "OSUB" */
 #define OSUB_SCHEMA 1
 
-struct osub_store {
+struct osubd__store {
     sqlite3 *db;
     sqlite3_stmt *append, *event;
-    bool in_tx; /* inside osub_store_begin: the calls below neither begin nor commit */
+    bool in_tx; /* inside osubd__store_begin: the calls below neither begin nor commit */
     bool full;  /* the last error was a full disk (SQLITE_FULL, ENOSPC, EDQUOT) */
     char err[512];
 };
 
-static void note_code(osub_store_t *s)
+static void note_code(osubd__store_t *s)
 {
     int code = s->db ? sqlite3_errcode(s->db) : 0;
     int sys = s->db ? sqlite3_system_errno(s->db) : 0;
     s->full = code == SQLITE_FULL || (code == SQLITE_IOERR && (sys == ENOSPC || sys == EDQUOT));
 }
 
-static int fail(osub_store_t *s, const char *what)
+static int fail(osubd__store_t *s, const char *what)
 {
     note_code(s);
     snprintf(s->err, sizeof(s->err), "%s: %s", what, s->db ? sqlite3_errmsg(s->db) : "?");
     return -1;
 }
 
-bool osub_store_full(const osub_store_t *s)
+bool osubd__store_full(const osubd__store_t *s)
 {
     return s->full;
 }
 
-const char *osub_store_error(const osub_store_t *s)
+const char *osubd__store_error(const osubd__store_t *s)
 {
     return s->err;
 }
 
-static int exec(osub_store_t *s, const char *sql)
+static int exec(osubd__store_t *s, const char *sql)
 {
     char *msg = NULL;
     if (sqlite3_exec(s->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
@@ -60,7 +60,7 @@ static int exec(osub_store_t *s, const char *sql)
     return 0;
 }
 
-static int pragma_int(osub_store_t *s, const char *sql, int64_t *out)
+static int pragma_int(osubd__store_t *s, const char *sql, int64_t *out)
 {
     sqlite3_stmt *st;
     if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK)
@@ -86,7 +86,7 @@ static const char *const schema_v1 =
     "CREATE TABLE events (seq INTEGER PRIMARY KEY AUTOINCREMENT, unix_ms INTEGER NOT NULL,"
     " body TEXT NOT NULL);";
 
-int osub_store_open(const char *path, osub_store_t **out, char *err, size_t errlen)
+int osubd__store_open(const char *path, osubd__store_t **out, char *err, size_t errlen)
 {
     *out = NULL;
     /* create it 0600 ourselves (SQLite would follow the umask), and only when it does not
@@ -103,7 +103,7 @@ int osub_store_open(const char *path, osub_store_t **out, char *err, size_t errl
         if (fd >= 0)
             close(fd);
     }
-    osub_store_t *s = calloc(1, sizeof(*s));
+    osubd__store_t *s = calloc(1, sizeof(*s));
     if (s == NULL) {
         snprintf(err, errlen, "%s: out of memory", path);
         return -1;
@@ -159,11 +159,11 @@ int osub_store_open(const char *path, osub_store_t **out, char *err, size_t errl
     return 0;
 err:
     snprintf(err, errlen, "%s: %s", path, s->err[0] ? s->err : sqlite3_errmsg(s->db));
-    osub_store_close(s);
+    osubd__store_close(s);
     return -1;
 }
 
-void osub_store_close(osub_store_t *s)
+void osubd__store_close(osubd__store_t *s)
 {
     if (s == NULL)
         return;
@@ -173,7 +173,7 @@ void osub_store_close(osub_store_t *s)
     free(s);
 }
 
-int osub_store_meta_get(osub_store_t *s, const char *key, char **value)
+int osubd__store_meta_get(osubd__store_t *s, const char *key, char **value)
 {
     *value = NULL;
     sqlite3_stmt *st;
@@ -192,7 +192,7 @@ int osub_store_meta_get(osub_store_t *s, const char *key, char **value)
     return 0;
 }
 
-int osub_store_meta_set(osub_store_t *s, const char *key, const char *value)
+int osubd__store_meta_set(osubd__store_t *s, const char *key, const char *value)
 {
     sqlite3_stmt *st;
     if (sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)", -1,
@@ -205,7 +205,7 @@ int osub_store_meta_set(osub_store_t *s, const char *key, const char *value)
     return rc == SQLITE_DONE ? 0 : fail(s, "writing meta");
 }
 
-int osub_store_append(osub_store_t *s, int64_t engine_ms, int64_t unix_ms, const char *cmd,
+int osubd__store_append(osubd__store_t *s, int64_t engine_ms, int64_t unix_ms, const char *cmd,
                       int64_t *seq_out)
 {
     sqlite3_reset(s->append);
@@ -219,7 +219,7 @@ int osub_store_append(osub_store_t *s, int64_t engine_ms, int64_t unix_ms, const
     return 0;
 }
 
-int osub_store_begin(osub_store_t *s)
+int osubd__store_begin(osubd__store_t *s)
 {
     if (exec(s, "BEGIN IMMEDIATE") != 0)
         return -1;
@@ -227,11 +227,11 @@ int osub_store_begin(osub_store_t *s)
     return 0;
 }
 
-int osub_store_commit(osub_store_t *s)
+int osubd__store_commit(osubd__store_t *s)
 {
     s->in_tx = false;
     if (exec(s, "COMMIT") != 0) {
-        osub_store_rollback(s);
+        osubd__store_rollback(s);
         return -1;
     }
     return 0;
@@ -239,7 +239,7 @@ int osub_store_commit(osub_store_t *s)
 
 /* SQLite may have rolled back by itself (a full disk does): then there is nothing to undo, and
  * the error that says why stays the one reported. */
-void osub_store_rollback(osub_store_t *s)
+void osubd__store_rollback(osubd__store_t *s)
 {
     s->in_tx = false;
     if (sqlite3_get_autocommit(s->db))
@@ -252,7 +252,7 @@ void osub_store_rollback(osub_store_t *s)
     s->full = full;
 }
 
-int osub_store_snapshot(osub_store_t *s, const char *body, int64_t upto_seq)
+int osubd__store_snapshot(osubd__store_t *s, const char *body, int64_t upto_seq)
 {
     if (!s->in_tx && exec(s, "BEGIN IMMEDIATE") != 0)
         return -1;
@@ -282,7 +282,7 @@ err:
     return -1;
 }
 
-int osub_store_load_snapshot(osub_store_t *s, char **snapshot, int64_t *upto_seq)
+int osubd__store_load_snapshot(osubd__store_t *s, char **snapshot, int64_t *upto_seq)
 {
     *snapshot = NULL;
     *upto_seq = 0;
@@ -302,7 +302,7 @@ int osub_store_load_snapshot(osub_store_t *s, char **snapshot, int64_t *upto_seq
     return 0;
 }
 
-int osub_store_replay(osub_store_t *s, int64_t upto_seq, osub_store_cb cb, void *arg)
+int osubd__store_replay(osubd__store_t *s, int64_t upto_seq, osubd__store_cb cb, void *arg)
 {
     sqlite3_stmt *st;
     if (sqlite3_prepare_v2(s->db,
@@ -325,13 +325,13 @@ int osub_store_replay(osub_store_t *s, int64_t upto_seq, osub_store_cb cb, void 
     return out;
 }
 
-int osub_store_append_with_events(osub_store_t *s, int64_t engine_ms, int64_t unix_ms,
+int osubd__store_append_with_events(osubd__store_t *s, int64_t engine_ms, int64_t unix_ms,
                                   const char *cmd, const char *const *events, size_t n_events,
                                   int64_t *seq_out, int64_t *ev_seqs)
 {
     if (!s->in_tx && exec(s, "BEGIN IMMEDIATE") != 0)
         return -1;
-    if (osub_store_append(s, engine_ms, unix_ms, cmd, seq_out) != 0)
+    if (osubd__store_append(s, engine_ms, unix_ms, cmd, seq_out) != 0)
         goto err;
     for (size_t i = 0; i < n_events; i++) {
         sqlite3_reset(s->event);
@@ -357,7 +357,7 @@ err:
     return -1;
 }
 
-int osub_store_events(osub_store_t *s, int64_t since, int limit, osub_event_cb cb, void *arg)
+int osubd__store_events(osubd__store_t *s, int64_t since, int limit, osub_event_cb cb, void *arg)
 {
     sqlite3_stmt *st;
     if (sqlite3_prepare_v2(s->db,
@@ -379,7 +379,7 @@ int osub_store_events(osub_store_t *s, int64_t since, int limit, osub_event_cb c
     return out;
 }
 
-int osub_store_last_event(osub_store_t *s, int64_t *seq)
+int osubd__store_last_event(osubd__store_t *s, int64_t *seq)
 {
     *seq = 0;
     int64_t v;
@@ -389,7 +389,7 @@ int osub_store_last_event(osub_store_t *s, int64_t *seq)
     return 0;
 }
 
-int osub_store_trim_events(osub_store_t *s, int64_t keep, int64_t older_than_unix_ms)
+int osubd__store_trim_events(osubd__store_t *s, int64_t keep, int64_t older_than_unix_ms)
 {
     sqlite3_stmt *st;
     if (sqlite3_prepare_v2(s->db,

@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-typedef struct osub_store osub_store_t;
+typedef struct osubd__store osubd__store_t;
 
 /*
  * Opens (creating it with mode 0600 if missing) the database at path: WAL journal,
@@ -16,56 +16,56 @@ typedef struct osub_store osub_store_t;
  * sentence in err: nothing is reset. Returns 0 or -1. Not thread-safe: one thread uses a
  * store.
  */
-int osub_store_open(const char *path, osub_store_t **out, char *err, size_t errlen);
-void osub_store_close(osub_store_t *s);
+int osubd__store_open(const char *path, osubd__store_t **out, char *err, size_t errlen);
+void osubd__store_close(osubd__store_t *s);
 
 /* Settings kept with the state (the pool, the time base). *value is malloc'd (NULL when the
  * key is absent). Return 0 or -1. */
-int osub_store_meta_get(osub_store_t *s, const char *key, char **value);
-int osub_store_meta_set(osub_store_t *s, const char *key, const char *value);
+int osubd__store_meta_get(osubd__store_t *s, const char *key, char **value);
+int osubd__store_meta_set(osubd__store_t *s, const char *key, const char *value);
 
 /* Appends one command and commits it (durably: it is on disk when this returns). */
-int osub_store_append(osub_store_t *s, int64_t engine_ms, int64_t unix_ms, const char *cmd,
+int osubd__store_append(osubd__store_t *s, int64_t engine_ms, int64_t unix_ms, const char *cmd,
                       int64_t *seq_out);
 
 /* Appends one command and the events it produced (JSON texts), in one transaction, durably.
  * Event sequence numbers go to ev_seqs (n_events of them) when not NULL. */
-int osub_store_append_with_events(osub_store_t *s, int64_t engine_ms, int64_t unix_ms,
+int osubd__store_append_with_events(osubd__store_t *s, int64_t engine_ms, int64_t unix_ms,
                                   const char *cmd, const char *const *events, size_t n_events,
                                   int64_t *seq_out, int64_t *ev_seqs);
 
 /* One transaction around several calls (the writer's group commit): between begin and
  * commit, append_with_events and snapshot neither begin nor commit. commit is durable when it
  * returns 0; on -1 the transaction is rolled back. */
-int osub_store_begin(osub_store_t *s);
-int osub_store_commit(osub_store_t *s);
-void osub_store_rollback(osub_store_t *s);
+int osubd__store_begin(osubd__store_t *s);
+int osubd__store_commit(osubd__store_t *s);
+void osubd__store_rollback(osubd__store_t *s);
 
 /* Events with a sequence number above since, oldest first, at most limit; cb gets each. */
 typedef int (*osub_event_cb)(void *arg, int64_t seq, const char *json);
-int osub_store_events(osub_store_t *s, int64_t since, int limit, osub_event_cb cb, void *arg);
+int osubd__store_events(osubd__store_t *s, int64_t since, int limit, osub_event_cb cb, void *arg);
 /* The highest event sequence number (0 when none). */
-int osub_store_last_event(osub_store_t *s, int64_t *seq);
+int osubd__store_last_event(osubd__store_t *s, int64_t *seq);
 /* Keeps the newest keep events, and none older than older_than_unix_ms (0: no age limit). */
-int osub_store_trim_events(osub_store_t *s, int64_t keep, int64_t older_than_unix_ms);
+int osubd__store_trim_events(osubd__store_t *s, int64_t keep, int64_t older_than_unix_ms);
 
 /* Replaces the snapshot by body (the engine after command upto_seq) and drops the commands it
  * covers, in one transaction. */
-int osub_store_snapshot(osub_store_t *s, const char *body, int64_t upto_seq);
+int osubd__store_snapshot(osubd__store_t *s, const char *body, int64_t upto_seq);
 
 /* Reads the snapshot (*snapshot malloc'd, NULL when there is none yet) and the last command
  * it covers (*upto_seq, 0 when none). */
-int osub_store_load_snapshot(osub_store_t *s, char **snapshot, int64_t *upto_seq);
+int osubd__store_load_snapshot(osubd__store_t *s, char **snapshot, int64_t *upto_seq);
 
 /* Calls cb for every command after upto_seq, in order; a non-zero return from cb stops and
  * is returned. */
-typedef int (*osub_store_cb)(void *arg, int64_t seq, int64_t engine_ms, int64_t unix_ms,
+typedef int (*osubd__store_cb)(void *arg, int64_t seq, int64_t engine_ms, int64_t unix_ms,
                              const char *cmd);
-int osub_store_replay(osub_store_t *s, int64_t upto_seq, osub_store_cb cb, void *arg);
+int osubd__store_replay(osubd__store_t *s, int64_t upto_seq, osubd__store_cb cb, void *arg);
 
 /* The last error as a sentence (valid until the next call). */
-const char *osub_store_error(const osub_store_t *s);
+const char *osubd__store_error(const osubd__store_t *s);
 /* Was the last error a full disk (worth retrying once space returns)? */
-bool osub_store_full(const osub_store_t *s);
+bool osubd__store_full(const osubd__store_t *s);
 
 #endif

@@ -26,7 +26,7 @@ struct item {
     char *meta; /* {"key": "value", ...} for the meta table, in the same transaction */
 };
 
-struct osub_writer {
+struct osubd__writer {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -38,7 +38,7 @@ struct osub_writer {
     int64_t last_log_seq, last_event_seq;
     uint64_t commits, items;
     int pipe_rd, pipe_wr;
-    osub_store_t *store;
+    osubd__store_t *store;
     int64_t events_keep, events_days;
     int marker_fd;
     char marker_id[17];
@@ -63,7 +63,7 @@ static int64_t unix_ms_now(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static int set_meta(osub_store_t *s, const char *text)
+static int set_meta(osubd__store_t *s, const char *text)
 {
     json_t *m = json_loads(text, 0, NULL);
     const char *k;
@@ -72,27 +72,27 @@ static int set_meta(osub_store_t *s, const char *text)
     json_object_foreach(m, k, v)
     {
         if (rc == 0 && json_is_string(v))
-            rc = osub_store_meta_set(s, k, json_string_value(v));
+            rc = osubd__store_meta_set(s, k, json_string_value(v));
     }
     json_decref(m);
     return rc;
 }
 
 /* One transaction for the whole batch. Returns 0 or -1 (rolled back). */
-static int commit_batch(osub_writer_t *w, struct item *batch, int64_t *log_seq, int64_t *ev_seq)
+static int commit_batch(osubd__writer_t *w, struct item *batch, int64_t *log_seq, int64_t *ev_seq)
 {
-    if (osub_store_begin(w->store) != 0)
+    if (osubd__store_begin(w->store) != 0)
         return -1;
     bool trim = false;
     for (struct item *it = batch; it != NULL; it = it->next) {
         int64_t seqs[64];
         int64_t *ev = it->n_events <= 64 ? seqs : malloc(it->n_events * sizeof(*ev));
-        if (ev == NULL || osub_store_append_with_events(w->store, it->engine_ms, it->unix_ms,
+        if (ev == NULL || osubd__store_append_with_events(w->store, it->engine_ms, it->unix_ms,
                                                         it->cmd, (const char *const *)it->events,
                                                         it->n_events, log_seq, ev) != 0) {
             if (ev != seqs)
                 free(ev);
-            osub_store_rollback(w->store);
+            osubd__store_rollback(w->store);
             return -1;
         }
         if (it->n_events > 0)
@@ -100,12 +100,12 @@ static int commit_batch(osub_writer_t *w, struct item *batch, int64_t *log_seq, 
         if (ev != seqs)
             free(ev);
         if (it->meta != NULL && set_meta(w->store, it->meta) != 0) {
-            osub_store_rollback(w->store);
+            osubd__store_rollback(w->store);
             return -1;
         }
         if (it->snapshot != NULL) {
-            if (osub_store_snapshot(w->store, it->snapshot, *log_seq) != 0) {
-                osub_store_rollback(w->store);
+            if (osubd__store_snapshot(w->store, it->snapshot, *log_seq) != 0) {
+                osubd__store_rollback(w->store);
                 return -1;
             }
             trim = true;
@@ -113,17 +113,17 @@ static int commit_batch(osub_writer_t *w, struct item *batch, int64_t *log_seq, 
     }
     if (trim) {
         int64_t older = w->events_days > 0 ? unix_ms_now() - w->events_days * 86400000LL : 0;
-        if (osub_store_trim_events(w->store, w->events_keep, older) != 0) {
-            osub_store_rollback(w->store);
+        if (osubd__store_trim_events(w->store, w->events_keep, older) != 0) {
+            osubd__store_rollback(w->store);
             return -1;
         }
     }
-    return osub_store_commit(w->store);
+    return osubd__store_commit(w->store);
 }
 
 static void *run(void *arg)
 {
-    osub_writer_t *w = arg;
+    osubd__writer_t *w = arg;
     pthread_mutex_lock(&w->mu);
     for (;;) {
         while (w->head == NULL && !w->stopping)
@@ -141,7 +141,7 @@ static void *run(void *arg)
         for (struct item *it = batch; it != NULL; it = it->next)
             n++;
         int rc = failed ? -1 : commit_batch(w, batch, &log_seq, &ev_seq);
-        if (rc != 0 && !failed && osub_store_full(w->store)) {
+        if (rc != 0 && !failed && osubd__store_full(w->store)) {
             /* nothing of the batch is on disk: it goes back in front of what came since, in
              * order, and is tried again when space returns (or given up at stop) */
             pthread_mutex_lock(&w->mu);
@@ -153,7 +153,7 @@ static void *run(void *arg)
                 w->tail = last;
             w->head = batch;
             if (!w->full)
-                snprintf(w->err, sizeof(w->err), "%s", osub_store_error(w->store));
+                snprintf(w->err, sizeof(w->err), "%s", osubd__store_error(w->store));
             w->full = true;
             char c = 1;
             ssize_t wr = write(w->pipe_wr, &c, 1);
@@ -195,7 +195,7 @@ static void *run(void *arg)
             w->full = false;
         } else if (!w->failed) {
             w->failed = true;
-            snprintf(w->err, sizeof(w->err), "%s", osub_store_error(w->store));
+            snprintf(w->err, sizeof(w->err), "%s", osubd__store_error(w->store));
         }
         /* wake the loop; a full pipe already has a wake-up in it */
         char c = 1;
@@ -206,10 +206,10 @@ static void *run(void *arg)
     return NULL;
 }
 
-int osub_writer_start(const char *path, int64_t last_log_seq, int64_t events_keep,
-                      int64_t events_days, osub_writer_t **out, char *err, size_t errlen)
+int osubd__writer_start(const char *path, int64_t last_log_seq, int64_t events_keep,
+                      int64_t events_days, osubd__writer_t **out, char *err, size_t errlen)
 {
-    osub_writer_t *w = calloc(1, sizeof(*w));
+    osubd__writer_t *w = calloc(1, sizeof(*w));
     if (w == NULL) {
         snprintf(err, errlen, "out of memory");
         return -1;
@@ -229,15 +229,15 @@ int osub_writer_start(const char *path, int64_t last_log_seq, int64_t events_kee
     fcntl(w->pipe_wr, F_SETFL, fcntl(w->pipe_wr, F_GETFL) | O_NONBLOCK);
     fcntl(w->pipe_rd, F_SETFD, FD_CLOEXEC);
     fcntl(w->pipe_wr, F_SETFD, FD_CLOEXEC);
-    if (osub_store_open(path, &w->store, err, errlen) != 0)
+    if (osubd__store_open(path, &w->store, err, errlen) != 0)
         goto fail;
     /* where the log stands, so that progress reads right before the first commit */
-    osub_store_last_event(w->store, &w->last_event_seq);
+    osubd__store_last_event(w->store, &w->last_event_seq);
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     if (pthread_create(&w->thread, NULL, run, w) != 0) {
         snprintf(err, errlen, "cannot start the writer thread");
-        osub_store_close(w->store);
+        osubd__store_close(w->store);
         goto fail;
     }
     *out = w;
@@ -249,12 +249,12 @@ fail:
     return -1;
 }
 
-int osub_writer_fd(const osub_writer_t *w)
+int osubd__writer_fd(const osubd__writer_t *w)
 {
     return w->pipe_rd;
 }
 
-uint64_t osub_writer_add(osub_writer_t *w, int64_t engine_ms, int64_t unix_ms, char *cmd,
+uint64_t osubd__writer_add(osubd__writer_t *w, int64_t engine_ms, int64_t unix_ms, char *cmd,
                          char **events, size_t n, char *snapshot, char *meta)
 {
     struct item *it = calloc(1, sizeof(*it));
@@ -289,7 +289,7 @@ uint64_t osub_writer_add(osub_writer_t *w, int64_t engine_ms, int64_t unix_ms, c
     return ticket;
 }
 
-int osub_writer_progress(osub_writer_t *w, struct osub_writer_progress *p, char *err, size_t errlen)
+int osubd__writer_progress(osubd__writer_t *w, struct osubd__writer_progress *p, char *err, size_t errlen)
 {
     char buf[256];
     while (read(w->pipe_rd, buf, sizeof(buf)) > 0)
@@ -308,7 +308,7 @@ int osub_writer_progress(osub_writer_t *w, struct osub_writer_progress *p, char 
     return failed ? -1 : 0;
 }
 
-int osub_writer_stop(osub_writer_t *w, struct osub_writer_progress *p)
+int osubd__writer_stop(osubd__writer_t *w, struct osubd__writer_progress *p)
 {
     if (w == NULL)
         return 0;
@@ -325,7 +325,7 @@ int osub_writer_stop(osub_writer_t *w, struct osub_writer_progress *p)
         p->commits = w->commits;
         p->items = w->items;
     }
-    osub_store_close(w->store);
+    osubd__store_close(w->store);
     close(w->pipe_rd);
     close(w->pipe_wr);
     pthread_mutex_destroy(&w->mu);
@@ -334,7 +334,7 @@ int osub_writer_stop(osub_writer_t *w, struct osub_writer_progress *p)
     return failed ? -1 : 0;
 }
 
-void osub_writer_set_marker(osub_writer_t *w, int fd, const char *id,
+void osubd__writer_set_marker(osubd__writer_t *w, int fd, const char *id,
                             void (*write_fn)(int fd, const char *id, int64_t seq))
 {
     pthread_mutex_lock(&w->mu);

@@ -24,7 +24,7 @@ static void test_matches_a_plain_array(void **state)
     enum { N = 600 };
     int ref[N]; /* 0: absent, else the value */
     memset(ref, 0, sizeof(ref));
-    struct osub_idmap *m = osub_idmap_new(free_int);
+    struct osubd__idmap *m = osubd__idmap_new(free_int);
     assert_non_null(m);
     uint64_t x = 88172645463325252ULL;
     int live = 0;
@@ -37,19 +37,19 @@ static void test_matches_a_plain_array(void **state)
             int *v = malloc(sizeof(int));
             assert_non_null(v);
             *v = step + 1;
-            assert_int_equal(osub_idmap_put(m, id, v), 0);
+            assert_int_equal(osubd__idmap_put(m, id, v), 0);
             live += ref[k] == 0;
             ref[k] = step + 1;
         } else {
-            assert_int_equal(osub_idmap_del(m, id), ref[k] != 0);
+            assert_int_equal(osubd__idmap_del(m, id), ref[k] != 0);
             live -= ref[k] != 0;
             ref[k] = 0;
         }
         if (step % 997 == 0 || step == 39999) {
-            assert_int_equal(osub_idmap_count(m), (size_t)live);
+            assert_int_equal(osubd__idmap_count(m), (size_t)live);
             for (int i = 0; i < N; i++) {
                 snprintf(id, sizeof(id), "s%d", i);
-                int *v = osub_idmap_get(m, id);
+                int *v = osubd__idmap_get(m, id);
                 if (ref[i] == 0)
                     assert_null(v);
                 else {
@@ -58,7 +58,7 @@ static void test_matches_a_plain_array(void **state)
                 }
             }
             size_t nk;
-            osub_idmap_key_t *keys = osub_idmap_keys(m, &nk);
+            osubd__idmap_key_t *keys = osubd__idmap_keys(m, &nk);
             assert_int_equal(nk, (size_t)live);
             for (size_t i = 0; i < nk; i++)
                 assert_int_not_equal(ref[atoi(keys[i] + 1)], 0);
@@ -66,17 +66,17 @@ static void test_matches_a_plain_array(void **state)
         }
     }
     int before = freed;
-    osub_idmap_free(m);
+    osubd__idmap_free(m);
     assert_int_equal(freed - before, live); /* every record still held is freed once */
     /* ids longer than an id may be are refused */
-    m = osub_idmap_new(NULL);
+    m = osubd__idmap_new(NULL);
     char longid[100];
     memset(longid, 'a', 99);
     longid[99] = '\0';
     int v = 1;
-    assert_int_equal(osub_idmap_put(m, longid, &v), -1);
-    assert_int_equal(osub_idmap_count(m), 0);
-    osub_idmap_free(m);
+    assert_int_equal(osubd__idmap_put(m, longid, &v), -1);
+    assert_int_equal(osubd__idmap_count(m), 0);
+    osubd__idmap_free(m);
 }
 
 int main(void)

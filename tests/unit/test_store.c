@@ -81,7 +81,7 @@ static int replay_cb(void *arg, int64_t seq, int64_t engine_ms, int64_t unix_ms,
     if (j == NULL)
         return -1;
     char err[256];
-    osub_cmd_apply(r->e, j, engine_ms, NULL, err, sizeof(err));
+    osubd__cmd_apply(r->e, j, engine_ms, NULL, err, sizeof(err));
     json_decref(j);
     r->n++;
     return 0;
@@ -90,13 +90,13 @@ static int replay_cb(void *arg, int64_t seq, int64_t engine_ms, int64_t unix_ms,
 /* Opens the store, rebuilds the engine from its snapshot and log. */
 static osub_engine_t *restore(long *n_replayed)
 {
-    osub_store_t *s;
+    osubd__store_t *s;
     char err[512];
-    if (osub_store_open(db, &s, err, sizeof(err)) != 0)
+    if (osubd__store_open(db, &s, err, sizeof(err)) != 0)
         fail_msg("open: %s", err);
     char *snap;
     int64_t upto;
-    assert_int_equal(osub_store_load_snapshot(s, &snap, &upto), 0);
+    assert_int_equal(osubd__store_load_snapshot(s, &snap, &upto), 0);
     osub_engine_t *e = NULL;
     if (snap != NULL) {
         assert_int_equal(osub_engine_load(snap, &e, NULL), 0);
@@ -105,8 +105,8 @@ static osub_engine_t *restore(long *n_replayed)
         e = fresh();
     }
     struct replay r = {.e = e};
-    assert_int_equal(osub_store_replay(s, upto, replay_cb, &r), 0);
-    osub_store_close(s);
+    assert_int_equal(osubd__store_replay(s, upto, replay_cb, &r), 0);
+    osubd__store_close(s);
     if (n_replayed)
         *n_replayed = r.n;
     return e;
@@ -116,28 +116,28 @@ static void test_replay_restores_exactly(void **state)
 {
     (void)state;
     unlink(db);
-    osub_store_t *s;
+    osubd__store_t *s;
     char err[512];
-    assert_int_equal(osub_store_open(db, &s, err, sizeof(err)), 0);
-    assert_int_equal(osub_store_meta_set(s, "pool", "4x81920"), 0);
+    assert_int_equal(osubd__store_open(db, &s, err, sizeof(err)), 0);
+    assert_int_equal(osubd__store_meta_set(s, "pool", "4x81920"), 0);
     osub_engine_t *live = fresh();
     int64_t t = 0, seq = 0;
     for (int i = 0; i < 3000; i++) {
         t += rr(0, 3) == 0 ? rr(0, 20000) : 0;
         json_t *c = next_cmd(i);
         char err2[256];
-        osub_cmd_apply(live, c, t, NULL, err2, sizeof(err2));
+        osubd__cmd_apply(live, c, t, NULL, err2, sizeof(err2));
         char *text = json_dumps(c, JSON_COMPACT);
-        assert_int_equal(osub_store_append(s, t, 1700000000000 + t, text, &seq), 0);
+        assert_int_equal(osubd__store_append(s, t, 1700000000000 + t, text, &seq), 0);
         free(text);
         json_decref(c);
         if (i == 1500) {
             char *snap = osub_engine_save(live);
-            assert_int_equal(osub_store_snapshot(s, snap, seq), 0);
+            assert_int_equal(osubd__store_snapshot(s, snap, seq), 0);
             free(snap);
         }
     }
-    osub_store_close(s);
+    osubd__store_close(s);
     long n;
     osub_engine_t *back = restore(&n);
     assert_int_equal(n, 3000 - 1501); /* the snapshot covers the first 1501 */
@@ -147,11 +147,11 @@ static void test_replay_restores_exactly(void **state)
     free(b);
     check_ok(back);
     char *pool;
-    assert_int_equal(osub_store_open(db, &s, err, sizeof(err)), 0);
-    assert_int_equal(osub_store_meta_get(s, "pool", &pool), 0);
+    assert_int_equal(osubd__store_open(db, &s, err, sizeof(err)), 0);
+    assert_int_equal(osubd__store_meta_get(s, "pool", &pool), 0);
     assert_string_equal(pool, "4x81920");
     free(pool);
-    osub_store_close(s);
+    osubd__store_close(s);
     struct stat st;
     assert_int_equal(stat(db, &st), 0);
     assert_int_equal(st.st_mode & 0777, 0600);
@@ -166,14 +166,14 @@ static void test_committed_survives_kill9(void **state)
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
-        osub_store_t *s;
+        osubd__store_t *s;
         char err[512];
-        if (osub_store_open(db, &s, err, sizeof(err)) != 0)
+        if (osubd__store_open(db, &s, err, sizeof(err)) != 0)
             _exit(3);
         for (int i = 0; i < 400; i++) {
             char cmd[128];
             snprintf(cmd, sizeof(cmd), "{\"op\":\"tick\",\"n\":%d}", i);
-            if (osub_store_append(s, i, i, cmd, NULL) != 0)
+            if (osubd__store_append(s, i, i, cmd, NULL) != 0)
                 _exit(4);
         }
         raise(SIGKILL); /* no close, no checkpoint of the WAL */
@@ -192,14 +192,14 @@ static void test_foreign_and_corrupt_refused(void **state)
 {
     (void)state;
     char err[512];
-    osub_store_t *s;
+    osubd__store_t *s;
     /* not a database at all */
     char path[400];
     snprintf(path, sizeof(path), "%s/text.db", dir);
     FILE *f = fopen(path, "w");
     fputs("this is not a database, but it is somebody's file\n", f);
     fclose(f);
-    assert_int_equal(osub_store_open(path, &s, err, sizeof(err)), -1);
+    assert_int_equal(osubd__store_open(path, &s, err, sizeof(err)), -1);
     assert_non_null(strstr(err, path));
     f = fopen(path, "r");
     char line[128];
@@ -213,19 +213,19 @@ static void test_foreign_and_corrupt_refused(void **state)
     assert_int_equal(sqlite3_exec(o, "CREATE TABLE users (name TEXT)", NULL, NULL, NULL),
                      SQLITE_OK);
     sqlite3_close(o);
-    assert_int_equal(osub_store_open(path, &s, err, sizeof(err)), -1);
+    assert_int_equal(osubd__store_open(path, &s, err, sizeof(err)), -1);
     assert_non_null(strstr(err, "not an oversub database"));
     /* a newer schema */
     snprintf(path, sizeof(path), "%s/newer.db", dir);
-    assert_int_equal(osub_store_open(path, &s, err, sizeof(err)), 0);
-    osub_store_close(s);
+    assert_int_equal(osubd__store_open(path, &s, err, sizeof(err)), 0);
+    osubd__store_close(s);
     assert_int_equal(sqlite3_open(path, &o), SQLITE_OK);
     assert_int_equal(sqlite3_exec(o, "PRAGMA user_version=9", NULL, NULL, NULL), SQLITE_OK);
     sqlite3_close(o);
-    assert_int_equal(osub_store_open(path, &s, err, sizeof(err)), -1);
+    assert_int_equal(osubd__store_open(path, &s, err, sizeof(err)), -1);
     assert_non_null(strstr(err, "upgrade"));
     /* a folder that does not exist */
-    assert_int_equal(osub_store_open("/nonexistent/dir/x.db", &s, err, sizeof(err)), -1);
+    assert_int_equal(osubd__store_open("/nonexistent/dir/x.db", &s, err, sizeof(err)), -1);
     assert_non_null(strstr(err, "No such file"));
 }
 
@@ -250,7 +250,7 @@ static void test_malformed_commands(void **state)
         json_t *j = json_loads(bad[i], 0, NULL);
         assert_non_null(j);
         char err[256] = "";
-        if (osub_cmd_apply(e, j, 0, NULL, err, sizeof(err)) != OSUB_EINVAL)
+        if (osubd__cmd_apply(e, j, 0, NULL, err, sizeof(err)) != OSUB_EINVAL)
             fail_msg("%s: accepted", bad[i]);
         assert_non_null(strstr(err, "command"));
         json_decref(j);
@@ -291,30 +291,30 @@ static void test_sha256_vectors(void **state)
     (void)state;
     uint8_t d[32];
     char h[65];
-    osub_sha256("abc", 3, d);
+    osubd__sha256("abc", 3, d);
     hex(d, h);
     assert_string_equal(h, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-    osub_sha256("", 0, d);
+    osubd__sha256("", 0, d);
     hex(d, h);
     assert_string_equal(h, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
     const char *m56 = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
-    osub_sha256(m56, strlen(m56), d);
+    osubd__sha256(m56, strlen(m56), d);
     hex(d, h);
     assert_string_equal(h, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
     char *million = malloc(1000000);
     assert_non_null(million);
     memset(million, 'a', 1000000);
-    osub_sha256(million, 1000000, d);
+    osubd__sha256(million, 1000000, d);
     free(million);
     hex(d, h);
     assert_string_equal(h, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
-    osub_hmac_sha256("Jefe", 4, "what do ya want for nothing?", 28, d);
+    osubd__hmac_sha256("Jefe", 4, "what do ya want for nothing?", 28, d);
     hex(d, h);
     assert_string_equal(h, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
     uint8_t key[131];
     memset(key, 0xaa, sizeof(key));
     const char *big = "Test Using Larger Than Block-Size Key - Hash Key First";
-    osub_hmac_sha256(key, sizeof(key), big, strlen(big), d);
+    osubd__hmac_sha256(key, sizeof(key), big, strlen(big), d);
     hex(d, h);
     assert_string_equal(h, "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
 }
