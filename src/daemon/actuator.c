@@ -1,6 +1,7 @@
 /* actuator.c - makes services obey the engine: managed processes, directives, webhooks, logs */
 #define _GNU_SOURCE
 #include "actuator.h"
+#include "log.h"
 #include "pod.h"
 #include "pods.h"
 
@@ -618,7 +619,7 @@ static void apply(struct osubd *d, json_t *cmd)
     char err[256];
     int rc = osubd_apply(d, cmd, NULL, err, sizeof(err));
     if (err[0] || rc != 0)
-        fprintf(stderr, "oversubd: %s for %s: %s\n", json_string_value(json_object_get(cmd, "op")),
+        osubd_log(OSUBD_LOG_INFO, "%s for %s: %s", json_string_value(json_object_get(cmd, "op")),
                 json_string_value(json_object_get(cmd, "id")), err[0] ? err : osub_strerror(rc));
     json_decref(cmd);
 }
@@ -1821,7 +1822,7 @@ static void rotate_log(struct osubd *d, const char *id)
         close(out);
     if (ok && truncate(logf, 0) == 0)
         return;
-    fprintf(stderr, "oversubd: cannot rotate %s: %s\n", logf, strerror(errno));
+    osubd_log(OSUBD_LOG_WARN, "cannot rotate %s: %s", logf, strerror(errno));
 }
 
 /* What oversubd reads of a segment, copied out under the guard below. */
@@ -1846,7 +1847,7 @@ static void on_sigbus(int sig, siginfo_t *info, void *ctx)
 static void seg_drop(struct osubd *d, struct osub_proc *p, const char *why)
 {
     /* events are anyone's to read: the path only in oversubd's own log */
-    fprintf(stderr, "oversubd: %s: its CUDA shim segment %s %s\n", p->id, p->seg_path, why);
+    osubd_log(OSUBD_LOG_INFO, "%s: its CUDA shim segment %s %s", p->id, p->seg_path, why);
     osubd_note(d, p->id, "shim", "damaged",
                "%s: its CUDA shim segment %s: no longer read (its grant is not updated)", p->id,
                why);
@@ -2020,7 +2021,7 @@ static void shim_adopt(struct osubd *d, struct osub_proc *p)
     char err[512];
     if (access(p->seg_path, F_OK) == 0 &&
         seg_open_guarded(&p->seg, p->seg_path, err, sizeof(err)) != 0)
-        fprintf(stderr, "oversubd: %s: its CUDA shim segment cannot be used: %s\n", p->id, err);
+        osubd_log(OSUBD_LOG_WARN, "%s: its CUDA shim segment cannot be used: %s", p->id, err);
 }
 
 static void on_watch(evutil_socket_t fd, short what, void *arg)
@@ -2466,7 +2467,7 @@ int osubd_act_init(struct osubd *d, char *err, size_t errlen)
     d->act = a;
     /* orphans of services (a double fork) come to us, not to init: they are found and reaped */
     if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
-        fprintf(stderr, "oversubd: cannot become a subreaper: %s\n", strerror(errno));
+        osubd_log(OSUBD_LOG_WARN, "cannot become a subreaper: %s", strerror(errno));
     cg_setup(d);
     if (!a->cg_base[0] && d->cfg.cgroup[0] == '/') {
         snprintf(err, errlen, "cgroup: %s", a->cg_why);
@@ -2507,8 +2508,8 @@ int osubd_act_init(struct osubd *d, char *err, size_t errlen)
             }
         }
         if (!a->shim_path[0])
-            fprintf(stderr, "oversubd: liboversub-cuda.so not found next to oversubd: managed "
-                            "services run without the CUDA shim (set cuda_shim)\n");
+            osubd_log(OSUBD_LOG_WARN, "liboversub-cuda.so not found next to oversubd: managed "
+                            "services run without the CUDA shim (set cuda_shim)");
     }
     a->pids = osubd__idmap_new(free);
     a->directives = json_object();
@@ -2742,7 +2743,7 @@ static int pod_seg_dir(struct osubd *d, char *dir, size_t dirlen, char *why, siz
         snprintf(from, sizeof(from), "%s/%s", shim, e->d_name);
         snprintf(to, sizeof(to), "%s/%s", dir, e->d_name);
         if (rename(from, to) != 0)
-            fprintf(stderr, "oversubd: cannot move the pod segment %s into %s: %s\n", from, dir,
+            osubd_log(OSUBD_LOG_WARN, "cannot move the pod segment %s into %s: %s", from, dir,
                     strerror(errno));
     }
     if (dd != NULL)
@@ -2765,7 +2766,7 @@ static bool pod_seg_adopt(struct osubd *d, struct osub_proc *p, const char *dir)
         if (seg_open_guarded(&p->seg, p->seg_path, err, sizeof(err)) == 0)
             got = true;
         else {
-            fprintf(stderr, "oversubd: %s: its pod segment: %s\n", p->id, err);
+            osubd_log(OSUBD_LOG_INFO, "%s: its pod segment: %s", p->id, err);
             osubd_note(d, p->id, "shim", "damaged",
                        "%s: its pod segment cannot be used (oversubd's log says why)", p->id);
         }
@@ -2962,7 +2963,7 @@ int osubd_act_pod_shim(struct osubd *d, char *path, size_t pathlen, char *why, s
         goto err_unlink_tmp;
     }
     free(want);
-    fprintf(stderr, "oversubd: device plugin: the CUDA shim %s copied to %s (what pods mount)\n",
+    osubd_log(OSUBD_LOG_INFO, "device plugin: the CUDA shim %s copied to %s (what pods mount)",
             src, path);
     return 0;
 err_unlink_tmp:
@@ -3021,7 +3022,7 @@ void osubd_act_pods_sweep(struct osubd *d)
     /* segments of pods that went while oversubd was stopped */
     char dir[620], why[300];
     if (pod_seg_dir(d, dir, sizeof(dir), why, sizeof(why)) != 0) {
-        fprintf(stderr, "oversubd: %s\n", why);
+        osubd_log(OSUBD_LOG_INFO, "%s", why);
         return;
     }
     DIR *dd = opendir(dir);
@@ -3040,7 +3041,7 @@ void osubd_act_pods_sweep(struct osubd *d)
             /* a pod running since before oversubd restarted: its grant kept up again */
             char path[700];
             if (osubd_act_pod_segment(d, id, path, sizeof(path), why, sizeof(why)) != 0)
-                fprintf(stderr, "oversubd: %s: its pod segment: %s\n", id, why);
+                osubd_log(OSUBD_LOG_INFO, "%s: its pod segment: %s", id, why);
         }
     }
     if (dd != NULL)

@@ -26,6 +26,7 @@
 #include <event2/listener.h>
 
 #include "conns.h"
+#include "log.h"
 #include "daemon.h"
 #include "jsonmem.h"
 #include "deviceplugin.h"
@@ -1690,9 +1691,8 @@ int osubd_api_init(struct osubd *d, char *err, size_t errlen)
         if (cap < 8)
             cap = 8;
         if (cap < tcp_max) {
-            fprintf(stderr,
-                    "oversubd: %lld file descriptors: the API takes at most %lld TCP "
-                    "connections (api_conns_max %d; raise LimitNOFILE for more)\n",
+            osubd_log(OSUBD_LOG_INFO, "%lld file descriptors: the API takes at most %lld TCP "
+                    "connections (api_conns_max %d; raise LimitNOFILE for more)",
                     room, cap, tcp_max);
             tcp_max = (int)cap;
         }

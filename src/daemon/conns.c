@@ -9,6 +9,7 @@
  * (descriptor, socket inode): an entry whose descriptor no longer is that socket was closed. */
 #define _GNU_SOURCE
 #include "conns.h"
+#include "log.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -96,7 +97,7 @@ static void log_refusals(struct osubd_conns *c, const char *why)
     time_t now = time(NULL);
     if (now - c->logged < 10)
         return;
-    fprintf(stderr, "oversubd: %s: %llu connection(s) turned away since the last message (%s)\n",
+    osubd_log(OSUBD_LOG_WARN, "%s: %llu connection(s) turned away since the last message (%s)",
             c->name, (unsigned long long)(c->refused - c->refused_logged), why);
     c->logged = now;
     c->refused_logged = c->refused;
@@ -344,7 +345,7 @@ static void on_accept_error(struct evconnlistener *lis, void *unused)
     if (g == NULL)
         return;
     if (e != EMFILE && e != ENFILE && e != ENOBUFS && e != ENOMEM) {
-        fprintf(stderr, "oversubd: %s: accept: %s\n", g->name, strerror(e));
+        osubd_log(OSUBD_LOG_WARN, "%s: accept: %s", g->name, strerror(e));
         return;
     }
     evconnlistener_disable(lis);
@@ -366,9 +367,8 @@ static void on_accept_error(struct evconnlistener *lis, void *unused)
         (*g->counter)++;
     time_t now = time(NULL);
     if (now - g->logged >= 10) {
-        fprintf(stderr,
-                "oversubd: %s: out of file descriptors (%s): accepting pauses for 250 ms at a "
-                "time; %llu pause(s) since the last message\n",
+        osubd_log(OSUBD_LOG_INFO, "%s: out of file descriptors (%s): accepting pauses for 250 ms at a "
+                "time; %llu pause(s) since the last message",
                 g->name, strerror(e), (unsigned long long)g->since_log);
         g->logged = now;
         g->since_log = 0;

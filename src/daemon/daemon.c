@@ -1,6 +1,7 @@
 /* daemon.c - oversubd's core: the engine driven by commands that are logged durably first */
 #define _POSIX_C_SOURCE 200809L
 #include "daemon.h"
+#include "log.h"
 #include "pods.h"
 #include "jsonmem.h"
 
@@ -216,7 +217,7 @@ static void log_command(struct osubd *d, int64_t now, const json_t *cmd, json_t 
         ok = false;
     if (!ok) {
         /* the engine moved and the disk did not: the state on disk is the truth */
-        fprintf(stderr, "oversubd: cannot write the state (%s): stopping\n",
+        osubd_log(OSUBD_LOG_ERROR, "cannot write the state (%s): stopping",
                 osubd__store_error(d->store));
         d->fatal = true;
         event_base_loopbreak(d->base);
@@ -321,9 +322,8 @@ static int apply_at(struct osubd *d, json_t *cmd, int64_t now, osub_submit_resul
 
 void osubd_fatal(struct osubd *d, const char *what)
 {
-    fprintf(stderr,
-            "oversubd: %s: stopping (the state on disk is the truth: a restart replays it and "
-            "repeats what services were told)\n",
+    osubd_log(OSUBD_LOG_ERROR, "%s: stopping (the state on disk is the truth: a restart replays it and "
+            "repeats what services were told)",
             what);
     d->fatal = true;
     if (d->base != NULL)
@@ -338,7 +338,7 @@ void osubd_note(struct osubd *d, const char *id, const char *kind, const char *r
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    fprintf(stderr, "oversubd: %s\n", msg);
+    osubd_log(OSUBD_LOG_INFO, "%s", msg);
     int64_t now = osubd_engine_now(d);
     json_t *o =
         json_pack("{s:I, s:s, s:s, s:s, s:s}", "time_unix_ms", (json_int_t)(now + d->base_unix_ms),
@@ -392,12 +392,11 @@ static void on_drain(evutil_socket_t fd, short what, void *arg)
     struct osubd *d = arg;
     int open = osubd_gateway_open_clients(d);
     if (open == 0) {
-        fprintf(stderr, "oversubd: the gateway drained: stopping\n");
+        osubd_log(OSUBD_LOG_INFO, "the gateway drained: stopping");
         event_base_loopbreak(d->base);
     } else if (osubd_engine_now(d) >= d->drain_until_ms) {
-        fprintf(stderr,
-                "oversubd: the grace period (%lld ms) ended with %d gateway connection(s) still "
-                "open: stopping\n",
+        osubd_log(OSUBD_LOG_INFO, "the grace period (%lld ms) ended with %d gateway connection(s) still "
+                "open: stopping",
                 (long long)d->cfg.shutdown_grace_ms, open);
         event_base_loopbreak(d->base);
     }
@@ -411,14 +410,13 @@ static void on_signal(evutil_socket_t fd, short what, void *arg)
     (void)what;
     struct osubd *d = arg;
     if (d->drain_ev != NULL || d->gw == NULL || d->cfg.shutdown_grace_ms == 0) {
-        fprintf(stderr, "oversubd: stopping\n");
+        osubd_log(OSUBD_LOG_INFO, "stopping");
         event_base_loopbreak(d->base);
         return;
     }
     int open = osubd_gateway_drain(d);
-    fprintf(stderr,
-            "oversubd: stopping: the gateway accepts no more connections and lets %d finish "
-            "(at most %lld ms; a second signal stops at once)\n",
+    osubd_log(OSUBD_LOG_INFO, "stopping: the gateway accepts no more connections and lets %d finish "
+            "(at most %lld ms; a second signal stops at once)",
             open, (long long)d->cfg.shutdown_grace_ms);
     d->drain_until_ms = osubd_engine_now(d) + d->cfg.shutdown_grace_ms;
     d->drain_ev = event_new(d->base, -1, EV_PERSIST, on_drain, d);
@@ -448,17 +446,16 @@ static void on_hup(evutil_socket_t fd, short what, void *arg)
 static void on_hup_read(struct osubd *d, char *err, size_t errlen)
 {
     if (d->cfg.token_file[0] == '\0') {
-        fprintf(stderr, "oversubd: SIGHUP: nothing to reload (no --token-file); other settings "
-                        "are read at start: restart oversubd to change them\n");
+        osubd_log(OSUBD_LOG_INFO, "SIGHUP: nothing to reload (no --token-file); other settings "
+                        "are read at start: restart oversubd to change them");
         return;
     }
     if (osubd_read_token(d->cfg.token_file, d->cfg.token, sizeof(d->cfg.token), err, errlen) != 0) {
-        fprintf(stderr, "oversubd: SIGHUP: %s: the old token stays\n", err);
+        osubd_log(OSUBD_LOG_INFO, "SIGHUP: %s: the old token stays", err);
         return;
     }
-    fprintf(stderr,
-            "oversubd: SIGHUP: the admin token was read again from %s; other settings "
-            "are read at start: restart oversubd to change them\n",
+    osubd_log(OSUBD_LOG_INFO, "SIGHUP: the admin token was read again from %s; other settings "
+            "are read at start: restart oversubd to change them",
             d->cfg.token_file);
 }
 
@@ -636,9 +633,8 @@ static int check_gpus_found(struct osubd *d, char *err, size_t errlen)
         osub_gpu_info_t gi;
         if (found || osub_engine_gpu_info(d->e, i, &gi) != 0 || gi.lost)
             continue;
-        fprintf(stderr,
-                "oversubd: GPU %d (%s) is not among the GPUs NVML shows now: marking it lost; "
-                "its services go back to the queue or are released\n",
+        osubd_log(OSUBD_LOG_WARN, "GPU %d (%s) is not among the GPUs NVML shows now: marking it lost; "
+                "its services go back to the queue or are released",
                 i, u);
         json_t *cmd = json_pack("{s:s, s:i}", "op", "lost", "gpu", (int)i);
         osubd_apply(d, cmd, NULL, nerr, sizeof(nerr));
@@ -684,7 +680,7 @@ static void report_process_usage(struct osubd *d, const struct nvml_gpu *g, size
         if (!seen && (si.state == OSUB_STATE_DRAINING || si.state == OSUB_STATE_OVERDUE) &&
             !osubd_act_managed(d, id)) {
             json_decref(per);
-            fprintf(stderr, "oversubd: NVML shows no memory of %s's process %lld: exited\n", id,
+            osubd_log(OSUBD_LOG_INFO, "NVML shows no memory of %s's process %lld: exited", id,
                     (long long)pid);
             json_t *cmd = json_pack("{s:s, s:s}", "op", "exited", "id", id);
             char err[256];
@@ -717,7 +713,7 @@ static void on_poll(evutil_socket_t fd, short what, void *arg)
     size_t k = 0;
     char err[256];
     if (osubd__nvml_read(d->nvml, g, OSUBD_NVML_GPUS_MAX, &k, err, sizeof(err)) != 0) {
-        fprintf(stderr, "oversubd: NVML: %s\n", err);
+        osubd_log(OSUBD_LOG_INFO, "NVML: %s", err);
         return;
     }
     report_process_usage(d, g, k);
@@ -731,7 +727,7 @@ static void on_poll(evutil_socket_t fd, short what, void *arg)
                 m = &g[j];
         json_t *cmd;
         if (m == NULL) {
-            fprintf(stderr, "oversubd: GPU %d (%s) disappeared\n", i, d->uuids[i]);
+            osubd_log(OSUBD_LOG_WARN, "GPU %d (%s) disappeared", i, d->uuids[i]);
             cmd = json_pack("{s:s, s:i}", "op", "lost", "gpu", (int)i);
         } else {
             int64_t services = gi.used_mib - gi.system_mib;
@@ -842,7 +838,7 @@ static int check_marker(struct osubd *d, bool existing, bool early, char *err, s
     int r = marker_read(path, mid, &mseq);
     if (r < 0) {
         if (!early)
-            fprintf(stderr, "oversubd: %s cannot be read or is damaged: it is written anew\n",
+            osubd_log(OSUBD_LOG_WARN, "%s cannot be read or is damaged: it is written anew",
                     path);
         r = 0;
     }
@@ -919,24 +915,23 @@ static void on_writer(evutil_socket_t fd, short what, void *arg)
     char err[600];
     if (osubd__writer_progress(d->writer, &p, err, sizeof(err)) != 0) {
         /* the engine moved and the disk did not: the state on disk is the truth */
-        fprintf(stderr, "oversubd: cannot write the state (%s): stopping\n", err);
+        osubd_log(OSUBD_LOG_ERROR, "cannot write the state (%s): stopping", err);
         d->fatal = true;
         event_base_loopbreak(d->base);
         return;
     }
     if (p.full && !d->store_full) {
-        fprintf(stderr,
-                "oversubd: the state's disk is full (%s): changes through the API are refused "
+        osubd_log(OSUBD_LOG_WARN, "the state's disk is full (%s): changes through the API are refused "
                 "with 507 until space returns; reads, the gateway and the services go on; what "
                 "the engine did meanwhile waits in memory and is written then (a restart before "
-                "that loses it)\n",
+                "that loses it)",
                 err);
         d->store_full = true;
         d->store_full_count++;
         osubd_api_release_held(d);
     } else if (!p.full && d->store_full) {
-        fprintf(stderr, "oversubd: the state's disk has room again: everything waiting is written "
-                        "and changes are accepted\n");
+        osubd_log(OSUBD_LOG_INFO, "the state's disk has room again: everything waiting is written "
+                        "and changes are accepted");
         d->store_full = false;
     }
     d->durable_ticket = p.durable;
@@ -1144,7 +1139,7 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
             snprintf(err, errlen, "%s: %s", d->cfg.state_path, osubd__store_error(d->store));
             goto fail;
         }
-        fprintf(stderr, "oversubd: new state in %s; GPUs: %s\n", d->cfg.state_path, desc);
+        osubd_log(OSUBD_LOG_INFO, "new state in %s; GPUs: %s", d->cfg.state_path, desc);
     } else {
         char *bend = NULL;
         errno = 0;
@@ -1196,14 +1191,12 @@ int osubd_start(struct osubd *d, char *err, size_t errlen)
         start_clock(d);
         osub_pool_info_t pi;
         osub_engine_pool_info(d->e, &pi);
-        fprintf(stderr,
-                "oversubd: restored %s: %d services, %d queued, replayed %lld command(s) after "
-                "the snapshot\n",
+        osubd_log(OSUBD_LOG_INFO, "restored %s: %d services, %d queued, replayed %lld command(s) after "
+                "the snapshot",
                 d->cfg.state_path, pi.n_services, pi.n_queued, (long long)r.n);
         if (pool != NULL && strcmp(pool, d->cfg.gpus) != 0)
-            fprintf(stderr,
-                    "oversubd: note: the state was made with --gpus %s; it keeps that pool "
-                    "(--gpus %s is ignored)\n",
+            osubd_log(OSUBD_LOG_INFO, "note: the state was made with --gpus %s; it keeps that pool "
+                    "(--gpus %s is ignored)",
                     pool, d->cfg.gpus);
         if (pool != NULL && strcmp(pool, "nvml") == 0) {
             char nerr[300];

@@ -2,6 +2,7 @@
  * on the daemon's loop, the messages encoded by hand (pbwire.h) */
 #define _GNU_SOURCE
 #include "deviceplugin.h"
+#include "log.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -183,10 +184,9 @@ static int dp_build_list(struct osubd_dp *dp, int64_t capacity)
     size_t full;
     int64_t n = osubd_dp_list_fit(capacity, DP_LIST_MAX, &full);
     if (n < capacity && !dp->cut_said) {
-        fprintf(stderr,
-                "oversubd: device plugin: %lld MiB of logical capacity would be a ListAndWatch "
+        osubd_log(OSUBD_LOG_INFO, "device plugin: %lld MiB of logical capacity would be a ListAndWatch "
                 "message of %zu bytes, over the kubelet's %d: advertising %lld MiB "
-                "(docs/deviceplugin.md)\n",
+                "(docs/deviceplugin.md)",
                 (long long)capacity, full, OSUBD_DP_MSG_MAX, (long long)n);
         dp->cut_said = true;
     }
@@ -685,7 +685,7 @@ static void dp_save_allocated(struct osubd_dp *dp)
     snprintf(tmp, sizeof(tmp), "%s.tmp", dp->allocs_path);
     if (json_dump_file(dp->allocated, tmp, JSON_COMPACT) != 0 ||
         rename(tmp, dp->allocs_path) != 0) {
-        fprintf(stderr, "oversubd: device plugin: cannot save %s: %s\n", dp->allocs_path,
+        osubd_log(OSUBD_LOG_WARN, "device plugin: cannot save %s: %s", dp->allocs_path,
                 strerror(errno));
         unlink(tmp);
     }
@@ -833,10 +833,9 @@ static void call_allocate(struct dp_stream *st, struct osubd_pb_reader *r)
     }
     for (size_t i = 0; i < n; i++) {
         if (!dp_find(dp, counts[i], m, i, &m[i])) {
-            fprintf(stderr,
-                    "oversubd: device plugin: Allocate of %lld MiB (container %zu of the "
+            osubd_log(OSUBD_LOG_WARN, "device plugin: Allocate of %lld MiB (container %zu of the "
                     "request) refused: no running or pending pod submitted through the extender "
-                    "has a container of that size not yet allocated\n",
+                    "has a container of that size not yet allocated",
                     (long long)counts[i], i + 1);
             answer_error(st, GRPC_FAILED_PRECONDITION,
                          "oversub: no pod bound through oversub-scheduler has a container asking "
@@ -852,7 +851,7 @@ static void call_allocate(struct dp_stream *st, struct osubd_pb_reader *r)
     for (size_t i = 0; i < n; i++) {
         if (dp_container_answer(dp, &m[i], &out, why, sizeof(why)) != 0) {
             osubd_pb_free(&out);
-            fprintf(stderr, "oversubd: device plugin: Allocate for %s refused: %s\n", m[i].id, why);
+            osubd_log(OSUBD_LOG_WARN, "device plugin: Allocate for %s refused: %s", m[i].id, why);
             answer_error(st, GRPC_FAILED_PRECONDITION, "oversub: %s: %s", m[i].id, why);
             return;
         }
@@ -884,7 +883,7 @@ static void call_allocate(struct dp_stream *st, struct osubd_pb_reader *r)
             osub_service_info_t si;
             bool waits = osub_engine_service_info(dp->d->e, m[i].id, &si) == 0 &&
                          si.state == OSUB_STATE_PENDING;
-            fprintf(stderr, "oversubd: device plugin: allocated %lld MiB to %s container %zu%s\n",
+            osubd_log(OSUBD_LOG_INFO, "device plugin: allocated %lld MiB to %s container %zu%s",
                     (long long)m[i].vram_mib, m[i].id, m[i].container,
                     waits ? " (pending: it starts once its victims are gone)" : "");
         }
@@ -906,7 +905,7 @@ static bool prestart_try(struct dp_stream *st)
     const char *id = st->park_id;
     osub_service_info_t si;
     if (osub_engine_service_info(d->e, id, &si) != 0 || osubd_act_kube(d, id) == NULL) {
-        fprintf(stderr, "oversubd: device plugin: PreStartContainer for %s refused: it is gone\n",
+        osubd_log(OSUBD_LOG_WARN, "device plugin: PreStartContainer for %s refused: it is gone",
                 id);
         answer_error(st, GRPC_FAILED_PRECONDITION,
                      "oversub: %s is no longer in oversubd: its pod does not start on this node",
@@ -918,15 +917,14 @@ static bool prestart_try(struct dp_stream *st)
         char path[700], why[300];
         if (dp->shim[0] &&
             osubd_act_pod_segment(d, id, path, sizeof(path), why, sizeof(why)) != 0) {
-            fprintf(stderr, "oversubd: device plugin: PreStartContainer for %s refused: %s\n", id,
+            osubd_log(OSUBD_LOG_WARN, "device plugin: PreStartContainer for %s refused: %s", id,
                     why);
             answer_error(st, GRPC_FAILED_PRECONDITION, "oversub: %s: %s", id, why);
             return true;
         }
         if (st->parked)
-            fprintf(stderr,
-                    "oversubd: device plugin: PreStartContainer for %s container %zu answered: "
-                    "its service is %s\n",
+            osubd_log(OSUBD_LOG_INFO, "device plugin: PreStartContainer for %s container %zu answered: "
+                    "its service is %s",
                     id, st->park_container, osub_state_name(si.state));
         answer_empty(st);
         return true;
@@ -939,9 +937,8 @@ static bool prestart_try(struct dp_stream *st)
             size_t l = strlen(waits);
             snprintf(waits + l, sizeof(waits) - l, "%s%s", i ? ", " : "", si.waits[i].service);
         }
-        fprintf(stderr,
-                "oversubd: device plugin: PreStartContainer for %s container %zu: still %s after "
-                "%lld ms: answered UNAVAILABLE (the kubelet retries the start)\n",
+        osubd_log(OSUBD_LOG_INFO, "device plugin: PreStartContainer for %s container %zu: still %s after "
+                "%lld ms: answered UNAVAILABLE (the kubelet retries the start)",
                 id, st->park_container, osub_state_name(si.state), (long long)dp->prestart_ms);
         answer_error(
             st, GRPC_UNAVAILABLE,
@@ -951,7 +948,7 @@ static bool prestart_try(struct dp_stream *st)
             waits[0] ? " (waiting for " : "", waits, waits[0] ? ")" : "");
         return true;
     }
-    fprintf(stderr, "oversubd: device plugin: PreStartContainer for %s refused: it is %s\n", id,
+    osubd_log(OSUBD_LOG_WARN, "device plugin: PreStartContainer for %s refused: it is %s", id,
             osub_state_name(si.state));
     answer_error(st, GRPC_FAILED_PRECONDITION,
                  "oversub: %s is %s in oversubd: its pod is leaving this node", id,
@@ -1012,9 +1009,8 @@ static void call_prestart(struct dp_stream *st, struct osubd_pb_reader *r)
     const char *id;
     size_t ctr;
     if (!dp_lookup(dp, fp, n, &id, &ctr)) {
-        fprintf(stderr,
-                "oversubd: device plugin: PreStartContainer for %lld devices that no allocation "
-                "of this oversubd holds: nothing to wait for\n",
+        osubd_log(OSUBD_LOG_INFO, "device plugin: PreStartContainer for %lld devices that no allocation "
+                "of this oversubd holds: nothing to wait for",
                 (long long)n);
         answer_empty(st);
         return;
@@ -1025,9 +1021,8 @@ static void call_prestart(struct dp_stream *st, struct osubd_pb_reader *r)
     if (prestart_try(st))
         return;
     st->parked = true;
-    fprintf(stderr,
-            "oversubd: device plugin: PreStartContainer for %s container %zu waits: its service "
-            "is pending (its victims are leaving)\n",
+    osubd_log(OSUBD_LOG_INFO, "device plugin: PreStartContainer for %s container %zu waits: its service "
+            "is pending (its victims are leaving)",
             st->park_id, ctr);
     struct timeval tv = {0, DP_PARK_MS * 1000};
     if (!evtimer_pending(dp->park_ev, NULL) && event_add(dp->park_ev, &tv) != 0) {
@@ -1216,7 +1211,7 @@ static void on_accept(struct evconnlistener *lis, evutil_socket_t fd, struct soc
     for (struct dp_conn *c = dp->conns; c; c = c->next)
         n++;
     if (n >= DP_CONNS_MAX) {
-        fprintf(stderr, "oversubd: device plugin: %d connections already: one more refused\n",
+        osubd_log(OSUBD_LOG_WARN, "device plugin: %d connections already: one more refused",
                 DP_CONNS_MAX);
         evutil_closesocket(fd);
         return;
@@ -1288,9 +1283,8 @@ static void reg_done(struct osubd_dp *dp, struct dp_conn *c, const char *why)
     if (why == NULL && c->reg_status == 0) {
         dp->registered = true;
         dp->reg_failures = 0;
-        fprintf(stderr,
-                "oversubd: device plugin: registered %s with the kubelet (%s, endpoint %s, "
-                "%lld devices)\n",
+        osubd_log(OSUBD_LOG_INFO, "device plugin: registered %s with the kubelet (%s, endpoint %s, "
+                "%lld devices)",
                 OSUBD_DP_RESOURCE, dp->kubelet, OSUBD_DP_SOCKET, (long long)dp->advertised);
         return;
     }
@@ -1298,10 +1292,10 @@ static void reg_done(struct osubd_dp *dp, struct dp_conn *c, const char *why)
     unsigned shift = dp->reg_failures < 6 ? dp->reg_failures : 6;
     dp->next_reg_ms = now + (500LL << shift); /* 1 s, 2 s, ... 32 s */
     if (why == NULL)
-        fprintf(stderr, "oversubd: device plugin: the kubelet refused Register: status %d %s\n",
+        osubd_log(OSUBD_LOG_WARN, "device plugin: the kubelet refused Register: status %d %s",
                 c->reg_status, c->reg_status < 0 ? "(no status)" : c->reg_msg);
     else
-        fprintf(stderr, "oversubd: device plugin: Register with %s failed: %s\n", dp->kubelet, why);
+        osubd_log(OSUBD_LOG_WARN, "device plugin: Register with %s failed: %s", dp->kubelet, why);
 }
 
 static void reg_start(struct osubd_dp *dp)
@@ -1429,21 +1423,20 @@ static void on_check(evutil_socket_t fd, short what, void *arg)
     /* the kubelet restarted: it removed our socket (and made its own anew) */
     struct stat st;
     if (lstat(dp->sock, &st) != 0 || st.st_ino != dp->sock_ino) {
-        fprintf(stderr,
-                "oversubd: device plugin: %s was removed (the kubelet restarted?): serving it "
-                "again\n",
+        osubd_log(OSUBD_LOG_INFO, "device plugin: %s was removed (the kubelet restarted?): serving it "
+                "again",
                 dp->sock);
         serve_stop(dp);
         char err[700];
         if (serve_start(dp, err, sizeof(err)) != 0) {
-            fprintf(stderr, "oversubd: %s\n", err);
+            osubd_log(OSUBD_LOG_INFO, "%s", err);
             return;
         }
         dp->next_reg_ms = 0;
     }
     bool kubelet = stat(dp->kubelet, &st) == 0 && S_ISSOCK(st.st_mode);
     if (dp->registered && (!kubelet || st.st_ino != dp->kubelet_ino)) {
-        fprintf(stderr, "oversubd: device plugin: %s was replaced: registering again\n",
+        osubd_log(OSUBD_LOG_INFO, "device plugin: %s was replaced: registering again",
                 dp->kubelet);
         dp->registered = false;
         dp->next_reg_ms = 0;
@@ -1453,10 +1446,10 @@ static void on_check(evutil_socket_t fd, short what, void *arg)
     int64_t cap = dp_capacity(d);
     if (cap != dp->capacity_mib) {
         if (dp_build_list(dp, cap) != 0) {
-            fprintf(stderr, "oversubd: device plugin: out of memory building the device list\n");
+            osubd_log(OSUBD_LOG_WARN, "device plugin: out of memory building the device list");
             return;
         }
-        fprintf(stderr, "oversubd: device plugin: advertising %lld devices (%lld MiB logical)\n",
+        osubd_log(OSUBD_LOG_INFO, "device plugin: advertising %lld devices (%lld MiB logical)",
                 (long long)dp->advertised, (long long)cap);
         push_list(dp);
     }
@@ -1555,7 +1548,7 @@ int osubd_dp_start(struct osubd *d, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    fprintf(stderr, "oversubd: device plugin: serving %s (%lld devices of %s)\n", dp->sock,
+    osubd_log(OSUBD_LOG_INFO, "device plugin: serving %s (%lld devices of %s)", dp->sock,
             (long long)dp->advertised, OSUBD_DP_RESOURCE);
     event_active(dp->check_ev, EV_TIMEOUT, 0); /* register now */
     return 0;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "daemon.h"
+#include "log.h"
 #include "deviceplugin.h"
 #include "jsonmem.h"
 #include "notify.h"
@@ -100,7 +101,7 @@ static int read_token(const char *path, struct osubd_config *c)
 {
     char err[700];
     if (osubd_read_token(path, c->token, sizeof(c->token), err, sizeof(err)) != 0) {
-        fprintf(stderr, "oversubd: --token-file %s\n", err);
+        osubd_log(OSUBD_LOG_ERROR, "--token-file %s", err);
         return -1;
     }
     return 0;
@@ -168,11 +169,11 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
     char err[400];
     json_t *root = osub_yaml_load_file(path, err, sizeof(err));
     if (root == NULL) {
-        fprintf(stderr, "oversubd: %s\n", err);
+        osubd_log(OSUBD_LOG_ERROR, "%s", err);
         return -1;
     }
     if (!json_is_object(root)) {
-        fprintf(stderr, "oversubd: %s: expected a mapping of settings\n", path);
+        osubd_log(OSUBD_LOG_ERROR, "%s: expected a mapping of settings", path);
         json_decref(root);
         return -1;
     }
@@ -206,24 +207,24 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
             sv = joined;
         }
         if (sv == NULL) {
-            fprintf(stderr, "oversubd: %s: key '%s' must be a string or a number\n", where, key);
+            osubd_log(OSUBD_LOG_ERROR, "%s: key '%s' must be a string or a number", where, key);
             rc = -1;
             break;
         }
         if (strlen(sv) > 511 && strcmp(key, "allowed_destinations") != 0) {
-            fprintf(stderr, "oversubd: %s: key '%s': the value is too long (at most 511 bytes)\n",
+            osubd_log(OSUBD_LOG_ERROR, "%s: key '%s': the value is too long (at most 511 bytes)",
                     where, key);
             rc = -1;
             break;
         }
         if (strcmp(key, "listen") == 0) {
             if (parse_listen(sv, c) != 0) {
-                fprintf(stderr, "oversubd: %s: key 'listen': '%s' is not HOST:PORT\n", where, sv);
+                osubd_log(OSUBD_LOG_ERROR, "%s: key 'listen': '%s' is not HOST:PORT", where, sv);
                 rc = -1;
             }
         } else if (strcmp(key, "gateway") == 0) {
             if (parse_gateway(sv, c) != 0) {
-                fprintf(stderr, "oversubd: %s: key 'gateway': '%s' is not HOST:PORT or \"\"\n",
+                osubd_log(OSUBD_LOG_ERROR, "%s: key 'gateway': '%s' is not HOST:PORT or \"\"",
                         where, sv);
                 rc = -1;
             }
@@ -236,7 +237,7 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
             snprintf(c->gpus, sizeof(c->gpus), "%.511s", sv);
         } else if (strcmp(key, "ratio") == 0) {
             if (osub_parse_ratio(sv, &c->ratio_milli) != 0) {
-                fprintf(stderr, "oversubd: %s: key 'ratio': '%s' is not a ratio such as 1.3\n",
+                osubd_log(OSUBD_LOG_ERROR, "%s: key 'ratio': '%s' is not a ratio such as 1.3",
                         where, sv);
                 rc = -1;
             }
@@ -244,7 +245,7 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
             char *end;
             long long t = strtoll(sv, &end, 10);
             if (*end != '\0' || sv[0] == '\0' || t < 0 || t > 1000000000LL) {
-                fprintf(stderr, "oversubd: %s: key '%s' must be 0 to 1000000000\n", where, key);
+                osubd_log(OSUBD_LOG_ERROR, "%s: key '%s' must be 0 to 1000000000", where, key);
                 rc = -1;
             }
             if (key[7] == 'k')
@@ -259,7 +260,7 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
             else if (strcmp(sv, "false") == 0)
                 *b = false;
             else {
-                fprintf(stderr, "oversubd: %s: key '%s' must be true or false\n", where, key);
+                osubd_log(OSUBD_LOG_ERROR, "%s: key '%s' must be true or false", where, key);
                 rc = -1;
             }
         } else if (engine_key(key, c) != NULL) {
@@ -268,7 +269,7 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
             errno = 0;
             long long t = strtoll(sv, &end, 10);
             if (*end != '\0' || sv[0] == '\0' || errno != 0 || t < k->lo || t > k->hi) {
-                fprintf(stderr, "oversubd: %s: key '%s' must be an integer from %lld to %lld\n",
+                osubd_log(OSUBD_LOG_ERROR, "%s: key '%s' must be an integer from %lld to %lld",
                         where, key, k->lo, k->hi);
                 rc = -1;
             } else if (k->i64 != NULL) {
@@ -282,7 +283,7 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
             char *end;
             long t = strtol(sv, &end, 10);
             if (*end != '\0' || sv[0] == '\0' || t < 0 || t > 600000) {
-                fprintf(stderr, "oversubd: %s: key 'shutdown_grace_ms' must be 0 to 600000\n",
+                osubd_log(OSUBD_LOG_ERROR, "%s: key 'shutdown_grace_ms' must be 0 to 600000",
                         where);
                 rc = -1;
             }
@@ -291,22 +292,21 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
             char *end;
             long t = strtol(sv, &end, 10);
             if (*end != '\0' || t < 10 || t > 60000) {
-                fprintf(stderr, "oversubd: %s: key 'poll_ms' must be 10 to 60000\n", where);
+                osubd_log(OSUBD_LOG_ERROR, "%s: key 'poll_ms' must be 10 to 60000", where);
                 rc = -1;
             }
             c->poll_ms = t;
         } else if (strcmp(key, "cgroup") == 0) {
             if (strcmp(sv, "auto") != 0 && strcmp(sv, "none") != 0 && sv[0] != '/') {
-                fprintf(stderr,
-                        "oversubd: %s: key 'cgroup' must be auto, none or the absolute path of "
-                        "a cgroup v2 folder\n",
+                osubd_log(OSUBD_LOG_ERROR, "%s: key 'cgroup' must be auto, none or the absolute path of "
+                        "a cgroup v2 folder",
                         where);
                 rc = -1;
             }
             snprintf(c->cgroup, sizeof(c->cgroup), "%.511s", sv);
         } else if (strcmp(key, "allowed_destinations") == 0) {
             if (osubd_parse_destinations(sv, NULL, err, sizeof(err)) != 0) {
-                fprintf(stderr, "oversubd: %s: key 'allowed_destinations': %s\n", where, err);
+                osubd_log(OSUBD_LOG_ERROR, "%s: key 'allowed_destinations': %s", where, err);
                 rc = -1;
             }
             snprintf(c->allowed_destinations, sizeof(c->allowed_destinations), "%s", sv);
@@ -317,9 +317,8 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
                 if (!((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') ||
                       (*q >= '0' && *q <= '9') || *q == '-' || *q == '.' || *q == ',' ||
                       *q == ' ')) {
-                    fprintf(stderr,
-                            "oversubd: %s: key 'api_hostnames': host names separated by commas "
-                            "(letters, digits, '-', '.'), not '%s'\n",
+                    osubd_log(OSUBD_LOG_ERROR, "%s: key 'api_hostnames': host names separated by commas "
+                            "(letters, digits, '-', '.'), not '%s'",
                             where, sv);
                     rc = -1;
                     break;
@@ -327,9 +326,8 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
             snprintf(c->api_hostnames, sizeof(c->api_hostnames), "%.511s", sv);
         } else if (strcmp(key, "device_plugin") == 0) {
             if (sv[0] != '\0' && sv[0] != '/') {
-                fprintf(stderr,
-                        "oversubd: %s: key 'device_plugin' must be the absolute path of the "
-                        "kubelet's device-plugin folder, or \"\"\n",
+                osubd_log(OSUBD_LOG_ERROR, "%s: key 'device_plugin' must be the absolute path of the "
+                        "kubelet's device-plugin folder, or \"\"",
                         where);
                 rc = -1;
             }
@@ -337,9 +335,8 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
         } else if (strcmp(key, "kubernetes_api") == 0) {
             if (strcmp(sv, "auto") != 0 && strcmp(sv, "none") != 0 &&
                 strncmp(sv, "https://", 8) != 0 && strncmp(sv, "http://", 7) != 0) {
-                fprintf(stderr,
-                        "oversubd: %s: key 'kubernetes_api' must be auto, none or the API "
-                        "server's https:// URL\n",
+                osubd_log(OSUBD_LOG_ERROR, "%s: key 'kubernetes_api' must be auto, none or the API "
+                        "server's https:// URL",
                         where);
                 rc = -1;
             }
@@ -360,12 +357,12 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
             char *end;
             long t = strtol(sv, &end, 10);
             if (*end != '\0' || t < 10 || t > 60000) {
-                fprintf(stderr, "oversubd: %s: key 'tick_ms' must be 10 to 60000\n", where);
+                osubd_log(OSUBD_LOG_ERROR, "%s: key 'tick_ms' must be 10 to 60000", where);
                 rc = -1;
             }
             c->tick_ms = t;
         } else {
-            fprintf(stderr, "oversubd: %s: unknown key '%s'\n", where, key);
+            osubd_log(OSUBD_LOG_ERROR, "%s: unknown key '%s'", where, key);
             rc = -1;
         }
         if (rc != 0)
@@ -418,7 +415,7 @@ int main(int argc, char **argv)
             break;
         case 'l':
             if (parse_listen(optarg, &d.cfg) != 0) {
-                fprintf(stderr, "oversubd: --listen: '%s' is not HOST:PORT\n", optarg);
+                osubd_log(OSUBD_LOG_ERROR, "--listen: '%s' is not HOST:PORT", optarg);
                 return 2;
             }
             break;
@@ -434,9 +431,8 @@ int main(int argc, char **argv)
             break;
         case 'r':
             if (osub_parse_ratio(optarg, &d.cfg.ratio_milli) != 0) {
-                fprintf(stderr,
-                        "oversubd: --ratio: '%s' is not a ratio such as 1.3 (at most "
-                        "three decimals, 1.0 to 100)\n",
+                osubd_log(OSUBD_LOG_ERROR, "--ratio: '%s' is not a ratio such as 1.3 (at most "
+                        "three decimals, 1.0 to 100)",
                         optarg);
                 return 2;
             }
@@ -446,16 +442,15 @@ int main(int argc, char **argv)
             break;
         case 'G':
             if (parse_gateway(optarg, &d.cfg) != 0) {
-                fprintf(stderr, "oversubd: --gateway: '%s' is not HOST:PORT (or \"\" for none)\n",
+                osubd_log(OSUBD_LOG_ERROR, "--gateway: '%s' is not HOST:PORT (or \"\" for none)",
                         optarg);
                 return 2;
             }
             break;
         case 'D':
             if (optarg[0] != '\0' && optarg[0] != '/') {
-                fprintf(stderr,
-                        "oversubd: --device-plugin: '%s' is not an absolute path (or \"\" for "
-                        "none)\n",
+                osubd_log(OSUBD_LOG_ERROR, "--device-plugin: '%s' is not an absolute path (or \"\" for "
+                        "none)",
                         optarg);
                 return 2;
             }
@@ -464,9 +459,8 @@ int main(int argc, char **argv)
         case 'K':
             if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "none") != 0 &&
                 strncmp(optarg, "https://", 8) != 0 && strncmp(optarg, "http://", 7) != 0) {
-                fprintf(stderr,
-                        "oversubd: --kube-api: '%s' is not auto, none or an https:// "
-                        "URL\n",
+                osubd_log(OSUBD_LOG_ERROR, "--kube-api: '%s' is not auto, none or an https:// "
+                        "URL",
                         optarg);
                 return 2;
             }
@@ -485,7 +479,7 @@ int main(int argc, char **argv)
             char *end;
             long t = strtol(optarg, &end, 10);
             if (*end != '\0' || t < 10 || t > 60000) {
-                fprintf(stderr, "oversubd: --tick-ms: 10 to 60000\n");
+                osubd_log(OSUBD_LOG_ERROR, "--tick-ms: 10 to 60000");
                 return 2;
             }
             d.cfg.tick_ms = t;
@@ -503,7 +497,7 @@ int main(int argc, char **argv)
         }
     }
     if (optind < argc) {
-        fprintf(stderr, "oversubd: unexpected argument '%s'\n", argv[optind]);
+        osubd_log(OSUBD_LOG_ERROR, "unexpected argument '%s'", argv[optind]);
         return 2;
     }
     snprintf(d.cfg.token_file, sizeof(d.cfg.token_file), "%s", token_file);
@@ -515,17 +509,15 @@ int main(int argc, char **argv)
         size_t pn = 0;
         if (strncmp(d.cfg.gpus, "sim:", 4) != 0 ||
             osub_parse_pool(d.cfg.gpus + 4, pv, OSUB_POOL_GPUS_MAX, &pn) != 0) {
-            fprintf(stderr,
-                    "oversubd: --gpus: '%s' is not auto, nvml or sim:POOL (sim:8x81920, "
-                    "sim:4x81920,4x40960; at most %d GPUs)\n",
+            osubd_log(OSUBD_LOG_ERROR, "--gpus: '%s' is not auto, nvml or sim:POOL (sim:8x81920, "
+                    "sim:4x81920,4x40960; at most %d GPUs)",
                     d.cfg.gpus, OSUB_POOL_GPUS_MAX);
             return 2;
         }
     }
     if (!loopback(d.cfg.listen_host) && d.cfg.token[0] == '\0') {
-        fprintf(stderr,
-                "oversubd: refusing to listen on %s without an admin token: give --token-file "
-                "(or listen on 127.0.0.1)\n",
+        osubd_log(OSUBD_LOG_ERROR, "refusing to listen on %s without an admin token: give --token-file "
+                "(or listen on 127.0.0.1)",
                 d.cfg.listen_host);
         return 2;
     }
@@ -533,8 +525,7 @@ int main(int argc, char **argv)
     {
         const osub_pool_config_t *ec = &d.cfg.engine;
         if (ec->low_watermark_pct > ec->high_watermark_pct) {
-            fprintf(stderr,
-                    "oversubd: low_watermark_pct (%d) must not be above high_watermark_pct (%d)\n",
+            osubd_log(OSUBD_LOG_ERROR, "low_watermark_pct (%d) must not be above high_watermark_pct (%d)",
                     (int)ec->low_watermark_pct, (int)ec->high_watermark_pct);
             return 2;
         }
@@ -543,7 +534,7 @@ int main(int argc, char **argv)
         int trc = osub_engine_new(ec, &one, NULL, 1, NULL, 0, &trial);
         osub_engine_free(trial);
         if (trc != 0) {
-            fprintf(stderr, "oversubd: the engine settings of the configuration: %s\n",
+            osubd_log(OSUBD_LOG_ERROR, "the engine settings of the configuration: %s",
                     osub_strerror(trc));
             return 2;
         }
@@ -560,12 +551,12 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     char err[700];
     if (osubd_start(&d, err, sizeof(err)) != 0) {
-        fprintf(stderr, "oversubd: %s\n", err);
+        osubd_log(OSUBD_LOG_ERROR, "%s", err);
         osubd_stop(&d);
         return 1;
     }
     if (osubd_dp_start(&d, err, sizeof(err)) != 0) {
-        fprintf(stderr, "oversubd: %s\n", err);
+        osubd_log(OSUBD_LOG_ERROR, "%s", err);
         osubd_dp_stop(&d);
         osubd_stop(&d);
         return 1;
