@@ -73,6 +73,58 @@ static int dry_run(const osub_engine_t *e, const osub_spec_t *spec, int64_t now_
     return rc;
 }
 
+/* A new service record for the resolved spec s of class cls, submitted at now_ms, queued and not
+ * yet in e. Returns it (owned by the caller, osub_svc_free), or NULL for want of memory. */
+static struct svc *svc_new(const osub_engine_t *e, const osub_spec_t *s, const osub_class_t *cls,
+                           int64_t now_ms, unsigned flags)
+{
+    struct svc *sv = calloc(1, sizeof(*sv));
+    if (sv == NULL)
+        return NULL;
+    sv->spec = *s;
+    sv->k = s->gpus;
+    sv->slots = calloc((size_t)sv->k, sizeof(*sv->slots));
+    if (sv->slots == NULL) {
+        osub_svc_free(sv);
+        return NULL;
+    }
+    sv->seq = e->next_seq;
+    sv->level = cls->level;
+    sv->preemptible = s->preemptible == OSUB_TRI_YES;
+    sv->backed = !sv->preemptible;
+    sv->degradable = sv->preemptible && s->min_vram_mib < s->vram_mib;
+    sv->requeue_on_evict = s->on_evict == OSUB_ON_EVICT_REQUEUE;
+    sv->queue_ok = s->queue == OSUB_TRI_YES;
+    sv->full_total = s->vram_mib;
+    sv->floor_total = s->min_vram_mib;
+    sv->full_batch = s->batch_size;
+    sv->floor_batch = s->min_batch_size;
+    sv->batch = s->batch_size;
+    sv->grace_ms = s->grace_ms;
+    sv->restart_cost_ms = s->restart_cost_ms;
+    sv->submit_ms = now_ms;
+    sv->since_ms = sv->submit_ms;
+    sv->room_since_ms = -1;
+    sv->heap_pos[0] = sv->heap_pos[1] = -1;
+    sv->state = OSUB_STATE_QUEUED;
+    sv->adopted = (flags & OSUB_SUBMIT_RUNNING) != 0;
+    osub__pred_init(&sv->pred);
+    return sv;
+}
+
+/* Files sv in e's table and at the end of its live list (the table has room: tab_reserve). */
+static void live_append(osub_engine_t *e, struct svc *sv)
+{
+    osub__tab_insert_raw(e->tab, e->tab_cap, sv);
+    e->n_live++;
+    sv->prev = e->tail;
+    if (e->tail)
+        e->tail->next = sv;
+    else
+        e->head = sv;
+    e->tail = sv;
+}
+
 int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms, unsigned flags,
                        osub_submit_result_t *res)
 {
@@ -115,37 +167,9 @@ int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms
         return dry_run(e, spec, now_ms, flags, res);
 
     /* build the service */
-    struct svc *sv = calloc(1, sizeof(*sv));
+    struct svc *sv = svc_new(e, &s, cls, now_ms, flags);
     if (sv == NULL)
         return OSUB_ENOMEM;
-    sv->spec = s;
-    sv->k = s.gpus;
-    sv->slots = calloc((size_t)sv->k, sizeof(*sv->slots));
-    if (sv->slots == NULL) {
-        osub_svc_free(sv);
-        return OSUB_ENOMEM;
-    }
-    sv->seq = e->next_seq;
-    sv->level = cls->level;
-    sv->preemptible = s.preemptible == OSUB_TRI_YES;
-    sv->backed = !sv->preemptible;
-    sv->degradable = sv->preemptible && s.min_vram_mib < s.vram_mib;
-    sv->requeue_on_evict = s.on_evict == OSUB_ON_EVICT_REQUEUE;
-    sv->queue_ok = s.queue == OSUB_TRI_YES;
-    sv->full_total = s.vram_mib;
-    sv->floor_total = s.min_vram_mib;
-    sv->full_batch = s.batch_size;
-    sv->floor_batch = s.min_batch_size;
-    sv->batch = s.batch_size;
-    sv->grace_ms = s.grace_ms;
-    sv->restart_cost_ms = s.restart_cost_ms;
-    sv->submit_ms = now_ms;
-    sv->since_ms = sv->submit_ms;
-    sv->room_since_ms = -1;
-    sv->heap_pos[0] = sv->heap_pos[1] = -1;
-    sv->state = OSUB_STATE_QUEUED;
-    sv->adopted = (flags & OSUB_SUBMIT_RUNNING) != 0;
-    osub__pred_init(&sv->pred);
     if (osub__tab_reserve(e) != 0 ||
         osub__vec_reserve(&e->queue, &e->cap_queue, e->n_queue + 1) != 0) {
         osub_svc_free(sv);
@@ -197,14 +221,7 @@ int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms
         return OSUB_ENOMEM;
     }
     e->next_seq++;
-    osub__tab_insert_raw(e->tab, e->tab_cap, sv);
-    e->n_live++;
-    sv->prev = e->tail;
-    if (e->tail)
-        e->tail->next = sv;
-    else
-        e->head = sv;
-    e->tail = sv;
+    live_append(e, sv);
 
     if (p.ok) {
         osub__admit_apply(e, sv, &p, OSUB_R_FITS);

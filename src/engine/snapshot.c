@@ -405,6 +405,236 @@ static struct svc *read_svc(const osub_engine_t *e, const struct line *l, bool *
     return s;
 }
 
+/* What osub_engine_load() has read so far; the engine exists from the "engine" line on. */
+struct loader {
+    osub_pool_config_t cfg;
+    osub_class_t classes[OSUB_MAX_CLASSES];
+    size_t n_classes;
+    int64_t *vram;
+    char **names;
+    struct line *gpu_lines; /* kept until the engine exists; they point into the text read */
+    size_t n_gpus, cap_gpus;
+    osub_engine_t *e;
+    bool seen_engine;
+    struct svc **svcs, **queue, **pending;
+    size_t n_svcs, cap_svcs, nq, np;
+};
+
+/* Each line kind's reader returns 0, OSUB_EBAD_SNAPSHOT or OSUB_ENOMEM. */
+static int load_config(struct loader *ld, const struct line *l)
+{
+    osub_pool_config_t *cfg = &ld->cfg;
+    if (!get_i32(l, "ratio", &cfg->ratio_milli) ||
+        !get_i32(l, "compute_ratio", &cfg->compute_ratio_milli) ||
+        !get_i64(l, "margin", &cfg->margin_mib) || !get_i32(l, "high", &cfg->high_watermark_pct) ||
+        !get_i32(l, "low", &cfg->low_watermark_pct) ||
+        !get_i64(l, "hysteresis", &cfg->hysteresis_ms) ||
+        !get_i64(l, "ack", &cfg->ack_timeout_ms) || !get_i64(l, "grace", &cfg->grace_ms) ||
+        !get_i64(l, "min_runtime", &cfg->min_runtime_ms) ||
+        !get_i64(l, "window", &cfg->history_window_ms) ||
+        !get_i64(l, "restart", &cfg->restart_cost_ms) || !get_i64(l, "aging", &cfg->queue_aging_ms))
+        return OSUB_EBAD_SNAPSHOT;
+    /* absent in snapshots made before the predictor: the defaults */
+    if ((get(l, "trust") != NULL && !get_i64(l, "trust", &cfg->prediction_trust_ms)) ||
+        (get(l, "floor_start") != NULL && !get_i64(l, "floor_start", &cfg->floor_start_after_ms)))
+        return OSUB_EBAD_SNAPSHOT;
+    return 0;
+}
+
+static int load_class(struct loader *ld, const struct line *l)
+{
+    if (ld->n_classes == OSUB_MAX_CLASSES)
+        return OSUB_EBAD_SNAPSHOT;
+    osub_class_t *c = &ld->classes[ld->n_classes];
+    memset(c, 0, sizeof(*c));
+    if (!get_str(l, "name", c->name, sizeof(c->name)) || !get_i32(l, "level", &c->level) ||
+        !get_bool(l, "preemptible", &c->preemptible) || !get_i64(l, "grace", &c->grace_ms))
+        return OSUB_EBAD_SNAPSHOT;
+    ld->n_classes++;
+    return 0;
+}
+
+static int load_gpu(struct loader *ld, const struct line *l)
+{
+    if (ld->e != NULL)
+        return OSUB_EBAD_SNAPSHOT;
+    if (ld->n_gpus == ld->cap_gpus) {
+        ld->cap_gpus = ld->cap_gpus ? ld->cap_gpus * 2 : 16;
+        int64_t *nv = realloc(ld->vram, ld->cap_gpus * sizeof(*nv));
+        char **nn = nv ? realloc(ld->names, ld->cap_gpus * sizeof(*nn)) : NULL;
+        struct line *nl = nn ? realloc(ld->gpu_lines, ld->cap_gpus * sizeof(*nl)) : NULL;
+        if (nv)
+            ld->vram = nv;
+        if (nn)
+            ld->names = nn;
+        if (nl == NULL)
+            return OSUB_ENOMEM;
+        ld->gpu_lines = nl;
+    }
+    size_t i = ld->n_gpus;
+    ld->names[i] = malloc(OSUB_GPU_NAME_MAX + 1);
+    if (ld->names[i] == NULL)
+        return OSUB_ENOMEM;
+    ld->n_gpus++; /* its name is freed with the others from now on */
+    if (!get_str(l, "name", ld->names[i], OSUB_GPU_NAME_MAX + 1) ||
+        !get_i64(l, "vram", &ld->vram[i]))
+        return OSUB_EBAD_SNAPSHOT;
+    ld->gpu_lines[i] = *l; /* its pointers stay valid: they point into the text read */
+    return 0;
+}
+
+/* The engine line: the engine is made from what came before it, then its GPUs' state. */
+static int load_engine(struct loader *ld, const struct line *l)
+{
+    int rc = osub_engine_new(&ld->cfg, ld->vram, (const char *const *)ld->names, ld->n_gpus,
+                             ld->classes, ld->n_classes, &ld->e);
+    if (rc != 0)
+        return rc == OSUB_ENOMEM ? OSUB_ENOMEM : OSUB_EBAD_SNAPSHOT;
+    osub_engine_t *e = ld->e;
+    int64_t now, seq, ad, rj, dg, ev, rs, rm;
+    if (!get_i64(l, "now", &now) || !get_i64(l, "next_seq", &seq) ||
+        !get_bool(l, "overcommitted", &e->overcommitted) || !get_bool(l, "dirty", &e->dirty) ||
+        !get_bool(l, "pending_check", &e->pending_check) || !get_i64(l, "admissions", &ad) ||
+        !get_i64(l, "rejections", &rj) || !get_i64(l, "degrades", &dg) ||
+        !get_i64(l, "evictions", &ev) || !get_i64(l, "restores", &rs) ||
+        !get_i64(l, "resumes", &rm) || now < 0 || seq < 1)
+        return OSUB_EBAD_SNAPSHOT;
+    e->now = now;
+    e->next_seq = (uint64_t)seq;
+    e->admissions = (uint64_t)ad;
+    e->rejections = (uint64_t)rj;
+    e->degrades = (uint64_t)dg;
+    e->evictions = (uint64_t)ev;
+    e->restores = (uint64_t)rs;
+    e->resumes = (uint64_t)rm;
+    e->trees_minute = now / 60000;
+    for (size_t i = 0; i < ld->n_gpus; i++) {
+        struct gpu *g = &e->gpus[i];
+        const struct line *gl = &ld->gpu_lines[i];
+        int64_t hm, hp;
+        if (!get_bool(gl, "cordoned", &g->cordoned) || !get_bool(gl, "lost", &g->lost) ||
+            !get_i64(gl, "system", &g->system) || !get_i64(gl, "hist_minute", &hm) ||
+            !get_i64(gl, "hist_peak", &hp) || g->system < 0 || g->system > g->vram)
+            return OSUB_EBAD_SNAPSHOT;
+        g->held += g->system;
+        g->hist_minute = hm;
+        g->hist_peak = hp;
+        const char *h = get(gl, "hist");
+        for (int32_t x = 0; x < e->hist_n; x++) {
+            char *end;
+            if (h == NULL || *h == '\0')
+                return OSUB_EBAD_SNAPSHOT;
+            g->hist[x] = strtoll(h, &end, 10);
+            h = *end == ',' ? end + 1 : end;
+            if (*end != ',' && *end != '\0')
+                return OSUB_EBAD_SNAPSHOT;
+        }
+    }
+    ld->seen_engine = true;
+    return 0;
+}
+
+static int load_svc(struct loader *ld, const struct line *l)
+{
+    if (!ld->seen_engine)
+        return OSUB_EBAD_SNAPSHOT;
+    bool oom = false;
+    struct svc *s = read_svc(ld->e, l, &oom);
+    if (s == NULL || osub__lookup(ld->e, s->spec.id) != NULL) {
+        osub_svc_free(s);
+        return oom ? OSUB_ENOMEM : OSUB_EBAD_SNAPSHOT;
+    }
+    if (ld->n_svcs == ld->cap_svcs) {
+        ld->cap_svcs = ld->cap_svcs ? ld->cap_svcs * 2 : 64;
+        struct svc **n = realloc(ld->svcs, ld->cap_svcs * sizeof(*n));
+        if (n == NULL) {
+            osub_svc_free(s);
+            return OSUB_ENOMEM;
+        }
+        ld->svcs = n;
+    }
+    if (osub__restore_service(ld->e, s) != 0) {
+        osub_svc_free(s);
+        return OSUB_ENOMEM;
+    }
+    ld->svcs[ld->n_svcs++] = s;
+    return 0;
+}
+
+/* A victim a pending service waits for. */
+static int load_wait(struct loader *ld, const struct line *l)
+{
+    char of[OSUB_ID_MAX + 1];
+    osub_victim_t w;
+    int64_t ev;
+    if (!ld->seen_engine || !get_str(l, "of", of, sizeof(of)) ||
+        !get_str(l, "victim", w.service, sizeof(w.service)) || !get_i64(l, "evict", &ev) ||
+        !get_i64(l, "deadline", &w.deadline_ms))
+        return OSUB_EBAD_SNAPSHOT;
+    struct svc *s = osub__lookup(ld->e, of);
+    if (s == NULL || s->n_waits >= OSUB_PLAN_MAX_VICTIMS)
+        return OSUB_EBAD_SNAPSHOT;
+    osub_victim_t *nw = realloc(s->waits, (size_t)(s->n_waits + 1) * sizeof(*nw));
+    if (nw == NULL)
+        return OSUB_ENOMEM;
+    s->waits = nw;
+    w.evict = ev != 0;
+    s->waits[s->n_waits++] = w;
+    return 0;
+}
+
+/* A "queued" or "pending" line: the next service of that list, in saved order. */
+static int load_listed(struct loader *ld, const struct line *l)
+{
+    char id[OSUB_ID_MAX + 1];
+    if (!ld->seen_engine || !get_str(l, "id", id, sizeof(id)))
+        return OSUB_EBAD_SNAPSHOT;
+    struct svc *s = osub__lookup(ld->e, id);
+    bool is_q = l->kind[0] == 'q';
+    if (s == NULL || s->state != (is_q ? OSUB_STATE_QUEUED : OSUB_STATE_PENDING))
+        return OSUB_EBAD_SNAPSHOT;
+    struct svc ***v = is_q ? &ld->queue : &ld->pending;
+    size_t *nv = is_q ? &ld->nq : &ld->np;
+    struct svc **nn = realloc(*v, (*nv + 1) * sizeof(**v));
+    if (nn == NULL)
+        return OSUB_ENOMEM;
+    *v = nn;
+    (*v)[(*nv)++] = s;
+    return 0;
+}
+
+static int load_line(struct loader *ld, const struct line *l)
+{
+    if (strcmp(l->kind, "config") == 0)
+        return load_config(ld, l);
+    if (strcmp(l->kind, "class") == 0)
+        return load_class(ld, l);
+    if (strcmp(l->kind, "gpu") == 0)
+        return load_gpu(ld, l);
+    if (strcmp(l->kind, "engine") == 0)
+        return load_engine(ld, l);
+    if (strcmp(l->kind, "svc") == 0)
+        return load_svc(ld, l);
+    if (strcmp(l->kind, "wait") == 0)
+        return load_wait(ld, l);
+    if (strcmp(l->kind, "queued") == 0 || strcmp(l->kind, "pending") == 0)
+        return load_listed(ld, l);
+    return OSUB_EBAD_SNAPSHOT;
+}
+
+static void loader_cleanup(struct loader *ld)
+{
+    osub_engine_free(ld->e);
+    for (size_t i = 0; i < ld->n_gpus; i++)
+        free(ld->names[i]);
+    free(ld->names);
+    free(ld->vram);
+    free(ld->gpu_lines);
+    free(ld->svcs);
+    free(ld->queue);
+    free(ld->pending);
+}
+
 int osub_engine_load(const char *text, osub_engine_t **out, size_t *err_line)
 {
     if (text == NULL || out == NULL)
@@ -412,21 +642,12 @@ int osub_engine_load(const char *text, osub_engine_t **out, size_t *err_line)
     char *buf = strdup(text);
     if (buf == NULL)
         return OSUB_ENOMEM;
-    osub_pool_config_t cfg;
-    osub_pool_config_default(&cfg);
-    osub_class_t classes[OSUB_MAX_CLASSES];
-    size_t n_classes = 0;
-    int64_t *vram = NULL;
-    char **names = NULL;
-    size_t n_gpus = 0, cap_gpus = 0;
-    osub_engine_t *e = NULL;
-    struct svc **svcs = NULL, **queue = NULL, **pending = NULL;
-    size_t n_svcs = 0, cap_svcs = 0, nq = 0, np = 0;
+    struct loader ld;
+    memset(&ld, 0, sizeof(ld));
+    osub_pool_config_default(&ld.cfg);
     int rc = OSUB_EBAD_SNAPSHOT;
     size_t lineno = 0;
-    bool seen_engine = false, seen_end = false;
-    struct line *gpu_lines = NULL; /* kept until the engine exists */
-    char **gpu_texts = NULL;
+    bool seen_end = false;
     char *save = NULL;
     struct line l;
     for (char *ln = strtok_r(buf, "\n", &save); ln; ln = strtok_r(NULL, "\n", &save)) {
@@ -436,217 +657,39 @@ int osub_engine_load(const char *text, osub_engine_t **out, size_t *err_line)
                 goto fail;
             continue;
         }
-        if (seen_end)
+        if (seen_end || !split_line(ln, &l))
             goto fail;
-        if (!split_line(ln, &l))
-            goto fail;
-        if (strcmp(l.kind, "config") == 0) {
-            if (!get_i32(&l, "ratio", &cfg.ratio_milli) ||
-                !get_i32(&l, "compute_ratio", &cfg.compute_ratio_milli) ||
-                !get_i64(&l, "margin", &cfg.margin_mib) ||
-                !get_i32(&l, "high", &cfg.high_watermark_pct) ||
-                !get_i32(&l, "low", &cfg.low_watermark_pct) ||
-                !get_i64(&l, "hysteresis", &cfg.hysteresis_ms) ||
-                !get_i64(&l, "ack", &cfg.ack_timeout_ms) || !get_i64(&l, "grace", &cfg.grace_ms) ||
-                !get_i64(&l, "min_runtime", &cfg.min_runtime_ms) ||
-                !get_i64(&l, "window", &cfg.history_window_ms) ||
-                !get_i64(&l, "restart", &cfg.restart_cost_ms) ||
-                !get_i64(&l, "aging", &cfg.queue_aging_ms))
-                goto fail;
-            /* absent in snapshots made before the predictor: the defaults */
-            if ((get(&l, "trust") != NULL && !get_i64(&l, "trust", &cfg.prediction_trust_ms)) ||
-                (get(&l, "floor_start") != NULL &&
-                 !get_i64(&l, "floor_start", &cfg.floor_start_after_ms)))
-                goto fail;
-        } else if (strcmp(l.kind, "class") == 0) {
-            if (n_classes == OSUB_MAX_CLASSES)
-                goto fail;
-            osub_class_t *c = &classes[n_classes];
-            memset(c, 0, sizeof(*c));
-            if (!get_str(&l, "name", c->name, sizeof(c->name)) ||
-                !get_i32(&l, "level", &c->level) || !get_bool(&l, "preemptible", &c->preemptible) ||
-                !get_i64(&l, "grace", &c->grace_ms))
-                goto fail;
-            n_classes++;
-        } else if (strcmp(l.kind, "gpu") == 0) {
-            if (e != NULL)
-                goto fail;
-            if (n_gpus == cap_gpus) {
-                cap_gpus = cap_gpus ? cap_gpus * 2 : 16;
-                int64_t *nv = realloc(vram, cap_gpus * sizeof(*nv));
-                char **nn = nv ? realloc(names, cap_gpus * sizeof(*nn)) : NULL;
-                struct line *nl = nn ? realloc(gpu_lines, cap_gpus * sizeof(*nl)) : NULL;
-                if (nv)
-                    vram = nv;
-                if (nn)
-                    names = nn;
-                if (nl == NULL) {
-                    rc = OSUB_ENOMEM;
-                    goto fail;
-                }
-                gpu_lines = nl;
-            }
-            names[n_gpus] = malloc(OSUB_GPU_NAME_MAX + 1);
-            if (names[n_gpus] == NULL) {
-                rc = OSUB_ENOMEM;
-                goto fail;
-            }
-            if (!get_str(&l, "name", names[n_gpus], OSUB_GPU_NAME_MAX + 1) ||
-                !get_i64(&l, "vram", &vram[n_gpus])) {
-                n_gpus++;
-                goto fail;
-            }
-            gpu_lines[n_gpus] = l; /* its pointers stay valid: they point into buf */
-            n_gpus++;
-        } else if (strcmp(l.kind, "engine") == 0) {
-            rc = osub_engine_new(&cfg, vram, (const char *const *)names, n_gpus, classes, n_classes,
-                                 &e);
-            if (rc != 0) {
-                rc = rc == OSUB_ENOMEM ? OSUB_ENOMEM : OSUB_EBAD_SNAPSHOT;
-                goto fail;
-            }
-            rc = OSUB_EBAD_SNAPSHOT;
-            int64_t now, seq, ad, rj, dg, ev, rs, rm;
-            if (!get_i64(&l, "now", &now) || !get_i64(&l, "next_seq", &seq) ||
-                !get_bool(&l, "overcommitted", &e->overcommitted) ||
-                !get_bool(&l, "dirty", &e->dirty) ||
-                !get_bool(&l, "pending_check", &e->pending_check) ||
-                !get_i64(&l, "admissions", &ad) || !get_i64(&l, "rejections", &rj) ||
-                !get_i64(&l, "degrades", &dg) || !get_i64(&l, "evictions", &ev) ||
-                !get_i64(&l, "restores", &rs) || !get_i64(&l, "resumes", &rm) || now < 0 || seq < 1)
-                goto fail;
-            e->now = now;
-            e->next_seq = (uint64_t)seq;
-            e->admissions = (uint64_t)ad;
-            e->rejections = (uint64_t)rj;
-            e->degrades = (uint64_t)dg;
-            e->evictions = (uint64_t)ev;
-            e->restores = (uint64_t)rs;
-            e->resumes = (uint64_t)rm;
-            e->trees_minute = now / 60000;
-            for (size_t i = 0; i < n_gpus; i++) {
-                struct gpu *g = &e->gpus[i];
-                const struct line *gl = &gpu_lines[i];
-                int64_t hm, hp;
-                if (!get_bool(gl, "cordoned", &g->cordoned) || !get_bool(gl, "lost", &g->lost) ||
-                    !get_i64(gl, "system", &g->system) || !get_i64(gl, "hist_minute", &hm) ||
-                    !get_i64(gl, "hist_peak", &hp) || g->system < 0 || g->system > g->vram)
-                    goto fail;
-                g->held += g->system;
-                g->hist_minute = hm;
-                g->hist_peak = hp;
-                const char *h = get(gl, "hist");
-                for (int32_t x = 0; x < e->hist_n; x++) {
-                    char *end;
-                    if (h == NULL || *h == '\0')
-                        goto fail;
-                    g->hist[x] = strtoll(h, &end, 10);
-                    h = *end == ',' ? end + 1 : end;
-                    if (*end != ',' && *end != '\0')
-                        goto fail;
-                }
-            }
-            seen_engine = true;
-        } else if (strcmp(l.kind, "svc") == 0) {
-            if (!seen_engine)
-                goto fail;
-            bool oom = false;
-            struct svc *s = read_svc(e, &l, &oom);
-            if (s == NULL || osub__lookup(e, s->spec.id) != NULL) {
-                osub_svc_free(s);
-                if (oom)
-                    rc = OSUB_ENOMEM;
-                goto fail;
-            }
-            if (n_svcs == cap_svcs) {
-                cap_svcs = cap_svcs ? cap_svcs * 2 : 64;
-                struct svc **n = realloc(svcs, cap_svcs * sizeof(*n));
-                if (n == NULL) {
-                    osub_svc_free(s);
-                    rc = OSUB_ENOMEM;
-                    goto fail;
-                }
-                svcs = n;
-            }
-            if (osub__restore_service(e, s) != 0) {
-                osub_svc_free(s);
-                rc = OSUB_ENOMEM;
-                goto fail;
-            }
-            svcs[n_svcs++] = s;
-        } else if (strcmp(l.kind, "wait") == 0) {
-            char of[OSUB_ID_MAX + 1];
-            osub_victim_t w;
-            int64_t ev;
-            if (!seen_engine || !get_str(&l, "of", of, sizeof(of)) ||
-                !get_str(&l, "victim", w.service, sizeof(w.service)) ||
-                !get_i64(&l, "evict", &ev) || !get_i64(&l, "deadline", &w.deadline_ms))
-                goto fail;
-            struct svc *s = osub__lookup(e, of);
-            if (s == NULL || s->n_waits >= OSUB_PLAN_MAX_VICTIMS)
-                goto fail;
-            osub_victim_t *nw = realloc(s->waits, (size_t)(s->n_waits + 1) * sizeof(*nw));
-            if (nw == NULL) {
-                rc = OSUB_ENOMEM;
-                goto fail;
-            }
-            s->waits = nw;
-            w.evict = ev != 0;
-            s->waits[s->n_waits++] = w;
-        } else if (strcmp(l.kind, "queued") == 0 || strcmp(l.kind, "pending") == 0) {
-            char id[OSUB_ID_MAX + 1];
-            if (!seen_engine || !get_str(&l, "id", id, sizeof(id)))
-                goto fail;
-            struct svc *s = osub__lookup(e, id);
-            bool is_q = l.kind[0] == 'q';
-            if (s == NULL || s->state != (is_q ? OSUB_STATE_QUEUED : OSUB_STATE_PENDING))
-                goto fail;
-            struct svc ***v = is_q ? &queue : &pending;
-            size_t *nv = is_q ? &nq : &np;
-            struct svc **nn = realloc(*v, (*nv + 1) * sizeof(**v));
-            if (nn == NULL) {
-                rc = OSUB_ENOMEM;
-                goto fail;
-            }
-            *v = nn;
-            (*v)[(*nv)++] = s;
-        } else if (strcmp(l.kind, "end") == 0) {
+        if (strcmp(l.kind, "end") == 0) {
             seen_end = true;
-        } else {
-            goto fail;
+            continue;
         }
+        rc = load_line(&ld, &l);
+        if (rc != 0)
+            goto fail;
+        rc = OSUB_EBAD_SNAPSHOT;
     }
-    if (!seen_end || !seen_engine)
+    if (!seen_end || !ld.seen_engine)
         goto fail;
-    if (osub__restore_lists(e, queue, nq, pending, np) != 0) {
+    if (osub__restore_lists(ld.e, ld.queue, ld.nq, ld.pending, ld.np) != 0) {
         rc = OSUB_ENOMEM;
         goto fail;
     }
-    osub__restore_done(e);
+    osub__restore_done(ld.e);
     {
         char why[256];
-        int crc = osub_engine_check(e, why, sizeof(why));
+        int crc = osub_engine_check(ld.e, why, sizeof(why));
         if (crc == OSUB_ENOMEM)
             rc = OSUB_ENOMEM;
         if (crc != 0)
             goto fail; /* the numbers do not add up: corrupt */
     }
     rc = 0;
-    *out = e;
-    e = NULL;
+    *out = ld.e;
+    ld.e = NULL;
 fail:
     if (rc != 0 && err_line != NULL)
         *err_line = lineno;
-    osub_engine_free(e);
-    for (size_t i = 0; i < n_gpus; i++)
-        free(names[i]);
-    free(names);
-    free(vram);
-    free(gpu_lines);
-    free(gpu_texts);
-    free(svcs);
-    free(queue);
-    free(pending);
+    loader_cleanup(&ld);
     free(buf);
     return rc;
 }

@@ -1,0 +1,404 @@
+/* plan_victims.c - exact plans on a set of GPUs: the workspace of checks, victims chosen and
+ * given back, the set's plan, pressure plans, and why nothing fits */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan.h"
+
+/* ---- workspace ------------------------------------------------------------------------- */
+
+static int32_t ws_find(const struct ws *w, int32_t gpu)
+{
+    for (int32_t j = 0; j < w->n; j++)
+        if (w->g[j].gpu == gpu)
+            return j;
+    return -1;
+}
+
+/* Evaluates one GPU's checks; returns the first failing check (NONE when all pass) and the
+ * shortfall in MiB (or percent for compute, services for exclusive). */
+static osub_check_t ws_eval(const osub_engine_t *e, const struct ws *w, const struct ws_gpu *x,
+                            int64_t *shortfall)
+{
+    const struct gpu *g = &e->gpus[x->gpu];
+    const struct req *r = w->r;
+    int64_t sf;
+    if (w->held_target >= 0) {
+        sf = g->held - w->relief - x->dh - w->held_target;
+        *shortfall = sf > 0 ? sf : 0;
+        return sf > 0 ? OSUB_CHECK_HELD : OSUB_CHECK_NONE;
+    }
+    if (r->exclusive) {
+        sf = g->nsvc - x->nev;
+        *shortfall = sf;
+        return sf > 0 ? OSUB_CHECK_EXCLUSIVE : OSUB_CHECK_NONE;
+    }
+    sf = g->granted - x->dg + x->share - g->logical;
+    if (sf > 0) {
+        *shortfall = sf;
+        return OSUB_CHECK_LOGICAL;
+    }
+    if (r->backed) {
+        sf = g->backed + x->share - g->usable;
+        if (sf > 0) {
+            *shortfall = sf;
+            return OSUB_CHECK_BACKED;
+        }
+    }
+    sf = g->held - x->dh + x->charge - osub__req_held_limit(g, r, x->charge);
+    if (sf > 0) {
+        *shortfall = sf;
+        return OSUB_CHECK_HELD;
+    }
+    sf = x->floors - x->df + osub__req_floor(r, x->share) - osub__req_held_limit(g, r, x->share);
+    if (sf > 0) {
+        *shortfall = sf;
+        return OSUB_CHECK_FLOORS;
+    }
+    if (r->compute > 0) {
+        int64_t lim = (int64_t)100 * e->cfg.compute_ratio_milli / 1000;
+        sf = g->compute_all - x->dc + r->compute - lim;
+        if (sf > 0) {
+            *shortfall = sf;
+            return OSUB_CHECK_COMPUTE;
+        }
+        if (r->backed) {
+            sf = g->compute_backed + r->compute - 100;
+            if (sf > 0) {
+                *shortfall = sf;
+                return OSUB_CHECK_COMPUTE;
+            }
+        }
+    }
+    *shortfall = 0;
+    return OSUB_CHECK_NONE;
+}
+
+static void ws_update(const osub_engine_t *e, struct ws *w, int32_t j)
+{
+    int64_t sf;
+    bool pass = ws_eval(e, w, &w->g[j], &sf) == OSUB_CHECK_NONE;
+    if (pass != w->g[j].pass)
+        w->n_fail += pass ? -1 : 1;
+    w->g[j].pass = pass;
+}
+
+void osub__ws_init(const osub_engine_t *e, struct ws *w, const struct req *r, const int32_t *gpus,
+                   const int64_t *shares, int32_t n)
+{
+    w->r = r;
+    w->n = n;
+    w->n_fail = 0;
+    w->held_target = -1;
+    w->relief = 0;
+    for (int32_t j = 0; j < n; j++) {
+        struct ws_gpu *x = &w->g[j];
+        memset(x, 0, sizeof(*x));
+        x->gpu = gpus[j];
+        x->share = shares[j];
+        x->charge = osub__req_charge(r, shares[j]);
+        x->floors = osub__gpu_floors(e, &e->gpus[gpus[j]]);
+        x->pass = true;
+        ws_update(e, w, j);
+    }
+}
+
+/* Changes victim v's action from a0 to a1, updating the GPUs of the set it sits on. */
+static void ws_apply(const osub_engine_t *e, struct ws *w, const struct svc *v, int a0, int a1)
+{
+    for (int32_t i = 0; i < v->n_slots; i++) {
+        const struct slot *sl = &v->slots[i];
+        int32_t j = ws_find(w, sl->gpu);
+        if (j < 0)
+            continue;
+        struct ws_gpu *x = &w->g[j];
+        x->dg += osub__slot_grant_after(v, sl, a0) - osub__slot_grant_after(v, sl, a1);
+        x->dh += osub__slot_held_after(e, v, sl, a0) - osub__slot_held_after(e, v, sl, a1);
+        x->df += (a1 == ACT_EVICT ? osub__slot_floor(v, i) : 0) -
+                 (a0 == ACT_EVICT ? osub__slot_floor(v, i) : 0);
+        if (a0 == ACT_EVICT) {
+            x->dc -= v->spec.compute_pct;
+            x->nev--;
+        }
+        if (a1 == ACT_EVICT) {
+            x->dc += v->spec.compute_pct;
+            x->nev++;
+        }
+        ws_update(e, w, j);
+    }
+}
+
+/* Victim order: lowest priority first (level desc), then most recently submitted first. */
+static int victim_cmp(const void *a, const void *b)
+{
+    const struct svc *x = *(const struct svc *const *)a, *y = *(const struct svc *const *)b;
+    if (x->level != y->level)
+        return x->level > y->level ? -1 : 1;
+    if (x->submit_ms != y->submit_ms)
+        return x->submit_ms > y->submit_ms ? -1 : 1;
+    if (x->seq != y->seq)
+        return x->seq > y->seq ? -1 : 1;
+    return 0;
+}
+
+/* Plans victims on the workspace's GPUs. Returns true when the checks pass afterwards. */
+bool osub__plan_victims(osub_engine_t *e, struct ws *w, struct plan *p)
+{
+    const struct req *r = w->r;
+    p->n_victims = 0;
+    p->top_level = INT32_MAX;
+    p->n_evict = p->n_degrade = 0;
+    p->restart_sum = 0;
+    if (w->n_fail == 0)
+        return true;
+
+    /* gather eligible victims on the set's GPUs, deduplicated */
+    uint64_t stamp = ++e->plan_stamp;
+    struct svc **V = p->victims;
+    int32_t nv = 0;
+    for (int32_t j = 0; j < w->n; j++) {
+        const struct gpu *g = &e->gpus[w->g[j].gpu];
+        for (int32_t i = 0; i < g->nsvc && nv < OSUB_PLAN_MAX_VICTIMS; i++) {
+            struct svc *v = g->svcs[i];
+            if (v->plan_stamp == stamp || v == r->self || !osub__svc_victim_eligible(v))
+                continue;
+            if (v->level <= r->level)
+                continue;
+            v->plan_stamp = stamp;
+            V[nv++] = v;
+        }
+    }
+    if (w->n > 1 && nv > 1)
+        qsort(V, (size_t)nv, sizeof(V[0]), victim_cmp);
+    uint8_t *A = p->acts;
+    memset(A, 0, (size_t)nv);
+
+    bool ok = false;
+    int32_t i = 0;
+    while (i < nv && !ok) {
+        int32_t lvl = V[i]->level, end = i;
+        while (end < nv && (r->pressure || V[end]->level == lvl))
+            end++; /* pressure: every level's degrades before any eviction */
+        for (int32_t t = i; t < end && !ok; t++) {
+            if (osub__degradable_now(V[t])) {
+                ws_apply(e, w, V[t], A[t], ACT_DEGRADE);
+                A[t] = ACT_DEGRADE;
+                ok = w->n_fail == 0;
+            }
+        }
+        for (int32_t t = i; t < end && !ok; t++) {
+            if (osub__evictable(e, V[t], r->pressure)) {
+                ws_apply(e, w, V[t], A[t], ACT_EVICT);
+                A[t] = ACT_EVICT;
+                ok = w->n_fail == 0;
+            }
+        }
+        i = end;
+    }
+    if (!ok && !r->pressure) {
+        p->n_victims = 0;
+        return false;
+    }
+    /* give back what is not needed, highest priority and oldest first */
+    for (int32_t t = nv - 1; t >= 0; t--) {
+        if (A[t] == ACT_NONE)
+            continue;
+        int a = A[t];
+        ws_apply(e, w, V[t], a, ACT_NONE);
+        if (w->n_fail == 0) {
+            A[t] = ACT_NONE;
+            continue;
+        }
+        if (a == ACT_EVICT && osub__degradable_now(V[t])) {
+            ws_apply(e, w, V[t], ACT_NONE, ACT_DEGRADE);
+            if (w->n_fail == 0) {
+                A[t] = ACT_DEGRADE;
+                continue;
+            }
+            ws_apply(e, w, V[t], ACT_DEGRADE, a);
+        } else {
+            ws_apply(e, w, V[t], ACT_NONE, a);
+        }
+    }
+    /* compact */
+    int32_t n = 0;
+    for (int32_t t = 0; t < nv; t++) {
+        if (A[t] == ACT_NONE)
+            continue;
+        V[n] = V[t];
+        A[n] = A[t];
+        n++;
+        if (V[t]->level < p->top_level)
+            p->top_level = V[t]->level;
+        if (A[t] == ACT_EVICT) {
+            p->n_evict++;
+            p->restart_sum += V[t]->restart_cost_ms;
+        } else {
+            p->n_degrade++;
+        }
+    }
+    p->n_victims = n;
+    return ok || n > 0;
+}
+
+/* ---- the chosen set, and why nothing fits --------------------------------------------- */
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+void osub__note_failure(struct plan *out, osub_check_t c, int32_t gpu, int64_t sf)
+{
+    if (c == OSUB_CHECK_NONE)
+        return;
+    if (out->check == OSUB_CHECK_NONE || sf < out->shortfall ||
+        (sf == out->shortfall && gpu < out->check_gpu)) {
+        out->check = c;
+        out->check_gpu = gpu;
+        out->shortfall = sf;
+        out->fit_gpus = out->need_gpus = 0;
+    }
+}
+
+/* Plans the chosen k GPUs as one set (DESIGN.md: victims shared between them count once; the
+ * odd MiB goes to the first GPU of the set) and fills p. The set's score is its worst GPU's. */
+bool osub__plan_set(osub_engine_t *e, const struct req *r, const struct cand *best, int32_t k,
+                    int64_t usable, struct plan *p)
+{
+    struct ws w;
+    int32_t gpus[OSUB_SERVICE_GPUS_MAX];
+    int64_t shares[OSUB_SERVICE_GPUS_MAX];
+    for (int32_t j = 0; j < k; j++)
+        gpus[j] = best[j].gpu;
+    qsort(gpus, (size_t)k, sizeof(gpus[0]), cmp_i32);
+    int64_t worst = 0;
+    for (int32_t j = 0; j < k; j++) {
+        shares[j] = r->exclusive ? usable : osub__share(r->total, k, j);
+        for (int32_t b = 0; b < k; b++)
+            if (best[b].gpu == gpus[j] && best[b].score > worst)
+                worst = best[b].score;
+    }
+    osub__ws_init(e, &w, r, gpus, shares, k);
+    if (!osub__plan_victims(e, &w, p))
+        return false;
+    p->ok = true;
+    p->k = k;
+    memcpy(p->gpus, gpus, sizeof(gpus[0]) * (size_t)k);
+    memcpy(p->shares, shares, sizeof(shares[0]) * (size_t)k);
+    for (int32_t j = 0; j < k; j++)
+        p->charges[j] = osub__req_charge(r, shares[j]);
+    p->score = worst;
+    return true;
+}
+
+void osub__note_closest(osub_engine_t *e, const struct req *r, int64_t size, int64_t share0,
+                        const struct cand *best, int32_t nb, int32_t k, struct plan *fail)
+{
+    struct ws w;
+    int32_t cg = -1;
+    osub_check_t cck = OSUB_CHECK_NONE;
+    int64_t csf = INT64_MAX;
+    for (int32_t gi = 0; gi < e->n_gpus; gi++) {
+        struct gpu *g = &e->gpus[gi];
+        bool chosen = false;
+        for (int32_t b = 0; b < nb && !chosen; b++)
+            chosen = best[b].gpu == gi;
+        if (chosen || !osub__gpu_takes(g, r, size))
+            continue;
+        int64_t share = r->exclusive ? g->usable : share0;
+        osub__ws_init(e, &w, r, &gi, &share, 1);
+        int64_t sf;
+        osub_check_t ck = ws_eval(e, &w, &w.g[0], &sf);
+        if (ck != OSUB_CHECK_NONE && sf < csf) {
+            cg = gi;
+            cck = ck;
+            csf = sf;
+        }
+    }
+    if (cg >= 0) {
+        osub__note_failure(fail, cck, cg, csf);
+        if (k > 1 && fail->check == cck && fail->check_gpu == cg && fail->shortfall == csf) {
+            fail->fit_gpus = nb;
+            fail->need_gpus = k;
+        }
+    } else {
+        osub__note_failure(fail, OSUB_CHECK_GPUS, -1, k - nb);
+    }
+}
+
+/* ---- pressure ------------------------------------------------------------------------- */
+
+int osub__plan_pressure(osub_engine_t *e, int32_t gpu, struct plan *out)
+{
+    memset(out, 0, sizeof(*out));
+    struct gpu *g = &e->gpus[gpu];
+    struct req r = {.level = -1, .pressure = true, .k = 1};
+    struct ws w;
+    int64_t zero = 0;
+    osub__ws_init(e, &w, &r, &gpu, &zero, 1);
+    /* relief already promised: unacknowledged degrades and evictions in progress */
+    int64_t relief = 0;
+    for (int32_t i = 0; i < g->nsvc; i++) {
+        const struct svc *s = g->svcs[i];
+        for (int32_t t = 0; t < s->n_slots; t++) {
+            const struct slot *sl = &s->slots[t];
+            if (sl->gpu != gpu)
+                continue;
+            if (s->state == OSUB_STATE_DRAINING || s->state == OSUB_STATE_OVERDUE)
+                relief += sl->held;
+            else if (s->ack_pending) {
+                int64_t after = sl->used < sl->grant ? sl->used : sl->grant;
+                if (s->loading)
+                    after = sl->used > sl->grant ? sl->used : sl->grant;
+                relief += sl->held - after;
+            } else if (s->loading && !s->backed && sl->held > sl->used) {
+                relief += sl->held - sl->used; /* a reservation, not memory at risk */
+            }
+        }
+    }
+    w.held_target = g->usable * e->cfg.low_watermark_pct / 100;
+    w.relief = relief;
+    w.n_fail = 0;
+    w.g[0].pass = true;
+    ws_update(e, &w, 0);
+    out->k = 1;
+    out->gpus[0] = gpu;
+    out->ok = osub__plan_victims(e, &w, out);
+    if (out->ok && out->n_evict == 0)
+        return 0;
+    /* degrade first: when degrades alone bring held under the high watermark, nobody is
+     * evicted (the low watermark is only the aim when evictions are needed anyway) */
+    struct plan hw;
+    memset(&hw, 0, sizeof(hw));
+    osub__ws_init(e, &w, &r, &gpu, &zero, 1);
+    w.held_target = g->usable * e->cfg.high_watermark_pct / 100;
+    w.relief = relief;
+    w.n_fail = 0;
+    w.g[0].pass = true;
+    ws_update(e, &w, 0);
+    hw.k = 1;
+    hw.gpus[0] = gpu;
+    hw.ok = osub__plan_victims(e, &w, &hw);
+    if (hw.ok && hw.n_evict == 0)
+        *out = hw;
+    return 0;
+}
+
+int64_t osub__loading_reserve(const osub_engine_t *e, int32_t gpu)
+{
+    const struct gpu *g = &e->gpus[gpu];
+    int64_t r = 0;
+    for (int32_t i = 0; i < g->nsvc; i++) {
+        const struct svc *s = g->svcs[i];
+        if (!s->loading || s->backed || s->ack_pending || s->state == OSUB_STATE_DRAINING ||
+            s->state == OSUB_STATE_OVERDUE)
+            continue;
+        for (int32_t t = 0; t < s->n_slots; t++)
+            if (s->slots[t].gpu == gpu && s->slots[t].held > s->slots[t].used)
+                r += s->slots[t].held - s->slots[t].used;
+    }
+    return r;
+}
