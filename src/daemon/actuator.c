@@ -3,7 +3,6 @@
 #include "actuator.h"
 #include "log.h"
 #include "pod.h"
-#include "pods.h"
 
 #include <linux/close_range.h>
 
@@ -37,7 +36,6 @@
 #include <sys/queue.h>
 
 #include "conns.h"
-#include "daemon.h"
 #include "jsonmem.h"
 #include "idmap.h"
 #include "netpolicy.h"
@@ -72,11 +70,20 @@ struct osub_proc {
     char seg_path[700];
     uint64_t seg_reported[OSUB_SEG_DEVICES]; /* the usage last reported from it, MiB */
     bool seg_faulty; /* its segment said something impossible last look (said once an episode) */
-    struct osubd *d;
+    struct osubd_act *d;
 };
 
 /* The actuators' own state: nobody else reads or writes it (actuator.h is the way in). */
 struct osubd_act {
+    struct osubd_core *core;
+    const struct osubd_config *cfg;
+    struct event_base *base;
+    osub_engine_t *e;
+    const struct osubd_gpus *gpus;            /* each GPU's UUID (CUDA_VISIBLE_DEVICES) */
+    const struct osubd_destinations *dest;    /* where webhooks may connect */
+    osubd_directive_fn on_directive;          /* told of each directive posted (pods) */
+    void *on_directive_arg;
+    uint64_t waiters_gone; /* long-polls whose client left before the answer */
     json_t *execs;           /* service id -> how to run it: the submitted fields, as osubd_act_take
                               * validated them (an exec is the user's document, shown back as given) */
     struct osubd__idmap *pids; /* service id -> struct act_pid: NVML's memory of that process */
@@ -104,13 +111,15 @@ struct act_pid {
 
 struct act_waiter {
     struct act_waiter *next;
-    struct osubd *d;
+    struct osubd_act *d;
     struct evhttp_request *req;
     char id[OSUB_ID_MAX + 1];
     int64_t after;
     struct event *timer;
     struct osubd_client_watch watch; /* freed at once when the client leaves */
 };
+
+static int act_setup(struct osubd_act *a, char *err, size_t errlen);
 
 /* ---- the spec's actuation fields ------------------------------------------------------ */
 
@@ -216,7 +225,8 @@ static json_t *kube_record(const json_t *v, char *why, size_t whylen)
     return json_deep_copy(v);
 }
 
-int osubd_act_take(const struct osubd *d, json_t *spec, bool trusted, json_t **exec, char *err,
+int osubd_act_take(const struct osubd_act *d, json_t *spec, bool trusted, int64_t pod_cut_mib,
+                   json_t **exec, char *err,
                    size_t errlen)
 {
     *exec = NULL;
@@ -304,16 +314,16 @@ int osubd_act_take(const struct osubd *d, json_t *spec, bool trusted, json_t **e
         json_object_set_new(x, "kubernetes", k);
         /* a pod bound to another node is not this oversubd's to hold, nor to evict */
         const char *node = json_string_value(json_object_get(k, "node"));
-        if (node != NULL && d->cfg.kube_node[0] != '\0' && strcmp(node, d->cfg.kube_node) != 0)
+        if (node != NULL && d->cfg->kube_node[0] != '\0' && strcmp(node, d->cfg->kube_node) != 0)
             FAIL("field 'kubernetes': the pod is for node %.253s, and this oversubd is node %.253s",
-                 node, d->cfg.kube_node);
+                 node, d->cfg->kube_node);
     }
     static const char *const all[] = {"command",        "env",       "workdir",      "user",
                                       "checkpoint_dir", "restart",   "max_restarts", "control_url",
                                       "cuda_shim",      "kubernetes"};
     for (size_t k = 0; k < sizeof(all) / sizeof(all[0]); k++)
         json_object_del(spec, all[k]);
-    if (json_object_get(x, "kubernetes") != NULL && osubd_act_pod_fits(d, spec, err, errlen) != 0) {
+    if (json_object_get(x, "kubernetes") != NULL && osubd_act_pod_fits(d, spec, pod_cut_mib, err, errlen) != 0) {
         json_decref(x);
         return -1;
     }
@@ -347,7 +357,7 @@ int osubd_act_take(const struct osubd *d, json_t *spec, bool trusted, json_t **e
                      (unsigned)geteuid(), user);
             uid = pw->pw_uid;
         }
-        if (uid == 0 && !d->cfg.allow_root_services)
+        if (uid == 0 && !d->cfg->allow_root_services)
             FAIL("the command would run as root: give 'user', or set allow_root_services: true "
                  "in oversubd's configuration");
     }
@@ -358,15 +368,15 @@ int osubd_act_take(const struct osubd *d, json_t *spec, bool trusted, json_t **e
 
 /* ---- small helpers ---------------------------------------------------------------------- */
 
-static struct osub_proc *proc_find(struct osubd *d, const char *id)
+static struct osub_proc *proc_find(struct osubd_act *d, const char *id)
 {
-    for (struct osub_proc *p = d->act->proc_list; p; p = p->next)
+    for (struct osub_proc *p = d->proc_list; p; p = p->next)
         if (strcmp(p->id, id) == 0)
             return p;
     return NULL;
 }
 
-static struct osub_proc *proc_get(struct osubd *d, const char *id)
+static struct osub_proc *proc_get(struct osubd_act *d, const char *id)
 {
     struct osub_proc *p = proc_find(d, id);
     if (p != NULL)
@@ -377,17 +387,17 @@ static struct osub_proc *proc_get(struct osubd *d, const char *id)
     snprintf(p->id, sizeof(p->id), "%s", id);
     p->seg.fd = p->seg.probe_fd = -1;
     p->d = d;
-    p->next = d->act->proc_list;
-    d->act->proc_list = p;
+    p->next = d->proc_list;
+    d->proc_list = p;
     return p;
 }
 
-static void cg_remove(struct osubd *d, const char *id);
+static void cg_remove(struct osubd_act *d, const char *id);
 
-static void proc_drop(struct osubd *d, struct osub_proc *p)
+static void proc_drop(struct osubd_act *d, struct osub_proc *p)
 {
     cg_remove(d, p->id); /* empty: gone; still holding processes (kept at exit): kept */
-    for (struct osub_proc **pp = &d->act->proc_list; *pp; pp = &(*pp)->next)
+    for (struct osub_proc **pp = &d->proc_list; *pp; pp = &(*pp)->next)
         if (*pp == p) {
             *pp = p->next;
             break;
@@ -430,9 +440,9 @@ static unsigned long long proc_starttime(pid_t pid)
     return p ? strtoull(p, NULL, 10) : 0;
 }
 
-static void state_dir(const struct osubd *d, char *out, size_t len)
+static void state_dir(const struct osubd_act *d, char *out, size_t len)
 {
-    snprintf(out, len, "%s", d->cfg.state_path);
+    snprintf(out, len, "%s", d->cfg->state_path);
     char *slash = strrchr(out, '/');
     if (slash != NULL)
         *slash = '\0';
@@ -447,17 +457,17 @@ static void state_dir(const struct osubd *d, char *out, size_t len)
     }
 }
 
-static void log_path(const struct osubd *d, const char *id, char *out, size_t len)
+static void log_path(const struct osubd_act *d, const char *id, char *out, size_t len)
 {
     char dir[512];
     state_dir(d, dir, sizeof(dir));
     snprintf(out, len, "%s/logs/%s.log", dir, id);
 }
 
-static void checkpoint_dir(const struct osubd *d, const char *id, char *out, size_t len)
+static void checkpoint_dir(const struct osubd_act *d, const char *id, char *out, size_t len)
 {
     const char *cd =
-        json_string_value(json_object_get(json_object_get(d->act->execs, id), "checkpoint_dir"));
+        json_string_value(json_object_get(json_object_get(d->execs, id), "checkpoint_dir"));
     if (cd != NULL) {
         snprintf(out, len, "%s", cd);
         return;
@@ -605,26 +615,26 @@ static int child_dir(const char *path)
 
 /* A process started or ended: saved with the next command; NVML's memory for its PID is the
  * service's usage. */
-static void save_proc(struct osubd *d, struct osub_proc *p)
+static void save_proc(struct osubd_act *d, struct osub_proc *p)
 {
     if (p->pid > 0)
         osubd_act_set_pid(d, p->id, p->pid);
     else
-        osubd__idmap_del(d->act->pids, p->id);
-    d->act->dirty = true;
+        osubd__idmap_del(d->pids, p->id);
+    d->dirty = true;
 }
 
-static void apply(struct osubd *d, json_t *cmd)
+static void apply(struct osubd_act *d, json_t *cmd)
 {
     char err[256];
-    int rc = osubd_apply(d, cmd, NULL, err, sizeof(err));
+    int rc = osubd_apply(d->core, cmd, NULL, err, sizeof(err));
     if (err[0] || rc != 0)
         osubd_log(OSUBD_LOG_INFO, "%s for %s: %s", json_string_value(json_object_get(cmd, "op")),
                 json_string_value(json_object_get(cmd, "id")), err[0] ? err : osub_strerror(rc));
     json_decref(cmd);
 }
 
-static void apply_fail(struct osubd *d, struct osub_proc *p, const char *why)
+static void apply_fail(struct osubd_act *d, struct osub_proc *p, const char *why)
 {
     p->failed = true;
     apply(d, json_pack("{s:s, s:s, s:s}", "op", "fail", "id", p->id, "why", why));
@@ -686,10 +696,10 @@ static bool cg_own(char *out, size_t len)
     return true;
 }
 
-static void cg_setup(struct osubd *d)
+static void cg_setup(struct osubd_act *d)
 {
-    struct osubd_act *a = d->act;
-    const char *want = d->cfg.cgroup;
+    struct osubd_act *a = d;
+    const char *want = d->cfg->cgroup;
     if (strcmp(want, "none") == 0) {
         snprintf(a->cg_why, sizeof(a->cg_why), "cgroup: none in the configuration");
         return;
@@ -707,10 +717,10 @@ static void cg_setup(struct osubd *d)
         char sd[512], hex[65];
         state_dir(d, sd, sizeof(sd));
         uint8_t h[32];
-        osubd__sha256(d->cfg.state_path, strlen(d->cfg.state_path), h);
-        if (d->cfg.state_path[0] != '/') {
+        osubd__sha256(d->cfg->state_path, strlen(d->cfg->state_path), h);
+        if (d->cfg->state_path[0] != '/') {
             char full[1100];
-            snprintf(full, sizeof(full), "%s/%s", sd, d->cfg.state_path);
+            snprintf(full, sizeof(full), "%s/%s", sd, d->cfg->state_path);
             osubd__sha256(full, strlen(full), h);
         }
         for (int i = 0; i < 6; i++)
@@ -768,13 +778,13 @@ static void cg_setup(struct osubd *d)
     snprintf(a->cg_base, sizeof(a->cg_base), "%s", base);
 }
 
-static void cg_path(const struct osubd *d, const char *id, char *out, size_t len)
+static void cg_path(const struct osubd_act *d, const char *id, char *out, size_t len)
 {
-    snprintf(out, len, "%s/%.*s", d->act->cg_base, OSUB_ID_MAX, id);
+    snprintf(out, len, "%s/%.*s", d->cg_base, OSUB_ID_MAX, id);
 }
 
 /* The PIDs in a service's cgroup (at most max); -1 when it has none. */
-static int cg_pids(const struct osubd *d, const char *id, pid_t *out, int max)
+static int cg_pids(const struct osubd_act *d, const char *id, pid_t *out, int max)
 {
     char f[800];
     cg_path(d, id, f, sizeof(f));
@@ -814,7 +824,7 @@ static bool environ_says(pid_t pid, const char *id)
 /* Without a cgroup: the processes of a service are the descendants of its leader, and those
  * that outlived their parents and came to oversubd (the subreaper) with the service's
  * OVERSUB_SERVICE, with their descendants. At most max. */
-static int sweep_pids(const struct osubd *d, const char *id, pid_t leader, pid_t *out, int max)
+static int sweep_pids(const struct osubd_act *d, const char *id, pid_t leader, pid_t *out, int max)
 {
     enum { CAP = 65536 };
     static pid_t pid_of[CAP], ppid_of[CAP];
@@ -853,7 +863,7 @@ static int sweep_pids(const struct osubd *d, const char *id, pid_t leader, pid_t
         bool root = pid_of[i] == leader;
         if (!root && ppid_of[i] == self && environ_says(pid_of[i], id)) {
             root = true;
-            for (const struct osub_proc *q = d->act->proc_list; q; q = q->next)
+            for (const struct osub_proc *q = d->proc_list; q; q = q->next)
                 if (q->pid == pid_of[i])
                     root = false; /* another service's leader */
         }
@@ -874,14 +884,14 @@ static int sweep_pids(const struct osubd *d, const char *id, pid_t leader, pid_t
 }
 
 /* sig to everything of the service: its process group, its cgroup (or what the sweep finds). */
-static void signal_service(struct osubd *d, const char *id, pid_t leader, int sig)
+static void signal_service(struct osubd_act *d, const char *id, pid_t leader, int sig)
 {
     if (leader > 0)
         kill(-leader, sig);
     enum { MAXP = 4096 };
     static pid_t pids[MAXP];
     int n;
-    if (d->act->cg_base[0]) {
+    if (d->cg_base[0]) {
         char f[800];
         cg_path(d, id, f, sizeof(f));
         strcat(f, "/cgroup.kill");
@@ -902,9 +912,9 @@ static void signal_service(struct osubd *d, const char *id, pid_t leader, int si
 }
 
 /* A service's cgroup folder, removed once nothing is left in it. */
-static void cg_remove(struct osubd *d, const char *id)
+static void cg_remove(struct osubd_act *d, const char *id)
 {
-    if (!d->act->cg_base[0])
+    if (!d->cg_base[0])
         return;
     char f[800];
     cg_path(d, id, f, sizeof(f));
@@ -920,7 +930,7 @@ static void on_kill(evutil_socket_t fd, short what, void *arg)
     struct osub_proc *p = arg;
     if (p->pid <= 0)
         return;
-    int64_t left = p->kill_at_unix_ms - osubd_now(p->d);
+    int64_t left = p->kill_at_unix_ms - osubd_now(p->d->core);
     if (left > 0) {
         /* the timer's clock and the wall clock differ by a hair: never before the grace end */
         struct timeval tv = {(time_t)(left / 1000), (suseconds_t)(left % 1000) * 1000};
@@ -928,14 +938,14 @@ static void on_kill(evutil_socket_t fd, short what, void *arg)
         return;
     }
     signal_service(p->d, p->id, p->pid, SIGKILL);
-    osubd_note(p->d, p->id, "process", "kill",
+    osubd_note(p->d->core, p->id, "process", "kill",
                "%s's grace period ended with its process %d still alive: killed its process "
                "group with SIGKILL",
                p->id, (int)p->pid);
 }
 
 /* SIGTERM to the group now, SIGKILL at deadline_unix_ms. */
-static void terminate(struct osubd *d, struct osub_proc *p, int64_t deadline_unix_ms,
+static void terminate(struct osubd_act *d, struct osub_proc *p, int64_t deadline_unix_ms,
                       const char *why)
 {
     if (p->pid <= 0)
@@ -943,13 +953,13 @@ static void terminate(struct osubd *d, struct osub_proc *p, int64_t deadline_uni
     if (!p->term_sent) {
         signal_service(d, p->id, p->pid, SIGTERM);
         p->term_sent = true;
-        osubd_note(d, p->id, "process", "term", "sent SIGTERM to %s's process group %d (%s)", p->id,
+        osubd_note(d->core, p->id, "process", "term", "sent SIGTERM to %s's process group %d (%s)", p->id,
                    (int)p->pid, why);
     }
     if (p->kill_ev == NULL)
         p->kill_ev = evtimer_new(d->base, on_kill, p);
     p->kill_at_unix_ms = deadline_unix_ms;
-    int64_t left = deadline_unix_ms - osubd_now(d);
+    int64_t left = deadline_unix_ms - osubd_now(d->core);
     if (left < 0)
         left = 0;
     struct timeval tv = {(time_t)(left / 1000), (suseconds_t)(left % 1000) * 1000};
@@ -1013,7 +1023,7 @@ static const char *env_get(const struct envb *e, const char *k)
  * placement, as CUDA_VISIBLE_DEVICES numbers them, each granted the service's share there;
  * created afresh in the state's shim/ folder (0711: passable, not listable), 0600 and owned by
  * the user the service runs as. 0, or -1 with why. */
-static int shim_prepare(struct osubd *d, struct osub_proc *p, const osub_service_info_t *si,
+static int shim_prepare(struct osubd_act *d, struct osub_proc *p, const osub_service_info_t *si,
                         const char *user, uid_t uid, gid_t gid, char *why, size_t len)
 {
     if (p->seg.s != NULL) {
@@ -1052,9 +1062,9 @@ static int shim_prepare(struct osubd *d, struct osub_proc *p, const osub_service
     return 0;
 }
 
-static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_t *si)
+static void spawn(struct osubd_act *d, struct osub_proc *p, const osub_service_info_t *si)
 {
-    json_t *x = json_object_get(d->act->execs, p->id);
+    json_t *x = json_object_get(d->execs, p->id);
     json_t *cmd = json_object_get(x, "command");
     const char *prog = json_string_value(json_array_get(cmd, 0));
     char path[PATH_MAX + 1];
@@ -1087,7 +1097,7 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
         uid = pw->pw_uid;
         gid = pw->pw_gid;
     }
-    if (uid == 0 && !d->cfg.allow_root_services) {
+    if (uid == 0 && !d->cfg->allow_root_services) {
         apply_fail(d, p, "it would run as root and allow_root_services is not set");
         return;
     }
@@ -1172,8 +1182,8 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
     for (int32_t i = 0; i < si->n_slots; i++) {
         int32_t g = si->slots[i].gpu;
         size_t l = strlen(gpus);
-        if (g < d->n_uuids && d->uuids[g][0])
-            snprintf(gpus + l, sizeof(gpus) - l, "%s%s", i ? "," : "", d->uuids[g]);
+        if (g < d->gpus->n && d->gpus->uuid[g][0])
+            snprintf(gpus + l, sizeof(gpus) - l, "%s%s", i ? "," : "", d->gpus->uuid[g]);
         else
             snprintf(gpus + l, sizeof(gpus) - l, "%s%d", i ? "," : "", g);
     }
@@ -1184,17 +1194,17 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
     env_set(&env, "OVERSUB_VRAM_MIB", num);
     snprintf(num, sizeof(num), "%d", si->batch_size);
     env_set(&env, "OVERSUB_BATCH_SIZE", num);
-    const char *host = d->cfg.listen_host;
+    const char *host = d->cfg->listen_host;
     if (strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0 || host[0] == '\0')
         host = "127.0.0.1";
     snprintf(buf, sizeof(buf), strchr(host, ':') ? "http://[%s]:%d" : "http://%s:%d", host,
-             d->cfg.listen_port);
+             d->cfg->listen_port);
     env_set(&env, "OVERSUB_CONTROL_URL", buf);
     char tok[65];
-    osubd_service_token(d, p->id, tok);
+    osubd_service_token(d->core, p->id, tok);
     env_set(&env, "OVERSUB_TOKEN", tok);
     env_set(&env, "OVERSUB_CHECKPOINT_DIR", ckdir);
-    bool shim_on = d->act->shim_path[0] && !json_is_false(json_object_get(x, "cuda_shim"));
+    bool shim_on = d->shim_path[0] && !json_is_false(json_object_get(x, "cuda_shim"));
     if (shim_on) {
         if (shim_prepare(d, p, si, user, uid, gid, why, sizeof(why)) != 0) {
             close(logfd);
@@ -1207,7 +1217,7 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
         /* after what the service preloads itself (a sanitizer runtime must stay first) */
         const char *had = env_get(&env, "LD_PRELOAD");
         char *pre = NULL;
-        if (asprintf(&pre, "%s%s%s", had ? had : "", had && *had ? " " : "", d->act->shim_path) >=
+        if (asprintf(&pre, "%s%s%s", had ? had : "", had && *had ? " " : "", d->shim_path) >=
             0) {
             env_set(&env, "LD_PRELOAD", pre);
             free(pre);
@@ -1219,12 +1229,12 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
     env.v[env.n] = NULL;
     const char *workdir = json_string_value(json_object_get(x, "workdir"));
     int cgfd = -1;
-    if (d->act->cg_base[0]) {
+    if (d->cg_base[0]) {
         /* its own cgroup: what it forks, daemonized or not, stays in it */
         char cg[800], procs[850];
         cg_path(d, p->id, cg, sizeof(cg));
         signal_service(d, p->id, 0, SIGKILL); /* a previous start's leftovers */
-        mkdir(d->act->cg_base, 0755); /* another daemon's sweep may have taken it while empty */
+        mkdir(d->cg_base, 0755); /* another daemon's sweep may have taken it while empty */
         if (mkdir(cg, 0755) != 0 && errno != EEXIST) {
             snprintf(why, sizeof(why), "cannot make its cgroup %s: %s", cg, strerror(errno));
             goto failed;
@@ -1272,7 +1282,7 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
         /* as the service's user: can it load the shim and open its segment? (else ld.so
          * would skip the shim with a warning, and the grant would go unenforced) */
         if (shim_on &&
-            (access(d->act->shim_path, R_OK) != 0 || access(p->seg_path, R_OK | W_OK) != 0))
+            (access(d->shim_path, R_OK) != 0 || access(p->seg_path, R_OK | W_OK) != 0))
             goto child_fail;
         stage = 2; /* entered as the service's user, not as oversubd's */
         if (chdir(workdir != NULL ? workdir : ckdir) != 0)
@@ -1328,13 +1338,13 @@ static void spawn(struct osubd *d, struct osub_proc *p, const osub_service_info_
         return;
     }
     p->pid = pid;
-    d->act->proc_starts++;
+    d->proc_starts++;
     p->child = true;
     p->term_sent = false;
-    p->spawned_unix_ms = osubd_now(d);
+    p->spawned_unix_ms = osubd_now(d->core);
     p->starttime = proc_starttime(pid);
     save_proc(d, p);
-    osubd_note(d, p->id, "process", "spawn",
+    osubd_note(d->core, p->id, "process", "spawn",
                "started %s: process %d (%s) on GPU(s) %s with %lld MiB, batch %d%s%s; log %s",
                p->id, (int)pid, path, gpus, (long long)si->grant_mib, si->batch_size,
                si->checkpoint[0] ? ", resuming from " : "", si->checkpoint, logf);
@@ -1352,7 +1362,7 @@ failed:
 /* ---- directives ----------------------------------------------------------------------- */
 
 struct hook {
-    struct osubd *d;
+    struct osubd_act *d;
     char id[OSUB_ID_MAX + 1];
     char *url, *body;
     int attempt;
@@ -1387,8 +1397,8 @@ static void hook_done(struct evhttp_request *req, void *arg)
         return;
     }
     if (++h->attempt >= HOOK_ATTEMPTS) {
-        h->d->act->webhook_failures++;
-        osubd_note(h->d, h->id, "directive", "webhook_failed",
+        h->d->webhook_failures++;
+        osubd_note(h->d->core, h->id, "directive", "webhook_failed",
                    "directive %lld for %s could not be delivered to %s after %d attempts (last: "
                    "%s%d); it stays available at GET /v1/services/%s/directives",
                    (long long)h->seq, h->id, h->url, HOOK_ATTEMPTS, code ? "HTTP " : "no answer, ",
@@ -1416,9 +1426,9 @@ static void hook_send(struct hook *h)
         struct in6_addr a6;
         struct in_addr a4;
         bool literal = inet_pton(AF_INET, host, &a4) == 1 || inet_pton(AF_INET6, host, &a6) == 1;
-        if (!literal && h->d->act->dns == NULL)
-            h->d->act->dns = evdns_base_new(h->d->base, EVDNS_BASE_INITIALIZE_NAMESERVERS);
-        c = evhttp_connection_base_new(h->d->base, literal ? NULL : h->d->act->dns, host,
+        if (!literal && h->d->dns == NULL)
+            h->d->dns = evdns_base_new(h->d->base, EVDNS_BASE_INITIALIZE_NAMESERVERS);
+        c = evhttp_connection_base_new(h->d->base, literal ? NULL : h->d->dns, host,
                                        (uint16_t)(port > 0 ? port : 80));
     }
     if (c != NULL) {
@@ -1435,7 +1445,7 @@ static void hook_send(struct hook *h)
         evhttp_add_header(hd, "Content-Type", "application/json");
         /* signed with the service's token: the receiver can tell oversubd from anyone */
         char tok[65], sig[160];
-        osubd_service_token(h->d, h->id, tok);
+        osubd_service_token(h->d->core, h->id, tok);
         osubd_sign(tok, (long long)(osubd_unix_ms() / 1000), h->body, strlen(h->body), sig,
                    sizeof(sig));
         evhttp_add_header(hd, "X-Oversub-Signature", sig);
@@ -1463,12 +1473,12 @@ static void hook_send(struct hook *h)
 }
 
 /* A directive as the service sees it, remaining_ms computed now. New reference. */
-static json_t *directive_view(const struct osubd *d, const json_t *dir)
+static json_t *directive_view(const struct osubd_act *d, const json_t *dir)
 {
     json_t *o = json_deep_copy(dir);
     json_int_t dl = json_integer_value(json_object_get(o, "deadline_unix_ms"));
     if (dl > 0) {
-        int64_t left = dl - osubd_now(d);
+        int64_t left = dl - osubd_now(d->core);
         json_object_set_new(o, "remaining_ms", json_integer(left > 0 ? left : 0));
     }
     return o;
@@ -1476,9 +1486,9 @@ static json_t *directive_view(const struct osubd *d, const json_t *dir)
 
 static void waiter_reply(struct act_waiter *w, bool only_new);
 
-static void waiter_free(struct osubd *d, struct act_waiter *w)
+static void waiter_free(struct osubd_act *d, struct act_waiter *w)
 {
-    for (struct act_waiter **pp = &d->act->act_waiters; *pp; pp = &(*pp)->next)
+    for (struct act_waiter **pp = &d->act_waiters; *pp; pp = &(*pp)->next)
         if (*pp == w) {
             *pp = w->next;
             break;
@@ -1489,10 +1499,10 @@ static void waiter_free(struct osubd *d, struct act_waiter *w)
     free(w);
 }
 
-static void post_directive(struct osubd *d, const osub_event_t *ev, const char *action)
+static void post_directive(struct osubd_act *d, const osub_event_t *ev, const char *action)
 {
     json_t *dir = json_pack(
-        "{s:I, s:s, s:s, s:I, s:i, s:s, s:s}", "seq", (json_int_t)++d->act->directive_seq, "action",
+        "{s:I, s:s, s:s, s:I, s:i, s:s, s:s}", "seq", (json_int_t)++d->directive_seq, "action",
         action, "service", ev->service, "vram_mib", (json_int_t)ev->vram_mib, "batch_size",
         ev->batch_size, "reason", osub_reason_name(ev->reason), "message", ev->msg);
     if (dir == NULL)
@@ -1500,34 +1510,35 @@ static void post_directive(struct osubd *d, const osub_event_t *ev, const char *
     static const char *const actions[] = {"degrade", "restore", "evict", "resume"};
     for (int i = 0; i < 4; i++)
         if (strcmp(action, actions[i]) == 0)
-            d->act->directives_sent[i]++;
+            d->directives_sent[i]++;
     if (ev->deadline_ms > 0)
         json_object_set_new(dir, "deadline_unix_ms",
-                            json_integer(osubd_engine_to_unix(d, ev->deadline_ms)));
+                            json_integer(osubd_engine_to_unix(d->core, ev->deadline_ms)));
     osub_service_info_t si;
     if (osub_engine_service_info(d->e, ev->service, &si) == 0 && si.checkpoint[0])
         json_object_set_new(dir, "checkpoint", json_string(si.checkpoint));
-    json_t *x = json_object_get(d->act->execs, ev->service);
+    json_t *x = json_object_get(d->execs, ev->service);
     if (json_object_get(x, "command") != NULL) {
         char ck[1024];
         checkpoint_dir(d, ev->service, ck, sizeof(ck));
         json_object_set_new(dir, "checkpoint_dir", json_string(ck));
     }
-    json_t *list = json_object_get(d->act->directives, ev->service);
+    json_t *list = json_object_get(d->directives, ev->service);
     if (list == NULL) {
         list = json_array();
-        json_object_set_new(d->act->directives, ev->service, list);
+        json_object_set_new(d->directives, ev->service, list);
     }
     json_array_append(list, dir);
     while (json_array_size(list) > DIRECTIVES_KEPT)
         json_array_remove(list, 0);
     /* the long-polls of that service */
-    for (struct act_waiter *w = d->act->act_waiters, *next; w; w = next) {
+    for (struct act_waiter *w = d->act_waiters, *next; w; w = next) {
         next = w->next;
         if (strcmp(w->id, ev->service) == 0)
             waiter_reply(w, true);
     }
-    osubd_pods_directive(d, ev->service, action, ev->cause);
+    if (d->on_directive != NULL)
+        d->on_directive(d->on_directive_arg, ev->service, action, ev->cause);
     const char *url = json_string_value(json_object_get(x, "control_url"));
     if (url != NULL) {
         struct hook *h = calloc(1, sizeof(*h));
@@ -1570,11 +1581,11 @@ static void send_json(struct evhttp_request *req, int code, json_t *body)
 /* Answers w with the directives after w->after (none: only when !only_new) and frees it. */
 static void waiter_reply(struct act_waiter *w, bool only_new)
 {
-    struct osubd *d = w->d;
+    struct osubd_act *d = w->d;
     json_t *out = json_array();
     size_t i;
     json_t *dir;
-    json_array_foreach(json_object_get(d->act->directives, w->id), i, dir)
+    json_array_foreach(json_object_get(d->directives, w->id), i, dir)
     {
         if (json_integer_value(json_object_get(dir, "seq")) > w->after)
             json_array_append_new(out, directive_view(d, dir));
@@ -1589,7 +1600,7 @@ static void waiter_reply(struct act_waiter *w, bool only_new)
         osub_engine_service_info(d->e, w->id, &si) == 0 ? osub_state_name(si.state) : "released";
     send_json(w->req, 200,
               json_pack("{s:o, s:s, s:I}", "directives", out, "state", state, "last_seq",
-                        (json_int_t)d->act->directive_seq));
+                        (json_int_t)d->directive_seq));
     waiter_free(d, w);
 }
 
@@ -1628,7 +1639,7 @@ static int64_t query_int(const char *query, const char *key, int64_t dflt, bool 
     return v;
 }
 
-void osubd_act_directives(struct osubd *d, struct evhttp_request *req, const char *id,
+void osubd_act_directives(struct osubd_act *d, struct evhttp_request *req, const char *id,
                           const char *query)
 {
     bool bad = false;
@@ -1642,7 +1653,7 @@ void osubd_act_directives(struct osubd *d, struct evhttp_request *req, const cha
     }
     osub_service_info_t si;
     if (osub_engine_service_info(d->e, id, &si) != 0 &&
-        json_object_get(d->act->directives, id) == NULL) {
+        json_object_get(d->directives, id) == NULL) {
         send_json(req, 404,
                   json_pack("{s:{s:s, s:s}}", "error", "code", "unknown_service", "message",
                             "no such service"));
@@ -1657,12 +1668,12 @@ void osubd_act_directives(struct osubd *d, struct evhttp_request *req, const cha
     w->req = req;
     w->after = after;
     snprintf(w->id, sizeof(w->id), "%s", id);
-    w->next = d->act->act_waiters;
-    d->act->act_waiters = w;
+    w->next = d->act_waiters;
+    d->act_waiters = w;
     bool fresh = false;
     size_t i;
     json_t *dir;
-    json_array_foreach(json_object_get(d->act->directives, id), i, dir)
+    json_array_foreach(json_object_get(d->directives, id), i, dir)
     {
         fresh = fresh || json_integer_value(json_object_get(dir, "seq")) > after;
     }
@@ -1684,16 +1695,16 @@ void osubd_act_directives(struct osubd *d, struct evhttp_request *req, const cha
 
 static void on_restart(evutil_socket_t fd, short what, void *arg);
 
-static void exited_cmd(struct osubd *d, const char *id)
+static void exited_cmd(struct osubd_act *d, const char *id)
 {
     apply(d, json_pack("{s:s, s:s}", "op", "exited", "id", id));
 }
 
 /* The process of p ended; status is waitpid's, or -1 when unknown (adopted, or found gone). */
-static void on_exit_of(struct osubd *d, struct osub_proc *p, int status, const char *how)
+static void on_exit_of(struct osubd_act *d, struct osub_proc *p, int status, const char *how)
 {
     pid_t pid = p->pid;
-    int64_t ran = osubd_now(d) - p->spawned_unix_ms;
+    int64_t ran = osubd_now(d->core) - p->spawned_unix_ms;
     /* what it left behind (its group, its cgroup, its orphans) holds GPU memory too */
     signal_service(d, p->id, pid, SIGKILL);
     cg_remove(d, p->id);
@@ -1707,13 +1718,13 @@ static void on_exit_of(struct osubd *d, struct osub_proc *p, int status, const c
     if (how != NULL) {
         snprintf(desc, sizeof(desc), "%s", how);
         failure = true;
-        d->act->proc_exits[1]++;
+        d->proc_exits[1]++;
     } else if (WIFEXITED(status)) {
         snprintf(desc, sizeof(desc), "exited with code %d", WEXITSTATUS(status));
         failure = WEXITSTATUS(status) != 0;
-        d->act->proc_exits[failure ? 1 : 0]++;
+        d->proc_exits[failure ? 1 : 0]++;
     } else {
-        d->act->proc_exits[2]++;
+        d->proc_exits[2]++;
         snprintf(desc, sizeof(desc), "was killed by signal %d (%s)", WTERMSIG(status),
                  strsignal(WTERMSIG(status)));
         failure = true;
@@ -1722,7 +1733,7 @@ static void on_exit_of(struct osubd *d, struct osub_proc *p, int status, const c
     log_path(d, p->id, logf, sizeof(logf));
     osub_service_info_t si;
     bool known = osub_engine_service_info(d->e, p->id, &si) == 0;
-    osubd_note(d, p->id, "process", "exit", "%s's process %d %s after %lld ms%s%s (log %s)", p->id,
+    osubd_note(d->core, p->id, "process", "exit", "%s's process %d %s after %lld ms%s%s (log %s)", p->id,
                (int)pid, desc, (long long)(ran > 0 ? ran : 0), known ? " while " : "",
                known ? osub_state_name(si.state) : "", logf);
     if (!known)
@@ -1737,7 +1748,7 @@ static void on_exit_of(struct osubd *d, struct osub_proc *p, int status, const c
         exited_cmd(d, p->id);
         return;
     }
-    json_t *x = json_object_get(d->act->execs, p->id);
+    json_t *x = json_object_get(d->execs, p->id);
     const char *restart = json_string_value(json_object_get(x, "restart"));
     bool on_failure = restart != NULL && strcmp(restart, "on-failure") == 0;
     int max = json_is_integer(json_object_get(x, "max_restarts"))
@@ -1753,7 +1764,7 @@ static void on_exit_of(struct osubd *d, struct osub_proc *p, int status, const c
             p->restart_ev = evtimer_new(d->base, on_restart, p);
         struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
         if (p->restart_ev != NULL && evtimer_add(p->restart_ev, &tv) == 0) {
-            osubd_note(d, p->id, "process", "restart",
+            osubd_note(d->core, p->id, "process", "restart",
                        "restarting %s in %lld ms (restart %d of at most %d)", p->id, (long long)ms,
                        p->restarts, max);
             return;
@@ -1772,7 +1783,7 @@ static void on_exit_of(struct osubd *d, struct osub_proc *p, int status, const c
     }
 }
 
-static void reconcile(struct osubd *d);
+static void reconcile(struct osubd_act *d);
 
 static void on_restart(evutil_socket_t fd, short what, void *arg)
 {
@@ -1786,11 +1797,11 @@ static void on_sigchld(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
-    struct osubd *d = arg;
+    struct osubd_act *d = arg;
     int status;
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-        for (struct osub_proc *p = d->act->proc_list; p; p = p->next)
+        for (struct osub_proc *p = d->proc_list; p; p = p->next)
             if (p->pid == pid && p->child) {
                 on_exit_of(d, p, status, NULL);
                 break;
@@ -1801,12 +1812,12 @@ static void on_sigchld(evutil_socket_t fd, short what, void *arg)
 
 /* Keeps a service's log under its cap: copied to .1, then emptied in place (the process keeps
  * its descriptor, opened for appending, and goes on writing at the new end). */
-static void rotate_log(struct osubd *d, const char *id)
+static void rotate_log(struct osubd_act *d, const char *id)
 {
     char logf[1024], old[1100];
     log_path(d, id, logf, sizeof(logf));
     struct stat st;
-    if (stat(logf, &st) != 0 || st.st_size <= d->cfg.service_log_max)
+    if (stat(logf, &st) != 0 || st.st_size <= d->cfg->service_log_max)
         return;
     snprintf(old, sizeof(old), "%s.1", logf);
     int in = open(logf, O_RDONLY | O_CLOEXEC);
@@ -1844,18 +1855,18 @@ static void on_sigbus(int sig, siginfo_t *info, void *ctx)
     raise(sig);
 }
 
-static void seg_drop(struct osubd *d, struct osub_proc *p, const char *why)
+static void seg_drop(struct osubd_act *d, struct osub_proc *p, const char *why)
 {
     /* events are anyone's to read: the path only in oversubd's own log */
     osubd_log(OSUBD_LOG_INFO, "%s: its CUDA shim segment %s %s", p->id, p->seg_path, why);
-    osubd_note(d, p->id, "shim", "damaged",
+    osubd_note(d->core, p->id, "shim", "damaged",
                "%s: its CUDA shim segment %s: no longer read (its grant is not updated)", p->id,
                why);
     osub_seg_cleanup(&p->seg);
 }
 
 /* The largest GPU of the pool, in bytes: no device of a segment can hold more. */
-static uint64_t largest_gpu_bytes(struct osubd *d)
+static uint64_t largest_gpu_bytes(struct osubd_act *d)
 {
     osub_pool_info_t pi;
     uint64_t most = 0;
@@ -1871,10 +1882,10 @@ static uint64_t largest_gpu_bytes(struct osubd *d)
 
 /* A segment that said something impossible: the service's fault. Its figure is ignored this
  * round (said once until a round reads clean), the daemon reads on. */
-static void seg_fault(struct osubd *d, struct osub_proc *p, const char *why)
+static void seg_fault(struct osubd_act *d, struct osub_proc *p, const char *why)
 {
     if (!p->seg_faulty)
-        osubd_note(d, p->id, "shim", "tampered",
+        osubd_note(d->core, p->id, "shim", "tampered",
                    "%s: its CUDA shim segment: %s; its figure is ignored until it reads clean",
                    p->id, why);
     p->seg_faulty = true;
@@ -1884,7 +1895,7 @@ static void seg_fault(struct osubd *d, struct osub_proc *p, const char *why)
  * grants into it). Everything read is bounded by the geometry copied when the segment was
  * made; a rewritten header is put back. false when there is nothing to believe this round
  * (the segment was dropped, or said something impossible). */
-static bool seg_look(struct osubd *d, struct osub_proc *p, const osub_service_info_t *si,
+static bool seg_look(struct osubd_act *d, struct osub_proc *p, const osub_service_info_t *si,
                      struct seg_view *v)
 {
     struct stat st;
@@ -1975,7 +1986,7 @@ static uint64_t to_mib(uint64_t bytes)
  * the engine's grant on each GPU becomes the segment's (a degrade lowers it, a restore raises
  * it); what the processes hold becomes the service's usage, exact and per GPU (a command only
  * when it changed; once more when the last process using the shim is gone). */
-static void shim_sync(struct osubd *d, struct osub_proc *p)
+static void shim_sync(struct osubd_act *d, struct osub_proc *p)
 {
     osub_service_info_t si;
     if (osub_engine_service_info(d->e, p->id, &si) != 0)
@@ -1984,7 +1995,7 @@ static void shim_sync(struct osubd *d, struct osub_proc *p)
     if (!seg_look(d, p, &si, &v))
         return;
     if (v.got > 0) {
-        osubd_note(d, p->id, "shim", "reclaimed",
+        osubd_note(d->core, p->id, "shim", "reclaimed",
                    "%s: %llu MiB held by processes that died taken back into its grant", p->id,
                    (unsigned long long)to_mib(v.got));
     }
@@ -2011,7 +2022,7 @@ static void shim_sync(struct osubd *d, struct osub_proc *p)
 
 /* A process adopted after oversubd restarted keeps the segment it was started with: map it
  * again (once; a missing or foreign file means it runs without one). */
-static void shim_adopt(struct osubd *d, struct osub_proc *p)
+static void shim_adopt(struct osubd_act *d, struct osub_proc *p)
 {
     if (p->seg_path[0] != '\0')
         return; /* tried before */
@@ -2028,12 +2039,12 @@ static void on_watch(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
-    struct osubd *d = arg;
+    struct osubd_act *d = arg;
     static unsigned rounds;
     rounds++;
-    for (struct osub_proc *p = d->act->proc_list, *next; p; p = next) {
+    for (struct osub_proc *p = d->proc_list, *next; p; p = next) {
         next = p->next;
-        if (p->seg.s == NULL && p->pid > 0 && !p->child && d->act->shim_path[0])
+        if (p->seg.s == NULL && p->pid > 0 && !p->child && d->shim_path[0])
             shim_adopt(d, p);
         if (p->seg.s != NULL)
             shim_sync(d, p);
@@ -2049,7 +2060,7 @@ static void on_watch(evutil_socket_t fd, short what, void *arg)
     }
     /* external services that gave their PID: draining and gone means exited */
     size_t nk;
-    osubd__idmap_key_t *keys = osubd__idmap_keys(d->act->pids, &nk); /* exited_cmd may forget one */
+    osubd__idmap_key_t *keys = osubd__idmap_keys(d->pids, &nk); /* exited_cmd may forget one */
     for (size_t k = 0; k < nk; k++) {
         const char *id = keys[k];
         struct osub_proc *p = proc_find(d, id);
@@ -2059,7 +2070,7 @@ static void on_watch(evutil_socket_t fd, short what, void *arg)
         pid_t pid = osubd_act_pid(d, id);
         if (pid > 0 && osub_engine_service_info(d->e, id, &si) == 0 && draining_state(si.state) &&
             kill(pid, 0) != 0 && errno == ESRCH) {
-            osubd_note(d, id, "process", "gone", "%s's process %d is gone while %s", id, (int)pid,
+            osubd_note(d->core, id, "process", "gone", "%s's process %d is gone while %s", id, (int)pid,
                        osub_state_name(si.state));
             exited_cmd(d, id);
         }
@@ -2070,14 +2081,14 @@ static void on_watch(evutil_socket_t fd, short what, void *arg)
 
 /* ---- reconciling processes with the engine's states -------------------------------------- */
 
-static void reconcile(struct osubd *d)
+static void reconcile(struct osubd_act *d)
 {
     const char *id;
     json_t *x;
     void *tmp;
     osub_pool_config_t cfg;
     osub_engine_config(d->e, &cfg);
-    json_object_foreach_safe(d->act->execs, tmp, id, x)
+    json_object_foreach_safe(d->execs, tmp, id, x)
     {
         osub_service_info_t si;
         bool known = osub_engine_service_info(d->e, id, &si) == 0;
@@ -2087,8 +2098,8 @@ static void reconcile(struct osubd *d)
             if (!known) {
                 char gone[OSUB_ID_MAX + 1];
                 snprintf(gone, sizeof(gone), "%s", id);
-                json_object_del(d->act->execs, gone);
-                d->act->dirty = true;
+                json_object_del(d->execs, gone);
+                d->dirty = true;
             }
             continue;
         }
@@ -2101,22 +2112,22 @@ static void reconcile(struct osubd *d)
         }
         if (known && draining_state(si.state)) {
             if (alive && !p->term_sent)
-                terminate(d, p, osubd_engine_to_unix(d, si.deadline_ms), "it is evicted");
+                terminate(d, p, osubd_engine_to_unix(d->core, si.deadline_ms), "it is evicted");
             continue;
         }
         if (p != NULL && p->restart_ev != NULL)
             evtimer_del(p->restart_ev);
         if (alive) {
             if (!p->term_sent)
-                terminate(d, p, osubd_now(d) + cfg.grace_ms,
+                terminate(d, p, osubd_now(d->core) + cfg.grace_ms,
                           known ? "it is no longer running" : "it was released");
             continue;
         }
         if (!known) {
             char gone[OSUB_ID_MAX + 1];
             snprintf(gone, sizeof(gone), "%s", id); /* id is the key deleted next */
-            json_object_del(d->act->execs, gone);
-            d->act->dirty = true;
+            json_object_del(d->execs, gone);
+            d->dirty = true;
             if (p != NULL)
                 proc_drop(d, p);
         }
@@ -2134,13 +2145,13 @@ static void on_act(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
-    struct osubd *d = arg;
-    struct act_item *q = d->act->act_q;
+    struct osubd_act *d = arg;
+    struct act_item *q = d->act_q;
     size_t done = 0;
     /* a directive or a signal only once its decision is on disk */
-    while (done < d->act->act_n && q[done].ticket <= d->durable_ticket) {
+    while (done < d->act_n && q[done].ticket <= osubd_core_durable(d->core)) {
         osub_event_t ev = q[done++].ev;
-        json_t *x = json_object_get(d->act->execs, ev.service);
+        json_t *x = json_object_get(d->execs, ev.service);
         bool managed = json_object_get(x, "command") != NULL;
         switch (ev.kind) {
         case OSUB_EV_DEGRADE:
@@ -2153,7 +2164,7 @@ static void on_act(evutil_socket_t fd, short what, void *arg)
             post_directive(d, &ev, "evict");
             struct osub_proc *p = proc_find(d, ev.service);
             if (managed && p != NULL && p->pid > 0)
-                terminate(d, p, osubd_engine_to_unix(d, ev.deadline_ms), "it is evicted");
+                terminate(d, p, osubd_engine_to_unix(d->core, ev.deadline_ms), "it is evicted");
             break;
         }
         case OSUB_EV_RESUME:
@@ -2165,13 +2176,13 @@ static void on_act(evutil_socket_t fd, short what, void *arg)
         }
     }
     if (done > 0) {
-        memmove(q, q + done, (d->act->act_n - done) * sizeof(*q));
-        d->act->act_n -= done;
+        memmove(q, q + done, (d->act_n - done) * sizeof(*q));
+        d->act_n -= done;
     }
     reconcile(d);
 }
 
-void osubd_act_events(struct osubd *d, const osub_event_t *ev, size_t n)
+void osubd_act_events(struct osubd_act *d, const osub_event_t *ev, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         if (ev[i].service[0] == '\0')
@@ -2181,31 +2192,32 @@ void osubd_act_events(struct osubd *d, const osub_event_t *ev, size_t n)
             k != OSUB_EV_RESUME && k != OSUB_EV_START && k != OSUB_EV_RELEASE &&
             k != OSUB_EV_REQUEUE && k != OSUB_EV_FAIL)
             continue;
-        if (d->act->act_n == d->act->act_cap) {
-            size_t cap = d->act->act_cap ? d->act->act_cap * 2 : 16;
-            void *nq = realloc(d->act->act_q, cap * sizeof(struct act_item));
+        if (d->act_n == d->act_cap) {
+            size_t cap = d->act_cap ? d->act_cap * 2 : 16;
+            void *nq = realloc(d->act_q, cap * sizeof(struct act_item));
             if (nq == NULL) {
-                osubd_fatal(d, "out of memory queueing an action");
+                osubd_fatal(d->core, "out of memory queueing an action");
                 return;
             }
-            d->act->act_q = nq;
-            d->act->act_cap = cap;
+            d->act_q = nq;
+            d->act_cap = cap;
         }
-        struct act_item *q = d->act->act_q;
-        q[d->act->act_n].ev = ev[i];
-        q[d->act->act_n].ticket = d->applied_ticket;
-        d->act->act_n++;
+        struct act_item *q = d->act_q;
+        q[d->act_n].ev = ev[i];
+        q[d->act_n].ticket = osubd_core_applied(d->core);
+        d->act_n++;
     }
     /* nothing queued, nothing to do: the watch timer reconciles the rest */
-    if (d->act->act_ev != NULL && d->act->act_n > 0)
-        event_active(d->act->act_ev, EV_TIMEOUT, 0);
+    if (d->act_ev != NULL && d->act_n > 0)
+        event_active(d->act_ev, EV_TIMEOUT, 0);
 }
 
 /* ---- what the API shows, what the state keeps ------------------------------------------- */
 
 /* The "shim" block of a service's JSON: its segment's grant, held, peak (a managed service's,
  * or a pod's, made by the device plugin). */
-static void describe_shim(struct osubd *d, struct osub_proc *p, json_t *o)
+static void describe_shim(struct osubd_act *d, const struct osubd_caller *who, struct osub_proc *p,
+                          json_t *o)
 {
     struct seg_view sv;
     if (p != NULL && p->seg.s != NULL && seg_look(d, p, NULL, &sv)) {
@@ -2218,21 +2230,22 @@ static void describe_shim(struct osubd *d, struct osub_proc *p, json_t *o)
         /* the path is a way into the service's accounting: the admin's (and the socket's) only */
         json_object_set_new(o, "shim",
                             json_pack("{s:s, s:i, s:o, s:o, s:o, s:I, s:I}", "segment",
-                                      d->req_admin ? p->seg_path : "<redacted>", "processes",
+                                      who->admin ? p->seg_path : "<redacted>", "processes",
                                       sv.live, "grant_mib", grant, "held_mib", held, "peak_mib",
                                       peak, "refused", (json_int_t)sv.refused, "reclaimed_mib",
                                       (json_int_t)(sv.reclaimed >> 20)));
     }
 }
 
-void osubd_act_describe(struct osubd *d, const char *id, json_t *o)
+void osubd_act_describe(struct osubd_act *d, const struct osubd_caller *who, const char *id,
+                        json_t *o)
 {
-    json_t *x = json_object_get(d->act->execs, id);
+    json_t *x = json_object_get(d->execs, id);
     const char *k;
     json_t *v;
     json_object_foreach(x, k, v)
     {
-        if (!d->req_admin && strcmp(k, "command") == 0) {
+        if (!who->admin && strcmp(k, "command") == 0) {
             /* arguments may carry secrets (--api-key=...): only the admin reads them */
             json_t *red = json_array();
             for (size_t i = 0; i < json_array_size(v); i++)
@@ -2241,7 +2254,7 @@ void osubd_act_describe(struct osubd *d, const char *id, json_t *o)
             json_object_set_new(o, k, red);
             continue;
         }
-        if (!d->req_admin && strcmp(k, "control_url") == 0) {
+        if (!who->admin && strcmp(k, "control_url") == 0) {
             json_object_set_new(o, k, json_string("<redacted>"));
             continue;
         }
@@ -2258,7 +2271,7 @@ void osubd_act_describe(struct osubd *d, const char *id, json_t *o)
     }
     if (json_object_get(x, "command") == NULL) {
         if (json_object_get(x, "kubernetes") != NULL)
-            describe_shim(d, proc_find(d, id), o); /* a pod: its segment, if allocated */
+            describe_shim(d, who, proc_find(d, id), o); /* a pod: its segment, if allocated */
         return;
     }
     char logf[1024], ck[1024];
@@ -2269,7 +2282,7 @@ void osubd_act_describe(struct osubd *d, const char *id, json_t *o)
                              p ? p->restarts : 0, "alive", p != NULL && p->pid > 0);
     if (p != NULL && p->pid > 0)
         json_object_set_new(proc, "pid", json_integer(p->pid));
-    if (d->act->cg_base[0]) {
+    if (d->cg_base[0]) {
         char cg[800], f[900];
         cg_path(d, id, cg, sizeof(cg));
         pid_t pids[256];
@@ -2289,16 +2302,16 @@ void osubd_act_describe(struct osubd *d, const char *id, json_t *o)
     } else {
         json_object_set_new(
             proc, "tracking",
-            json_pack("{s:s, s:s}", "subreaper", "oversubd", "why_no_cgroup", d->act->cg_why));
+            json_pack("{s:s, s:s}", "subreaper", "oversubd", "why_no_cgroup", d->cg_why));
     }
     json_object_set_new(o, "process", proc);
-    describe_shim(d, p, o);
+    describe_shim(d, who, p, o);
 }
 
-void osubd_act_metrics(struct osubd *d, struct evbuffer *b)
+void osubd_act_metrics(struct osubd_act *d, struct evbuffer *b)
 {
     int alive = 0;
-    for (struct osub_proc *p = d->act->proc_list; p; p = p->next)
+    for (struct osub_proc *p = d->proc_list; p; p = p->next)
         alive += p->pid > 0;
     evbuffer_add_printf(
         b,
@@ -2322,18 +2335,18 @@ void osubd_act_metrics(struct osubd *d, struct evbuffer *b)
         "# HELP oversub_webhook_failures_total Directives a webhook could not deliver.\n"
         "# TYPE oversub_webhook_failures_total counter\n"
         "oversub_webhook_failures_total %llu\n",
-        alive, (unsigned long long)d->act->proc_starts, (unsigned long long)d->act->proc_exits[0],
-        (unsigned long long)d->act->proc_exits[1], (unsigned long long)d->act->proc_exits[2],
-        (unsigned long long)d->act->directives_sent[0],
-        (unsigned long long)d->act->directives_sent[1],
-        (unsigned long long)d->act->directives_sent[2],
-        (unsigned long long)d->act->directives_sent[3],
-        (unsigned long long)d->act->webhook_failures);
+        alive, (unsigned long long)d->proc_starts, (unsigned long long)d->proc_exits[0],
+        (unsigned long long)d->proc_exits[1], (unsigned long long)d->proc_exits[2],
+        (unsigned long long)d->directives_sent[0],
+        (unsigned long long)d->directives_sent[1],
+        (unsigned long long)d->directives_sent[2],
+        (unsigned long long)d->directives_sent[3],
+        (unsigned long long)d->webhook_failures);
 }
 
-void osubd_act_meta(struct osubd *d, json_t *meta)
+static void act_meta(struct osubd_act *d, json_t *meta)
 {
-    struct osubd_act *a = d->act;
+    struct osubd_act *a = d;
     osubd_meta_put(meta, "service_exec", a->execs);
     json_t *procs = json_object(), *pids = json_object();
     for (struct osub_proc *p = a->proc_list; p != NULL; p = p->next)
@@ -2355,54 +2368,44 @@ void osubd_act_meta(struct osubd *d, json_t *meta)
     json_decref(pids);
 }
 
-bool osubd_act_dirty(const struct osubd *d)
-{
-    return d->act->dirty;
-}
 
-void osubd_act_saved(struct osubd *d, bool ok)
-{
-    if (ok)
-        d->act->dirty = false;
-}
-
-int osubd_act_set_pid(struct osubd *d, const char *id, pid_t pid)
+int osubd_act_set_pid(struct osubd_act *d, const char *id, pid_t pid)
 {
     struct act_pid *v = malloc(sizeof(*v));
     if (v == NULL)
         return -1;
     v->pid = pid;
-    if (osubd__idmap_put(d->act->pids, id, v) != 0) {
+    if (osubd__idmap_put(d->pids, id, v) != 0) {
         free(v);
         return -1;
     }
-    d->act->dirty = true;
+    d->dirty = true;
     return 0;
 }
 
-pid_t osubd_act_pid(const struct osubd *d, const char *id)
+pid_t osubd_act_pid(const struct osubd_act *d, const char *id)
 {
-    const struct act_pid *v = osubd__idmap_get(d->act->pids, id);
+    const struct act_pid *v = osubd__idmap_get(d->pids, id);
     return v != NULL ? v->pid : 0;
 }
 
-osubd__idmap_key_t *osubd_act_pid_ids(const struct osubd *d, size_t *n)
+osubd__idmap_key_t *osubd_act_pid_ids(const struct osubd_act *d, size_t *n)
 {
-    return osubd__idmap_keys(d->act->pids, n);
+    return osubd__idmap_keys(d->pids, n);
 }
 
-bool osubd_act_exec_equal(const struct osubd *d, const char *id, const json_t *exec)
+bool osubd_act_exec_equal(const struct osubd_act *d, const char *id, const json_t *exec)
 {
-    const json_t *live = json_object_get(d->act->execs, id);
+    const json_t *live = json_object_get(d->execs, id);
     return live != NULL && json_equal((json_t *)live, (json_t *)exec);
 }
 
-json_t *osubd_act_pod_ids(const struct osubd *d)
+json_t *osubd_act_pod_ids(const struct osubd_act *d)
 {
     json_t *out = json_array();
     const char *id;
     json_t *x;
-    json_object_foreach(d->act->execs, id, x)
+    json_object_foreach(d->execs, id, x)
     {
         if (json_object_get(x, "kubernetes") != NULL)
             json_array_append_new(out, json_string(id));
@@ -2410,42 +2413,40 @@ json_t *osubd_act_pod_ids(const struct osubd *d)
     return out;
 }
 
-const json_t *osubd_act_kube(const struct osubd *d, const char *id)
+const json_t *osubd_act_kube(const struct osubd_act *d, const char *id)
 {
-    return json_object_get(json_object_get(d->act->execs, id), "kubernetes");
+    return json_object_get(json_object_get(d->execs, id), "kubernetes");
 }
 
-bool osubd_act_managed(const struct osubd *d, const char *id)
+bool osubd_act_managed(const struct osubd_act *d, const char *id)
 {
-    return json_object_get(json_object_get(d->act->execs, id), "command") != NULL;
+    return json_object_get(json_object_get(d->execs, id), "command") != NULL;
 }
 
-int osubd_act_commit_exec(struct osubd *d, const char *id, json_t *exec)
+int osubd_act_commit_exec(struct osubd_act *d, const char *id, json_t *exec)
 {
-    if (json_object_set(d->act->execs, id, exec) != 0)
+    if (json_object_set(d->execs, id, exec) != 0)
         return -1;
-    d->act->dirty = true;
+    d->dirty = true;
     return 0;
 }
 
-void osubd_act_forget(struct osubd *d, const char *id)
+void osubd_act_forget(struct osubd_act *d, const char *id)
 {
     /* the PID and the directives go with the service; how it ran and its process stay until
      * the process is gone (reconcile) */
-    if (osubd__idmap_del(d->act->pids, id))
-        d->act->dirty = true;
-    json_object_del(d->act->directives, id);
+    if (osubd__idmap_del(d->pids, id))
+        d->dirty = true;
+    json_object_del(d->directives, id);
 }
 
 /* A JSON object saved under key (an empty one when absent); -1 with err when the state cannot
  * be read or what it holds is not an object. */
-static json_t *saved_object(struct osubd *d, const char *key, char *err, size_t errlen)
+static json_t *saved_object(struct osubd_core *c, const char *key, char *err, size_t errlen)
 {
     char *text = NULL;
-    if (osubd__store_meta_get(d->store, key, &text) != 0) {
-        snprintf(err, errlen, "cannot read %s from the state: %s", key, osubd__store_error(d->store));
+    if (osubd_core_meta(c, key, &text, err, errlen) != 0)
         return NULL;
-    }
     json_error_t je;
     json_t *o = text != NULL ? json_loads(text, 0, &je) : json_object();
     free(text);
@@ -2457,19 +2458,36 @@ static json_t *saved_object(struct osubd *d, const char *key, char *err, size_t 
     return o;
 }
 
-int osubd_act_init(struct osubd *d, char *err, size_t errlen)
+struct osubd_act *osubd_act_new(struct osubd_core *c, const struct osubd_gpus *gpus,
+                                const struct osubd_destinations *dest, char *err, size_t errlen)
 {
     struct osubd_act *a = calloc(1, sizeof(*a));
     if (a == NULL) {
         snprintf(err, errlen, "out of memory");
-        return -1;
+        return NULL;
     }
-    d->act = a;
+    a->core = c;
+    a->cfg = osubd_core_config(c);
+    a->base = osubd_core_base(c);
+    a->e = osubd_core_engine(c);
+    a->gpus = gpus;
+    a->dest = dest;
+    if (act_setup(a, err, errlen) != 0) {
+        osubd_act_free(a);
+        return NULL;
+    }
+    return a;
+}
+
+/* The subreaper, cgroups, the SIGBUS guard, the shim, the maps. */
+static int act_setup(struct osubd_act *a, char *err, size_t errlen)
+{
+    struct osubd_act *d = a;
     /* orphans of services (a double fork) come to us, not to init: they are found and reaped */
     if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
         osubd_log(OSUBD_LOG_WARN, "cannot become a subreaper: %s", strerror(errno));
     cg_setup(d);
-    if (!a->cg_base[0] && d->cfg.cgroup[0] == '/') {
+    if (!a->cg_base[0] && d->cfg->cgroup[0] == '/') {
         snprintf(err, errlen, "cgroup: %s", a->cg_why);
         return -1;
     }
@@ -2479,7 +2497,7 @@ int osubd_act_init(struct osubd *d, char *err, size_t errlen)
     sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGBUS, &sa, NULL);
-    const char *shim = d->cfg.cuda_shim;
+    const char *shim = d->cfg->cuda_shim;
     if (strcmp(shim, "none") == 0) {
         a->shim_path[0] = '\0';
     } else if (shim[0] != '\0') {
@@ -2517,7 +2535,13 @@ int osubd_act_init(struct osubd *d, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    json_t *pids = saved_object(d, "service_pids", err, errlen);
+    return 0;
+}
+
+static int act_load(void *ctx, struct osubd_core *c, char *err, size_t errlen)
+{
+    struct osubd_act *a = ctx, *d = a;
+    json_t *pids = saved_object(c, "service_pids", err, errlen);
     if (pids == NULL)
         return -1;
     const char *id;
@@ -2538,19 +2562,83 @@ int osubd_act_init(struct osubd *d, char *err, size_t errlen)
     }
     json_decref(pids);
     a->dirty = false;
-    if ((a->execs = saved_object(d, "service_exec", err, errlen)) == NULL ||
-        (a->saved_procs = saved_object(d, "managed_procs", err, errlen)) == NULL)
+    json_decref(a->execs);
+    if ((a->execs = saved_object(c, "service_exec", err, errlen)) == NULL ||
+        (a->saved_procs = saved_object(c, "managed_procs", err, errlen)) == NULL)
         return -1;
     return 0;
 }
 
+static bool act_dirty(void *ctx)
+{
+    return ((struct osubd_act *)ctx)->dirty;
+}
+
+static void act_saved(void *ctx, bool ok)
+{
+    if (ok)
+        ((struct osubd_act *)ctx)->dirty = false;
+}
+
+static void act_save(void *ctx, json_t *meta)
+{
+    act_meta(ctx, meta);
+}
+
+static void act_events(void *ctx, const osub_event_t *ev, size_t n)
+{
+    osubd_act_events(ctx, ev, n);
+}
+
+static void act_durable(void *ctx, const struct osubd_progress *p)
+{
+    if (p->commit) /* directives and signals wait for their decisions' commit */
+        osubd_act_events(ctx, NULL, 0);
+}
+
+static void act_forget(void *ctx, const char *id)
+{
+    osubd_act_forget(ctx, id);
+}
+
+static void act_metrics(void *ctx, struct evbuffer *b)
+{
+    osubd_act_metrics(ctx, b);
+}
+
+struct osubd_module osubd_act_module(struct osubd_act *a)
+{
+    struct osubd_module m = {.name = "actuators",
+                             .ctx = a,
+                             .load = act_load,
+                             .dirty = act_dirty,
+                             .save = act_save,
+                             .saved = act_saved,
+                             .events = act_events,
+                             .durable = act_durable,
+                             .forget = act_forget,
+                             .metrics = act_metrics};
+    return m;
+}
+
+void osubd_act_listen(struct osubd_act *a, osubd_directive_fn fn, void *arg)
+{
+    a->on_directive = fn;
+    a->on_directive_arg = arg;
+}
+
+uint64_t osubd_act_waiters_gone(const struct osubd_act *a)
+{
+    return a->waiters_gone;
+}
+
 /* ---- start and stop ----------------------------------------------------------------------- */
 
-int osubd_act_start(struct osubd *d, char *err, size_t errlen)
+int osubd_act_start(struct osubd_act *d, char *err, size_t errlen)
 {
     /* service cgroup folders a previous run left empty (released, failed starts): removed
      * (one still holding processes stays: an adopted service's, or leftovers to kill) */
-    DIR *cgd = d->act->cg_base[0] ? opendir(d->act->cg_base) : NULL;
+    DIR *cgd = d->cg_base[0] ? opendir(d->cg_base) : NULL;
     for (struct dirent *e; cgd != NULL && (e = readdir(cgd)) != NULL;)
         if (e->d_type == DT_DIR && osub_id_valid(e->d_name))
             cg_remove(d, e->d_name);
@@ -2559,18 +2647,18 @@ int osubd_act_start(struct osubd *d, char *err, size_t errlen)
     /* PIDs of services the engine does not know (a damaged or older state): forgotten, so
      * that a new service of that id inherits nothing */
     size_t nk;
-    osubd__idmap_key_t *keys = osubd__idmap_keys(d->act->pids, &nk);
+    osubd__idmap_key_t *keys = osubd__idmap_keys(d->pids, &nk);
     for (size_t k = 0; k < nk; k++)
         if (osub_engine_service_info(d->e, keys[k], &(osub_service_info_t){0}) != 0)
             osubd_act_forget(d, keys[k]);
     free(keys);
-    d->act->directive_seq = osubd_unix_ms(); /* directive numbers keep rising across restarts */
-    d->act->act_ev = event_new(d->base, -1, 0, on_act, d);
-    d->act->sigchld_ev = evsignal_new(d->base, SIGCHLD, on_sigchld, d);
-    d->act->watch_ev = event_new(d->base, -1, EV_PERSIST, on_watch, d);
+    d->directive_seq = osubd_unix_ms(); /* directive numbers keep rising across restarts */
+    d->act_ev = event_new(d->base, -1, 0, on_act, d);
+    d->sigchld_ev = evsignal_new(d->base, SIGCHLD, on_sigchld, d);
+    d->watch_ev = event_new(d->base, -1, EV_PERSIST, on_watch, d);
     struct timeval tv = {0, WATCH_MS * 1000};
-    if (d->act->act_ev == NULL || d->act->sigchld_ev == NULL || d->act->watch_ev == NULL ||
-        event_add(d->act->sigchld_ev, NULL) != 0 || event_add(d->act->watch_ev, &tv) != 0) {
+    if (d->act_ev == NULL || d->sigchld_ev == NULL || d->watch_ev == NULL ||
+        event_add(d->sigchld_ev, NULL) != 0 || event_add(d->watch_ev, &tv) != 0) {
         snprintf(err, errlen, "cannot set up the actuators");
         return -1;
     }
@@ -2602,8 +2690,8 @@ int osubd_act_start(struct osubd *d, char *err, size_t errlen)
     const char *key;
     json_t *rec;
     void *tmp;
-    json_t *saved = d->act->saved_procs;
-    d->act->saved_procs = NULL;
+    json_t *saved = d->saved_procs;
+    d->saved_procs = NULL;
     json_object_foreach_safe(saved, tmp, key, rec)
     {
         char id[OSUB_ID_MAX + 1];
@@ -2618,20 +2706,20 @@ int osubd_act_start(struct osubd *d, char *err, size_t errlen)
         p->pid = pid;
         p->child = false;
         p->starttime = st;
-        p->spawned_unix_ms = osubd_now(d);
+        p->spawned_unix_ms = osubd_now(d->core);
         if (st != 0 && proc_starttime(pid) == st) {
-            osubd_note(d, id, "process", "adopt",
+            osubd_note(d->core, id, "process", "adopt",
                        "adopted %s's process %d, alive across oversubd's restart", id, (int)pid);
             osub_service_info_t si;
             if (osub_engine_service_info(d->e, id, &si) == 0 && draining_state(si.state)) {
                 /* it was told before; the SIGKILL at the same deadline is ours to send */
                 p->term_sent = true;
-                terminate(d, p, osubd_engine_to_unix(d, si.deadline_ms), "it is evicted");
+                terminate(d, p, osubd_engine_to_unix(d->core, si.deadline_ms), "it is evicted");
             }
             continue;
         }
         /* died while we were away: exited, whatever its restart policy */
-        osubd_note(d, id, "process", "exit",
+        osubd_note(d->core, id, "process", "exit",
                    "%s's process %d ended while oversubd was down: treated as exited", id,
                    (int)pid);
         p->pid = 0;
@@ -2649,41 +2737,41 @@ int osubd_act_start(struct osubd *d, char *err, size_t errlen)
     return 0;
 }
 
-void osubd_act_free(struct osubd *d)
+void osubd_act_free(struct osubd_act *d)
 {
-    if (d->act == NULL)
+    if (d == NULL)
         return;
     /* managed processes keep running: the next oversubd adopts them */
-    while (d->act->proc_list != NULL)
-        proc_drop(d, d->act->proc_list);
-    while (d->act->act_waiters != NULL) {
-        struct act_waiter *w = d->act->act_waiters;
+    while (d->proc_list != NULL)
+        proc_drop(d, d->proc_list);
+    while (d->act_waiters != NULL) {
+        struct act_waiter *w = d->act_waiters;
         evhttp_connection_set_closecb(evhttp_request_get_connection(w->req), NULL, NULL);
         waiter_free(d, w);
     }
-    if (d->act->act_ev)
-        event_free(d->act->act_ev);
-    if (d->act->sigchld_ev)
-        event_free(d->act->sigchld_ev);
-    if (d->act->watch_ev)
-        event_free(d->act->watch_ev);
-    free(d->act->act_q);
-    if (d->act->dns != NULL)
-        evdns_base_free(d->act->dns, 0);
-    if (d->act->cg_base[0])
-        rmdir(d->act->cg_base); /* only when no service's folder is left in it */
-    json_decref(d->act->directives);
-    json_decref(d->act->execs);
-    json_decref(d->act->saved_procs);
-    osubd__idmap_free(d->act->pids);
-    free(d->act);
-    d->act = NULL;
+    if (d->act_ev)
+        event_free(d->act_ev);
+    if (d->sigchld_ev)
+        event_free(d->sigchld_ev);
+    if (d->watch_ev)
+        event_free(d->watch_ev);
+    free(d->act_q);
+    if (d->dns != NULL)
+        evdns_base_free(d->dns, 0);
+    if (d->cg_base[0])
+        rmdir(d->cg_base); /* only when no service's folder is left in it */
+    json_decref(d->directives);
+    json_decref(d->execs);
+    json_decref(d->saved_procs);
+    osubd__idmap_free(d->pids);
+    free(d);
+    d = NULL;
 }
 
-int osubd_act_shim_processes(struct osubd *d, const char *id)
+int osubd_act_shim_processes(struct osubd_act *d, const char *id)
 {
     struct seg_view v;
-    for (struct osub_proc *p = d->act->proc_list; p; p = p->next)
+    for (struct osub_proc *p = d->proc_list; p; p = p->next)
         if (strcmp(p->id, id) == 0)
             return p->seg.s != NULL && seg_look(d, p, NULL, &v) ? v.live : 0;
     return 0;
@@ -2717,7 +2805,7 @@ static bool pod_seg_name(const char *name, const char *id)
 /* The pods' segment folder, made (shim/ 0711, shim/pods/ 0700, both root's, never a link);
  * pod segments an older oversubd left in shim/ itself are moved in (a rename: the bind mounts
  * of running containers follow the file). 0, or -1 with a sentence in why. */
-static int pod_seg_dir(struct osubd *d, char *dir, size_t dirlen, char *why, size_t whylen)
+static int pod_seg_dir(struct osubd_act *d, char *dir, size_t dirlen, char *why, size_t whylen)
 {
     char sd[512], shim[560];
     struct stat st;
@@ -2752,7 +2840,7 @@ static int pod_seg_dir(struct osubd *d, char *dir, size_t dirlen, char *why, siz
 }
 
 /* An existing segment of the pod (made before oversubd restarted), opened into p. */
-static bool pod_seg_adopt(struct osubd *d, struct osub_proc *p, const char *dir)
+static bool pod_seg_adopt(struct osubd_act *d, struct osub_proc *p, const char *dir)
 {
     DIR *dd = opendir(dir);
     bool got = false;
@@ -2767,7 +2855,7 @@ static bool pod_seg_adopt(struct osubd *d, struct osub_proc *p, const char *dir)
             got = true;
         else {
             osubd_log(OSUBD_LOG_INFO, "%s: its pod segment: %s", p->id, err);
-            osubd_note(d, p->id, "shim", "damaged",
+            osubd_note(d->core, p->id, "shim", "damaged",
                        "%s: its pod segment cannot be used (oversubd's log says why)", p->id);
         }
     }
@@ -2778,13 +2866,13 @@ static bool pod_seg_adopt(struct osubd *d, struct osub_proc *p, const char *dir)
 
 /* Writes the engine's grants into a pod's mapped segment now (the watch round does it later
  * on; a container told to start must not find 0 there). */
-static void pod_seg_grants(struct osubd *d, struct osub_proc *p, const osub_service_info_t *si)
+static void pod_seg_grants(struct osubd_act *d, struct osub_proc *p, const osub_service_info_t *si)
 {
     struct seg_view v;
     seg_look(d, p, si, &v); /* under the guard: the pod can write (and cut) the file */
 }
 
-int osubd_act_pod_segment(struct osubd *d, const char *id, char *path, size_t pathlen, char *why,
+int osubd_act_pod_segment(struct osubd_act *d, const char *id, char *path, size_t pathlen, char *why,
                           size_t whylen)
 {
     osub_service_info_t si;
@@ -2895,10 +2983,10 @@ err_close_fd:
 
 #define POD_SHIM_MAX (256u << 20)
 
-int osubd_act_pod_shim(struct osubd *d, char *path, size_t pathlen, char *why, size_t whylen)
+int osubd_act_pod_shim(struct osubd_act *d, char *path, size_t pathlen, char *why, size_t whylen)
 {
     path[0] = '\0';
-    const char *src = d->act->shim_path;
+    const char *src = d->shim_path;
     if (src[0] == '\0')
         return 0;
     char sd[512], dir[600], tmp[700];
@@ -2976,9 +3064,9 @@ err_free_want:
     return -1;
 }
 
-int osubd_act_pod_fits(const struct osubd *d, const json_t *spec, char *err, size_t errlen)
+int osubd_act_pod_fits(const struct osubd_act *d, const json_t *spec, int64_t can, char *err,
+                       size_t errlen)
 {
-    int64_t can = osubd_dp_cut_mib(d);
     if (can < 0)
         return 0;
     osub_spec_t sp;
@@ -3004,15 +3092,15 @@ int osubd_act_pod_fits(const struct osubd *d, const json_t *spec, char *err, siz
     return -1;
 }
 
-const char *osubd_act_shim_path(const struct osubd *d)
+const char *osubd_act_shim_path(const struct osubd_act *d)
 {
-    return d->act->shim_path;
+    return d->shim_path;
 }
 
-void osubd_act_pods_sweep(struct osubd *d)
+void osubd_act_pods_sweep(struct osubd_act *d)
 {
     osub_service_info_t si;
-    for (struct osub_proc *p = d->act->proc_list, *next; p; p = next) {
+    for (struct osub_proc *p = d->proc_list, *next; p; p = next) {
         next = p->next;
         if (p->pid > 0 || p->child || osubd_act_managed(d, p->id) ||
             osub_engine_service_info(d->e, p->id, &si) == 0)
@@ -3048,11 +3136,11 @@ void osubd_act_pods_sweep(struct osubd *d)
         closedir(dd);
 }
 
-void osubd_act_pods_close(struct osubd *d)
+void osubd_act_pods_close(struct osubd_act *d)
 {
-    if (d->act == NULL)
+    if (d == NULL)
         return;
-    for (struct osub_proc *p = d->act->proc_list; p; p = p->next)
+    for (struct osub_proc *p = d->proc_list; p; p = p->next)
         if (p->pid <= 0 && !p->child && !osubd_act_managed(d, p->id) && p->seg.s != NULL &&
             pod_seg_name(strrchr(p->seg_path, '/') + 1, p->id))
             osub_seg_cleanup(&p->seg); /* unmapped, not removed: mounted in running pods */

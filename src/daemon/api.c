@@ -27,7 +27,7 @@
 
 #include "conns.h"
 #include "log.h"
-#include "daemon.h"
+#include "api.h"
 #include "jsonmem.h"
 #include "deviceplugin.h"
 #include "netpolicy.h"
@@ -36,6 +36,38 @@
 #include "gateway.h"
 #include "oversub/units.h"
 #include "spec_json.h"
+
+struct osubd_api {
+    struct osubd_core *core;
+    const struct osubd_config *cfg;
+    struct event_base *base;
+    osub_engine_t *e;
+    struct osubd_api_deps dep;   /* the modules it shows and changes */
+    struct osubd_act *act;       /* = dep.act, ... (short names) */
+    struct osubd_routes *routes;
+    struct osubd_gateway *gw;
+    struct osubd_dp *dp;
+    const struct osubd_gpus *gpus;
+    const struct osubd_destinations *dest;
+    struct osubd_self *self;
+    struct evhttp *http;      /* TCP */
+    struct evhttp *http_unix; /* the Unix socket: trusted to run programs */
+    struct osubd_conns *conns, *conns_unix; /* connection caps (conns.h) */
+    int port;                               /* the TCP port bound */
+    bool socket_bound; /* the Unix socket is ours to remove at exit */
+    struct waiter *waiters; /* long-polling GET /v1/events */
+    /* replies sent while applied > durable wait here until the commit that covers them */
+    struct deferred *deferred_head, *deferred_tail;
+    char *pool_text; /* GET /v1/pool's body at pool_text_version */
+    size_t pool_text_len;
+    uint64_t pool_text_version;
+    uint64_t waiters_gone; /* long-polls whose client left before the answer */
+    /* metrics */
+    uint64_t http_requests[6]; /* by status class 1xx..5xx, index 0 unused */
+    uint64_t latency_buckets[12];
+    double latency_sum;
+    uint64_t latency_count;
+};
 
 struct deferred {
     struct deferred *next;
@@ -52,7 +84,7 @@ struct waiter {
     struct event *timer;
     struct osubd_client_watch watch; /* freed at once when the client leaves */
     struct evhttp_connection *evcon;
-    struct osubd *d;
+    struct osubd_api *d;
     int64_t since;
 };
 
@@ -65,14 +97,14 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static void count(struct osubd *d, int code)
+static void count(struct osubd_api *d, int code)
 {
     int cls = code / 100;
     if (cls >= 1 && cls <= 5)
         d->http_requests[cls]++;
 }
 
-static void reply_buf(struct osubd *d, struct evhttp_request *req, int code, struct evbuffer *b);
+static void reply_buf(struct osubd_api *d, struct evhttp_request *req, int code, struct evbuffer *b);
 
 static void free_text(const void *data, size_t len, void *arg)
 {
@@ -85,7 +117,7 @@ static const char oom_body[] =
     "{\"error\":{\"code\":\"out_of_memory\",\"message\":\"oversubd ran out of memory making "
     "this answer: a change asked for may or may not have been made (read it back)\"}}\n";
 
-static void reply_buf(struct osubd *d, struct evhttp_request *req, int code, struct evbuffer *b);
+static void reply_buf(struct osubd_api *d, struct evhttp_request *req, int code, struct evbuffer *b);
 
 /* body's text, with a newline, as one piece (jansson's callback dump adds a piece per token);
  * false when memory ran out */
@@ -110,7 +142,7 @@ static bool add_json(struct evbuffer *b, json_t *body)
 }
 
 /* Out of memory making an answer: a 503 that needs nothing more (after what is held). */
-static void reply_oom(struct osubd *d, struct evhttp_request *req)
+static void reply_oom(struct osubd_api *d, struct evhttp_request *req)
 {
     struct evbuffer *b = evbuffer_new();
     if (b != NULL && evbuffer_add(b, oom_body, sizeof(oom_body) - 1) == 0) {
@@ -123,7 +155,7 @@ static void reply_oom(struct osubd *d, struct evhttp_request *req)
     evhttp_send_reply(req, 503, "Service Unavailable", NULL);
 }
 
-static void reply_json(struct osubd *d, struct evhttp_request *req, int code, json_t *body)
+static void reply_json(struct osubd_api *d, struct evhttp_request *req, int code, json_t *body)
 {
     struct evbuffer *b = evbuffer_new();
     bool ok = b != NULL && add_json(b, body);
@@ -138,7 +170,7 @@ static void reply_json(struct osubd *d, struct evhttp_request *req, int code, js
 }
 
 /* Sends b (taking it), or holds it while a command is not yet durable. */
-static void reply_buf(struct osubd *d, struct evhttp_request *req, int code, struct evbuffer *b)
+static void reply_buf(struct osubd_api *d, struct evhttp_request *req, int code, struct evbuffer *b)
 {
     evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
     const char *phrase = code == 200   ? "OK"
@@ -155,11 +187,11 @@ static void reply_buf(struct osubd *d, struct evhttp_request *req, int code, str
                          : code == 507 ? "Insufficient Storage"
                                        : "Error";
     count(d, code);
-    if (d->applied_ticket > d->durable_ticket && !d->store_full) {
+    if (osubd_core_applied(d->core) > osubd_core_durable(d->core) && !osubd_core_full(d->core)) {
         /* a command is not on disk yet: nobody hears of it (or of what followed it) before */
         struct deferred *r = malloc(sizeof(*r));
         if (r != NULL) {
-            *r = (struct deferred){NULL, req, code, phrase, b, d->applied_ticket};
+            *r = (struct deferred){NULL, req, code, phrase, b, osubd_core_applied(d->core)};
             if (d->deferred_tail != NULL)
                 d->deferred_tail->next = r;
             else
@@ -185,9 +217,9 @@ int osubd_bound_port(struct evhttp_bound_socket *h)
                                     : ntohs(((struct sockaddr_in *)&ss)->sin_port);
 }
 
-void osubd_api_flush(struct osubd *d)
+static void api_flush(struct osubd_api *d)
 {
-    while (d->deferred_head != NULL && d->deferred_head->ticket <= d->durable_ticket) {
+    while (d->deferred_head != NULL && d->deferred_head->ticket <= osubd_core_durable(d->core)) {
         struct deferred *r = d->deferred_head;
         d->deferred_head = r->next;
         if (d->deferred_head == NULL)
@@ -198,7 +230,7 @@ void osubd_api_flush(struct osubd *d)
     }
 }
 
-void osubd_api_release_held(struct osubd *d)
+static void api_release_held(struct osubd_api *d)
 {
     while (d->deferred_head != NULL) {
         struct deferred *r = d->deferred_head;
@@ -208,7 +240,7 @@ void osubd_api_release_held(struct osubd *d)
         enum evhttp_cmd_type m = evhttp_request_get_command(r->req);
         bool mut = m == EVHTTP_REQ_POST || m == EVHTTP_REQ_PUT || m == EVHTTP_REQ_PATCH ||
                    m == EVHTTP_REQ_DELETE;
-        if (mut && r->ticket > d->durable_ticket && r->code < 400) {
+        if (mut && r->ticket > osubd_core_durable(d->core) && r->code < 400) {
             evbuffer_drain(r->body, evbuffer_get_length(r->body));
             evbuffer_add_printf(
                 r->body, "{\"error\":{\"code\":\"not_durable\",\"message\":\"applied, but the "
@@ -224,7 +256,7 @@ void osubd_api_release_held(struct osubd *d)
     }
 }
 
-static void reply_error(struct osubd *d, struct evhttp_request *req, int code, const char *ecode,
+static void reply_error(struct osubd_api *d, struct evhttp_request *req, int code, const char *ecode,
                         const char *msg)
 {
     reply_json(d, req, code, json_pack("{s:{s:s, s:s}}", "error", "code", ecode, "message", msg));
@@ -256,13 +288,13 @@ static int status_of(int rc)
     }
 }
 
-static void reply_rc(struct osubd *d, struct evhttp_request *req, int rc)
+static void reply_rc(struct osubd_api *d, struct evhttp_request *req, int rc)
 {
     reply_error(d, req, status_of(rc), osub_errcode(rc), osub_strerror(rc));
 }
 
 /* Reads the request body as a JSON object: 400 with the position, or 413. NULL when replied. */
-static json_t *read_body(struct osubd *d, struct evhttp_request *req, bool allow_empty)
+static json_t *read_body(struct osubd_api *d, struct evhttp_request *req, bool allow_empty)
 {
     struct evbuffer *in = evhttp_request_get_input_buffer(req);
     size_t len = evbuffer_get_length(in);
@@ -298,7 +330,7 @@ static json_t *read_body(struct osubd *d, struct evhttp_request *req, bool allow
 }
 
 /* Refuses fields other than those listed; replies 400 naming the field. */
-static bool only_fields(struct osubd *d, struct evhttp_request *req, json_t *j,
+static bool only_fields(struct osubd_api *d, struct evhttp_request *req, json_t *j,
                         const char *const *allowed)
 {
     const char *key;
@@ -325,7 +357,7 @@ static double frac(int64_t a, int64_t b)
     return b > 0 ? (double)a / (double)b : 0.0;
 }
 
-static json_t *pool_json(struct osubd *d)
+static json_t *pool_json(struct osubd_api *d)
 {
     osub_pool_info_t p;
     osub_engine_pool_info(d->e, &p);
@@ -338,8 +370,8 @@ static json_t *pool_json(struct osubd *d)
         osub_gpu_info_t g;
         osub_engine_gpu_info(d->e, (int32_t)i, &g);
         char uuid[96];
-        if ((int32_t)i < d->n_uuids)
-            memcpy(uuid, d->uuids[i], sizeof(uuid));
+        if ((int32_t)i < d->gpus->n)
+            memcpy(uuid, d->gpus->uuid[i], sizeof(uuid));
         else
             snprintf(uuid, sizeof(uuid), "sim-%zu", i);
         uuid[sizeof(uuid) - 1] = '\0';
@@ -373,7 +405,7 @@ static json_t *pool_json(struct osubd *d)
         pc.low_watermark_pct, "margin_mib", (json_int_t)pc.margin_mib);
 }
 
-static json_t *service_json(struct osubd *d, const char *id)
+static json_t *service_json(struct osubd_api *d, const struct osubd_caller *who, const char *id)
 {
     osub_service_info_t si;
     if (osub_engine_service_info(d->e, id, &si) != 0)
@@ -404,7 +436,7 @@ static json_t *service_json(struct osubd *d, const char *id)
                                             "held_mib", (json_int_t)si.slots[i].held_mib,
                                             "used_mib", (json_int_t)si.slots[i].used_mib));
     json_object_set_new(o, "placement", pl);
-    pid_t pid = osubd_act_pid(d, id);
+    pid_t pid = osubd_act_pid(d->act, id);
     if (pid > 0)
         json_object_set_new(o, "pid", json_integer(pid));
     const struct osubd_route *route = osubd_routes_get(d->routes, id);
@@ -413,11 +445,11 @@ static json_t *service_json(struct osubd *d, const char *id)
         json_object_update(o, rj);
         json_decref(rj);
     }
-    osubd_act_describe(d, id, o);
-    json_object_set_new(o, "since_unix_ms", json_integer(osubd_engine_to_unix(d, si.since_ms)));
+    osubd_act_describe(d->act, who, id, o);
+    json_object_set_new(o, "since_unix_ms", json_integer(osubd_engine_to_unix(d->core, si.since_ms)));
     if (si.deadline_ms > 0)
         json_object_set_new(o, "deadline_unix_ms",
-                            json_integer(osubd_engine_to_unix(d, si.deadline_ms)));
+                            json_integer(osubd_engine_to_unix(d->core, si.deadline_ms)));
     if (si.queue_position > 0)
         json_object_set_new(o, "queue_position", json_integer(si.queue_position));
     if (si.n_waits > 0) {
@@ -426,7 +458,7 @@ static json_t *service_json(struct osubd *d, const char *id)
             json_array_append_new(
                 w, json_pack("{s:s, s:s, s:I}", "service", si.waits[i].service, "action",
                              si.waits[i].evict ? "evict" : "degrade", "deadline_unix_ms",
-                             (json_int_t)osubd_engine_to_unix(d, si.waits[i].deadline_ms)));
+                             (json_int_t)osubd_engine_to_unix(d->core, si.waits[i].deadline_ms)));
         json_object_set_new(o, "waiting_for", w);
     }
     if (si.checkpoint[0])
@@ -438,17 +470,17 @@ static json_t *service_json(struct osubd *d, const char *id)
 
 /* ---- handlers ------------------------------------------------------------------------ */
 
-static void h_pool(struct osubd *d, struct evhttp_request *req, enum evhttp_cmd_type m)
+static void h_pool(struct osubd_api *d, struct evhttp_request *req, enum evhttp_cmd_type m)
 {
     if (m == EVHTTP_REQ_GET) {
         /* the pool changes only by commands: its text is kept until the next one */
-        if (d->pool_text == NULL || d->pool_text_version != d->state_version) {
+        if (d->pool_text == NULL || d->pool_text_version != osubd_core_version(d->core)) {
             free(d->pool_text);
             json_t *p = pool_json(d);
             d->pool_text = p ? osubd_json_dumps(p, JSON_COMPACT) : NULL;
             json_decref(p);
             d->pool_text_len = d->pool_text ? strlen(d->pool_text) : 0;
-            d->pool_text_version = d->state_version;
+            d->pool_text_version = osubd_core_version(d->core);
         }
         struct evbuffer *b = d->pool_text ? evbuffer_new() : NULL;
         if (b == NULL || evbuffer_add(b, d->pool_text, d->pool_text_len) != 0 ||
@@ -456,7 +488,7 @@ static void h_pool(struct osubd *d, struct evhttp_request *req, enum evhttp_cmd_
             if (b != NULL)
                 evbuffer_free(b);
             if (d->pool_text == NULL)
-                d->pool_text_version = d->state_version - 1; /* not kept: made again next time */
+                d->pool_text_version = osubd_core_version(d->core) - 1; /* not kept: made again next time */
             reply_oom(d, req);
             return;
         }
@@ -504,7 +536,7 @@ static void h_pool(struct osubd *d, struct evhttp_request *req, enum evhttp_cmd_
     }
     json_t *cmd = json_pack("{s:s, s:i}", "op", "ratio", "ratio_milli", milli);
     char err[256];
-    rc = osubd_apply(d, cmd, NULL, err, sizeof(err));
+    rc = osubd_apply(d->core, cmd, NULL, err, sizeof(err));
     json_decref(cmd);
     if (rc != 0) {
         reply_rc(d, req, rc);
@@ -516,6 +548,7 @@ static void h_pool(struct osubd *d, struct evhttp_request *req, enum evhttp_cmd_
 /* What a submit staged for the modules: kept when the engine accepts the service, saved with
  * the command; dropped otherwise. */
 struct submit_stage {
+    struct osubd_api *d;
     const char *id;
     struct osubd_route *route; /* taken when kept */
     json_t *exec;
@@ -524,14 +557,15 @@ struct submit_stage {
     bool dry;
 };
 
-static void submit_commit(struct osubd *d, int rc, const osub_submit_result_t *r, void *arg)
+static void submit_commit(void *arg, int rc, const osub_submit_result_t *r)
 {
     struct submit_stage *st = arg;
+    struct osubd_api *d = st->d;
     if (rc == 0 && r->outcome == OSUB_SUBMIT_EXISTS) {
         /* a retry of a live service: the same spec, the same gateway settings (PUT
          * .../backends changes backends) and the same way to run it (or none given) */
         st->route_conflict = !osubd_route_equal(st->route, osubd_routes_get(d->routes, st->id)) ||
-                             (st->exec != NULL && !osubd_act_exec_equal(d, st->id, st->exec));
+                             (st->exec != NULL && !osubd_act_exec_equal(d->act, st->id, st->exec));
         return;
     }
     if (rc != 0 || st->dry ||
@@ -541,25 +575,25 @@ static void submit_commit(struct osubd *d, int rc, const osub_submit_result_t *r
     st->stored = osubd_routes_set(d->routes, st->id, st->route) == 0;
     st->route = NULL;
     if (st->exec != NULL)
-        st->stored = osubd_act_commit_exec(d, st->id, st->exec) == 0 && st->stored;
+        st->stored = osubd_act_commit_exec(d->act, st->id, st->exec) == 0 && st->stored;
     if (!st->stored)
-        osubd_fatal(d, "out of memory keeping a service's gateway or run settings");
+        osubd_fatal(d->core, "out of memory keeping a service's gateway or run settings");
 }
 
 /* A route whose backend is oversubd's own API or gateway: the gateway never forwards there,
  * whatever allowed_destinations says (else a service's backends are a way around the token).
  * 0, or -1 with a sentence in err. */
-static int route_not_self(struct osubd *d, const struct osubd_route *r, char *err, size_t errlen)
+static int route_not_self(struct osubd_api *d, const struct osubd_route *r, char *err, size_t errlen)
 {
     const char *mw =
-        r != NULL && r->metrics_url[0] ? osubd_self_url(&d->self, r->metrics_url) : NULL;
+        r != NULL && r->metrics_url[0] ? osubd_self_url(d->self, r->metrics_url) : NULL;
     if (mw != NULL) {
         snprintf(err, errlen, "metrics_url %.200s is oversubd's own %s, not the engine's",
                  r->metrics_url, mw);
         return -1;
     }
     for (int32_t i = 0; r != NULL && i < r->n_backends; i++) {
-        const char *w = osubd_self_url(&d->self, r->backends[i]);
+        const char *w = osubd_self_url(d->self, r->backends[i]);
         if (w != NULL) {
             snprintf(err, errlen,
                      "backends[%d] %.200s is oversubd's own %s: the gateway never forwards to "
@@ -571,7 +605,7 @@ static int route_not_self(struct osubd *d, const struct osubd_route *r, char *er
     return 0;
 }
 
-static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dry)
+static void h_services_post(struct osubd_api *d, const struct osubd_caller *who, struct evhttp_request *req, bool dry)
 {
     json_t *spec = read_body(d, req, false);
     if (spec == NULL)
@@ -592,7 +626,8 @@ static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dr
      * every submit over TCP carries it) */
     json_t *exec = NULL;
     int trc =
-        osubd_act_take(d, spec, d->req_trusted || d->cfg.token[0] != '\0', &exec, err, sizeof(err));
+        osubd_act_take(d->act, spec, who->trusted || d->cfg->token[0] != '\0',
+                       osubd_dp_cut_mib(d->dp), &exec, err, sizeof(err));
     if (trc != 0) {
         json_decref(spec);
         free(route);
@@ -612,12 +647,12 @@ static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dr
     json_decref(spec);
     osub_submit_result_t r;
     memset(&r, 0, sizeof(r));
-    struct submit_stage st = {.id = sp.id, .route = route, .exec = exec, .dry = dry};
-    int rc = cmd != NULL ? osubd_apply_with(d, cmd, &r, err, sizeof(err), submit_commit, &st)
+    struct submit_stage st = {.d = d, .id = sp.id, .route = route, .exec = exec, .dry = dry};
+    int rc = cmd != NULL ? osubd_apply_with(d->core, cmd, &r, err, sizeof(err), submit_commit, &st)
                          : OSUB_ENOMEM;
     json_decref(cmd);
     if (dry && err[0] == '\0')
-        submit_commit(d, rc, &r, &st); /* a dry run keeps nothing, but answers the same */
+        submit_commit(&st, rc, &r); /* a dry run keeps nothing, but answers the same */
     free(st.route);
     json_decref(exec);
     if (st.route_conflict) {
@@ -649,7 +684,7 @@ static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dr
         for (int32_t i = 0; i < r.n_victims; i++) {
             json_t *o = json_pack("{s:s, s:s, s:I}", "service", r.victims[i].service, "action",
                                   r.victims[i].evict ? "evict" : "degrade", "deadline_unix_ms",
-                                  (json_int_t)osubd_engine_to_unix(d, r.victims[i].deadline_ms));
+                                  (json_int_t)osubd_engine_to_unix(d->core, r.victims[i].deadline_ms));
             /* who it is, for a scheduler ranking nodes by what they would disturb: its class,
              * its level, what a restart costs it, and the pod it is (if one) */
             osub_service_info_t vi;
@@ -658,7 +693,7 @@ static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dr
                 json_object_set_new(o, "level", json_integer(vi.level));
                 json_object_set_new(o, "restart_cost_ms", json_integer(vi.spec->restart_cost_ms));
                 const char *uid =
-                    json_string_value(json_object_get(osubd_act_kube(d, vi.spec->id), "uid"));
+                    json_string_value(json_object_get(osubd_act_kube(d->act, vi.spec->id), "uid"));
                 if (uid != NULL)
                     json_object_set_new(o, "pod_uid", json_string(uid));
             }
@@ -695,14 +730,14 @@ static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dr
         reply_rc(d, req, rc);
         return;
     }
-    json_t *body = dry ? json_object() : service_json(d, sp.id);
+    json_t *body = dry ? json_object() : service_json(d, who, sp.id);
     if (body == NULL)
         body = json_object();
     json_object_set_new(body, "decision", dec);
     if (!dry) {
         /* for the service's own calls: usage, ready, ack, exited */
         char tok[65];
-        osubd_service_token(d, sp.id, tok);
+        osubd_service_token(d->core, sp.id, tok);
         json_object_set_new(body, "token", json_string(tok));
     }
     int code = r.outcome == OSUB_SUBMIT_STARTED ? 201 : r.outcome == OSUB_SUBMIT_EXISTS ? 200 : 202;
@@ -713,24 +748,26 @@ static void h_services_post(struct osubd *d, struct evhttp_request *req, bool dr
 
 /* A ready's PID: kept when the engine accepted the command (saved with it). */
 struct pid_stage {
+    struct osubd_api *d;
     const char *id;
     pid_t pid;
     bool stored;
 };
 
-static void pid_commit(struct osubd *d, int rc, const osub_submit_result_t *r, void *arg)
+static void pid_commit(void *arg, int rc, const osub_submit_result_t *r)
 {
     (void)r;
     struct pid_stage *st = arg;
+    struct osubd_api *d = st->d;
     if (rc == 0 && st->pid > 0 &&
         osub_engine_service_info(d->e, st->id, &(osub_service_info_t){0}) == 0 &&
-        osubd_act_set_pid(d, st->id, st->pid) != 0) {
+        osubd_act_set_pid(d->act, st->id, st->pid) != 0) {
         st->stored = false;
-        osubd_fatal(d, "out of memory keeping a service's PID");
+        osubd_fatal(d->core, "out of memory keeping a service's PID");
     }
 }
 
-static void h_service_cmd(struct osubd *d, struct evhttp_request *req, const char *id,
+static void h_service_cmd(struct osubd_api *d, const struct osubd_caller *who, struct evhttp_request *req, const char *id,
                           const char *op)
 {
     json_t *j = read_body(d, req, true);
@@ -822,8 +859,8 @@ static void h_service_cmd(struct osubd *d, struct evhttp_request *req, const cha
     json_object_set_new(j, "op", json_string(op));
     json_object_set_new(j, "id", json_string(id));
     char err[256];
-    struct pid_stage st = {.id = id, .pid = pid, .stored = true};
-    int rc = osubd_apply_with(d, j, NULL, err, sizeof(err), pid_commit, &st);
+    struct pid_stage st = {.d = d, .id = id, .pid = pid, .stored = true};
+    int rc = osubd_apply_with(d->core, j, NULL, err, sizeof(err), pid_commit, &st);
     json_decref(j);
     if (!st.stored) {
         reply_error(d, req, 500, "out_of_memory", "out of memory keeping the service's PID");
@@ -837,7 +874,7 @@ static void h_service_cmd(struct osubd *d, struct evhttp_request *req, const cha
         reply_rc(d, req, rc);
         return;
     }
-    json_t *body = service_json(d, id);
+    json_t *body = service_json(d, who, id);
     if (body == NULL)
         body = json_pack("{s:s, s:s}", "id", id, "state", "released");
     reply_json(d, req, 200, body);
@@ -845,7 +882,7 @@ static void h_service_cmd(struct osubd *d, struct evhttp_request *req, const cha
 
 /* PUT /v1/services/{id}/backends {"backends": [...]}: a service (a managed one once it
  * listens) registers where the gateway reaches it; the route's other settings stay. */
-static void h_backends(struct osubd *d, struct evhttp_request *req, const char *id)
+static void h_backends(struct osubd_api *d, const struct osubd_caller *who, struct evhttp_request *req, const char *id)
 {
     json_t *j = read_body(d, req, false);
     if (j == NULL)
@@ -886,17 +923,17 @@ static void h_backends(struct osubd *d, struct evhttp_request *req, const char *
         reply_error(d, req, 500, "out_of_memory", "out of memory keeping the backends");
         return;
     }
-    d->state_version++; /* the gateway's view of the service is stale */
+    osubd_core_touch(d->core); /* the gateway's view of the service is stale */
     char *text = osubd_json_dumps(list, JSON_COMPACT);
     json_decref(list);
-    osubd_note(d, id, "gateway", "backends", "%s registered its backends for the gateway: %s", id,
+    osubd_note(d->core, id, "gateway", "backends", "%s registered its backends for the gateway: %s", id,
                text ? text : "?");
     free(text);
-    json_t *body = service_json(d, id);
+    json_t *body = service_json(d, who, id);
     reply_json(d, req, 200, body ? body : json_object());
 }
 
-static void h_services(struct osubd *d, struct evhttp_request *req, enum evhttp_cmd_type m,
+static void h_services(struct osubd_api *d, const struct osubd_caller *who, struct evhttp_request *req, enum evhttp_cmd_type m,
                        const char *rest, const char *query)
 {
     if (*rest == '\0') {
@@ -906,7 +943,7 @@ static void h_services(struct osubd *d, struct evhttp_request *req, enum evhttp_
             struct evbuffer *b = evbuffer_new();
             bool ok = b != NULL && evbuffer_add_printf(b, "{\"services\":[") > 0;
             for (size_t i = 0; ok && i < osub_engine_service_count(d->e); i++) {
-                json_t *o = service_json(d, osub_engine_service_id(d->e, i));
+                json_t *o = service_json(d, who, osub_engine_service_id(d->e, i));
                 char *text = o ? osubd_json_dumps(o, JSON_COMPACT) : NULL;
                 json_decref(o);
                 ok = text != NULL && (i == 0 || evbuffer_add(b, ",", 1) == 0) &&
@@ -944,7 +981,7 @@ static void h_services(struct osubd *d, struct evhttp_request *req, enum evhttp_
                             "0, false)");
                 return;
             }
-            h_services_post(d, req, dry);
+            h_services_post(d, who, req, dry);
         } else {
             reply_error(d, req, 405, "method_not_allowed", "GET or POST /v1/services");
         }
@@ -962,35 +999,35 @@ static void h_services(struct osubd *d, struct evhttp_request *req, enum evhttp_
     const char *action = slash ? slash + 1 : "";
     if (*action == '\0') {
         if (m == EVHTTP_REQ_GET) {
-            json_t *s = service_json(d, id);
+            json_t *s = service_json(d, who, id);
             if (s == NULL)
                 reply_rc(d, req, osub_id_valid(id) ? OSUB_EUNKNOWN_SERVICE : OSUB_EBAD_ID);
             else
                 reply_json(d, req, 200, s);
         } else if (m == EVHTTP_REQ_DELETE) {
-            h_service_cmd(d, req, id, "release");
+            h_service_cmd(d, who, req, id, "release");
         } else if (m == EVHTTP_REQ_PATCH) {
-            h_service_cmd(d, req, id, "resize");
+            h_service_cmd(d, who, req, id, "resize");
         } else {
             reply_error(d, req, 405, "method_not_allowed", "GET, PATCH or DELETE a service");
         }
         return;
     }
     if (strcmp(action, "backends") == 0 && m == EVHTTP_REQ_PUT)
-        h_backends(d, req, id);
+        h_backends(d, who, req, id);
     else if (strcmp(action, "directives") == 0 && m == EVHTTP_REQ_GET)
-        osubd_act_directives(d, req, id, query);
+        osubd_act_directives(d->act, req, id, query);
     else if (strcmp(action, "usage") == 0 && m == EVHTTP_REQ_PUT)
-        h_service_cmd(d, req, id, "usage");
+        h_service_cmd(d, who, req, id, "usage");
     else if ((strcmp(action, "ready") == 0 || strcmp(action, "ack") == 0 ||
               strcmp(action, "exited") == 0) &&
              m == EVHTTP_REQ_POST)
-        h_service_cmd(d, req, id, action);
+        h_service_cmd(d, who, req, id, action);
     else
         reply_error(d, req, 404, "not_found", "no such endpoint");
 }
 
-static void h_gpu(struct osubd *d, struct evhttp_request *req, enum evhttp_cmd_type m,
+static void h_gpu(struct osubd_api *d, struct evhttp_request *req, enum evhttp_cmd_type m,
                   const char *rest)
 {
     char *end;
@@ -1015,7 +1052,7 @@ static void h_gpu(struct osubd *d, struct evhttp_request *req, enum evhttp_cmd_t
         return;
     }
     char err[256];
-    int rc = osubd_apply(d, cmd, NULL, err, sizeof(err));
+    int rc = osubd_apply(d->core, cmd, NULL, err, sizeof(err));
     json_decref(cmd);
     if (rc != 0) {
         reply_rc(d, req, rc);
@@ -1043,14 +1080,14 @@ static int collect_cb(void *arg, int64_t seq, const char *text)
     return 0;
 }
 
-static void send_events(struct osubd *d, struct evhttp_request *req, int64_t since)
+static void send_events(struct osubd_api *d, struct evhttp_request *req, int64_t since)
 {
     struct ev_collect c = {json_array(), since};
-    osubd__store_events(d->store, since, 1000, collect_cb, &c);
+    osubd_core_events(d->core, since, 1000, collect_cb, &c);
     reply_json(d, req, 200, json_pack("{s:o, s:I}", "events", c.arr, "next", (json_int_t)c.last));
 }
 
-static void waiter_free(struct osubd *d, struct waiter *w)
+static void waiter_free(struct osubd_api *d, struct waiter *w)
 {
     for (struct waiter **p = &d->waiters; *p; p = &(*p)->next)
         if (*p == w) {
@@ -1078,12 +1115,12 @@ static void waiter_timeout(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     struct waiter *w = arg;
-    struct osubd *d = w->d;
+    struct osubd_api *d = w->d;
     send_events(d, w->req, w->since);
     waiter_free(d, w);
 }
 
-void osubd_api_events_ready(struct osubd *d)
+static void api_events_ready(struct osubd_api *d)
 {
     while (d->waiters != NULL) {
         struct waiter *w = d->waiters;
@@ -1092,7 +1129,7 @@ void osubd_api_events_ready(struct osubd *d)
     }
 }
 
-static void h_events(struct osubd *d, struct evhttp_request *req, const char *query)
+static void h_events(struct osubd_api *d, struct evhttp_request *req, const char *query)
 {
     struct evkeyvalq q;
     q.tqh_first = NULL;
@@ -1112,7 +1149,7 @@ static void h_events(struct osubd *d, struct evhttp_request *req, const char *qu
         reply_error(d, req, 400, "invalid_query", "since >= 0, wait between 0 and 300 seconds");
         return;
     }
-    if (wait == 0 || since < d->last_event_seq) {
+    if (wait == 0 || since < osubd_core_last_event(d->core)) {
         send_events(d, req, since);
         return;
     }
@@ -1140,7 +1177,7 @@ static void h_events(struct osubd *d, struct evhttp_request *req, const char *qu
 extern const unsigned char osubd_dashboard_html[], osubd_openapi_json[];
 extern const size_t osubd_dashboard_html_len, osubd_openapi_json_len;
 
-static void h_static(struct osubd *d, struct evhttp_request *req, enum evhttp_cmd_type m,
+static void h_static(struct osubd_api *d, struct evhttp_request *req, enum evhttp_cmd_type m,
                      const unsigned char *body, size_t len, const char *type)
 {
     if (m != EVHTTP_REQ_GET && m != EVHTTP_REQ_HEAD) {
@@ -1177,7 +1214,7 @@ static void h_static(struct osubd *d, struct evhttp_request *req, enum evhttp_cm
 #endif
 
 /* oversub_build_info and the process_* series every Prometheus client library exports */
-static void process_metrics(struct osubd *d, struct evbuffer *b)
+static void process_metrics(struct osubd_api *d, struct evbuffer *b)
 {
     evbuffer_add_printf(b,
                         "# HELP oversub_build_info The running oversubd: its version and the "
@@ -1245,10 +1282,10 @@ static void process_metrics(struct osubd *d, struct evbuffer *b)
 static const double lat_bounds[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
                                     0.01,   0.025,   0.05,   0.1,   0.5};
 
-static void h_metrics(struct osubd *d, struct evhttp_request *req, const char *query)
+static void h_metrics(struct osubd_api *d, struct evhttp_request *req, const char *query)
 {
     bool per_service =
-        d->cfg.metrics_per_service || (query != NULL && strstr(query, "per_service=1") != NULL);
+        d->cfg->metrics_per_service || (query != NULL && strstr(query, "per_service=1") != NULL);
     struct evbuffer *b = evbuffer_new();
     if (b == NULL) {
         reply_oom(d, req);
@@ -1339,14 +1376,6 @@ static void h_metrics(struct osubd *d, struct evhttp_request *req, const char *q
             }
         }
     }
-    static const char *const lvl[] = {"online", "batch", "experiment", "none"};
-    evbuffer_add_printf(b, "# HELP oversub_decisions_total Decisions and events by kind and the "
-                           "level of the service.\n# TYPE oversub_decisions_total counter\n");
-    for (int k = 0; k < OSUB_EV__COUNT; k++)
-        for (int l = 0; l < 4; l++)
-            evbuffer_add_printf(b, "oversub_decisions_total{kind=\"%s\",level=\"%s\"} %llu\n",
-                                osub_event_name((osub_event_kind_t)k), lvl[l],
-                                (unsigned long long)d->ev_counts[k][l]);
     evbuffer_add_printf(b, "# HELP oversub_http_requests_total API requests by status class.\n"
                            "# TYPE oversub_http_requests_total counter\n");
     for (int c = 1; c <= 5; c++)
@@ -1363,30 +1392,16 @@ static void h_metrics(struct osubd *d, struct evhttp_request *req, const char *q
         "# TYPE oversub_api_connections_refused_total counter\n"
         "oversub_api_connections_refused_total{listener=\"tcp\"} %llu\n"
         "oversub_api_connections_refused_total{listener=\"unix\"} %llu\n"
-        "# HELP oversub_store_disk_full 1 while the state's disk is full (changes refused).\n"
-        "# TYPE oversub_store_disk_full gauge\n"
-        "oversub_store_disk_full %d\n"
         "# HELP oversub_api_waiters_gone_total Long-polls whose client left before the answer.\n"
         "# TYPE oversub_api_waiters_gone_total counter\n"
         "oversub_api_waiters_gone_total %llu\n",
         osubd_conns_open(d->conns), osubd_conns_open(d->conns_unix),
         (unsigned long long)osubd_conns_refused(d->conns),
-        (unsigned long long)osubd_conns_refused(d->conns_unix), d->store_full ? 1 : 0,
-        (unsigned long long)d->waiters_gone);
-    osubd_gateway_metrics(d, b);
-    osubd_dp_metrics(d, b);
-    osubd_act_metrics(d, b);
-    osubd_pods_metrics(d, b);
+        (unsigned long long)osubd_conns_refused(d->conns_unix),
+        (unsigned long long)(d->waiters_gone + osubd_act_waiters_gone(d->act)));
+    osubd_core_metrics(d->core, b); /* the core's series, then every module's */
+    osubd_dp_metrics(d->dp, b);     /* started after the modules registered */
     process_metrics(d, b);
-    evbuffer_add_printf(b,
-                        "# HELP oversub_store_commits_total Durable transactions of the writer.\n"
-                        "# TYPE oversub_store_commits_total counter\n"
-                        "oversub_store_commits_total %llu\n"
-                        "# HELP oversub_store_commands_total Commands made durable (commands per "
-                        "commit: the grouping).\n"
-                        "# TYPE oversub_store_commands_total counter\n"
-                        "oversub_store_commands_total %llu\n",
-                        (unsigned long long)d->commits, (unsigned long long)d->commit_items);
     evbuffer_add_printf(b, "# HELP oversub_http_request_seconds API request latency.\n"
                            "# TYPE oversub_http_request_seconds histogram\n");
     uint64_t cum = 0;
@@ -1449,11 +1464,11 @@ static bool json_media_type(const char *ct)
  * rebinding): over TCP, Host must name a listener (its address, localhost, or api_hostnames),
  * and Origin, when sent, must be http://<that Host>. Mutations carry JSON (a form or a
  * text/plain body, what a page may send without asking, is refused). 0, or the status sent. */
-static int browser_guard(struct osubd *d, struct evhttp_request *req, enum evhttp_cmd_type m)
+static int browser_guard(struct osubd_api *d, struct evhttp_request *req, enum evhttp_cmd_type m)
 {
     struct evkeyvalq *in = evhttp_request_get_input_headers(req);
     const char *host = evhttp_find_header(in, "Host");
-    if (host != NULL && !osubd_self_host_ok(&d->self, host, d->cfg.api_hostnames)) {
+    if (host != NULL && !osubd_self_host_ok(d->self, host, d->cfg->api_hostnames)) {
         reply_error(d, req, 403, "forbidden_host",
                     "Host names neither an address oversubd listens on nor one of its "
                     "api_hostnames (a page that rebinds a name to this address is refused)");
@@ -1481,22 +1496,43 @@ static int browser_guard(struct osubd *d, struct evhttp_request *req, enum evhtt
 }
 
 /* The Unix socket's requests: its mode (0600) already says who may connect. */
+static void serve(struct osubd_api *d, struct evhttp_request *req, bool trusted);
+
 static void on_request_unix(struct evhttp_request *req, void *arg)
 {
-    struct osubd *d = arg;
-    d->req_trusted = true;
-    on_request(req, arg);
-    d->req_trusted = false;
+    serve(arg, req, true);
 }
 
 static void on_request(struct evhttp_request *req, void *arg)
 {
-    struct osubd *d = arg;
+    serve(arg, req, false);
+}
+
+/* Who asks: the Unix socket is trusted (its mode, 0600, already says who may connect); over
+ * TCP, the admin token makes an admin (every request is one when no token is configured). */
+static struct osubd_caller caller_of(const struct osubd_api *d, struct evhttp_request *req,
+                                     bool trusted)
+{
+    /* command arguments and control URLs: the socket and the admin token see them; TCP
+     * without the token (configured or not: any local user can reach loopback) does not */
+    struct osubd_caller who = {.trusted = trusted, .admin = trusted};
+    if (d->cfg->token[0] && !trusted) {
+        const char *auth =
+            evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+        char want[300];
+        snprintf(want, sizeof(want), "Bearer %s", d->cfg->token);
+        who.admin = auth != NULL && same_secret(auth, want);
+    }
+    return who;
+}
+
+static void serve(struct osubd_api *d, struct evhttp_request *req, bool trusted)
+{
     double t0 = now_s();
     struct evhttp_connection *evcon = evhttp_request_get_connection(req);
     struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
     if (bev != NULL)
-        osubd_conns_served(d->req_trusted ? d->conns_unix : d->conns, (int)bufferevent_getfd(bev));
+        osubd_conns_served(trusted ? d->conns_unix : d->conns, (int)bufferevent_getfd(bev));
     enum evhttp_cmd_type m = evhttp_request_get_command(req);
     const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
     const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
@@ -1508,22 +1544,14 @@ static void on_request(struct evhttp_request *req, void *arg)
                     "two Content-Length headers, or Content-Length with Transfer-Encoding");
         goto done;
     }
-    if (!d->req_trusted && browser_guard(d, req, m) != 0)
+    if (!trusted && browser_guard(d, req, m) != 0)
         goto done;
-    /* command arguments and control URLs: the socket and the admin token see them; TCP
-     * without the token (configured or not: any local user can reach loopback) does not */
-    d->req_admin = d->req_trusted;
-    if (d->cfg.token[0] && !d->req_trusted) {
+    struct osubd_caller caller = caller_of(d, req, trusted);
+    const struct osubd_caller *who = &caller;
+    if (d->cfg->token[0] && mutating(m)) {
         const char *auth =
             evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
-        char want[300];
-        snprintf(want, sizeof(want), "Bearer %s", d->cfg.token);
-        d->req_admin = auth != NULL && same_secret(auth, want);
-    }
-    if (d->cfg.token[0] && mutating(m)) {
-        const char *auth =
-            evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
-        bool allowed = d->req_admin;
+        bool allowed = who->admin;
         /* a service's own calls may carry its token instead */
         const char *sid = strncmp(path, "/v1/services/", 13) == 0 ? path + 13 : NULL;
         const char *slash = sid ? strchr(sid, '/') : NULL;
@@ -1535,7 +1563,7 @@ static void on_request(struct evhttp_request *req, void *arg)
             char id[129], tok[65];
             memcpy(id, sid, (size_t)(slash - sid));
             id[slash - sid] = '\0';
-            osubd_service_token(d, id, tok);
+            osubd_service_token(d->core, id, tok);
             allowed = same_secret(auth + 7, tok);
         }
         if (!allowed) {
@@ -1546,7 +1574,7 @@ static void on_request(struct evhttp_request *req, void *arg)
             goto done;
         }
     }
-    if (d->store_full && mutating(m)) {
+    if (osubd_core_full(d->core) && mutating(m)) {
         evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "5");
         reply_error(d, req, 507, "insufficient_storage",
                     "the state's disk is full: nothing was changed; retry when space returns "
@@ -1562,7 +1590,7 @@ static void on_request(struct evhttp_request *req, void *arg)
         if (osub_engine_check(d->e, why, sizeof(why)) == 0)
             reply_json(d, req, 200,
                        json_pack("{s:s, s:s, s:s}", "status", "ok", "invariants", "ok", "state",
-                                 d->store_full ? "disk full: changes refused (507)" : "ok"));
+                                 osubd_core_full(d->core) ? "disk full: changes refused (507)" : "ok"));
         else
             reply_json(d, req, 500, json_pack("{s:s, s:s}", "status", "broken", "invariants", why));
     } else if (strcmp(path, "/metrics") == 0)
@@ -1575,9 +1603,9 @@ static void on_request(struct evhttp_request *req, void *arg)
     else if (strcmp(path, "/v1/pool") == 0)
         h_pool(d, req, m);
     else if (strcmp(path, "/v1/services") == 0)
-        h_services(d, req, m, "", query);
+        h_services(d, who, req, m, "", query);
     else if (strncmp(path, "/v1/services/", 13) == 0 && path[13] != '\0')
-        h_services(d, req, m, path + 13, query);
+        h_services(d, who, req, m, path + 13, query);
     else if (strncmp(path, "/v1/gpus/", 9) == 0)
         h_gpu(d, req, m, path + 9);
     else if (strcmp(path, "/v1/events") == 0 && m == EVHTTP_REQ_GET)
@@ -1585,7 +1613,6 @@ static void on_request(struct evhttp_request *req, void *arg)
     else
         reply_error(d, req, 404, "not_found", "no such endpoint");
 done:;
-    d->req_admin = false;
     double dt = now_s() - t0;
     size_t i = 0;
     while (i < sizeof(lat_bounds) / sizeof(lat_bounds[0]) && dt > lat_bounds[i])
@@ -1597,9 +1624,9 @@ done:;
 }
 
 /* Binds the Unix socket, reclaiming a stale one (a live daemon behind it is refused). */
-static int bind_unix(struct osubd *d, char *err, size_t errlen)
+static int bind_unix(struct osubd_api *d, char *err, size_t errlen)
 {
-    const char *path = d->cfg.socket_path;
+    const char *path = d->cfg->socket_path;
     struct sockaddr_un sa;
     memset(&sa, 0, sizeof(sa));
     sa.sun_family = AF_UNIX;
@@ -1651,7 +1678,7 @@ static int bind_unix(struct osubd *d, char *err, size_t errlen)
     return 0;
 }
 
-static struct evhttp *api_http(struct osubd *d, void (*cb)(struct evhttp_request *, void *))
+static struct evhttp *api_http(struct osubd_api *d, void (*cb)(struct evhttp_request *, void *))
 {
     struct evhttp *h = evhttp_new(d->base);
     if (h == NULL)
@@ -1665,7 +1692,78 @@ static struct evhttp *api_http(struct osubd *d, void (*cb)(struct evhttp_request
     return h;
 }
 
-int osubd_api_init(struct osubd *d, char *err, size_t errlen)
+static void api_durable(void *ctx, const struct osubd_progress *p)
+{
+    struct osubd_api *d = ctx;
+    if (p->full) { /* the disk filled: what is held goes out now */
+        api_release_held(d);
+        return;
+    }
+    api_flush(d);
+    if (p->events)
+        api_events_ready(d);
+}
+
+struct osubd_module osubd_api_module(struct osubd_api *a)
+{
+    struct osubd_module m = {.name = "api", .ctx = a, .durable = api_durable};
+    return m;
+}
+
+int osubd_api_port(const struct osubd_api *a)
+{
+    return a->port;
+}
+
+struct osubd_api *osubd_api_new(struct osubd_core *c, const struct osubd_api_deps *dep, char *err,
+                                size_t errlen)
+{
+    struct osubd_api *d = calloc(1, sizeof(*d));
+    if (d == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    d->core = c;
+    d->cfg = osubd_core_config(c);
+    d->base = osubd_core_base(c);
+    d->e = osubd_core_engine(c);
+    d->dep = *dep;
+    d->act = dep->act;
+    d->routes = dep->routes;
+    d->gw = dep->gw;
+    d->dp = dep->dp;
+    d->gpus = dep->gpus;
+    d->dest = dep->dest;
+    d->self = dep->self;
+    d->port = d->cfg->listen_port;
+    return d;
+}
+
+void osubd_api_set_dp(struct osubd_api *a, struct osubd_dp *dp)
+{
+    a->dp = dp;
+}
+
+void osubd_api_free(struct osubd_api *d)
+{
+    if (d == NULL)
+        return;
+    while (d->waiters != NULL)
+        waiter_free(d, d->waiters);
+    api_release_held(d);
+    free(d->pool_text);
+    if (d->http)
+        evhttp_free(d->http);
+    if (d->http_unix)
+        evhttp_free(d->http_unix);
+    osubd_conns_free(d->conns);
+    osubd_conns_free(d->conns_unix);
+    if (d->cfg->socket_path[0] && d->socket_bound) /* never another daemon's, never a file */
+        unlink(d->cfg->socket_path);
+    free(d);
+}
+
+int osubd_api_listen(struct osubd_api *d, char *err, size_t errlen)
 {
     d->http = api_http(d, on_request);
     d->http_unix = api_http(d, on_request_unix);
@@ -1679,7 +1777,7 @@ int osubd_api_init(struct osubd *d, char *err, size_t errlen)
      * to half of what is left after a reserve, so that a flood of them never takes the ones
      * the Unix socket, the state and the gateway need */
     struct rlimit rl;
-    int tcp_max = d->cfg.api_conns_max;
+    int tcp_max = d->cfg->api_conns_max;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
         if (rl.rlim_cur < rl.rlim_max) {
             rl.rlim_cur = rl.rlim_max;
@@ -1697,28 +1795,28 @@ int osubd_api_init(struct osubd *d, char *err, size_t errlen)
             tcp_max = (int)cap;
         }
     }
-    d->conns = osubd_conns_new(d->base, d->http, d->cfg.api_conns_per_client, tcp_max, "API");
+    d->conns = osubd_conns_new(d->base, d->http, d->cfg->api_conns_per_client, tcp_max, "API");
     d->conns_unix = osubd_conns_new(d->base, d->http_unix, 0, 256, "Unix socket");
     if (d->conns == NULL || d->conns_unix == NULL) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
     struct evhttp_bound_socket *h =
-        evhttp_bind_socket_with_handle(d->http, d->cfg.listen_host, (uint16_t)d->cfg.listen_port);
+        evhttp_bind_socket_with_handle(d->http, d->cfg->listen_host, (uint16_t)d->port);
     if (h == NULL) {
-        snprintf(err, errlen, "--listen %s:%d: cannot listen there (%s)", d->cfg.listen_host,
-                 d->cfg.listen_port, strerror(errno));
+        snprintf(err, errlen, "--listen %s:%d: cannot listen there (%s)", d->cfg->listen_host,
+                 d->port, strerror(errno));
         return -1;
     }
     osubd_conns_listen(d->conns, h);
-    osubd_self_add_fd(&d->self, (int)evhttp_bound_socket_get_fd(h), "control API");
+    osubd_self_add_fd(d->self, (int)evhttp_bound_socket_get_fd(h), "control API");
     int port = osubd_bound_port(h);
-    d->cfg.listen_port = port;
-    if (d->cfg.socket_path[0] && bind_unix(d, err, errlen) != 0)
+    d->port = port;
+    if (d->cfg->socket_path[0] && bind_unix(d, err, errlen) != 0)
         return -1;
-    printf("listening on http://%s:%d\n", d->cfg.listen_host, port);
-    if (d->cfg.socket_path[0])
-        printf("listening on unix:%s\n", d->cfg.socket_path);
+    printf("listening on http://%s:%d\n", d->cfg->listen_host, port);
+    if (d->cfg->socket_path[0])
+        printf("listening on unix:%s\n", d->cfg->socket_path);
     fflush(stdout);
     return 0;
 }

@@ -23,7 +23,6 @@
 #include <nghttp2/nghttp2.h>
 
 #include "actuator.h"
-#include "daemon.h"
 #include "pbwire.h"
 
 #define DP_CHECK_MS 500 /* the folder, the capacity and gone pods are checked */
@@ -89,7 +88,12 @@ struct dp_conn {
 };
 
 struct osubd_dp {
-    struct osubd *d;
+    struct osubd_core *core;
+    const struct osubd_config *cfg;
+    struct event_base *base;
+    osub_engine_t *e;
+    struct osubd_act *act;          /* pods' records and segments */
+    const struct osubd_gpus *gpus;  /* each GPU's UUID */
     char dir[512], sock[600], kubelet[600], allocs_path[600];
     struct evconnlistener *lis;
     ino_t sock_ino;
@@ -159,7 +163,9 @@ int64_t osubd_dp_list_fit(int64_t count, size_t max, size_t *bytes)
 }
 
 /* The usable logical capacity: GPUs neither lost nor cordoned. */
-static int64_t dp_capacity(struct osubd *d)
+static int dp_open(struct osubd_dp *dp, char *err, size_t errlen);
+
+static int64_t dp_capacity(struct osubd_dp *d)
 {
     int64_t mib = 0;
     size_t n = osub_engine_gpu_count(d->e);
@@ -703,11 +709,11 @@ struct dp_match {
 static bool dp_find(struct osubd_dp *dp, int64_t count, const struct dp_match *taken, size_t nt,
                     struct dp_match *m)
 {
-    struct osubd *d = dp->d;
+    struct osubd_dp *d = dp;
     size_t n = osub_engine_service_count(d->e);
     for (size_t i = 0; i < n; i++) {
         const char *id = osub_engine_service_id(d->e, i);
-        const json_t *k = osubd_act_kube(d, id);
+        const json_t *k = osubd_act_kube(d->act, id);
         osub_service_info_t si;
         if (k == NULL || osub_engine_service_info(d->e, id, &si) != 0 ||
             !(si.state == OSUB_STATE_PENDING || si.state == OSUB_STATE_LOADING ||
@@ -738,7 +744,7 @@ static bool dp_find(struct osubd_dp *dp, int64_t count, const struct dp_match *t
 static int dp_container_answer(struct osubd_dp *dp, const struct dp_match *m, struct osubd_pb *out,
                                char *why, size_t whylen)
 {
-    struct osubd *d = dp->d;
+    struct osubd_dp *d = dp;
     osub_service_info_t si;
     if (osub_engine_service_info(d->e, m->id, &si) != 0) {
         snprintf(why, whylen, "service %s is gone", m->id);
@@ -748,13 +754,13 @@ static int dp_container_answer(struct osubd_dp *dp, const struct dp_match *m, st
     for (int32_t i = 0; i < si.n_slots; i++) {
         int32_t g = si.slots[i].gpu;
         size_t l = strlen(gpus);
-        if (g < d->n_uuids && d->uuids[g][0])
-            snprintf(gpus + l, sizeof(gpus) - l, "%s%s", i ? "," : "", d->uuids[g]);
+        if (g < d->gpus->n && d->gpus->uuid[g][0])
+            snprintf(gpus + l, sizeof(gpus) - l, "%s%s", i ? "," : "", d->gpus->uuid[g]);
         else
             snprintf(gpus + l, sizeof(gpus) - l, "%s%d", i ? "," : "", (int)g);
     }
     const char *shim = dp->shim;
-    if (shim[0] && osubd_act_pod_segment(d, m->id, segpath, sizeof(segpath), why, whylen) != 0)
+    if (shim[0] && osubd_act_pod_segment(d->act, m->id, segpath, sizeof(segpath), why, whylen) != 0)
         return -1;
     struct osubd_pb c;
     osubd_pb_init(&c, 64 * 1024);
@@ -762,7 +768,7 @@ static int dp_container_answer(struct osubd_dp *dp, const struct dp_match *m, st
     osubd_pb_map_entry(&c, 1, "CUDA_VISIBLE_DEVICES", gpus);
     osubd_pb_map_entry(&c, 1, "CUDA_DEVICE_ORDER", "PCI_BUS_ID");
     osubd_pb_map_entry(&c, 1, "OVERSUB_SERVICE", m->id);
-    osubd_service_token(d, m->id, tok);
+    osubd_service_token(d->core, m->id, tok);
     osubd_pb_map_entry(&c, 1, "OVERSUB_TOKEN", tok);
     snprintf(num, sizeof(num), "%lld", (long long)m->vram_mib);
     osubd_pb_map_entry(&c, 1, "OVERSUB_VRAM_MIB", num);
@@ -868,7 +874,7 @@ static void call_allocate(struct dp_stream *st, struct osubd_pb_reader *r)
             if (a == NULL) {
                 a = json_array();
                 if (a == NULL || json_object_set_new(dp->allocated, m[i].id, a) != 0) {
-                    osubd_fatal(dp->d, "out of memory recording an allocation");
+                    osubd_fatal(dp->core, "out of memory recording an allocation");
                     break;
                 }
             }
@@ -877,11 +883,11 @@ static void call_allocate(struct dp_stream *st, struct osubd_pb_reader *r)
             if (json_array_append_new(a, json_pack("{s:I, s:s, s:I}", "container",
                                                    (json_int_t)m[i].container, "devices", hex, "n",
                                                    (json_int_t)counts[i])) != 0) {
-                osubd_fatal(dp->d, "out of memory recording an allocation");
+                osubd_fatal(dp->core, "out of memory recording an allocation");
                 break;
             }
             osub_service_info_t si;
-            bool waits = osub_engine_service_info(dp->d->e, m[i].id, &si) == 0 &&
+            bool waits = osub_engine_service_info(dp->e, m[i].id, &si) == 0 &&
                          si.state == OSUB_STATE_PENDING;
             osubd_log(OSUBD_LOG_INFO, "device plugin: allocated %lld MiB to %s container %zu%s",
                     (long long)m[i].vram_mib, m[i].id, m[i].container,
@@ -901,10 +907,10 @@ static void call_allocate(struct dp_stream *st, struct osubd_pb_reader *r)
 static bool prestart_try(struct dp_stream *st)
 {
     struct osubd_dp *dp = st->c->dp;
-    struct osubd *d = dp->d;
+    struct osubd_dp *d = dp;
     const char *id = st->park_id;
     osub_service_info_t si;
-    if (osub_engine_service_info(d->e, id, &si) != 0 || osubd_act_kube(d, id) == NULL) {
+    if (osub_engine_service_info(d->e, id, &si) != 0 || osubd_act_kube(d->act, id) == NULL) {
         osubd_log(OSUBD_LOG_WARN, "device plugin: PreStartContainer for %s refused: it is gone",
                 id);
         answer_error(st, GRPC_FAILED_PRECONDITION,
@@ -916,7 +922,7 @@ static bool prestart_try(struct dp_stream *st)
         si.state == OSUB_STATE_DEGRADED) {
         char path[700], why[300];
         if (dp->shim[0] &&
-            osubd_act_pod_segment(d, id, path, sizeof(path), why, sizeof(why)) != 0) {
+            osubd_act_pod_segment(d->act, id, path, sizeof(path), why, sizeof(why)) != 0) {
             osubd_log(OSUBD_LOG_WARN, "device plugin: PreStartContainer for %s refused: %s", id,
                     why);
             answer_error(st, GRPC_FAILED_PRECONDITION, "oversub: %s: %s", id, why);
@@ -930,7 +936,7 @@ static bool prestart_try(struct dp_stream *st)
         return true;
     }
     if (si.state == OSUB_STATE_PENDING || si.state == OSUB_STATE_QUEUED) {
-        if (osubd_engine_now(d) < st->park_until_ms)
+        if (osubd_engine_now(d->core) < st->park_until_ms)
             return false;
         char waits[160] = "";
         for (int32_t i = 0; i < si.n_waits; i++) {
@@ -1017,7 +1023,7 @@ static void call_prestart(struct dp_stream *st, struct osubd_pb_reader *r)
     }
     snprintf(st->park_id, sizeof(st->park_id), "%s", id);
     st->park_container = ctr;
-    st->park_until_ms = osubd_engine_now(dp->d) + dp->prestart_ms;
+    st->park_until_ms = osubd_engine_now(dp->core) + dp->prestart_ms;
     if (prestart_try(st))
         return;
     st->parked = true;
@@ -1216,7 +1222,7 @@ static void on_accept(struct evconnlistener *lis, evutil_socket_t fd, struct soc
         evutil_closesocket(fd);
         return;
     }
-    struct bufferevent *bev = bufferevent_socket_new(dp->d->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    struct bufferevent *bev = bufferevent_socket_new(dp->base, fd, BEV_OPT_CLOSE_ON_FREE);
     if (bev == NULL) {
         evutil_closesocket(fd);
         return;
@@ -1257,7 +1263,7 @@ static int serve_start(struct osubd_dp *dp, char *err, size_t errlen)
     if (lstat(dp->sock, &st) == 0 && S_ISSOCK(st.st_mode))
         unlink(dp->sock);
     mode_t old = umask(0077);
-    dp->lis = evconnlistener_new_bind(dp->d->base, on_accept, dp,
+    dp->lis = evconnlistener_new_bind(dp->base, on_accept, dp,
                                       LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, 16,
                                       (struct sockaddr *)&sun, sizeof(sun));
     umask(old);
@@ -1279,7 +1285,7 @@ static void reg_done(struct osubd_dp *dp, struct dp_conn *c, const char *why)
     if (dp->reg != c)
         return;
     dp->reg = NULL;
-    int64_t now = osubd_now(dp->d);
+    int64_t now = osubd_now(dp->core);
     if (why == NULL && c->reg_status == 0) {
         dp->registered = true;
         dp->reg_failures = 0;
@@ -1308,7 +1314,7 @@ static void reg_start(struct osubd_dp *dp)
         return;
     memcpy(sun.sun_path, dp->kubelet, strlen(dp->kubelet) + 1);
     dp->kubelet_ino = st.st_ino;
-    struct bufferevent *bev = bufferevent_socket_new(dp->d->base, -1, BEV_OPT_CLOSE_ON_FREE);
+    struct bufferevent *bev = bufferevent_socket_new(dp->base, -1, BEV_OPT_CLOSE_ON_FREE);
     if (bev == NULL)
         return;
     struct dp_conn *c = conn_new(dp, bev, true);
@@ -1404,8 +1410,8 @@ static void on_check(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     struct osubd_dp *dp = arg;
-    struct osubd *d = dp->d;
-    osubd_act_pods_sweep(d);
+    struct osubd_dp *d = dp;
+    osubd_act_pods_sweep(d->act);
     /* allocations of pods that are gone */
     const char *id;
     json_t *v;
@@ -1413,7 +1419,7 @@ static void on_check(evutil_socket_t fd, short what, void *arg)
     bool changed = false;
     json_object_foreach_safe(dp->allocated, tmp, id, v)
     {
-        if (osubd_act_kube(d, id) == NULL) {
+        if (osubd_act_kube(d->act, id) == NULL) {
             json_object_del(dp->allocated, id);
             changed = true;
         }
@@ -1441,7 +1447,7 @@ static void on_check(evutil_socket_t fd, short what, void *arg)
         dp->registered = false;
         dp->next_reg_ms = 0;
     }
-    if (kubelet && !dp->registered && dp->reg == NULL && osubd_now(d) >= dp->next_reg_ms)
+    if (kubelet && !dp->registered && dp->reg == NULL && osubd_now(d->core) >= dp->next_reg_ms)
         reg_start(dp);
     int64_t cap = dp_capacity(d);
     if (cap != dp->capacity_mib) {
@@ -1455,9 +1461,8 @@ static void on_check(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-void osubd_dp_metrics(struct osubd *d, struct evbuffer *b)
+void osubd_dp_metrics(struct osubd_dp *dp, struct evbuffer *b)
 {
-    struct osubd_dp *dp = d->dp;
     if (dp == NULL)
         return;
     int watchers = 0;
@@ -1488,27 +1493,40 @@ void osubd_dp_metrics(struct osubd *d, struct evbuffer *b)
         (unsigned long long)dp->watch_refused);
 }
 
-int osubd_dp_start(struct osubd *d, char *err, size_t errlen)
+struct osubd_dp *osubd_dp_start(struct osubd_core *c, struct osubd_act *act,
+                               const struct osubd_gpus *gpus, char *err, size_t errlen)
 {
-    if (d->cfg.device_plugin[0] == '\0')
-        return 0;
     struct osubd_dp *dp = calloc(1, sizeof(*dp));
     if (dp == NULL) {
         snprintf(err, errlen, "out of memory");
-        return -1;
+        return NULL;
     }
-    dp->d = d;
-    d->dp = dp;
+    dp->core = c;
+    dp->cfg = osubd_core_config(c);
+    dp->base = osubd_core_base(c);
+    dp->e = osubd_core_engine(c);
+    dp->act = act;
+    dp->gpus = gpus;
+    if (dp_open(dp, err, errlen) != 0) {
+        osubd_dp_stop(dp);
+        return NULL;
+    }
+    return dp;
+}
+
+static int dp_open(struct osubd_dp *dp, char *err, size_t errlen)
+{
+    struct osubd_dp *d = dp;
     osubd_pb_init(&dp->list, DP_LIST_MAX + 5);
-    snprintf(dp->dir, sizeof(dp->dir), "%s", d->cfg.device_plugin);
+    snprintf(dp->dir, sizeof(dp->dir), "%s", d->cfg->device_plugin);
     snprintf(dp->sock, sizeof(dp->sock), "%s/%s", dp->dir, OSUBD_DP_SOCKET);
     snprintf(dp->kubelet, sizeof(dp->kubelet), "%s/%s", dp->dir, OSUBD_DP_KUBELET);
     /* beside the state, named after it (as the API's socket is) */
-    size_t sl = strlen(d->cfg.state_path);
-    if (sl > 3 && strcmp(d->cfg.state_path + sl - 3, ".db") == 0)
+    size_t sl = strlen(d->cfg->state_path);
+    if (sl > 3 && strcmp(d->cfg->state_path + sl - 3, ".db") == 0)
         sl -= 3;
     snprintf(dp->allocs_path, sizeof(dp->allocs_path), "%.*s.allocated.json", (int)sl,
-             d->cfg.state_path);
+             d->cfg->state_path);
     struct stat st;
     if (stat(dp->dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
         snprintf(err, errlen, "device_plugin: %s is not a folder", dp->dir);
@@ -1523,7 +1541,7 @@ int osubd_dp_start(struct osubd *d, char *err, size_t errlen)
         return -1;
     }
     char why[500];
-    if (osubd_act_pod_shim(d, dp->shim, sizeof(dp->shim), why, sizeof(why)) != 0) {
+    if (osubd_act_pod_shim(d->act, dp->shim, sizeof(dp->shim), why, sizeof(why)) != 0) {
         snprintf(err, errlen, "device_plugin: %s", why);
         return -1;
     }
@@ -1554,9 +1572,9 @@ int osubd_dp_start(struct osubd *d, char *err, size_t errlen)
     return 0;
 }
 
-void osubd_dp_stop(struct osubd *d)
+void osubd_dp_stop(struct osubd_dp *dp)
 {
-    struct osubd_dp *dp = d->dp;
+    struct osubd_dp *d = dp;
     if (dp == NULL)
         return;
     serve_stop(dp);
@@ -1566,14 +1584,12 @@ void osubd_dp_stop(struct osubd *d)
         event_free(dp->park_ev);
     osubd_pb_free(&dp->list);
     json_decref(dp->allocated);
-    osubd_act_pods_close(d);
+    osubd_act_pods_close(d->act);
     free(dp);
-    d->dp = NULL;
 }
 
-int64_t osubd_dp_cut_mib(const struct osubd *d)
+int64_t osubd_dp_cut_mib(const struct osubd_dp *dp)
 {
-    const struct osubd_dp *dp = d->dp;
     if (dp == NULL || dp->advertised >= dp->capacity_mib)
         return -1;
     return dp->advertised;

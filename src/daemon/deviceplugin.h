@@ -7,28 +7,32 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct osubd;
+#include "actuator.h"
+#include "core.h"
+#include "gpus.h"
 
-#define OSUBD_DP_RESOURCE "oversub.io/vram-mib"
+struct osubd_dp;
+
 #define OSUBD_DP_SOCKET "oversub.sock"     /* ours, in the kubelet's folder */
 #define OSUBD_DP_KUBELET "kubelet.sock"    /* the kubelet's Registration service */
 #define OSUBD_DP_MSG_MAX (4 * 1024 * 1024) /* kubelet's gRPC receive limit (grpc-go default) */
 
-/* Starts the device plugin when d->cfg.device_plugin names a folder: serves DIR/oversub.sock
- * and registers with DIR/kubelet.sock (again whenever the kubelet restarts). Needs the loop,
- * the engine and the actuators (after osubd_start). 0, or -1 with a sentence in err. */
-int osubd_dp_start(struct osubd *d, char *err, size_t errlen);
+/* Starts the device plugin in cfg.device_plugin's folder (main.c starts it only when one is
+ * set): serves DIR/oversub.sock and registers with DIR/kubelet.sock (again whenever the
+ * kubelet restarts). Once the core and the actuators run. NULL with a sentence in err. */
+struct osubd_dp *osubd_dp_start(struct osubd_core *c, struct osubd_act *act,
+                               const struct osubd_gpus *gpus, char *err, size_t errlen);
 /* Closes its sockets and connections; pods' segments stay on disk for the next run. Before
- * osubd_stop(). NULL-safe (no plugin: nothing). */
-void osubd_dp_stop(struct osubd *d);
+ * the core stops. NULL-safe (no plugin: nothing). */
+void osubd_dp_stop(struct osubd_dp *dp);
 /* The device plugin's series for /metrics (nothing when it is off). */
 struct evbuffer;
-void osubd_dp_metrics(struct osubd *d, struct evbuffer *b);
+void osubd_dp_metrics(struct osubd_dp *dp, struct evbuffer *b);
 
 /* What the kubelet can account of oversub.io/vram-mib on this node when the device list is cut
  * to fit its 4 MiB message limit: the MiB advertised; -1 when the plugin is off or the list
  * holds the whole logical capacity. Pod submits past it are refused (osubd_act_pod_fits). */
-int64_t osubd_dp_cut_mib(const struct osubd *d);
+int64_t osubd_dp_cut_mib(const struct osubd_dp *dp);
 
 /* The ListAndWatch answer for count devices of 1 MiB (the shortest device IDs first), cut to
  * what fits in max bytes: the number of devices it holds, and in *bytes the size of the whole

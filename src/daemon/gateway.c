@@ -37,7 +37,7 @@
 #include <event2/listener.h>
 
 #include "conns.h"
-#include "daemon.h"
+#include "core.h"
 
 #define GW_BODY_MAX (64LL * 1024 * 1024) /* a request body through the gateway: beyond it, 413 */
 #define GW_DISCARD_MAX (1LL << 30) /* a refused body read and dropped, so the answer is read */
@@ -67,7 +67,7 @@ struct gw_bconn;
 /* One request, from its head's arrival to its answer's last byte. */
 struct gw_req {
     struct gw_req *next; /* in the queue (or the free list) */
-    struct osub_gateway *g;
+    struct osubd_gateway *g;
     struct gw_svc *svc;
     struct gw_client *cl;
     struct gw_bconn *bc; /* while in flight */
@@ -99,7 +99,7 @@ struct gw_req {
 
 struct gw_client {
     struct gw_client *prev, *next; /* every open client */
-    struct osub_gateway *g;
+    struct osubd_gateway *g;
     int fd;
     struct event *rev, *wev, *timer;
     struct evbuffer *in, *out;
@@ -162,11 +162,11 @@ static void observe(struct hist *h, double v)
     h->sum += v;
 }
 
-struct osub_gateway;
+struct osubd_gateway;
 
 struct gw_svc {
     struct gw_svc *next;
-    struct osub_gateway *g;
+    struct osubd_gateway *g;
     char id[OSUB_ID_MAX + 1];
     struct gw_req *queue;
     int32_t n_queued, inflight;
@@ -206,8 +206,15 @@ struct gw_svc {
     long v_qt, v_upstream_ms;
 };
 
-struct osub_gateway {
-    struct osubd *d;
+static int gateway_listen(struct osubd_gateway *g, char *err, size_t errlen);
+
+struct osubd_gateway {
+    struct osubd_core *core;
+    const struct osubd_config *cfg;
+    struct event_base *base;
+    osub_engine_t *e;
+    const struct osubd_routes *routes; /* each service's backends and limits */
+    struct osubd_self *self;           /* oversubd's own addresses: never a backend */
     struct evconnlistener *lis;
     struct event *pump;
     struct gw_svc *svcs;
@@ -260,12 +267,12 @@ static int retry_after(const struct gw_svc *s)
 
 /* ---- the service's limit ------------------------------------------------------------------- */
 
-static const struct osubd_route *route_of(const struct osubd *d, const char *id)
+static const struct osubd_route *route_of(const struct osubd_gateway *d, const char *id)
 {
     return osubd_routes_get(d->routes, id);
 }
 
-static int32_t limit_of(const struct osubd *d, const char *id, const osub_service_info_t *si)
+static int32_t limit_of(const struct osubd_gateway *d, const char *id, const osub_service_info_t *si)
 {
     const struct osubd_route *r = route_of(d, id);
     int32_t base = r != NULL && r->max_inflight > 0 ? r->max_inflight
@@ -287,7 +294,7 @@ static int32_t limit_of(const struct osubd *d, const char *id, const osub_servic
     return base;
 }
 
-static int32_t max_queue_of(const struct osubd *d, const char *id, int32_t limit)
+static int32_t max_queue_of(const struct osubd_gateway *d, const char *id, int32_t limit)
 {
     const struct osubd_route *r = route_of(d, id);
     return r != NULL && r->max_queue >= 0 ? r->max_queue : 2 * limit;
@@ -297,7 +304,7 @@ static int32_t max_queue_of(const struct osubd *d, const char *id, int32_t limit
  * that is more), requests at the lowest priority are refused first; past halfway from there
  * to full, every level but the highest. The highest level (online) is never shed. Returns the
  * level from which requests are shed (INT32_MAX: none). */
-static int32_t shed_from(const struct osubd *d, const osub_service_info_t *si)
+static int32_t shed_from(const struct osubd_gateway *d, const osub_service_info_t *si)
 {
     osub_pool_config_t cfg;
     osub_engine_config(d->e, &cfg);
@@ -411,7 +418,7 @@ static int format_answer(char *buf, size_t len, int code, const char *phrase, co
                          bool head, int *split);
 static void cl_process(struct gw_client *c);
 static void bc_close(struct gw_bconn *bc);
-static void pump(struct osub_gateway *g, struct gw_svc *s);
+static void pump(struct osubd_gateway *g, struct gw_svc *s);
 static void forward_body(struct gw_req *r);
 
 /* A request to fill: reused from earlier ones when there are (its head buffer with it). */
@@ -432,7 +439,7 @@ static int req_reserve(struct gw_req *r, size_t head_len)
     return 0;
 }
 
-static struct gw_req *req_new(struct osub_gateway *g, size_t head_len)
+static struct gw_req *req_new(struct osubd_gateway *g, size_t head_len)
 {
     struct gw_req *r = g->free_reqs;
     if (r != NULL) {
@@ -468,7 +475,7 @@ static void req_free(struct gw_req *r)
         r->svc->refs--;
         r->svc = NULL;
     }
-    struct osub_gateway *g = r->g;
+    struct osubd_gateway *g = r->g;
     if (g != NULL && g->n_free < 256 && r->head_cap <= 16384) {
         r->next = g->free_reqs;
         g->free_reqs = r;
@@ -506,8 +513,8 @@ static void cl_read_pause(struct gw_client *c)
 {
     event_del(c->rev);
     if (c->hup == NULL) {
-        c->hup = event_new(c->g->d->base, c->fd, EV_CLOSED | EV_PERSIST, cl_on_hup, c);
-        c->hup_tick = event_new(c->g->d->base, c->fd, EV_PERSIST, cl_on_hup, c);
+        c->hup = event_new(c->g->base, c->fd, EV_CLOSED | EV_PERSIST, cl_on_hup, c);
+        c->hup_tick = event_new(c->g->base, c->fd, EV_PERSIST, cl_on_hup, c);
     }
     struct timeval tv = {0, 250000};
     if (c->hup != NULL)
@@ -577,7 +584,7 @@ static void cl_after(struct gw_client *c)
 /* One JSON line per request in the access log: when, who, what, the answer and why. */
 static void access_log(struct gw_req *r, int status, const char *outcome)
 {
-    struct osub_gateway *g = r->g;
+    struct osubd_gateway *g = r->g;
     if (g == NULL || g->access == NULL)
         return;
     double t = now_s();
@@ -855,7 +862,7 @@ static const char *phrase_of(int code)
 }
 
 static void handle(struct gw_client *c, struct gw_req *r);
-static void admit(struct osub_gateway *g, struct gw_req *r);
+static void admit(struct osubd_gateway *g, struct gw_req *r);
 static bool body_arrived(struct gw_client *c, struct gw_req *r);
 
 static void cl_process_inner(struct gw_client *c)
@@ -973,7 +980,7 @@ static unsigned peer_hash(const char *a)
 }
 
 /* One connection fewer for that address; an address with none is forgotten. */
-static void peer_release(struct osub_gateway *g, struct peer_count *pc)
+static void peer_release(struct osubd_gateway *g, struct peer_count *pc)
 {
     if (--pc->n > 0)
         return;
@@ -1038,7 +1045,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
 {
     (void)l;
     (void)salen;
-    struct osub_gateway *g = arg;
+    struct osubd_gateway *g = arg;
     char peer[INET6_ADDRSTRLEN] = "";
     if (sa->sa_family == AF_INET)
         inet_ntop(AF_INET, &((struct sockaddr_in *)sa)->sin_addr, peer, sizeof(peer));
@@ -1054,7 +1061,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
         pc->next = g->peers[hb];
         g->peers[hb] = pc;
     }
-    int share = g->d->cfg.gateway_conns_per_client > 0 ? g->d->cfg.gateway_conns_per_client
+    int share = g->cfg->gateway_conns_per_client > 0 ? g->cfg->gateway_conns_per_client
                                                        : CONNS_PER_CLIENT;
     if (pc != NULL && pc->n >= share) {
         g->refused_conns++;
@@ -1079,9 +1086,9 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     set_nodelay(fd);
     c->in = evbuffer_new();
     c->out = evbuffer_new();
-    c->rev = event_new(g->d->base, fd, EV_READ | EV_PERSIST, cl_on_read, c);
-    c->wev = event_new(g->d->base, fd, EV_WRITE | EV_PERSIST, cl_on_write, c);
-    c->timer = evtimer_new(g->d->base, cl_on_timer, c);
+    c->rev = event_new(g->base, fd, EV_READ | EV_PERSIST, cl_on_read, c);
+    c->wev = event_new(g->base, fd, EV_WRITE | EV_PERSIST, cl_on_write, c);
+    c->timer = evtimer_new(g->base, cl_on_timer, c);
     if (c->in == NULL || c->out == NULL || c->rev == NULL || c->wev == NULL || c->timer == NULL) {
         if (c->in)
             evbuffer_free(c->in);
@@ -1131,7 +1138,7 @@ static void bc_close(struct gw_bconn *bc)
 /* Whether the service's route still names, at bc's place, the backend bc was opened for. */
 static bool bc_current(const struct gw_bconn *bc)
 {
-    const struct osubd_route *rt = osubd_routes_get(bc->svc->g->d->routes, bc->svc->id);
+    const struct osubd_route *rt = osubd_routes_get(bc->svc->g->routes, bc->svc->id);
     return rt != NULL && bc->backend < rt->n_backends &&
            strcmp(rt->backends[bc->backend], bc->url) == 0;
 }
@@ -1164,7 +1171,7 @@ static void bc_unidle(struct gw_bconn *bc)
 }
 
 /* The backend failed this request: 502 (refused, reset), 504 (timeout), or a body cut short. */
-static void dispatch(struct osub_gateway *g, struct gw_req *r);
+static void dispatch(struct osubd_gateway *g, struct gw_req *r);
 
 /* A request without a body that a safe method makes may be sent again. */
 static bool retryable(const struct gw_req *r)
@@ -1549,7 +1556,7 @@ static struct gw_bconn *bc_get(struct gw_svc *s, int b, const char *url, const c
     }
     if (backend_addr(s, b, url) != 0)
         return NULL;
-    const char *own = osubd_self_match(&s->g->d->self, (struct sockaddr *)&s->baddr[b]);
+    const char *own = osubd_self_match(s->g->self, (struct sockaddr *)&s->baddr[b]);
     if (own != NULL) {
         /* a name that resolves to oversubd's own API or gateway: never forwarded to */
         *self = own;
@@ -1568,7 +1575,7 @@ static struct gw_bconn *bc_get(struct gw_svc *s, int b, const char *url, const c
     bc->svc = s;
     bc->backend = b;
     snprintf(bc->url, sizeof(bc->url), "%s", url);
-    struct event_base *base = s->g->d->base;
+    struct event_base *base = s->g->base;
     bc->in = evbuffer_new();
     bc->out = evbuffer_new();
     bc->rev = event_new(base, fd, EV_READ | EV_PERSIST, bc_on_read, bc);
@@ -1662,10 +1669,10 @@ static void forward_body(struct gw_req *r)
     }
 }
 
-static void dispatch(struct osub_gateway *g, struct gw_req *r)
+static void dispatch(struct osubd_gateway *g, struct gw_req *r)
 {
     struct gw_svc *s = r->svc;
-    const struct osubd_route *route = route_of(g->d, s->id);
+    const struct osubd_route *route = route_of(g, s->id);
     size_t nb = route != NULL ? (size_t)route->n_backends : 0;
     int b = nb ? (int)(s->rr++ % nb) : 0;
     double t = now_s();
@@ -1815,7 +1822,7 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
     struct gw_client *c = r->cl;
     unqueue(s, r);
     osub_service_info_t si;
-    if (osub_engine_service_info(s->g->d->e, s->id, &si) != 0 || !serving(&si)) {
+    if (osub_engine_service_info(s->g->e, s->id, &si) != 0 || !serving(&si)) {
         s->rej_unavailable++;
         reply(r, 503, "Service Unavailable", "unavailable", "not_running",
               "the service is not running yet (loading, pending or queued) and the request's "
@@ -1945,10 +1952,10 @@ static void on_eng_answer(struct evhttp_request *req, void *arg)
 }
 
 /* Reads the engine's metrics of every service that names them (once a second). */
-static void eng_poll(struct osub_gateway *g)
+static void eng_poll(struct osubd_gateway *g)
 {
     for (struct gw_svc *s = g->svcs; s != NULL; s = s->next) {
-        const struct osubd_route *rt = route_of(g->d, s->id);
+        const struct osubd_route *rt = route_of(g, s->id);
         if (rt == NULL || rt->metrics_url[0] == '\0') {
             if (s->eng_conn != NULL && !s->eng_busy)
                 eng_drop(s);
@@ -1977,7 +1984,7 @@ static void eng_poll(struct osub_gateway *g)
             char ps[16];
             snprintf(ps, sizeof(ps), "%d", port);
             if (getaddrinfo(host, ps, &hints, &ai) == 0 && ai != NULL &&
-                osubd_self_match(&g->d->self, ai->ai_addr) == NULL) {
+                osubd_self_match(g->self, ai->ai_addr) == NULL) {
                 if (ai->ai_family == AF_INET)
                     inet_ntop(AF_INET, &((struct sockaddr_in *)ai->ai_addr)->sin_addr, addr,
                               sizeof(addr));
@@ -1994,7 +2001,7 @@ static void eng_poll(struct osub_gateway *g)
             }
         }
         if (s->eng_conn == NULL && addr[0] != '\0') {
-            s->eng_conn = evhttp_connection_base_new(g->d->base, NULL, addr, (uint16_t)port);
+            s->eng_conn = evhttp_connection_base_new(g->base, NULL, addr, (uint16_t)port);
             if (s->eng_conn != NULL) {
                 evhttp_connection_set_timeout(s->eng_conn, 2);
                 evhttp_connection_set_retries(s->eng_conn, 0);
@@ -2016,7 +2023,7 @@ static void eng_poll(struct osub_gateway *g)
     }
 }
 
-static int svc_view(struct osub_gateway *g, struct gw_svc *s);
+static int svc_view(struct osubd_gateway *g, struct gw_svc *s);
 
 /* Whether r may take a slot now: a request whose body is still arriving (past the read-ahead)
  * only while fewer than half the service's slots are held by such requests, so that slow
@@ -2035,7 +2042,7 @@ static bool stream_ok(const struct gw_svc *s, const struct gw_req *r)
     return s->streaming < share;
 }
 
-static void pump(struct osub_gateway *g, struct gw_svc *s)
+static void pump(struct osubd_gateway *g, struct gw_svc *s)
 {
     if (s->queue == NULL || g->stopping)
         return;
@@ -2061,19 +2068,19 @@ static void on_pump(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
-    struct osub_gateway *g = arg;
+    struct osubd_gateway *g = arg;
     static unsigned ticks;
     if (++ticks % 20 == 0) /* the pump runs every 50 ms: the engines' metrics once a second */
         eng_poll(g);
     for (struct gw_svc **sp = &g->svcs; *sp != NULL;) {
         struct gw_svc *s = *sp;
         pump(g, s);
-        if (s->swept_version != g->d->state_version) {
+        if (s->swept_version != osubd_core_version(g->core)) {
             /* the state changed: a route that changed or went takes its pooled connections
              * with it (the next owner of the id must never reach the old backend), and a
              * service gone takes its gateway state once no request points at it */
-            s->swept_version = g->d->state_version;
-            bool gone = route_of(g->d, s->id) == NULL;
+            s->swept_version = osubd_core_version(g->core);
+            bool gone = route_of(g, s->id) == NULL;
             svc_flush_idle(s, gone);
             if (gone && s->refs == 0 && s->queue == NULL && s->inflight == 0 && !s->eng_busy) {
                 *sp = s->next;
@@ -2086,9 +2093,9 @@ static void on_pump(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-static struct gw_svc *svc_find(struct osub_gateway *g, const char *id, size_t n);
+static struct gw_svc *svc_find(struct osubd_gateway *g, const char *id, size_t n);
 
-static struct gw_svc *svc_of(struct osub_gateway *g, const char *id)
+static struct gw_svc *svc_of(struct osubd_gateway *g, const char *id)
 {
     struct gw_svc *s = svc_find(g, id, strlen(id));
     if (s != NULL)
@@ -2107,14 +2114,14 @@ static struct gw_svc *svc_of(struct osub_gateway *g, const char *id)
 
 /* What a request needs of the engine and the routes about its service, kept until the next
  * command changes the state. 0, or -1 when the service has no route or no longer exists. */
-static int svc_view(struct osub_gateway *g, struct gw_svc *s)
+static int svc_view(struct osubd_gateway *g, struct gw_svc *s)
 {
-    struct osubd *d = g->d;
-    if (s->view_version == d->state_version && s->view_version != 0)
+    struct osubd_gateway *d = g;
+    if (s->view_version == osubd_core_version(d->core) && s->view_version != 0)
         return s->view_ok ? 0 : -1;
     osub_service_info_t si;
     const struct osubd_route *route = route_of(d, s->id);
-    s->view_version = d->state_version;
+    s->view_version = osubd_core_version(d->core);
     s->view_ok = route != NULL && osub_engine_service_info(d->e, s->id, &si) == 0;
     if (!s->view_ok)
         return -1;
@@ -2129,7 +2136,7 @@ static int svc_view(struct osub_gateway *g, struct gw_svc *s)
     return 0;
 }
 
-static struct gw_svc *svc_find(struct osub_gateway *g, const char *id, size_t n)
+static struct gw_svc *svc_find(struct osubd_gateway *g, const char *id, size_t n)
 {
     for (struct gw_svc *s = g->svcs; s != NULL; s = s->next)
         if (strncmp(s->id, id, n) == 0 && s->id[n] == '\0')
@@ -2138,7 +2145,7 @@ static struct gw_svc *svc_find(struct osub_gateway *g, const char *id, size_t n)
 }
 
 /* The service a path or Host names: known (with a view) or made when it has a route. */
-static struct gw_svc *svc_route(struct osub_gateway *g, const char *id, size_t n)
+static struct gw_svc *svc_route(struct osubd_gateway *g, const char *id, size_t n)
 {
     if (n == 0 || n > OSUB_ID_MAX)
         return NULL;
@@ -2148,7 +2155,7 @@ static struct gw_svc *svc_route(struct osub_gateway *g, const char *id, size_t n
     char key[OSUB_ID_MAX + 1];
     memcpy(key, id, n);
     key[n] = '\0';
-    if (route_of(g->d, key) == NULL)
+    if (route_of(g, key) == NULL)
         return NULL;
     s = svc_of(g, key);
     return s != NULL && svc_view(g, s) == 0 ? s : NULL;
@@ -2176,8 +2183,8 @@ static bool body_arrived(struct gw_client *c, struct gw_req *r)
 
 static void handle(struct gw_client *c, struct gw_req *r)
 {
-    struct osub_gateway *g = c->g;
-    struct osubd *d = g->d;
+    struct osubd_gateway *g = c->g;
+    struct osubd_gateway *d = g;
     /* the gateway's own health: /-/healthz (no service id starts with '-'), and /healthz
      * while no service is named so; 503 while it drains, so load balancers move on */
     if ((r->ulen == 10 && memcmp(r->uri, "/-/healthz", 10) == 0) ||
@@ -2290,9 +2297,9 @@ static void handle(struct gw_client *c, struct gw_req *r)
 }
 
 /* A request whose body has arrived: a slot at once, a place in the queue, or a refusal. */
-static void admit(struct osub_gateway *g, struct gw_req *r)
+static void admit(struct osubd_gateway *g, struct gw_req *r)
 {
-    struct osubd *d = g->d;
+    struct osubd_gateway *d = g;
     struct gw_svc *s = r->svc;
     int32_t prio = r->prio;
     long deadline = r->deadline_ms;
@@ -2325,21 +2332,35 @@ static void admit(struct osub_gateway *g, struct gw_req *r)
     evtimer_add(r->timer, &tv);
 }
 
-int osubd_gateway_init(struct osubd *d, char *err, size_t errlen)
+struct osubd_gateway *osubd_gateway_new(struct osubd_core *c, const struct osubd_routes *routes,
+                                        struct osubd_self *self, char *err, size_t errlen)
 {
-    if (d->cfg.gateway_host[0] == '\0')
-        return 0;
-    struct osub_gateway *g = calloc(1, sizeof(*g));
+    struct osubd_gateway *g = calloc(1, sizeof(*g));
     if (g == NULL) {
         snprintf(err, errlen, "out of memory");
-        return -1;
+        return NULL;
     }
-    g->d = d;
+    g->core = c;
+    g->cfg = osubd_core_config(c);
+    g->base = osubd_core_base(c);
+    g->e = osubd_core_engine(c);
+    g->routes = routes;
+    g->self = self;
+    if (gateway_listen(g, err, errlen) != 0) {
+        osubd_gateway_free(g);
+        return NULL;
+    }
+    return g;
+}
+
+static int gateway_listen(struct osubd_gateway *g, char *err, size_t errlen)
+{
+    struct osubd_gateway *d = g;
     g->scratch = evbuffer_new();
-    if (d->cfg.gateway_access_log[0] != '\0') {
-        g->access = fopen(d->cfg.gateway_access_log, "ae");
+    if (d->cfg->gateway_access_log[0] != '\0') {
+        g->access = fopen(d->cfg->gateway_access_log, "ae");
         if (g->access == NULL) {
-            snprintf(err, errlen, "gateway_access_log %s: %s", d->cfg.gateway_access_log,
+            snprintf(err, errlen, "gateway_access_log %s: %s", d->cfg->gateway_access_log,
                      strerror(errno));
             free(g);
             return -1;
@@ -2348,10 +2369,10 @@ int osubd_gateway_init(struct osubd *d, char *err, size_t errlen)
     }
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
     char port[16];
-    snprintf(port, sizeof(port), "%d", d->cfg.gateway_port);
-    if (getaddrinfo(d->cfg.gateway_host, port, &hints, &ai) != 0 || ai == NULL) {
-        snprintf(err, errlen, "--gateway %s:%d: not an address", d->cfg.gateway_host,
-                 d->cfg.gateway_port);
+    snprintf(port, sizeof(port), "%d", d->cfg->gateway_port);
+    if (getaddrinfo(d->cfg->gateway_host, port, &hints, &ai) != 0 || ai == NULL) {
+        snprintf(err, errlen, "--gateway %s:%d: not an address", d->cfg->gateway_host,
+                 d->cfg->gateway_port);
         free(g);
         return -1;
     }
@@ -2360,31 +2381,29 @@ int osubd_gateway_init(struct osubd *d, char *err, size_t errlen)
         1024, ai->ai_addr, (int)ai->ai_addrlen);
     freeaddrinfo(ai);
     if (g->lis == NULL) {
-        snprintf(err, errlen, "--gateway %s:%d: cannot listen there (%s)", d->cfg.gateway_host,
-                 d->cfg.gateway_port, strerror(errno));
+        snprintf(err, errlen, "--gateway %s:%d: cannot listen there (%s)", d->cfg->gateway_host,
+                 d->cfg->gateway_port, strerror(errno));
         free(g);
         return -1;
     }
     struct sockaddr_storage ss;
     socklen_t sl = sizeof(ss);
-    int bport = d->cfg.gateway_port;
+    int bport = d->cfg->gateway_port;
     if (getsockname(evconnlistener_get_fd(g->lis), (struct sockaddr *)&ss, &sl) == 0)
         bport = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                                : ((struct sockaddr_in *)&ss)->sin_port);
     osubd_listener_guard(g->lis, "gateway", &g->refused_conns);
-    osubd_self_add_fd(&d->self, (int)evconnlistener_get_fd(g->lis), "gateway");
+    osubd_self_add_fd(d->self, (int)evconnlistener_get_fd(g->lis), "gateway");
     g->pump = event_new(d->base, -1, EV_PERSIST, on_pump, g);
     struct timeval tv = {0, 50000};
     event_add(g->pump, &tv);
-    d->gw = g;
-    printf("gateway on http://%s:%d\n", d->cfg.gateway_host, bport);
+    printf("gateway on http://%s:%d\n", d->cfg->gateway_host, bport);
     fflush(stdout);
     return 0;
 }
 
-void osubd_gateway_free(struct osubd *d)
+void osubd_gateway_free(struct osubd_gateway *g)
 {
-    struct osub_gateway *g = d->gw;
     if (g == NULL)
         return;
     if (g->pump)
@@ -2432,7 +2451,6 @@ void osubd_gateway_free(struct osubd *d)
     if (g->access)
         fclose(g->access);
     free(g);
-    d->gw = NULL;
 }
 
 /* Request smuggling: a message whose length two headers could disagree on is refused, and
@@ -2452,14 +2470,13 @@ bool osubd_http_ambiguous_length(struct evhttp_request *req)
     return false;
 }
 
-int osubd_gateway_open_clients(const struct osubd *d)
+int osubd_gateway_open_clients(const struct osubd_gateway *g)
 {
-    return d->gw != NULL ? d->gw->n_clients : 0;
+    return g != NULL ? g->n_clients : 0;
 }
 
-int osubd_gateway_drain(struct osubd *d)
+int osubd_gateway_drain(struct osubd_gateway *g)
 {
-    struct osub_gateway *g = d->gw;
     if (g == NULL)
         return 0;
     g->draining = true;
@@ -2485,9 +2502,8 @@ int osubd_gateway_drain(struct osubd *d)
     return g->n_clients;
 }
 
-void osubd_gateway_metrics(struct osubd *d, struct evbuffer *b)
+void osubd_gateway_metrics(struct osubd_gateway *g, struct evbuffer *b)
 {
-    struct osub_gateway *g = d->gw;
     if (g == NULL)
         return;
     evbuffer_add_printf(
@@ -2597,9 +2613,20 @@ void osubd_gateway_metrics(struct osubd *d, struct evbuffer *b)
                            "# TYPE oversub_gateway_backend_up gauge\n");
     double t = now_s();
     for (struct gw_svc *s = g->svcs; s; s = s->next) {
-        const struct osubd_route *rt = route_of(d, s->id);
+        const struct osubd_route *rt = route_of(g, s->id);
         for (int i = 0; rt != NULL && i < rt->n_backends; i++)
             evbuffer_add_printf(b, "oversub_gateway_backend_up{service=\"%s\",backend=\"%s\"} %d\n",
                                 s->id, rt->backends[i], s->down_until[i] > t ? 0 : 1);
     }
+}
+
+static void gateway_metrics(void *ctx, struct evbuffer *b)
+{
+    osubd_gateway_metrics(ctx, b);
+}
+
+struct osubd_module osubd_gateway_module(struct osubd_gateway *g)
+{
+    struct osubd_module m = {.name = "gateway", .ctx = g, .metrics = gateway_metrics};
+    return m;
 }

@@ -9,7 +9,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "daemon.h"
+#include "api.h"
+#include "core.h"
+#include "monitor.h"
+#include <signal.h>
 #include "log.h"
 #include "deviceplugin.h"
 #include "jsonmem.h"
@@ -372,13 +375,233 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
     return rc;
 }
 
+
+/* ---- the wiring: every part made, registered and started in order, then stopped --------- */
+
+struct daemon {
+    struct osubd_config cfg;
+    struct osubd_gpus gpus;          /* the monitor fills it; the actuators, the API read it */
+    struct osubd_self self;          /* the addresses the API and the gateway listen on */
+    struct osubd_destinations *dest; /* allowed_destinations, parsed */
+    struct osubd_core *core;
+    struct osubd_monitor *mon;
+    struct osubd_routes *routes;
+    struct osubd_act *act;
+    struct osubd_pods *pods;
+    struct osubd_gateway *gw;
+    struct osubd_api *api;
+    struct osubd_dp *dp;
+    struct event *sigint_ev, *sigterm_ev, *sighup_ev;
+    struct event *drain_ev; /* while stopping gracefully: checks the gateway has drained */
+    int64_t drain_until_ms; /* engine time the grace ends */
+};
+
+static void on_drain(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct daemon *d = arg;
+    int open = osubd_gateway_open_clients(d->gw);
+    if (open == 0) {
+        osubd_log(OSUBD_LOG_INFO, "the gateway drained: stopping");
+        osubd_core_break(d->core);
+    } else if (osubd_engine_now(d->core) >= d->drain_until_ms) {
+        osubd_log(OSUBD_LOG_INFO, "the grace period (%lld ms) ended with %d gateway connection(s) still "
+                "open: stopping",
+                (long long)d->cfg.shutdown_grace_ms, open);
+        osubd_core_break(d->core);
+    }
+}
+
+/* SIGTERM, SIGINT: the gateway stops accepting and lets what is in flight (streams too)
+ * finish, up to shutdown_grace_ms; a second signal stops at once. */
+static void on_signal(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct daemon *d = arg;
+    if (d->drain_ev != NULL || d->gw == NULL || d->cfg.shutdown_grace_ms == 0) {
+        osubd_log(OSUBD_LOG_INFO, "stopping");
+        osubd_core_break(d->core);
+        return;
+    }
+    int open = osubd_gateway_drain(d->gw);
+    osubd_log(OSUBD_LOG_INFO, "stopping: the gateway accepts no more connections and lets %d finish "
+            "(at most %lld ms; a second signal stops at once)",
+            open, (long long)d->cfg.shutdown_grace_ms);
+    d->drain_until_ms = osubd_engine_now(d->core) + d->cfg.shutdown_grace_ms;
+    d->drain_ev = event_new(osubd_core_base(d->core), -1, EV_PERSIST, on_drain, d);
+    struct timeval tv = {0, 50000};
+    if (d->drain_ev == NULL || event_add(d->drain_ev, &tv) != 0)
+        osubd_core_break(d->core);
+    else
+        on_drain(-1, 0, d);
+}
+
+/* SIGHUP: never a stop. The admin token is read again from its file; other settings are read
+ * at start, and the message says so. */
+static void on_hup_read(struct daemon *d, char *err, size_t errlen);
+
+static void on_hup(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct daemon *d = arg;
+    char err[600];
+    /* systemd's ExecReload (kill -HUP): reloading, then ready again */
+    osubd_notify("RELOADING=1");
+    on_hup_read(d, err, sizeof(err));
+    osubd_notify("READY=1");
+}
+
+static void on_hup_read(struct daemon *d, char *err, size_t errlen)
+{
+    if (d->cfg.token_file[0] == '\0') {
+        osubd_log(OSUBD_LOG_INFO, "SIGHUP: nothing to reload (no --token-file); other settings "
+                        "are read at start: restart oversubd to change them");
+        return;
+    }
+    if (osubd_read_token(d->cfg.token_file, d->cfg.token, sizeof(d->cfg.token), err, errlen) != 0) {
+        osubd_log(OSUBD_LOG_INFO, "SIGHUP: %s: the old token stays", err);
+        return;
+    }
+    osubd_log(OSUBD_LOG_INFO, "SIGHUP: the admin token was read again from %s; other settings "
+            "are read at start: restart oversubd to change them",
+            d->cfg.token_file);
+}
+
+/* The pool: NVML's GPUs ("auto" when a driver answers, "nvml"), else simulated ("auto",
+ * "sim:8x81920"). names and d->uuids are filled for NVML. */
+
+/* The modules each keep their records in the state: made and registered before the core
+ * loads them, in the order they hear of commands (routes, then the actuators). */
+static int daemon_modules(struct daemon *d, char *err, size_t errlen)
+{
+    char e2[600];
+    if (osubd_parse_destinations(d->cfg.allowed_destinations, &d->dest, e2, sizeof(e2)) != 0) {
+        snprintf(err, errlen, "allowed_destinations: %s", e2);
+        return -1;
+    }
+    d->routes = osubd_routes_new();
+    if (d->routes == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    d->act = osubd_act_new(d->core, &d->gpus, d->dest, e2, sizeof(e2));
+    if (d->act == NULL) {
+        snprintf(err, errlen, "%.100s: %.300s", d->cfg.state_path, e2);
+        return -1;
+    }
+    struct osubd_module mods[2] = {osubd_routes_module(d->routes), osubd_act_module(d->act)};
+    for (size_t i = 0; i < 2; i++)
+        if (osubd_core_register(d->core, &mods[i]) != 0) {
+            snprintf(err, errlen, "too many modules");
+            return -1;
+        }
+    return 0;
+}
+
+/* The runners and the API, once the state is open and the modules loaded. */
+static int daemon_runners(struct daemon *d, char *err, size_t errlen)
+{
+    d->pods = osubd_pods_new(d->core, d->act, err, errlen);
+    if (d->pods == NULL)
+        return -1;
+    if (d->cfg.gateway_host[0] != '\0') {
+        d->gw = osubd_gateway_new(d->core, d->routes, &d->self, err, errlen);
+        if (d->gw == NULL)
+            return -1;
+    }
+    struct osubd_api_deps dep = {.act = d->act,
+                                 .routes = d->routes,
+                                 .gw = d->gw,
+                                 .gpus = &d->gpus,
+                                 .dest = d->dest,
+                                 .self = &d->self};
+    d->api = osubd_api_new(d->core, &dep, err, errlen);
+    if (d->api == NULL)
+        return -1;
+    struct osubd_module later[3] = {osubd_api_module(d->api), osubd_pods_module(d->pods)};
+    size_t n = 2;
+    if (d->gw != NULL)
+        later[n++] = osubd_gateway_module(d->gw);
+    for (size_t i = 0; i < n; i++)
+        if (osubd_core_register(d->core, &later[i]) != 0) {
+            snprintf(err, errlen, "too many modules");
+            return -1;
+        }
+    return 0;
+}
+
+static int daemon_signals(struct daemon *d, char *err, size_t errlen)
+{
+    struct event_base *base = osubd_core_base(d->core);
+    d->sigint_ev = evsignal_new(base, SIGINT, on_signal, d);
+    d->sigterm_ev = evsignal_new(base, SIGTERM, on_signal, d);
+    d->sighup_ev = evsignal_new(base, SIGHUP, on_hup, d);
+    if (d->sigint_ev == NULL || d->sigterm_ev == NULL || d->sighup_ev == NULL ||
+        event_add(d->sigint_ev, NULL) != 0 || event_add(d->sigterm_ev, NULL) != 0 ||
+        event_add(d->sighup_ev, NULL) != 0) {
+        snprintf(err, errlen, "cannot set up the event loop");
+        return -1;
+    }
+    return 0;
+}
+
+/* Opens the state (the engine restored or made), loads the modules, checks the GPUs, starts
+ * the writer, listens, starts the actuators and the device plugin. 0, or -1 with a sentence. */
+static int daemon_start(struct daemon *d, char *err, size_t errlen)
+{
+    d->core = osubd_core_new(&d->cfg);
+    d->mon = osubd_monitor_new(&d->cfg, &d->gpus);
+    if (d->core == NULL || d->mon == NULL) {
+        snprintf(err, errlen, "cannot create the event loop");
+        return -1;
+    }
+    if (osubd_core_open(d->core, osubd_monitor_pool, d->mon, err, errlen) != 0 ||
+        daemon_modules(d, err, errlen) != 0 || osubd_core_load(d->core, err, errlen) != 0 ||
+        osubd_monitor_start(d->mon, d->core, d->act, err, errlen) != 0 ||
+        daemon_runners(d, err, errlen) != 0 || osubd_core_start(d->core, err, errlen) != 0 ||
+        osubd_api_listen(d->api, err, errlen) != 0)
+        return -1;
+    d->cfg.listen_port = osubd_api_port(d->api); /* port 0: the one the OS picked, which the
+                                                  * services are told (OVERSUB_CONTROL_URL) */
+    if (osubd_act_start(d->act, err, errlen) != 0 || daemon_signals(d, err, errlen) != 0)
+        return -1;
+    if (d->cfg.device_plugin[0] != '\0') {
+        d->dp = osubd_dp_start(d->core, d->act, &d->gpus, err, errlen);
+        if (d->dp == NULL)
+            return -1;
+        osubd_api_set_dp(d->api, d->dp);
+    }
+    return 0;
+}
+
+static void daemon_stop(struct daemon *d)
+{
+    osubd_dp_stop(d->dp);
+    d->dp = NULL;
+    if (d->core != NULL)
+        osubd_core_stop(d->core); /* what was handed over is durable, its replies sent */
+    osubd_gateway_free(d->gw);
+    osubd_act_free(d->act);
+    osubd_pods_free(d->pods);
+    osubd_destinations_free(d->dest);
+    osubd_routes_free(d->routes);
+    struct event *evs[] = {d->sigint_ev, d->sigterm_ev, d->sighup_ev, d->drain_ev};
+    for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
+        if (evs[i] != NULL)
+            event_free(evs[i]);
+    osubd_monitor_free(d->mon);
+    osubd_api_free(d->api);
+    osubd_core_free(d->core); /* a last snapshot; the lock goes */
+}
+
 int main(int argc, char **argv)
 {
-    struct osubd d;
+    struct daemon d;
     memset(&d, 0, sizeof(d));
     osubd_json_init();
-    d.lock_fd = -1;
-    d.marker_fd = -1;
     osubd_config_default(&d.cfg);
     static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
                                          {"listen", required_argument, NULL, 'l'},
@@ -550,25 +773,18 @@ int main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     char err[700];
-    if (osubd_start(&d, err, sizeof(err)) != 0) {
+    if (daemon_start(&d, err, sizeof(err)) != 0) {
         osubd_log(OSUBD_LOG_ERROR, "%s", err);
-        osubd_stop(&d);
-        return 1;
-    }
-    if (osubd_dp_start(&d, err, sizeof(err)) != 0) {
-        osubd_log(OSUBD_LOG_ERROR, "%s", err);
-        osubd_dp_stop(&d);
-        osubd_stop(&d);
+        daemon_stop(&d);
         return 1;
     }
     char status[300];
     snprintf(status, sizeof(status), "READY=1\nMAINPID=%d\nSTATUS=serving on %s:%d", (int)getpid(),
-             d.cfg.listen_host, d.cfg.listen_port);
+             d.cfg.listen_host, osubd_api_port(d.api));
     osubd_notify(status);
-    event_base_dispatch(d.base);
+    event_base_dispatch(osubd_core_base(d.core));
     osubd_notify("STOPPING=1");
-    bool fatal = d.fatal;
-    osubd_dp_stop(&d);
-    osubd_stop(&d);
+    bool fatal = osubd_core_fatal(d.core);
+    daemon_stop(&d);
     return fatal ? 1 : 0;
 }

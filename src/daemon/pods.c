@@ -11,7 +11,6 @@
 #include <jansson.h>
 
 #include "actuator.h"
-#include "daemon.h"
 #include "kubeapi.h"
 
 #define RETRY_MS 5000    /* an eviction refused (a disruption budget, the API down): asked again */
@@ -20,6 +19,11 @@
 #define UNBOUND_MS 60000 /* a pod reserved here and still bound nowhere after this: released */
 
 struct osubd_pods {
+    struct osubd_core *core;
+    const struct osubd_config *cfg;
+    struct event_base *base;
+    osub_engine_t *e;
+    struct osubd_act *act; /* which services are pods */
     struct osub_kube *kube;
     /* service id -> {"ns", "name", "uid", "grace", "state", "cause"?}: state held (until the pod
      * it makes room for is bound here), asking, retry, evicted */
@@ -32,7 +36,7 @@ struct osubd_pods {
 };
 
 struct ask {
-    struct osubd *d;
+    struct osubd_pods *d;
     char id[OSUB_ID_MAX + 1];
     bool watch; /* a GET of the pod, not an eviction */
     bool sweep; /* a GET of the sweep: the pod was not being evicted */
@@ -40,36 +44,36 @@ struct ask {
 };
 
 /* The pod of a service is gone (or done): an evicted one has exited; any other is released. */
-static void release_pod(struct osubd *d, const char *id, const char *why)
+static void release_pod(struct osubd_pods *d, const char *id, const char *why)
 {
-    bool evicted = json_object_get(d->pods->evicting, id) != NULL;
-    json_object_del(d->pods->evicting, id);
+    bool evicted = json_object_get(d->evicting, id) != NULL;
+    json_object_del(d->evicting, id);
     osub_service_info_t si;
     if (osub_engine_service_info(d->e, id, &si) != 0)
         return;
-    d->pods->gone++;
-    osubd_note(d, id, "pod", "gone", "%s: %s", id, why);
+    d->gone++;
+    osubd_note(d->core, id, "pod", "gone", "%s: %s", id, why);
     char err[256];
     json_t *cmd = json_pack("{s:s, s:s}", "op", evicted ? "exited" : "release", "id", id);
     if (cmd != NULL)
-        osubd_apply(d, cmd, NULL, err, sizeof(err));
+        osubd_apply(d->core, cmd, NULL, err, sizeof(err));
     json_decref(cmd);
 }
 
-static void send_eviction(struct osubd *d, const char *id);
+static void send_eviction(struct osubd_pods *d, const char *id);
 static void on_answer(void *arg, long status, const char *body, size_t len, const char *error);
 
 /* A held eviction: is the pod it makes room for bound here yet? Bound: the eviction goes.
  * Gone (its Binding failed, it was deleted): the eviction is dropped and the victim's pod
  * keeps running, counted as leaving until it ends. Not yet: asked again next tick. */
-static void cause_answer(struct osubd *d, const char *id, long status, const char *body, size_t len)
+static void cause_answer(struct osubd_pods *d, const char *id, long status, const char *body, size_t len)
 {
-    json_t *e = json_object_get(d->pods->evicting, id);
+    json_t *e = json_object_get(d->evicting, id);
     if (e == NULL)
         return;
     json_object_set_new(e, "state", json_string("held"));
     const char *cause = json_string_value(json_object_get(e, "cause"));
-    const json_t *ck = cause ? osubd_act_kube(d, cause) : NULL;
+    const json_t *ck = cause ? osubd_act_kube(d->act, cause) : NULL;
     if (ck == NULL)
         return; /* the tick drops it */
     json_t *j = status == 200 ? json_loadb(body, len, 0, NULL) : NULL;
@@ -79,13 +83,13 @@ static void cause_answer(struct osubd *d, const char *id, long status, const cha
     const char *want_node = json_string_value(json_object_get(ck, "node"));
     bool same = uid != NULL && want_uid != NULL && strcmp(uid, want_uid) == 0;
     if (same && on != NULL && want_node != NULL && strcmp(on, want_node) == 0) {
-        osubd_note(d, id, "pod", "evict-release",
+        osubd_note(d->core, id, "pod", "evict-release",
                    "%s: pod %s/%s is bound here: its victim's eviction goes", id,
                    json_string_value(json_object_get(ck, "namespace")),
                    json_string_value(json_object_get(ck, "name")));
         send_eviction(d, id);
     } else if (status == 404 || (status == 200 && !same) || (same && on != NULL && on[0] != '\0')) {
-        osubd_note(d, id, "pod", "evict-dropped",
+        osubd_note(d->core, id, "pod", "evict-dropped",
                    "%s: its eviction is not sent: pod %s/%s, which it was to make room for, is "
                    "not bound here (%s); %s keeps running, counted as leaving until it ends",
                    id, json_string_value(json_object_get(ck, "namespace")),
@@ -94,25 +98,25 @@ static void cause_answer(struct osubd *d, const char *id, long status, const cha
                    : !same       ? "replaced"
                                  : "bound elsewhere",
                    id);
-        json_object_del(d->pods->evicting, id);
+        json_object_del(d->evicting, id);
     }
     json_decref(j);
 }
 
-static bool unbound_too_long(struct osubd *d, const char *id)
+static bool unbound_too_long(struct osubd_pods *d, const char *id)
 {
     osub_service_info_t si;
     return osub_engine_service_info(d->e, id, &si) == 0 &&
-           osubd_engine_now(d) - si.submitted_ms > d->pods->unbound_ms;
+           osubd_engine_now(d->core) - si.submitted_ms > d->unbound_ms;
 }
 
 /* The sweep's answer about a pod that was not being evicted: deleted (404), replaced (another
  * UID), or finished (Succeeded, Failed: its containers are gone) releases its service. */
-static void sweep_answer(struct osubd *d, const char *id, long status, const char *body, size_t len)
+static void sweep_answer(struct osubd_pods *d, const char *id, long status, const char *body, size_t len)
 {
-    json_object_del(d->pods->sweeping, id);
-    const json_t *k = osubd_act_kube(d, id);
-    if (k == NULL || json_object_get(d->pods->evicting, id) != NULL)
+    json_object_del(d->sweeping, id);
+    const json_t *k = osubd_act_kube(d->act, id);
+    if (k == NULL || json_object_get(d->evicting, id) != NULL)
         return;
     const char *ns = json_string_value(json_object_get(k, "namespace"));
     const char *name = json_string_value(json_object_get(k, "name"));
@@ -132,7 +136,7 @@ static void sweep_answer(struct osubd *d, const char *id, long status, const cha
         snprintf(why, sizeof(why),
                  "pod %s/%s is still bound nowhere %d s after its reservation here (its Binding "
                  "failed or was never made): released",
-                 ns, name, (int)(d->pods->unbound_ms / 1000));
+                 ns, name, (int)(d->unbound_ms / 1000));
     else if (status == 200 && on != NULL && on[0] != '\0' && mine != NULL && strcmp(on, mine) != 0)
         snprintf(why, sizeof(why), "pod %s/%s is bound to node %s, not here: released", ns, name,
                  on);
@@ -146,17 +150,17 @@ static void sweep_answer(struct osubd *d, const char *id, long status, const cha
 
 /* Every pod service's pod, looked at once per SWEEP_MS: a pod deleted, replaced or finished
  * without oversub evicting it (kubectl delete, a scale-down, a Job done) gives its memory back. */
-static void sweep(struct osubd *d)
+static void sweep(struct osubd_pods *d)
 {
-    json_t *ids = osubd_act_pod_ids(d);
+    json_t *ids = osubd_act_pod_ids(d->act);
     size_t i;
     json_t *v;
     json_array_foreach(ids, i, v)
     {
         const char *id = json_string_value(v);
-        const json_t *k = osubd_act_kube(d, id);
-        if (json_object_get(d->pods->evicting, id) != NULL ||
-            json_object_get(d->pods->sweeping, id) != NULL || k == NULL)
+        const json_t *k = osubd_act_kube(d->act, id);
+        if (json_object_get(d->evicting, id) != NULL ||
+            json_object_get(d->sweeping, id) != NULL || k == NULL)
             continue;
         struct ask *a = calloc(1, sizeof(*a));
         char path[600];
@@ -168,10 +172,10 @@ static void sweep(struct osubd *d)
         a->d = d;
         a->sweep = true;
         snprintf(a->id, sizeof(a->id), "%s", id);
-        if (osub_kube_request(d->pods->kube, "GET", path, NULL, on_answer, a) != 0)
+        if (osub_kube_request(d->kube, "GET", path, NULL, on_answer, a) != 0)
             free(a);
         else
-            json_object_set_new(d->pods->sweeping, id, json_true());
+            json_object_set_new(d->sweeping, id, json_true());
     }
     json_decref(ids);
 }
@@ -179,7 +183,7 @@ static void sweep(struct osubd *d)
 static void on_answer(void *arg, long status, const char *body, size_t len, const char *error)
 {
     struct ask *a = arg;
-    struct osubd *d = a->d;
+    struct osubd_pods *d = a->d;
     if (a->sweep) {
         if (status >= 0)
             sweep_answer(d, a->id, status, body, len);
@@ -192,7 +196,7 @@ static void on_answer(void *arg, long status, const char *body, size_t len, cons
         free(a);
         return;
     }
-    json_t *e = status < 0 ? NULL : json_object_get(d->pods->evicting, a->id);
+    json_t *e = status < 0 ? NULL : json_object_get(d->evicting, a->id);
     if (status < 0 || e == NULL) { /* stopping, or no longer evicting it */
         free(a);
         return;
@@ -211,9 +215,9 @@ static void on_answer(void *arg, long status, const char *body, size_t len, cons
             release_pod(d, a->id, why);
         }
     } else if (status == 200 || status == 201) {
-        d->pods->accepted++;
+        d->accepted++;
         json_object_set_new(e, "state", json_string("evicted"));
-        osubd_note(d, a->id, "pod", "evict",
+        osubd_note(d->core, a->id, "pod", "evict",
                    "%s: the API server accepted the eviction of pod %s/%s (grace %llds)", a->id, ns,
                    name, (long long)json_integer_value(json_object_get(e, "grace")));
     } else if (status == 404) {
@@ -222,11 +226,11 @@ static void on_answer(void *arg, long status, const char *body, size_t len, cons
         release_pod(d, a->id, why);
     } else {
         if (status == 429)
-            d->pods->blocked++;
+            d->blocked++;
         else
-            d->pods->failed++;
+            d->failed++;
         json_object_set_new(e, "state", json_string("retry"));
-        osubd_note(d, a->id, "pod", status == 429 ? "blocked" : "evict-failed",
+        osubd_note(d->core, a->id, "pod", status == 429 ? "blocked" : "evict-failed",
                    "%s: evicting pod %s/%s: %s (HTTP %ld); asked again in %d s", a->id, ns, name,
                    msg     ? msg
                    : error ? error
@@ -237,9 +241,9 @@ static void on_answer(void *arg, long status, const char *body, size_t len, cons
     free(a);
 }
 
-static void send_eviction(struct osubd *d, const char *id)
+static void send_eviction(struct osubd_pods *d, const char *id)
 {
-    json_t *e = json_object_get(d->pods->evicting, id);
+    json_t *e = json_object_get(d->evicting, id);
     const char *ns = json_string_value(json_object_get(e, "ns"));
     const char *name = json_string_value(json_object_get(e, "name"));
     json_t *ev =
@@ -260,8 +264,8 @@ static void send_eviction(struct osubd *d, const char *id)
     a->d = d;
     snprintf(a->id, sizeof(a->id), "%s", id);
     json_object_set_new(e, "state", json_string("asking"));
-    d->pods->asked++;
-    if (osub_kube_request(d->pods->kube, "POST", path, text, on_answer, a) != 0) {
+    d->asked++;
+    if (osub_kube_request(d->kube, "POST", path, text, on_answer, a) != 0) {
         free(a);
         json_object_set_new(e, "state", json_string("retry"));
     }
@@ -272,30 +276,30 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
-    struct osubd *d = arg;
+    struct osubd_pods *d = arg;
     static int64_t retry_at = 0;
-    int64_t now = osubd_now(d);
+    int64_t now = osubd_now(d->core);
     const char *id;
     json_t *e, *tmp;
-    json_object_foreach_safe(d->pods->evicting, tmp, id, e)
+    json_object_foreach_safe(d->evicting, tmp, id, e)
     {
         osub_service_info_t si;
         if (osub_engine_service_info(d->e, id, &si) != 0) {
-            json_object_del(d->pods->evicting, id); /* released some other way */
+            json_object_del(d->evicting, id); /* released some other way */
             continue;
         }
         const char *st = json_string_value(json_object_get(e, "state"));
         if (st != NULL && strcmp(st, "held") == 0) {
             const char *cause = json_string_value(json_object_get(e, "cause"));
-            const json_t *ck = cause ? osubd_act_kube(d, cause) : NULL;
+            const json_t *ck = cause ? osubd_act_kube(d->act, cause) : NULL;
             osub_service_info_t ci;
             if (ck == NULL || osub_engine_service_info(d->e, cause, &ci) != 0) {
-                osubd_note(d, id, "pod", "evict-dropped",
+                osubd_note(d->core, id, "pod", "evict-dropped",
                            "%s: its eviction is not sent: %s, which it was to make room for, was "
                            "released before its pod was bound here; %s keeps running, counted "
                            "as leaving until it ends",
                            id, cause ? cause : "?", id);
-                json_object_del(d->pods->evicting, id);
+                json_object_del(d->evicting, id);
                 continue;
             }
             struct ask *a = calloc(1, sizeof(*a));
@@ -309,7 +313,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
             a->cause = true;
             snprintf(a->id, sizeof(a->id), "%s", id);
             json_object_set_new(e, "state", json_string("checking"));
-            if (osub_kube_request(d->pods->kube, "GET", path, NULL, on_answer, a) != 0) {
+            if (osub_kube_request(d->kube, "GET", path, NULL, on_answer, a) != 0) {
                 free(a);
                 json_object_set_new(e, "state", json_string("held"));
             }
@@ -326,32 +330,32 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
             a->d = d;
             a->watch = true;
             snprintf(a->id, sizeof(a->id), "%s", id);
-            if (osub_kube_request(d->pods->kube, "GET", path, NULL, on_answer, a) != 0)
+            if (osub_kube_request(d->kube, "GET", path, NULL, on_answer, a) != 0)
                 free(a);
         }
     }
     if (now >= retry_at)
         retry_at = now + RETRY_MS;
-    if (now >= d->pods->sweep_at) {
-        d->pods->sweep_at = now + SWEEP_MS;
+    if (now >= d->sweep_at) {
+        d->sweep_at = now + SWEEP_MS;
         sweep(d);
     }
 }
 
-void osubd_pods_directive(struct osubd *d, const char *id, const char *action, const char *cause)
+void osubd_pods_directive(struct osubd_pods *d, const char *id, const char *action, const char *cause)
 {
-    const json_t *k = osubd_act_kube(d, id);
+    const json_t *k = osubd_act_kube(d->act, id);
     if (k == NULL || strcmp(action, "evict") != 0)
         return;
-    if (d->pods == NULL || d->pods->kube == NULL) {
-        osubd_note(d, id, "pod", "no-api",
+    if (d == NULL || d->kube == NULL) {
+        osubd_note(d->core, id, "pod", "no-api",
                    "%s is pod %s/%s but oversubd has no API server to evict it through "
                    "(kubernetes_api); its directive waits to be read",
                    id, json_string_value(json_object_get(k, "namespace")),
                    json_string_value(json_object_get(k, "name")));
         return;
     }
-    if (json_object_get(d->pods->evicting, id) != NULL)
+    if (json_object_get(d->evicting, id) != NULL)
         return;
     json_t *e =
         json_pack("{s:O, s:O, s:O, s:I, s:s}", "ns", json_object_get(k, "namespace"), "name",
@@ -360,15 +364,15 @@ void osubd_pods_directive(struct osubd *d, const char *id, const char *action, c
                       ? json_integer_value(json_object_get(k, "grace_seconds"))
                       : 30,
                   "state", "asking");
-    if (e == NULL || json_object_set_new(d->pods->evicting, id, e) != 0)
+    if (e == NULL || json_object_set_new(d->evicting, id, e) != 0)
         return;
     /* made room for a pod: not before that pod is bound here (a bind whose Binding fails
      * must not cost a running pod its life) */
-    const json_t *ck = cause != NULL && cause[0] ? osubd_act_kube(d, cause) : NULL;
+    const json_t *ck = cause != NULL && cause[0] ? osubd_act_kube(d->act, cause) : NULL;
     if (ck != NULL) {
         json_object_set_new(e, "state", json_string("held"));
         json_object_set_new(e, "cause", json_string(cause));
-        osubd_note(d, id, "pod", "evict-held",
+        osubd_note(d->core, id, "pod", "evict-held",
                    "%s: eviction of pod %s/%s held until pod %s/%s, which it makes room for, is "
                    "bound here",
                    id, json_string_value(json_object_get(k, "namespace")),
@@ -380,7 +384,24 @@ void osubd_pods_directive(struct osubd *d, const char *id, const char *action, c
     send_eviction(d, id);
 }
 
-int osubd_pods_init(struct osubd *d, char *err, size_t errlen)
+static void pods_directive(void *arg, const char *id, const char *action, const char *cause)
+{
+    osubd_pods_directive(arg, id, action, cause);
+}
+
+static void pods_metrics(void *ctx, struct evbuffer *b)
+{
+    osubd_pods_metrics(ctx, b);
+}
+
+struct osubd_module osubd_pods_module(struct osubd_pods *p)
+{
+    struct osubd_module m = {.name = "pods", .ctx = p, .metrics = pods_metrics};
+    return m;
+}
+
+struct osubd_pods *osubd_pods_new(struct osubd_core *c, struct osubd_act *act, char *err,
+                                  size_t errlen)
 {
     struct osubd_pods *p = calloc(1, sizeof(*p));
     if (p == NULL || (p->evicting = json_object()) == NULL ||
@@ -389,55 +410,62 @@ int osubd_pods_init(struct osubd *d, char *err, size_t errlen)
             json_decref(p->evicting);
         free(p);
         snprintf(err, errlen, "out of memory");
-        return -1;
+        return NULL;
     }
-    d->pods = p;
+    p->core = c;
+    p->cfg = osubd_core_config(c);
+    p->base = osubd_core_base(c);
+    p->e = osubd_core_engine(c);
+    p->act = act;
+    osubd_act_listen(act, pods_directive, p);
+    struct osubd_pods *d = p;
     p->unbound_ms = UNBOUND_MS;
     const char *knob = getenv("OSUB_POD_UNBOUND_MS");
     if (knob != NULL && atoll(knob) > 0)
         p->unbound_ms = atoll(knob);
     struct osub_kube_opts o;
     osub_kube_opts_default(&o);
-    const char *api = d->cfg.kube_api;
+    const char *api = d->cfg->kube_api;
     if (strcmp(api, "none") == 0 || (strcmp(api, "auto") == 0 && o.api[0] == '\0'))
-        return 0;
+        return p;
     if (strcmp(api, "auto") != 0)
         snprintf(o.api, sizeof(o.api), "%s", api);
-    if (d->cfg.kube_token_file[0])
-        snprintf(o.token_file, sizeof(o.token_file), "%s", d->cfg.kube_token_file);
-    if (d->cfg.kube_ca_file[0])
-        snprintf(o.ca_file, sizeof(o.ca_file), "%s", d->cfg.kube_ca_file);
+    if (d->cfg->kube_token_file[0])
+        snprintf(o.token_file, sizeof(o.token_file), "%s", d->cfg->kube_token_file);
+    if (d->cfg->kube_ca_file[0])
+        snprintf(o.ca_file, sizeof(o.ca_file), "%s", d->cfg->kube_ca_file);
     char why[600];
     if (osub_kube_new(d->base, &o, &p->kube, why, sizeof(why)) != 0) {
         snprintf(err, errlen, "kubernetes_api: %s", why);
-        return -1;
+        osubd_pods_free(p);
+        return NULL;
     }
     p->tick = event_new(d->base, -1, EV_PERSIST, on_tick, d);
     struct timeval tv = {WATCH_MS / 1000, (WATCH_MS % 1000) * 1000};
     if (p->tick == NULL || event_add(p->tick, &tv) != 0) {
         snprintf(err, errlen, "out of memory");
-        return -1;
+        osubd_pods_free(p);
+        return NULL;
     }
     printf("pods evicted through the API server at %s\n", osub_kube_api(p->kube));
-    return 0;
+    return p;
 }
 
-void osubd_pods_free(struct osubd *d)
+void osubd_pods_free(struct osubd_pods *d)
 {
-    if (d->pods == NULL)
+    if (d == NULL)
         return;
-    if (d->pods->tick)
-        event_free(d->pods->tick);
-    osub_kube_free(d->pods->kube);
-    json_decref(d->pods->evicting);
-    json_decref(d->pods->sweeping);
-    free(d->pods);
-    d->pods = NULL;
+    if (d->tick)
+        event_free(d->tick);
+    osub_kube_free(d->kube);
+    json_decref(d->evicting);
+    json_decref(d->sweeping);
+    free(d);
 }
 
-void osubd_pods_metrics(struct osubd *d, struct evbuffer *b)
+void osubd_pods_metrics(struct osubd_pods *d, struct evbuffer *b)
 {
-    struct osubd_pods *p = d->pods;
+    struct osubd_pods *p = d;
     if (p == NULL)
         return;
     evbuffer_add_printf(

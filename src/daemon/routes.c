@@ -288,3 +288,50 @@ int osubd_routes_load(struct osubd_routes *t, const char *text, char *err, size_
     t->dirty = false;
     return 0;
 }
+
+/* ---- the table as the core's module "routes" --------------------------------------------- */
+
+static int routes_load(void *ctx, struct osubd_core *c, char *err, size_t errlen)
+{
+    char *text = NULL;
+    if (osubd_core_meta(c, "gateway_routes", &text, err, errlen) != 0)
+        return -1;
+    int rc = text != NULL ? osubd_routes_load(ctx, text, err, errlen) : 0;
+    free(text);
+    return rc;
+}
+
+static bool routes_dirty(void *ctx)
+{
+    return osubd_routes_dirty(ctx);
+}
+
+static void routes_save(void *ctx, json_t *meta)
+{
+    char *text = osubd_routes_save(ctx);
+    if (text != NULL)
+        json_object_set_new(meta, "gateway_routes", json_string(text));
+    free(text);
+}
+
+static void routes_saved(void *ctx, bool ok)
+{
+    osubd_routes_saved(ctx, ok);
+}
+
+static void routes_forget(void *ctx, const char *id)
+{
+    osubd_routes_forget(ctx, id);
+}
+
+struct osubd_module osubd_routes_module(struct osubd_routes *t)
+{
+    struct osubd_module m = {.name = "routes",
+                             .ctx = t,
+                             .load = routes_load,
+                             .dirty = routes_dirty,
+                             .save = routes_save,
+                             .saved = routes_saved,
+                             .forget = routes_forget};
+    return m;
+}

@@ -10,6 +10,8 @@
 
 #include <jansson.h>
 
+#include "core.h"
+
 #define OSUBD_ROUTE_BACKENDS_MAX 16   /* backends of one service */
 #define OSUBD_ROUTE_URL_MAX 255       /* an http://HOST:PORT URL */
 #define OSUBD_ROUTE_INFLIGHT_MAX 4096 /* max_inflight's ceiling (vLLM runs 256 at once) */
@@ -59,5 +61,9 @@ bool osubd_routes_dirty(const struct osubd_routes *t);
 void osubd_routes_saved(struct osubd_routes *t, bool ok);
 char *osubd_routes_save(const struct osubd_routes *t);
 int osubd_routes_load(struct osubd_routes *t, const char *text, char *err, size_t errlen);
+
+/* The table as the core's module "routes": loaded from and saved to the meta key
+ * gateway_routes with the command that changed it; a gone service's route is forgotten. */
+struct osubd_module osubd_routes_module(struct osubd_routes *t);
 
 #endif
