@@ -94,68 +94,58 @@ static bool same_run(const struct sim_result *a, const struct sim_result *b)
            a->unmet_fraction == b->unmet_fraction && a->max_wait_s == b->max_wait_s;
 }
 
-int advise_run(const struct sim_budget *b, const char *gpus, int32_t r_from, int32_t r_to,
-               int32_t r_step, const struct trace *tr, bool json, bool quiet)
+/* The pool to advise on: gpus as a pool (8x81920), or min[:SIZE], the pool oversub needs at
+ * the brief's starting point, 1.3x. Fills pool (4096 entries at most); 0, or -1 (said). */
+static int advise_pool(const struct sim_budget *b, const char *gpus, const struct trace *tr,
+                       bool quiet, int64_t *pool, size_t *n_pool)
 {
     char err[256];
-    int64_t pool[4096];
-    size_t n_pool = 0;
     int64_t size = 81920;
+    *n_pool = 0;
     bool min = strncmp(gpus, "min", 3) == 0;
-    if (min) {
-        if (gpus[3] == ':' && osub_parse_gpu_size(gpus + 4, &size) != 0) {
-            fprintf(stderr, "oversub: --gpus: '%s' is not min[:SIZE]\n", gpus);
+    if (!min) {
+        if (osub_parse_pool(gpus, pool, 4096, n_pool) != 0) {
+            fprintf(stderr, "oversub: --gpus: '%s' is not a pool (8x81920) or min[:SIZE]\n", gpus);
             return -1;
         }
-        /* no pool given: the pool oversub needs at the brief's starting point, 1.3x */
-        int32_t lb = sim_lower_bound(tr, size), hi = 0;
-        for (size_t i = 0; i < tr->n; i++)
-            hi += tr->svcs[i].spec.gpus > 0 ? tr->svcs[i].spec.gpus : 1;
-        struct sim_result r0;
-        if (!quiet)
-            fprintf(stderr, "advise: sizing the pool oversub needs at 1.3x ...\n");
-        int32_t g =
-            sim_min_gpus(tr, POL_OVERSUB, 1300, size, lb, hi, b, false, &r0, err, sizeof(err));
-        if (g <= 0) {
-            fprintf(stderr, "oversub: advise: %s\n",
-                    g < 0 ? err : "no pool meets the budgets even at 1.3x: give --gpus");
-            return -1;
-        }
-        sim_result_free(&r0);
-        for (int32_t i = 0; i < g; i++)
-            pool[n_pool++] = size;
-    } else if (osub_parse_pool(gpus, pool, 4096, &n_pool) != 0) {
-        fprintf(stderr, "oversub: --gpus: '%s' is not a pool (8x81920) or min[:SIZE]\n", gpus);
+        return 0;
+    }
+    if (gpus[3] == ':' && osub_parse_gpu_size(gpus + 4, &size) != 0) {
+        fprintf(stderr, "oversub: --gpus: '%s' is not min[:SIZE]\n", gpus);
         return -1;
     }
-    int64_t physical = 0;
-    for (size_t i = 0; i < n_pool; i++)
-        physical += pool[i];
+    /* no pool given: the pool oversub needs at the brief's starting point, 1.3x */
+    int32_t lb = sim_lower_bound(tr, size), hi = 0;
+    for (size_t i = 0; i < tr->n; i++)
+        hi += tr->svcs[i].spec.gpus > 0 ? tr->svcs[i].spec.gpus : 1;
+    struct sim_result r0;
+    if (!quiet)
+        fprintf(stderr, "advise: sizing the pool oversub needs at 1.3x ...\n");
+    int32_t g = sim_min_gpus(tr, POL_OVERSUB, 1300, size, lb, hi, b, false, &r0, err, sizeof(err));
+    if (g <= 0) {
+        fprintf(stderr, "oversub: advise: %s\n",
+                g < 0 ? err : "no pool meets the budgets even at 1.3x: give --gpus");
+        return -1;
+    }
+    sim_result_free(&r0);
+    for (int32_t i = 0; i < g; i++)
+        pool[(*n_pool)++] = size;
+    return 0;
+}
 
-    size_t nr = (size_t)((r_to - r_from) / r_step) + 1;
-    struct sim_result *res = calloc(nr, sizeof(*res));
-    if (res == NULL)
-        return -1;
-    for (size_t k = 0; k < nr; k++) {
-        int32_t ratio = r_from + (int32_t)k * r_step;
-        if (!quiet)
-            fprintf(stderr, "advise: %zu GPUs at %d.%03dx ...\n", n_pool, ratio / 1000,
-                    ratio % 1000);
-        struct sim_opts o = {
-            .policy = POL_OVERSUB, .ratio_milli = ratio, .pool = pool, .n_pool = n_pool};
-        if (sim_run(tr, &o, b, &res[k], err, sizeof(err)) != 0) {
-            fprintf(stderr, "oversub: advise: %s\n", err);
-            free(res);
-            return -1;
-        }
-    }
-    struct demand_stats st;
-    if (stats_of(tr, &st) != 0) {
-        free(res);
-        return -1;
-    }
-    double predicted = fmax(st.mean + 3 * st.sigma, st.sum_p99);
+/* What advise recommends from the sweep res[0..nr), and why. */
+struct advice {
+    int32_t rule, sweep, risk_ok, rec;
+    int32_t binds_until; /* from this ratio up every run of the sweep is the same */
+    size_t bind_k;       /* its index in the sweep */
+    bool capped;         /* rec lowered to binds_until */
+    double *risk;        /* per ratio: the predicted peak over physical (NULL: no memory) */
+};
 
+static void advise_decide(const struct sim_result *res, size_t nr, int64_t physical,
+                          const struct demand_stats *st, struct advice *ad)
+{
+    double predicted = fmax(st->mean + 3 * st->sigma, st->sum_p99);
     /* (a) the brief's rule: start at 1.3; while fewer than 5 preemptions a week, step up,
      * towards 1.5-1.8 */
     int32_t rule = 1300;
@@ -184,7 +174,7 @@ int advise_run(const struct sim_budget *b, const char *gpus, int32_t r_from, int
     double *risk = calloc(nr, sizeof(*risk));
     for (size_t k = 0; k < nr && risk; k++) {
         double logical = (double)physical * (double)res[k].ratio_milli / 1000.0;
-        double admitted = st.max_requests > 0 ? fmin(1.0, logical / st.max_requests) : 1.0;
+        double admitted = st->max_requests > 0 ? fmin(1.0, logical / st->max_requests) : 1.0;
         risk[k] = admitted * predicted / (double)physical;
         if (risk[k] <= 0.95 && res[k].ratio_milli > risk_ok)
             risk_ok = res[k].ratio_milli;
@@ -207,87 +197,139 @@ int advise_run(const struct sim_budget *b, const char *gpus, int32_t r_from, int
         rec = binds_until;
         capped = true;
     }
-    double days = (double)(tr->t1 - tr->t0 + tr->step_s) / 86400.0;
+    *ad = (struct advice){rule, sweep, risk_ok, rec, binds_until, bind_k, capped, risk};
+}
 
-    if (json) {
-        json_t *rows = json_array();
-        for (size_t k = 0; k < nr; k++) {
-            json_t *o = report_json(&res[k]);
-            json_object_set_new(o, "preemptions_per_week",
-                                json_real(preemptions_per_week(&res[k])));
-            json_object_set_new(o, "degrades_per_week", json_real(degrades_per_week(&res[k])));
-            json_object_set_new(o, "predicted_peak_over_physical", json_real(risk ? risk[k] : 0));
-            json_array_append_new(rows, o);
-        }
-        json_t *root =
-            json_pack("{s:o, s:i, s:f, s:b, s:{s:f, s:f, s:f}, s:o, s:{s:f, s:f, s:f, s:f}, s:b}",
-                      "recommended_ratio", rec ? json_real(rec / 1000.0) : json_null(), "gpus",
-                      (int)n_pool, "ratio_stops_binding_at", binds_until / 1000.0,
-                      "capped_where_ratio_stops_binding", capped, "by", "brief_rule", rule / 1000.0,
-                      "sweep", sweep / 1000.0, "risk", risk_ok / 1000.0, "evidence", rows, "demand",
-                      "mean_mib", st.mean, "sigma_mib", st.sigma, "sum_p99_mib", st.sum_p99,
-                      "peak_mib", st.peak, "history_shorter_than_a_week", days < 7.0);
-        json_dumpf(root, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
-        fputc('\n', stdout);
-        json_decref(root);
-    } else {
-        if (rec > 0)
-            printf("Recommended oversell ratio: %d.%02dx on %zu GPUs (%lld MiB physical)\n\n",
-                   rec / 1000, (rec % 1000) / 10, n_pool, (long long)physical);
-        else
-            printf("No ratio of the sweep stays within the budgets on %zu GPUs: add GPUs or "
-                   "loosen the budgets.\n\n",
-                   n_pool);
-        printf("  (a) the brief's rule (start at 1.3x, step up while fewer than 5 preemptions "
-               "a week, up to 1.8x): %d.%02dx\n",
-               rule / 1000, (rule % 1000) / 10);
-        printf("  (b) the highest ratio of the sweep within every budget: ");
-        if (sweep)
-            printf("%d.%02dx\n", sweep / 1000, (sweep % 1000) / 10);
-        else
-            printf("none\n");
-        printf("  (c) the highest ratio whose predicted peak (max of mean + 3 sigma = %.0f MiB "
-               "and the sum of per-service p99 = %.0f MiB) stays under 95%% of physical: ",
-               st.mean + 3 * st.sigma, st.sum_p99);
-        if (risk_ok)
-            printf("%d.%02dx\n", risk_ok / 1000, (risk_ok % 1000) / 10);
-        else
-            printf("none\n");
-        printf("  The recommendation is the lowest of the three");
-        if (capped)
-            printf(", lowered to %d.%02dx: every ratio of the sweep from there up runs the same "
-                   "on this pool (physical memory binds, not the ratio)",
-                   binds_until / 1000, (binds_until % 1000) / 10);
-        else if (bind_k < nr - 1)
-            printf("; ratios from %d.%02dx up run the same on this pool (the ratio no longer "
-                   "binds there)",
-                   binds_until / 1000, (binds_until % 1000) / 10);
-        printf(".\n\nEvidence:\n");
-        printf("%6s %9s %8s %8s %6s %5s %9s %9s %9s %10s\n", "ratio", "feasible", "used", "held",
-               "oom", "p0", "evictions", "degrades", "unmet", "peak/phys");
-        printf("%6s %9s %8s %8s %6s %5s %9s %9s %9s %10s\n", "", "", "mean", "mean", "", "",
-               "/week", "/week", "", "predicted");
-        for (size_t k = 0; k < nr; k++)
-            printf("%3d.%02d %9s %7.1f%% %7.1f%% %6llu %5llu %9.1f %9.1f %8.2f%% %10.2f\n",
-                   res[k].ratio_milli / 1000, (res[k].ratio_milli % 1000) / 10,
-                   res[k].feasible ? "yes" : "no", 100 * res[k].mean_used_util,
-                   100 * res[k].mean_held_util, (unsigned long long)res[k].oom_events,
-                   (unsigned long long)res[k].p0_disruptions, preemptions_per_week(&res[k]),
-                   degrades_per_week(&res[k]), 100 * res[k].unmet_fraction, risk ? risk[k] : 0);
-        printf("\nCaveats:\n");
-        if (days < 7.0)
-            printf("  - The history covers %.1f days, less than a week: the brief asks for a whole "
-                   "business cycle including a weekend. Per-week figures are extrapolated.\n",
-                   days);
-        printf("  - The brief's rule counts preemptions as evictions of batch and experiment "
-               "services; degrades (the service keeps running at its floor) are shown but not "
-               "counted.\n");
-        printf("  - A simulation replays measured usage: services whose load changes with what "
-               "else runs (shared caches, co-located traffic) can behave differently.\n");
+static void print_advice_json(const struct sim_result *res, size_t nr, size_t n_pool,
+                              const struct demand_stats *st, const struct advice *ad, double days)
+{
+    json_t *rows = json_array();
+    for (size_t k = 0; k < nr; k++) {
+        json_t *o = report_json(&res[k]);
+        json_object_set_new(o, "preemptions_per_week", json_real(preemptions_per_week(&res[k])));
+        json_object_set_new(o, "degrades_per_week", json_real(degrades_per_week(&res[k])));
+        json_object_set_new(o, "predicted_peak_over_physical",
+                            json_real(ad->risk ? ad->risk[k] : 0));
+        json_array_append_new(rows, o);
     }
+    json_t *root = json_pack(
+        "{s:o, s:i, s:f, s:b, s:{s:f, s:f, s:f}, s:o, s:{s:f, s:f, s:f, s:f}, s:b}",
+        "recommended_ratio", ad->rec ? json_real(ad->rec / 1000.0) : json_null(), "gpus",
+        (int)n_pool, "ratio_stops_binding_at", ad->binds_until / 1000.0,
+        "capped_where_ratio_stops_binding", ad->capped, "by", "brief_rule", ad->rule / 1000.0,
+        "sweep", ad->sweep / 1000.0, "risk", ad->risk_ok / 1000.0, "evidence", rows, "demand",
+        "mean_mib", st->mean, "sigma_mib", st->sigma, "sum_p99_mib", st->sum_p99, "peak_mib",
+        st->peak, "history_shorter_than_a_week", days < 7.0);
+    json_dumpf(root, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
+    fputc('\n', stdout);
+    json_decref(root);
+}
+
+static void print_advice_text(const struct sim_result *res, size_t nr, size_t n_pool,
+                              int64_t physical, const struct demand_stats *st,
+                              const struct advice *ad, double days)
+{
+    int32_t rec = ad->rec, rule = ad->rule, sweep = ad->sweep, risk_ok = ad->risk_ok;
+    int32_t binds_until = ad->binds_until;
+    if (rec > 0)
+        printf("Recommended oversell ratio: %d.%02dx on %zu GPUs (%lld MiB physical)\n\n",
+               rec / 1000, (rec % 1000) / 10, n_pool, (long long)physical);
+    else
+        printf("No ratio of the sweep stays within the budgets on %zu GPUs: add GPUs or "
+               "loosen the budgets.\n\n",
+               n_pool);
+    printf("  (a) the brief's rule (start at 1.3x, step up while fewer than 5 preemptions "
+           "a week, up to 1.8x): %d.%02dx\n",
+           rule / 1000, (rule % 1000) / 10);
+    printf("  (b) the highest ratio of the sweep within every budget: ");
+    if (sweep)
+        printf("%d.%02dx\n", sweep / 1000, (sweep % 1000) / 10);
+    else
+        printf("none\n");
+    printf("  (c) the highest ratio whose predicted peak (max of mean + 3 sigma = %.0f MiB "
+           "and the sum of per-service p99 = %.0f MiB) stays under 95%% of physical: ",
+           st->mean + 3 * st->sigma, st->sum_p99);
+    if (risk_ok)
+        printf("%d.%02dx\n", risk_ok / 1000, (risk_ok % 1000) / 10);
+    else
+        printf("none\n");
+    printf("  The recommendation is the lowest of the three");
+    if (ad->capped)
+        printf(", lowered to %d.%02dx: every ratio of the sweep from there up runs the same "
+               "on this pool (physical memory binds, not the ratio)",
+               binds_until / 1000, (binds_until % 1000) / 10);
+    else if (ad->bind_k < nr - 1)
+        printf("; ratios from %d.%02dx up run the same on this pool (the ratio no longer "
+               "binds there)",
+               binds_until / 1000, (binds_until % 1000) / 10);
+    printf(".\n\nEvidence:\n");
+    printf("%6s %9s %8s %8s %6s %5s %9s %9s %9s %10s\n", "ratio", "feasible", "used", "held", "oom",
+           "p0", "evictions", "degrades", "unmet", "peak/phys");
+    printf("%6s %9s %8s %8s %6s %5s %9s %9s %9s %10s\n", "", "", "mean", "mean", "", "", "/week",
+           "/week", "", "predicted");
+    for (size_t k = 0; k < nr; k++)
+        printf("%3d.%02d %9s %7.1f%% %7.1f%% %6llu %5llu %9.1f %9.1f %8.2f%% %10.2f\n",
+               res[k].ratio_milli / 1000, (res[k].ratio_milli % 1000) / 10,
+               res[k].feasible ? "yes" : "no", 100 * res[k].mean_used_util,
+               100 * res[k].mean_held_util, (unsigned long long)res[k].oom_events,
+               (unsigned long long)res[k].p0_disruptions, preemptions_per_week(&res[k]),
+               degrades_per_week(&res[k]), 100 * res[k].unmet_fraction, ad->risk ? ad->risk[k] : 0);
+    printf("\nCaveats:\n");
+    if (days < 7.0)
+        printf("  - The history covers %.1f days, less than a week: the brief asks for a whole "
+               "business cycle including a weekend. Per-week figures are extrapolated.\n",
+               days);
+    printf("  - The brief's rule counts preemptions as evictions of batch and experiment "
+           "services; degrades (the service keeps running at its floor) are shown but not "
+           "counted.\n");
+    printf("  - A simulation replays measured usage: services whose load changes with what "
+           "else runs (shared caches, co-located traffic) can behave differently.\n");
+}
+
+int advise_run(const struct sim_budget *b, const char *gpus, int32_t r_from, int32_t r_to,
+               int32_t r_step, const struct trace *tr, bool json, bool quiet)
+{
+    char err[256];
+    int64_t pool[4096];
+    size_t n_pool = 0;
+    if (advise_pool(b, gpus, tr, quiet, pool, &n_pool) != 0)
+        return -1;
+    int64_t physical = 0;
+    for (size_t i = 0; i < n_pool; i++)
+        physical += pool[i];
+
+    size_t nr = (size_t)((r_to - r_from) / r_step) + 1;
+    struct sim_result *res = calloc(nr, sizeof(*res));
+    if (res == NULL)
+        return -1;
+    for (size_t k = 0; k < nr; k++) {
+        int32_t ratio = r_from + (int32_t)k * r_step;
+        if (!quiet)
+            fprintf(stderr, "advise: %zu GPUs at %d.%03dx ...\n", n_pool, ratio / 1000,
+                    ratio % 1000);
+        struct sim_opts o = {
+            .policy = POL_OVERSUB, .ratio_milli = ratio, .pool = pool, .n_pool = n_pool};
+        if (sim_run(tr, &o, b, &res[k], err, sizeof(err)) != 0) {
+            fprintf(stderr, "oversub: advise: %s\n", err);
+            free(res);
+            return -1;
+        }
+    }
+    struct demand_stats st;
+    if (stats_of(tr, &st) != 0) {
+        free(res);
+        return -1;
+    }
+    struct advice ad;
+    advise_decide(res, nr, physical, &st, &ad);
+    double days = (double)(tr->t1 - tr->t0 + tr->step_s) / 86400.0;
+    if (json)
+        print_advice_json(res, nr, n_pool, &st, &ad, days);
+    else
+        print_advice_text(res, nr, n_pool, physical, &st, &ad, days);
     for (size_t k = 0; k < nr; k++)
         sim_result_free(&res[k]);
     free(res);
-    free(risk);
+    free(ad.risk);
     return 0;
 }

@@ -229,7 +229,223 @@ static int parse_policies(const char *s, struct cli *c)
     return n > 0 ? 0 : -1;
 }
 
-static int parse_common(int argc, char **argv, struct cli *c, bool advise)
+/* --pods K/N */
+static int opt_pods(const char *arg, struct cli *c)
+{
+    c->genai_only = "--pods";
+    char *end;
+    long k = -1, n = -1;
+    const char *slash = strchr(arg, '/');
+    if (slash != NULL) {
+        errno = 0;
+        k = strtol(arg, &end, 10);
+        if (end != slash || errno)
+            k = -1;
+        n = strtol(slash + 1, &end, 10);
+        if (*end != '\0' || errno || slash[1] == '\0')
+            n = -1;
+    }
+    if (k < 0 || n < 1 || n > 1000 || k >= n) {
+        fprintf(stderr,
+                "oversub: --pods: '%s' is not K/N with 0 <= K < N <= 1000 (0/2 and 1/2 "
+                "are the two halves)\n",
+                arg);
+        return -1;
+    }
+    c->g.part = (int32_t)k;
+    c->g.parts = (int32_t)n;
+    return 0;
+}
+
+/* --window A:B, in hours */
+static int opt_window(const char *arg, struct cli *c)
+{
+    c->genai_only = "--window";
+    char *end;
+    const char *colon = strchr(arg, ':');
+    double a = -1, b = -1;
+    if (colon != NULL) {
+        errno = 0;
+        a = strtod(arg, &end);
+        if (end != colon || errno || arg == colon)
+            a = -1;
+        b = strtod(colon + 1, &end);
+        if (*end != '\0' || errno || colon[1] == '\0')
+            b = -1;
+    }
+    if (!(a >= 0 && b > a && b <= 24.0 * 366)) {
+        fprintf(stderr,
+                "oversub: --window: '%s' is not A:B in hours with 0 <= A < B (such as "
+                "0:11.4)\n",
+                arg);
+        return -1;
+    }
+    c->g.window = true;
+    c->g.from_s = (int64_t)(a * 3600.0 + 0.5);
+    c->g.to_s = (int64_t)(b * 3600.0 + 0.5);
+    if (c->g.to_s <= c->g.from_s)
+        c->g.to_s = c->g.from_s + 1; /* a window shorter than a second: one second */
+    return 0;
+}
+
+/* --predict-trust H */
+static int opt_trust(const char *arg, struct cli *c)
+{
+    char *end;
+    errno = 0;
+    double h = strtod(arg, &end);
+    if (*end != '\0' || errno || end == arg || !(h > 0 && h <= 24 * 30)) {
+        fprintf(stderr,
+                "oversub: --predict-trust: '%s' is not a number of hours (0 < H <= "
+                "720)\n",
+                arg);
+        return -1;
+    }
+    c->b.trust_ms = (int64_t)(h * 3600000.0 + 0.5);
+    if (c->b.trust_ms < 1)
+        c->b.trust_ms = 1;
+    return 0;
+}
+
+/* --floor-start S|never */
+static int opt_floor_start(const char *arg, struct cli *c)
+{
+    if (strcmp(arg, "never") == 0) {
+        c->b.floor_start_ms = -1;
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    long v = strtol(arg, &end, 10);
+    if (*end != '\0' || errno || end == arg || v < 0 || v > 86400 * 30) {
+        fprintf(stderr, "oversub: --floor-start: '%s' is not a number of seconds or 'never'\n",
+                arg);
+        return -1;
+    }
+    c->b.floor_start_ms = v == 0 ? 1 : v * 1000; /* 0 s: at once (1 ms) */
+    return 0;
+}
+
+/* One option (getopt's ch and optarg). Returns 0, 1 when the usage was asked for (printed on
+ * stdout), -1 on a usage error (said on stderr). */
+static int parse_option(int ch, const char *arg, struct cli *c, bool advise)
+{
+    char *end;
+    long v;
+    switch (ch) {
+    case 'G':
+        c->genai = arg;
+        break;
+    case 'S':
+        c->services = arg;
+        break;
+    case 'U':
+        c->usage = arg;
+        break;
+    case 'g':
+        c->gpus = arg;
+        break;
+    case 'p':
+        if (parse_policies(arg, c) != 0) {
+            fprintf(stderr,
+                    "oversub: --policy: '%s' is not a list of static, brief, "
+                    "oversub, hindsight\n",
+                    arg);
+            return -1;
+        }
+        break;
+    case 'r':
+        if (parse_ratio_arg(arg, c) != 0) {
+            fprintf(stderr,
+                    "oversub: --ratio: '%s' is not a ratio (1.3, at most three "
+                    "decimals, 1.0 to 100) or a sweep FROM:TO:STEP (1.0:2.0:0.1)\n",
+                    arg);
+            return -1;
+        }
+        break;
+    case 'B':
+        c->genai_only = "--buffer";
+        if (parse_fraction_milli(arg, &c->g.buffer_milli) != 0) {
+            fprintf(stderr, "oversub: --buffer: '%s' is not a fraction such as 0.3\n", arg);
+            return -1;
+        }
+        break;
+    case 'F':
+        c->genai_only = "--floor";
+        v = arg[0] == 'p' ? strtol(arg + 1, &end, 10) : -1;
+        if (arg[0] != 'p' || *end != '\0' || v < 1 || v > 100) {
+            fprintf(stderr, "oversub: --floor: '%s' is not a percentile such as p50\n", arg);
+            return -1;
+        }
+        c->g.floor_pct = (int32_t)v;
+        break;
+    case 'C':
+        c->genai_only = "--classes";
+        if (parse_classes(arg, c->g.classes) != 0) {
+            fprintf(stderr, "oversub: --classes: '%s' is not A:B:C adding up to 100\n", arg);
+            return -1;
+        }
+        break;
+    case 'K':
+        return opt_pods(arg, c);
+    case 'W':
+        return opt_window(arg, c);
+    case 'T':
+        return opt_trust(arg, c);
+    case 'L':
+        return opt_floor_start(arg, c);
+    case 'e':
+        errno = 0;
+        v = strtol(arg, &end, 10);
+        if (*end != '\0' || errno || v < 0 || v > 100000) {
+            fprintf(stderr, "oversub: --evict-budget: '%s' is not a count\n", arg);
+            return -1;
+        }
+        c->b.evict_budget_per_week = (int32_t)v;
+        break;
+    case 'u':
+        if (parse_fraction_milli(arg, &c->b.unmet_budget_milli) != 0 ||
+            c->b.unmet_budget_milli > 1000) {
+            fprintf(stderr,
+                    "oversub: --unmet-budget: '%s' is not a fraction such as "
+                    "0.01\n",
+                    arg);
+            return -1;
+        }
+        break;
+    case 'w':
+        errno = 0;
+        v = strtol(arg, &end, 10);
+        if (*end != '\0' || errno || v < 0 || v > 86400 * 30) {
+            fprintf(stderr, "oversub: --max-wait: '%s' is not a number of seconds\n", arg);
+            return -1;
+        }
+        c->b.max_wait_s = v;
+        break;
+    case 'j':
+        c->json = true;
+        break;
+    case 'P':
+        c->plot = arg;
+        break;
+    case 'q':
+        c->quiet = true;
+        break;
+    case 'H':
+        c->history = arg;
+        break;
+    case 'h':
+        usage_simulate(stdout, advise ? "advise" : "simulate");
+        return 1;
+    default:
+        fprintf(stderr, "\n");
+        usage_simulate(stderr, advise ? "advise" : "simulate");
+        return -1;
+    }
+    return 0;
+}
+
+static void cli_defaults(struct cli *c, bool advise)
 {
     memset(c, 0, sizeof(*c));
     genai_opts_default(&c->g);
@@ -246,6 +462,32 @@ static int parse_common(int argc, char **argv, struct cli *c, bool advise)
         c->r_to = 2000;
         c->r_step = 100;
     }
+}
+
+/* The input options go together: --genai, or --services with --usage. */
+static int check_inputs(const struct cli *c)
+{
+    if ((c->genai == NULL) == (c->services == NULL && c->usage == NULL)) {
+        fprintf(stderr, "oversub: give either --genai DIR or --services FILE --usage FILE\n");
+        return -1;
+    }
+    if (c->genai == NULL && (c->services == NULL || c->usage == NULL)) {
+        fprintf(stderr, "oversub: --services and --usage go together\n");
+        return -1;
+    }
+    if (c->genai == NULL && c->genai_only != NULL) {
+        fprintf(stderr,
+                "oversub: %s applies to --genai only (a services file says each service's "
+                "request, floor and class itself)\n",
+                c->genai_only);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_common(int argc, char **argv, struct cli *c, bool advise)
+{
+    cli_defaults(c, advise);
     static const struct option opts[] = {{"genai", required_argument, NULL, 'G'},
                                          {"services", required_argument, NULL, 'S'},
                                          {"usage", required_argument, NULL, 'U'},
@@ -271,212 +513,15 @@ static int parse_common(int argc, char **argv, struct cli *c, bool advise)
     optind = 1;
     int ch;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        char *end;
-        long v;
-        switch (ch) {
-        case 'G':
-            c->genai = optarg;
-            break;
-        case 'S':
-            c->services = optarg;
-            break;
-        case 'U':
-            c->usage = optarg;
-            break;
-        case 'g':
-            c->gpus = optarg;
-            break;
-        case 'p':
-            if (parse_policies(optarg, c) != 0) {
-                fprintf(stderr,
-                        "oversub: --policy: '%s' is not a list of static, brief, "
-                        "oversub, hindsight\n",
-                        optarg);
-                return -1;
-            }
-            break;
-        case 'r':
-            if (parse_ratio_arg(optarg, c) != 0) {
-                fprintf(stderr,
-                        "oversub: --ratio: '%s' is not a ratio (1.3, at most three "
-                        "decimals, 1.0 to 100) or a sweep FROM:TO:STEP (1.0:2.0:0.1)\n",
-                        optarg);
-                return -1;
-            }
-            break;
-        case 'B':
-            c->genai_only = "--buffer";
-            if (parse_fraction_milli(optarg, &c->g.buffer_milli) != 0) {
-                fprintf(stderr, "oversub: --buffer: '%s' is not a fraction such as 0.3\n", optarg);
-                return -1;
-            }
-            break;
-        case 'F':
-            c->genai_only = "--floor";
-            v = optarg[0] == 'p' ? strtol(optarg + 1, &end, 10) : -1;
-            if (optarg[0] != 'p' || *end != '\0' || v < 1 || v > 100) {
-                fprintf(stderr, "oversub: --floor: '%s' is not a percentile such as p50\n", optarg);
-                return -1;
-            }
-            c->g.floor_pct = (int32_t)v;
-            break;
-        case 'C':
-            c->genai_only = "--classes";
-            if (parse_classes(optarg, c->g.classes) != 0) {
-                fprintf(stderr, "oversub: --classes: '%s' is not A:B:C adding up to 100\n", optarg);
-                return -1;
-            }
-            break;
-        case 'K': {
-            c->genai_only = "--pods";
-            long k = -1, n = -1;
-            char *slash = strchr(optarg, '/');
-            if (slash != NULL) {
-                errno = 0;
-                k = strtol(optarg, &end, 10);
-                if (end != slash || errno)
-                    k = -1;
-                n = strtol(slash + 1, &end, 10);
-                if (*end != '\0' || errno || slash[1] == '\0')
-                    n = -1;
-            }
-            if (k < 0 || n < 1 || n > 1000 || k >= n) {
-                fprintf(stderr,
-                        "oversub: --pods: '%s' is not K/N with 0 <= K < N <= 1000 (0/2 and 1/2 "
-                        "are the two halves)\n",
-                        optarg);
-                return -1;
-            }
-            c->g.part = (int32_t)k;
-            c->g.parts = (int32_t)n;
-            break;
-        }
-        case 'W': {
-            c->genai_only = "--window";
-            char *colon = strchr(optarg, ':');
-            double a = -1, b = -1;
-            if (colon != NULL) {
-                errno = 0;
-                a = strtod(optarg, &end);
-                if (end != colon || errno || optarg == colon)
-                    a = -1;
-                b = strtod(colon + 1, &end);
-                if (*end != '\0' || errno || colon[1] == '\0')
-                    b = -1;
-            }
-            if (!(a >= 0 && b > a && b <= 24.0 * 366)) {
-                fprintf(stderr,
-                        "oversub: --window: '%s' is not A:B in hours with 0 <= A < B (such as "
-                        "0:11.4)\n",
-                        optarg);
-                return -1;
-            }
-            c->g.window = true;
-            c->g.from_s = (int64_t)(a * 3600.0 + 0.5);
-            c->g.to_s = (int64_t)(b * 3600.0 + 0.5);
-            if (c->g.to_s <= c->g.from_s)
-                c->g.to_s = c->g.from_s + 1; /* a window shorter than a second: one second */
-            break;
-        }
-        case 'T': {
-            errno = 0;
-            double h = strtod(optarg, &end);
-            if (*end != '\0' || errno || end == optarg || !(h > 0 && h <= 24 * 30)) {
-                fprintf(stderr,
-                        "oversub: --predict-trust: '%s' is not a number of hours (0 < H <= "
-                        "720)\n",
-                        optarg);
-                return -1;
-            }
-            c->b.trust_ms = (int64_t)(h * 3600000.0 + 0.5);
-            if (c->b.trust_ms < 1)
-                c->b.trust_ms = 1;
-            break;
-        }
-        case 'L':
-            if (strcmp(optarg, "never") == 0) {
-                c->b.floor_start_ms = -1;
-                break;
-            }
-            errno = 0;
-            v = strtol(optarg, &end, 10);
-            if (*end != '\0' || errno || end == optarg || v < 0 || v > 86400 * 30) {
-                fprintf(stderr,
-                        "oversub: --floor-start: '%s' is not a number of seconds or 'never'\n",
-                        optarg);
-                return -1;
-            }
-            c->b.floor_start_ms = v == 0 ? 1 : v * 1000; /* 0 s: at once (1 ms) */
-            break;
-        case 'e':
-            errno = 0;
-            v = strtol(optarg, &end, 10);
-            if (*end != '\0' || errno || v < 0 || v > 100000) {
-                fprintf(stderr, "oversub: --evict-budget: '%s' is not a count\n", optarg);
-                return -1;
-            }
-            c->b.evict_budget_per_week = (int32_t)v;
-            break;
-        case 'u':
-            if (parse_fraction_milli(optarg, &c->b.unmet_budget_milli) != 0 ||
-                c->b.unmet_budget_milli > 1000) {
-                fprintf(stderr,
-                        "oversub: --unmet-budget: '%s' is not a fraction such as "
-                        "0.01\n",
-                        optarg);
-                return -1;
-            }
-            break;
-        case 'w':
-            errno = 0;
-            v = strtol(optarg, &end, 10);
-            if (*end != '\0' || errno || v < 0 || v > 86400 * 30) {
-                fprintf(stderr, "oversub: --max-wait: '%s' is not a number of seconds\n", optarg);
-                return -1;
-            }
-            c->b.max_wait_s = v;
-            break;
-        case 'j':
-            c->json = true;
-            break;
-        case 'P':
-            c->plot = optarg;
-            break;
-        case 'q':
-            c->quiet = true;
-            break;
-        case 'H':
-            c->history = optarg;
-            break;
-        case 'h':
-            usage_simulate(stdout, advise ? "advise" : "simulate");
-            return 1;
-        default:
-            fprintf(stderr, "\n");
-            usage_simulate(stderr, advise ? "advise" : "simulate");
-            return -1;
-        }
+        int rc = parse_option(ch, optarg, c, advise);
+        if (rc != 0)
+            return rc;
     }
     if (optind < argc) {
         fprintf(stderr, "oversub: unexpected argument '%s'\n", argv[optind]);
         return -1;
     }
-    if ((c->genai == NULL) == (c->services == NULL && c->usage == NULL)) {
-        fprintf(stderr, "oversub: give either --genai DIR or --services FILE --usage FILE\n");
-        return -1;
-    }
-    if (c->genai == NULL && (c->services == NULL || c->usage == NULL)) {
-        fprintf(stderr, "oversub: --services and --usage go together\n");
-        return -1;
-    }
-    if (c->genai == NULL && c->genai_only != NULL) {
-        fprintf(stderr,
-                "oversub: %s applies to --genai only (a services file says each service's "
-                "request, floor and class itself)\n",
-                c->genai_only);
-        return -1;
-    }
-    return 0;
+    return check_inputs(c);
 }
 
 static int load_trace(const struct cli *c, struct trace *tr)

@@ -271,9 +271,39 @@ static void run_follow_ups(osub_engine_t *e, const struct trace *tr, const struc
     *nf = 0;
 }
 
-static int sim_engine(const struct trace *tr, const struct sim_opts *o, const struct sim_budget *b,
-                      struct sim_result *r, char *err, size_t errlen)
+/* One replay through the engine (sim_engine()): the engine, each service's run state, the
+ * follow-ups of the last command and the bookkeeping. */
+struct erun {
+    osub_engine_t *e;
+    const struct trace *tr;
+    const struct sim_opts *o;
+    struct sim_result *r;
+    struct idmap m;
+    struct run_svc *rs;
+    struct follow *fq;
+    size_t nf, fcap;
+    struct acc a;
+    size_t *order;    /* arrivals at the same instant go in priority order: online first */
+    size_t *oom_step; /* step+1 of a GPU's last OOM */
+    int64_t vram_total;
+    uint64_t ev_before;
+};
+
+/* The last command's events counted and its follow-ups run. */
+static void erun_events(struct erun *x, int64_t now)
 {
+    read_events(x->e, &x->m, x->r, x->fq, &x->nf, x->fcap);
+    run_follow_ups(x->e, x->tr, &x->m, x->r, x->fq, &x->nf, x->fcap, now);
+}
+
+/* Makes the engine and what the replay keeps. Returns 0, or -1 with err (everything freed). */
+static int erun_init(struct erun *x, const struct trace *tr, const struct sim_opts *o,
+                     const struct sim_budget *b, struct sim_result *r, char *err, size_t errlen)
+{
+    memset(x, 0, sizeof(*x));
+    x->tr = tr;
+    x->o = o;
+    x->r = r;
     osub_pool_config_t cfg;
     osub_pool_config_default(&cfg);
     cfg.ratio_milli = o->policy == POL_STATIC ? 1000 : o->ratio_milli;
@@ -281,227 +311,256 @@ static int sim_engine(const struct trace *tr, const struct sim_opts *o, const st
         cfg.prediction_trust_ms = b->trust_ms;
     if (b->floor_start_ms != 0)
         cfg.floor_start_after_ms = b->floor_start_ms;
-    osub_engine_t *e;
-    int rc = osub_engine_new(&cfg, o->pool, NULL, o->n_pool, NULL, 0, &e);
+    int rc = osub_engine_new(&cfg, o->pool, NULL, o->n_pool, NULL, 0, &x->e);
     if (rc != 0) {
         snprintf(err, errlen, "pool: %s", osub_strerror(rc));
         return -1;
     }
-    struct idmap m;
-    struct run_svc *rs = calloc(tr->n, sizeof(*rs));
-    size_t fcap = 4096;
-    struct follow *fq = malloc(fcap * sizeof(*fq));
+    x->rs = calloc(tr->n, sizeof(*x->rs));
+    x->fcap = 4096;
+    x->fq = malloc(x->fcap * sizeof(*x->fq));
     size_t steps = n_steps(tr);
-    struct acc a = {0};
-    a.used = calloc(steps, sizeof(double));
-    a.held = calloc(steps, sizeof(double));
-    a.events = calloc(steps, sizeof(uint32_t));
-    if (rs == NULL || fq == NULL || a.used == NULL || a.held == NULL || a.events == NULL ||
-        idmap_init(&m, tr) != 0) {
+    x->a.used = calloc(steps, sizeof(double));
+    x->a.held = calloc(steps, sizeof(double));
+    x->a.events = calloc(steps, sizeof(uint32_t));
+    if (x->rs == NULL || x->fq == NULL || x->a.used == NULL || x->a.held == NULL ||
+        x->a.events == NULL || idmap_init(&x->m, tr) != 0) {
         snprintf(err, errlen, "out of memory");
-        free(rs);
-        free(fq);
-        free(a.used);
-        free(a.held);
-        free(a.events);
-        osub_engine_free(e);
+        free(x->rs);
+        free(x->fq);
+        free(x->a.used);
+        free(x->a.held);
+        free(x->a.events);
+        osub_engine_free(x->e);
         return -1;
     }
     for (size_t i = 0; i < tr->n; i++)
-        rs[i].wait_since = -1;
-    int64_t vram_total = 0;
+        x->rs[i].wait_since = -1;
     for (size_t g = 0; g < o->n_pool; g++)
-        vram_total += o->pool[g];
-    size_t nf = 0;
-    uint64_t ev_before = 0;
-    /* arrivals at the same instant go in priority order: online first */
-    size_t *order = malloc(tr->n * sizeof(*order));
-    size_t *oom_step = calloc(o->n_pool, sizeof(*oom_step)); /* step+1 of a GPU's last OOM */
-    if (order == NULL || oom_step == NULL) {
-        free(order);
-        free(oom_step);
+        x->vram_total += o->pool[g];
+    x->order = malloc(tr->n * sizeof(*x->order));
+    x->oom_step = calloc(o->n_pool, sizeof(*x->oom_step));
+    if (x->order == NULL || x->oom_step == NULL) {
+        free(x->order);
+        free(x->oom_step);
         snprintf(err, errlen, "out of memory");
-        idmap_free(&m);
-        free(rs);
-        free(fq);
-        free(a.used);
-        free(a.held);
-        free(a.events);
-        osub_engine_free(e);
+        idmap_free(&x->m);
+        free(x->rs);
+        free(x->fq);
+        free(x->a.used);
+        free(x->a.held);
+        free(x->a.events);
+        osub_engine_free(x->e);
         return -1;
     }
     for (size_t i = 0; i < tr->n; i++)
-        order[i] = i;
+        x->order[i] = i;
     sort_tr = tr;
-    qsort(order, tr->n, sizeof(*order), cmp_arrival);
+    qsort(x->order, tr->n, sizeof(*x->order), cmp_arrival);
+    return 0;
+}
+
+/* One sampling instant: the services whose use went down report first, so that the order of
+ * the reports does not make a peak that never was (an NVML poll sees them all at once). */
+static void report_downs(struct erun *x, size_t k, int64_t t, int64_t now)
+{
+    const struct trace *tr = x->tr;
+    for (size_t oi = 0; oi < tr->n; oi++) {
+        size_t i = x->order[oi];
+        const struct trace_svc *s = &tr->svcs[i];
+        struct run_svc *rs = &x->rs[i];
+        if (rs->st != RS_PLACED)
+            continue;
+        struct run_svc peek = *rs;
+        int64_t d = demand_at(s, &peek, t);
+        osub_service_info_t si;
+        if (d < 0 || osub_engine_service_info(x->e, s->spec.id, &si) != 0 ||
+            (si.state != OSUB_STATE_RUNNING && si.state != OSUB_STATE_LOADING &&
+             si.state != OSUB_STATE_DEGRADED))
+            continue;
+        int64_t report = si.state == OSUB_STATE_DEGRADED && d > si.grant_mib ? si.grant_mib : d;
+        if (report >= si.used_mib)
+            continue;
+        osub_engine_usage(x->e, s->spec.id, report, s->samples[peek.cur].compute_pct, now);
+        rs->reported_k = k + 1;
+        erun_events(x, now);
+    }
+}
+
+/* Submits service i, arriving or waiting to (re)start. Returns false when it was refused (it
+ * waits on, retried next step). */
+static bool submit_waiting(struct erun *x, size_t i, size_t k, int64_t t, int64_t now)
+{
+    const struct trace_svc *s = &x->tr->svcs[i];
+    struct run_svc *rs = &x->rs[i];
+    struct sim_result *r = x->r;
+    if (rs->st == RS_FUTURE)
+        rs->wait_since = t;
+    osub_spec_t sp = s->spec;
+    if (x->o->policy == POL_STATIC)
+        sp.preemptible = OSUB_TRI_NO; /* today's practice: every request kept */
+    /* a preemptible service waits in the engine's queue (keeping its place and how long it has
+     * waited); an online one is retried each step (its first refusal is a P0 disruption) */
+    sp.queue =
+        sp.preemptible == OSUB_TRI_NO || level_of(sp.class_name) == 0 ? OSUB_TRI_NO : OSUB_TRI_YES;
+    osub_submit_result_t sr;
+    /* a service already there when the trace begins was running before it */
+    int src = osub_engine_submit(x->e, &sp, now, k == 0 ? OSUB_SUBMIT_RUNNING : 0, &sr);
+    if ((src == OSUB_ETOO_BIG || src == OSUB_ETOO_MANY_GPUS) && rs->st == RS_FUTURE)
+        r->too_big++;
+    erun_events(x, now);
+    if (sr.outcome == OSUB_SUBMIT_REJECTED) {
+        if (rs->st == RS_FUTURE && level_of(sp.class_name) == 0) {
+            r->p0_disruptions++;
+            rs->refused_p0 = true;
+        }
+        rs->st = RS_WAITING;
+        x->a.lost_min += (double)x->tr->step_s / 60.0;
+        return false;
+    }
+    rs->st = RS_PLACED;
+    return true;
+}
+
+/* Service i at step k: released past its last sample, submitted when it arrives or waits, else
+ * its use reported (and an OOM counted where a GPU is over its VRAM). */
+static void step_service(struct erun *x, size_t i, size_t k, int64_t t, int64_t now)
+{
+    const struct trace *tr = x->tr;
+    const struct trace_svc *s = &tr->svcs[i];
+    struct run_svc *rs = &x->rs[i];
+    struct sim_result *r = x->r;
+    struct acc *a = &x->a;
+    if (rs->st == RS_GONE)
+        return;
+    int64_t d = demand_at(s, rs, t);
+    if (d < 0) {
+        if (rs->st != RS_FUTURE) {
+            /* past its last sample: release */
+            osub_engine_release(x->e, s->spec.id, now);
+            erun_events(x, now);
+            if (rs->st == RS_WAITING && rs->wait_since >= 0)
+                note_wait(a, rs, t);
+            rs->st = RS_GONE;
+        }
+        return;
+    }
+    a->demand += d;
+    r->service_steps++;
+    if ((rs->st == RS_FUTURE || rs->st == RS_WAITING) && !submit_waiting(x, i, k, t, now))
+        return;
+    osub_service_info_t si;
+    if (osub_engine_service_info(x->e, s->spec.id, &si) != 0) {
+        rs->st = RS_WAITING; /* released (evicted, not resumable): retried */
+        if (rs->wait_since < 0)
+            rs->wait_since = t;
+        a->lost_min += (double)tr->step_s / 60.0;
+        return;
+    }
+    if (si.state == OSUB_STATE_QUEUED || si.state == OSUB_STATE_PENDING) {
+        if (rs->wait_since < 0)
+            rs->wait_since = t;
+        a->lost_min += (double)tr->step_s / 60.0;
+        return;
+    }
+    if (rs->wait_since >= 0)
+        note_wait(a, rs, t);
+    rs->started_once = true;
+    if (si.loading && si.resumed)
+        a->lost_min += (double)tr->step_s / 60.0; /* restarting after an eviction */
+    int64_t report = d;
+    if (si.state == OSUB_STATE_DEGRADED && d > si.grant_mib) {
+        report = si.grant_mib; /* it complies: the rest is demand left unmet */
+        a->unmet += d - report;
+    }
+    if (rs->reported_k == k + 1 && si.used_mib == report)
+        return; /* reported first, as it went down */
+    int32_t pct = s->samples[rs->cur].compute_pct;
+    osub_engine_usage(x->e, s->spec.id, report, pct, now);
+    rs->reported_k = k + 1;
+    /* the memory is in use the moment it is reported, before anyone reacts: a GPU over its
+     * VRAM now is an OOM the engine was too late for */
+    for (int32_t sl = 0; sl < si.n_slots; sl++) {
+        int32_t gix = si.slots[sl].gpu;
+        osub_gpu_info_t gi;
+        osub_engine_gpu_info(x->e, gix, &gi);
+        if (gi.used_mib > gi.vram_mib && x->oom_step[gix] != k + 1) {
+            x->oom_step[gix] = k + 1;
+            r->oom_events++;
+        }
+    }
+    erun_events(x, now);
+}
+
+/* The end of step k: the engine's tick, who it started, the OOMs, the utilisation. */
+static void end_step(struct erun *x, size_t k, int64_t t, int64_t now)
+{
+    const struct trace *tr = x->tr;
+    struct sim_result *r = x->r;
+    struct acc *a = &x->a;
+    osub_engine_tick(x->e, now);
+    size_t n_tick;
+    const osub_event_t *tev = osub_engine_events(x->e, &n_tick);
+    bool started = false;
+    for (size_t j = 0; j < n_tick && !started; j++)
+        started = tev[j].kind == OSUB_EV_START || tev[j].kind == OSUB_EV_RESUME;
+    erun_events(x, now);
+    /* services the tick started (from the queue) stopped waiting now, not next step */
+    for (size_t i = 0; i < tr->n && started; i++) {
+        osub_service_info_t si;
+        if (x->rs[i].st == RS_PLACED && x->rs[i].wait_since >= 0 &&
+            osub_engine_service_info(x->e, tr->svcs[i].spec.id, &si) == 0 &&
+            si.state != OSUB_STATE_QUEUED && si.state != OSUB_STATE_PENDING) {
+            note_wait(a, &x->rs[i], t);
+            x->rs[i].started_once = true;
+        }
+    }
+    /* what the GPUs really hold now */
+    for (size_t g = 0; g < x->o->n_pool; g++) {
+        osub_gpu_info_t gi;
+        osub_engine_gpu_info(x->e, (int32_t)g, &gi);
+        if (gi.used_mib > gi.vram_mib && x->oom_step[g] != k + 1) {
+            x->oom_step[g] = k + 1;
+            r->oom_events++;
+        }
+    }
+    osub_pool_info_t pi;
+    osub_engine_pool_info(x->e, &pi);
+    a->used[k] = (double)pi.used_mib / (double)x->vram_total;
+    a->held[k] = (double)pi.held_mib / (double)x->vram_total;
+    a->used_sum += a->used[k];
+    a->held_sum += a->held[k];
+    a->logical_sum += (double)pi.granted_mib / (double)pi.logical_mib;
+    uint64_t evs = r->degrades[0] + r->degrades[1] + r->degrades[2] + r->evictions[0] +
+                   r->evictions[1] + r->evictions[2];
+    a->events[k] = (uint32_t)(evs - x->ev_before);
+    x->ev_before = evs;
+    a->steps++;
+}
+
+static int sim_engine(const struct trace *tr, const struct sim_opts *o, const struct sim_budget *b,
+                      struct sim_result *r, char *err, size_t errlen)
+{
+    struct erun x;
+    if (erun_init(&x, tr, o, b, r, err, errlen) != 0)
+        return -1;
+    size_t steps = n_steps(tr);
     for (size_t k = 0; k < steps; k++) {
         int64_t t = tr->t0 + (int64_t)k * tr->step_s;
         int64_t now = (t - tr->t0) * 1000;
-        /* one sampling instant: the services whose use went down report first, so that the
-         * order of the reports does not make a peak that never was (an NVML poll sees them
-         * all at once) */
-        for (size_t oi = 0; oi < tr->n && k > 0; oi++) {
-            size_t i = order[oi];
-            const struct trace_svc *s = &tr->svcs[i];
-            struct run_svc *x = &rs[i];
-            if (x->st != RS_PLACED)
-                continue;
-            struct run_svc peek = *x;
-            int64_t d = demand_at(s, &peek, t);
-            osub_service_info_t si;
-            if (d < 0 || osub_engine_service_info(e, s->spec.id, &si) != 0 ||
-                (si.state != OSUB_STATE_RUNNING && si.state != OSUB_STATE_LOADING &&
-                 si.state != OSUB_STATE_DEGRADED))
-                continue;
-            int64_t report = si.state == OSUB_STATE_DEGRADED && d > si.grant_mib ? si.grant_mib : d;
-            if (report >= si.used_mib)
-                continue;
-            osub_engine_usage(e, s->spec.id, report, s->samples[peek.cur].compute_pct, now);
-            x->reported_k = k + 1;
-            read_events(e, &m, r, fq, &nf, fcap);
-            run_follow_ups(e, tr, &m, r, fq, &nf, fcap, now);
-        }
-        for (size_t oi = 0; oi < tr->n; oi++) {
-            size_t i = order[oi];
-            const struct trace_svc *s = &tr->svcs[i];
-            struct run_svc *x = &rs[i];
-            if (x->st == RS_GONE)
-                continue;
-            int64_t d = demand_at(s, x, t);
-            if (d < 0) {
-                if (x->st != RS_FUTURE) {
-                    /* past its last sample: release */
-                    osub_engine_release(e, s->spec.id, now);
-                    read_events(e, &m, r, fq, &nf, fcap);
-                    run_follow_ups(e, tr, &m, r, fq, &nf, fcap, now);
-                    if (x->st == RS_WAITING && x->wait_since >= 0)
-                        note_wait(&a, x, t);
-                    x->st = RS_GONE;
-                }
-                continue;
-            }
-            a.demand += d;
-            r->service_steps++;
-            if (x->st == RS_FUTURE || x->st == RS_WAITING) {
-                if (x->st == RS_FUTURE)
-                    x->wait_since = t;
-                osub_spec_t sp = s->spec;
-                if (o->policy == POL_STATIC)
-                    sp.preemptible = OSUB_TRI_NO; /* today's practice: every request kept */
-                /* a preemptible service waits in the engine's queue (keeping its place and how
-                 * long it has waited); an online one is retried each step (its first refusal
-                 * is a P0 disruption) */
-                sp.queue = sp.preemptible == OSUB_TRI_NO || level_of(sp.class_name) == 0
-                               ? OSUB_TRI_NO
-                               : OSUB_TRI_YES;
-                osub_submit_result_t sr;
-                /* a service already there when the trace begins was running before it */
-                int src = osub_engine_submit(e, &sp, now, k == 0 ? OSUB_SUBMIT_RUNNING : 0, &sr);
-                if ((src == OSUB_ETOO_BIG || src == OSUB_ETOO_MANY_GPUS) && x->st == RS_FUTURE)
-                    r->too_big++;
-                read_events(e, &m, r, fq, &nf, fcap);
-                run_follow_ups(e, tr, &m, r, fq, &nf, fcap, now);
-                if (sr.outcome == OSUB_SUBMIT_REJECTED) {
-                    if (x->st == RS_FUTURE && level_of(sp.class_name) == 0) {
-                        r->p0_disruptions++;
-                        x->refused_p0 = true;
-                    }
-                    x->st = RS_WAITING;
-                    a.lost_min += (double)tr->step_s / 60.0;
-                    continue;
-                }
-                x->st = RS_PLACED;
-            }
-            osub_service_info_t si;
-            if (osub_engine_service_info(e, s->spec.id, &si) != 0) {
-                x->st = RS_WAITING; /* released (evicted, not resumable): retried */
-                if (x->wait_since < 0)
-                    x->wait_since = t;
-                a.lost_min += (double)tr->step_s / 60.0;
-                continue;
-            }
-            if (si.state == OSUB_STATE_QUEUED || si.state == OSUB_STATE_PENDING) {
-                if (x->wait_since < 0)
-                    x->wait_since = t;
-                a.lost_min += (double)tr->step_s / 60.0;
-                continue;
-            }
-            if (x->wait_since >= 0)
-                note_wait(&a, x, t);
-            x->started_once = true;
-            if (si.loading && si.resumed)
-                a.lost_min += (double)tr->step_s / 60.0; /* restarting after an eviction */
-            int64_t report = d;
-            if (si.state == OSUB_STATE_DEGRADED && d > si.grant_mib) {
-                report = si.grant_mib; /* it complies: the rest is demand left unmet */
-                a.unmet += d - report;
-            }
-            if (x->reported_k == k + 1 && si.used_mib == report)
-                continue; /* reported first, as it went down */
-            int32_t pct = s->samples[x->cur].compute_pct;
-            osub_engine_usage(e, s->spec.id, report, pct, now);
-            x->reported_k = k + 1;
-            /* the memory is in use the moment it is reported, before anyone reacts: a GPU
-             * over its VRAM now is an OOM the engine was too late for */
-            for (int32_t sl = 0; sl < si.n_slots; sl++) {
-                int32_t gix = si.slots[sl].gpu;
-                osub_gpu_info_t gi;
-                osub_engine_gpu_info(e, gix, &gi);
-                if (gi.used_mib > gi.vram_mib && oom_step[gix] != k + 1) {
-                    oom_step[gix] = k + 1;
-                    r->oom_events++;
-                }
-            }
-            read_events(e, &m, r, fq, &nf, fcap);
-            run_follow_ups(e, tr, &m, r, fq, &nf, fcap, now);
-        }
-        osub_engine_tick(e, now);
-        size_t n_tick;
-        const osub_event_t *tev = osub_engine_events(e, &n_tick);
-        bool started = false;
-        for (size_t j = 0; j < n_tick && !started; j++)
-            started = tev[j].kind == OSUB_EV_START || tev[j].kind == OSUB_EV_RESUME;
-        read_events(e, &m, r, fq, &nf, fcap);
-        run_follow_ups(e, tr, &m, r, fq, &nf, fcap, now);
-        /* services the tick started (from the queue) stopped waiting now, not next step */
-        for (size_t i = 0; i < tr->n && started; i++) {
-            osub_service_info_t si;
-            if (rs[i].st == RS_PLACED && rs[i].wait_since >= 0 &&
-                osub_engine_service_info(e, tr->svcs[i].spec.id, &si) == 0 &&
-                si.state != OSUB_STATE_QUEUED && si.state != OSUB_STATE_PENDING) {
-                note_wait(&a, &rs[i], t);
-                rs[i].started_once = true;
-            }
-        }
-        /* what the GPUs really hold now */
-        for (size_t g = 0; g < o->n_pool; g++) {
-            osub_gpu_info_t gi;
-            osub_engine_gpu_info(e, (int32_t)g, &gi);
-            if (gi.used_mib > gi.vram_mib && oom_step[g] != k + 1) {
-                oom_step[g] = k + 1;
-                r->oom_events++;
-            }
-        }
-        osub_pool_info_t pi;
-        osub_engine_pool_info(e, &pi);
-        a.used[k] = (double)pi.used_mib / (double)vram_total;
-        a.held[k] = (double)pi.held_mib / (double)vram_total;
-        a.used_sum += a.used[k];
-        a.held_sum += a.held[k];
-        a.logical_sum += (double)pi.granted_mib / (double)pi.logical_mib;
-        uint64_t evs = r->degrades[0] + r->degrades[1] + r->degrades[2] + r->evictions[0] +
-                       r->evictions[1] + r->evictions[2];
-        a.events[k] = (uint32_t)(evs - ev_before);
-        ev_before = evs;
-        a.steps++;
+        if (k > 0)
+            report_downs(&x, k, t, now);
+        for (size_t oi = 0; oi < tr->n; oi++)
+            step_service(&x, x.order[oi], k, t, now);
+        end_step(&x, k, t, now);
     }
-    end_run(tr, b, &a, rs, r, o->timeline);
-    idmap_free(&m);
-    free(order);
-    free(oom_step);
-    free(rs);
-    free(fq);
-    osub_engine_free(e);
+    end_run(tr, b, &x.a, x.rs, r, o->timeline);
+    idmap_free(&x.m);
+    free(x.order);
+    free(x.oom_step);
+    free(x.rs);
+    free(x.fq);
+    osub_engine_free(x.e);
     return 0;
 }
 
