@@ -35,17 +35,25 @@ typedef void (*osubd_directive_fn)(void *arg, const char *id, const char *action
  * (osubd_act_pod_fits).
  */
 #define OSUBD_ACT_FORBIDDEN (-2)
+/* The same, as a pure function of the rules it checks against (the fuzzer's way in): where
+ * control_url may point (dest, NULL: anywhere), this node's name for a pod's record ("":
+ * unchecked), whether a program may run as root. No pod capacity check. */
+struct osubd_take_rules {
+    const char *kube_node;
+    bool allow_root_services;
+    const struct osubd_destinations *dest;
+};
+int osubd_exec_take(const struct osubd_take_rules *r, json_t *spec, bool trusted, json_t **exec,
+                    char *err, size_t errlen);
 /* The extended resource pods ask for (the device plugin advertises it). */
 #define OSUBD_DP_RESOURCE "oversub.io/vram-mib"
 int osubd_act_take(const struct osubd_act *a, json_t *spec, bool trusted, int64_t pod_cut_mib,
-                   json_t **exec, char *err,
-                   size_t errlen);
+                   json_t **exec, char *err, size_t errlen);
 
 /* Makes the actuators (a subreaper, cgroups, the shim found): NULL with a sentence in err.
  * gpus and dest are borrowed for its lifetime. */
 struct osubd_act *osubd_act_new(struct osubd_core *c, const struct osubd_gpus *gpus,
-                                const struct osubd_destinations *dest, char *err,
-                                size_t errlen);
+                                const struct osubd_destinations *dest, char *err, size_t errlen);
 /* The actuators as the core's module "actuators": load reads what the last run saved (how
  * services run, their PIDs, their processes; a state that cannot be read is an error, never
  * "nothing saved"), save keeps them (service_exec, managed_procs, service_pids), events queue
@@ -79,7 +87,6 @@ void osubd_act_directives(struct osubd_act *a, struct evhttp_request *req, const
 struct evbuffer;
 void osubd_act_metrics(struct osubd_act *a, struct evbuffer *b);
 
-
 /* A submit the engine accepted: how the service runs (exec as osubd_act_take made it). */
 int osubd_act_commit_exec(struct osubd_act *a, const char *id, json_t *exec);
 /* The process whose GPU memory is the service's usage (POST .../ready {"pid"}, or its managed
@@ -112,8 +119,8 @@ void osubd_act_forget(struct osubd_act *a, const char *id);
  * grants at once, and the watch round then keeps its grants and reads its usage as for a
  * managed service. Its path is copied into path. 0, or -1 with a sentence in why (the service
  * is neither running nor pending, or has no placement the shim can grant). */
-int osubd_act_pod_segment(struct osubd_act *a, const char *id, char *path, size_t pathlen, char *why,
-                          size_t whylen);
+int osubd_act_pod_segment(struct osubd_act *a, const char *id, char *path, size_t pathlen,
+                          char *why, size_t whylen);
 /* liboversub-cuda.so's path ("" when services run without it). Borrowed. */
 const char *osubd_act_shim_path(const struct osubd_act *a);
 /* The shim as pods mount it: liboversub-cuda.so copied into the state's folder

@@ -34,8 +34,6 @@ struct osubd_api *osubd_api_new(struct osubd_core *c, const struct osubd_api_dep
                                 size_t errlen);
 /* Listens on cfg.listen_host:listen_port and the Unix socket. 0, or -1 with a sentence. */
 int osubd_api_listen(struct osubd_api *a, char *err, size_t errlen);
-/* The device plugin starts after the API (it needs the loop running the rest). */
-void osubd_api_set_dp(struct osubd_api *a, struct osubd_dp *dp);
 /* The API as the core's module "api": replies held for a commit go out once it is durable
  * (as 503 "applied, not yet durable" when the disk filled), long-polls wake on new events. */
 struct osubd_module osubd_api_module(struct osubd_api *a);

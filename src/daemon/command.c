@@ -27,7 +27,7 @@ static bool int_of(const json_t *cmd, const char *key, int64_t *out)
 }
 
 int osubd__cmd_apply(osub_engine_t *e, const json_t *cmd, int64_t now_ms, osub_submit_result_t *res,
-                   char *err, size_t errlen)
+                     char *err, size_t errlen)
 {
     const char *op = str_of(cmd, "op");
     if (op == NULL)

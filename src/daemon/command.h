@@ -23,6 +23,6 @@
  * OSUB_EINVAL with a sentence in err for a malformed command. For a submit, *res is filled
  * when res is not NULL. */
 int osubd__cmd_apply(osub_engine_t *e, const json_t *cmd, int64_t now_ms, osub_submit_result_t *res,
-                   char *err, size_t errlen);
+                     char *err, size_t errlen);
 
 #endif

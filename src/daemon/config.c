@@ -73,4 +73,3 @@ int osubd_read_token(const char *path, char *out, size_t outlen, char *err, size
     memcpy(out, s, l + 1);
     return 0;
 }
-

@@ -98,7 +98,7 @@ static void log_refusals(struct osubd_conns *c, const char *why)
     if (now - c->logged < 10)
         return;
     osubd_log(OSUBD_LOG_WARN, "%s: %llu connection(s) turned away since the last message (%s)",
-            c->name, (unsigned long long)(c->refused - c->refused_logged), why);
+              c->name, (unsigned long long)(c->refused - c->refused_logged), why);
     c->logged = now;
     c->refused_logged = c->refused;
 }
@@ -367,9 +367,10 @@ static void on_accept_error(struct evconnlistener *lis, void *unused)
         (*g->counter)++;
     time_t now = time(NULL);
     if (now - g->logged >= 10) {
-        osubd_log(OSUBD_LOG_INFO, "%s: out of file descriptors (%s): accepting pauses for 250 ms at a "
-                "time; %llu pause(s) since the last message",
-                g->name, strerror(e), (unsigned long long)g->since_log);
+        osubd_log(OSUBD_LOG_INFO,
+                  "%s: out of file descriptors (%s): accepting pauses for 250 ms at a "
+                  "time; %llu pause(s) since the last message",
+                  g->name, strerror(e), (unsigned long long)g->since_log);
         g->logged = now;
         g->since_log = 0;
     }

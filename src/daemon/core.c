@@ -33,7 +33,8 @@ struct osubd_core {
     int64_t tick_at; /* engine time of the next tick (INT64_MAX: none set) */
     struct osubd_module mods[OSUBD_MODULES_MAX];
     size_t n_mods;
-    bool loaded; /* the modules loaded: none registers after */
+    bool loaded;   /* the modules loaded: none registers after */
+    bool started;  /* the writer ran: the state is whole, a last snapshot may be taken */
     int lock_fd;   /* STATE.lock, flock'ed while we run (-1: none) */
     int marker_fd; /* STATE.marker (-1: none) */
     char state_id[17];
@@ -52,7 +53,7 @@ struct osubd_core {
     uint64_t commits, commit_items;
     uint64_t state_version; /* counts the commands applied */
     bool fatal;
-    bool store_full;        /* the state's disk is full: mutations refused (507) */
+    bool store_full; /* the state's disk is full: mutations refused (507) */
     uint64_t store_full_count;
     uint64_t ev_counts[OSUB_EV__COUNT][4]; /* by kind and level (3 = none) */
 };
@@ -170,7 +171,8 @@ void osubd_meta_put(json_t *meta, const char *key, const json_t *value)
 
 /* Logs a command and its events (objs, n, consumed) at engine time now: through the writer
  * (its replies then wait for the commit), or at once while there is no writer (start-up). */
-static void log_command(struct osubd_core *c, int64_t now, const json_t *cmd, json_t **objs, size_t n)
+static void log_command(struct osubd_core *c, int64_t now, const json_t *cmd, json_t **objs,
+                        size_t n)
 {
     char **texts = calloc(n ? n : 1, sizeof(*texts));
     char *ctext = osubd_json_dumps(cmd, JSON_COMPACT | JSON_SORT_KEYS);
@@ -219,13 +221,14 @@ static void log_command(struct osubd_core *c, int64_t now, const json_t *cmd, js
         free(meta);
         meta_saved(c, ok);
     }
-    if (ok && osubd__store_append_with_events(c->store, now, now + c->base_unix_ms, ctext,
-                                            (const char *const *)texts, n, &c->last_seq, seqs) != 0)
+    if (ok &&
+        osubd__store_append_with_events(c->store, now, now + c->base_unix_ms, ctext,
+                                        (const char *const *)texts, n, &c->last_seq, seqs) != 0)
         ok = false;
     if (!ok) {
         /* the engine moved and the disk did not: the state on disk is the truth */
         osubd_log(OSUBD_LOG_ERROR, "cannot write the state (%s): stopping",
-                osubd__store_error(c->store));
+                  osubd__store_error(c->store));
         c->fatal = true;
         event_base_loopbreak(c->base);
     } else {
@@ -245,10 +248,11 @@ static void log_command(struct osubd_core *c, int64_t now, const json_t *cmd, js
 }
 
 static void schedule_tick(struct osubd_core *c);
-static int apply_at(struct osubd_core *c, json_t *cmd, int64_t now, osub_submit_result_t *res, char *err,
-                    size_t errlen, osubd_commit_fn commit, void *arg);
+static int apply_at(struct osubd_core *c, json_t *cmd, int64_t now, osub_submit_result_t *res,
+                    char *err, size_t errlen, osubd_commit_fn commit, void *arg);
 
-int osubd_apply(struct osubd_core *c, json_t *cmd, osub_submit_result_t *res, char *err, size_t errlen)
+int osubd_apply(struct osubd_core *c, json_t *cmd, osub_submit_result_t *res, char *err,
+                size_t errlen)
 {
     return osubd_apply_with(c, cmd, res, err, errlen, NULL, NULL);
 }
@@ -289,8 +293,8 @@ static void forget_gone(struct osubd_core *c, const osub_event_t *ev, size_t n)
     }
 }
 
-static int apply_at(struct osubd_core *c, json_t *cmd, int64_t now, osub_submit_result_t *res, char *err,
-                    size_t errlen, osubd_commit_fn commit, void *arg)
+static int apply_at(struct osubd_core *c, json_t *cmd, int64_t now, osub_submit_result_t *res,
+                    char *err, size_t errlen, osubd_commit_fn commit, void *arg)
 {
     bool dry = json_is_true(json_object_get(cmd, "dry_run"));
     err[0] = '\0';
@@ -322,6 +326,8 @@ static int apply_at(struct osubd_core *c, json_t *cmd, int64_t now, osub_submit_
         int lvl = ev[i].level >= 0 && ev[i].level < 3 ? ev[i].level : 3;
         c->ev_counts[ev[i].kind][lvl]++;
     }
+    osubd_log(OSUBD_LOG_DEBUG, "command %s: %s, %zu event(s)",
+              json_string_value(json_object_get(cmd, "op")), osub_strerror(rc), n);
     forget_gone(c, ev, n);
     log_command(c, now, cmd, objs, n);
     for (size_t m = 0; m < c->n_mods; m++) /* acted on once the command is durable */
@@ -333,9 +339,10 @@ static int apply_at(struct osubd_core *c, json_t *cmd, int64_t now, osub_submit_
 
 void osubd_fatal(struct osubd_core *c, const char *what)
 {
-    osubd_log(OSUBD_LOG_ERROR, "%s: stopping (the state on disk is the truth: a restart replays it and "
-            "repeats what services were told)",
-            what);
+    osubd_log(OSUBD_LOG_ERROR,
+              "%s: stopping (the state on disk is the truth: a restart replays it and "
+              "repeats what services were told)",
+              what);
     c->fatal = true;
     if (c->base != NULL)
         event_base_loopbreak(c->base);
@@ -411,26 +418,27 @@ static void on_writer(evutil_socket_t fd, short what, void *arg)
         return;
     }
     if (p.full && !c->store_full) {
-        osubd_log(OSUBD_LOG_WARN, "the state's disk is full (%s): changes through the API are refused "
-                "with 507 until space returns; reads, the gateway and the services go on; what "
-                "the engine did meanwhile waits in memory and is written then (a restart before "
-                "that loses it)",
-                err);
+        osubd_log(OSUBD_LOG_WARN,
+                  "the state's disk is full (%s): changes through the API are refused "
+                  "with 507 until space returns; reads, the gateway and the services go on; what "
+                  "the engine did meanwhile waits in memory and is written then (a restart before "
+                  "that loses it)",
+                  err);
         c->store_full = true;
         c->store_full_count++;
         struct osubd_progress fp = {.durable = c->durable_ticket, .full = true};
         tell_durable(c, &fp); /* before the tickets move: what is held goes out as such */
     } else if (!p.full && c->store_full) {
         osubd_log(OSUBD_LOG_INFO, "the state's disk has room again: everything waiting is written "
-                        "and changes are accepted");
+                                  "and changes are accepted");
         c->store_full = false;
     }
     c->durable_ticket = p.durable;
     c->last_seq = p.last_log_seq;
     c->commits = p.commits;
     c->commit_items = p.items;
-    struct osubd_progress dp = {.durable = p.durable, .commit = true,
-                                .events = p.last_event_seq > c->last_event_seq};
+    struct osubd_progress dp = {
+        .durable = p.durable, .commit = true, .events = p.last_event_seq > c->last_event_seq};
     if (dp.events)
         c->last_event_seq = p.last_event_seq;
     tell_durable(c, &dp); /* replies, directives and signals waited for this commit */
@@ -488,8 +496,7 @@ static int make_dir(const char *state_path, char *err, size_t errlen)
 }
 
 /* A new state: the engine on the machine's pool, its settings and base time kept. */
-static int new_state(struct osubd_core *c, const struct osubd_pool *pool, char *err,
-                     size_t errlen)
+static int new_state(struct osubd_core *c, const struct osubd_pool *pool, char *err, size_t errlen)
 {
     const char *path = c->cfg->state_path;
     c->base_unix_ms = osubd_unix_ms();
@@ -648,8 +655,8 @@ int osubd_core_open(struct osubd_core *c, osubd_pool_fn pool_fn, void *pool_arg,
 int osubd_core_register(struct osubd_core *c, const struct osubd_module *m)
 {
     assert(!c->loaded); /* core.h: modules register before they load */
-    if (c->n_mods >= OSUBD_MODULES_MAX)
-        return -1;
+    if (c->loaded || c->n_mods >= OSUBD_MODULES_MAX)
+        return -1; /* a late module would never load: refused in a release build too */
     c->mods[c->n_mods++] = *m;
     return 0;
 }
@@ -692,6 +699,7 @@ int osubd_core_start(struct osubd_core *c, char *err, size_t errlen)
         return -1;
     }
     schedule_tick(c);
+    c->started = true;
     return 0;
 }
 
@@ -730,7 +738,9 @@ void osubd_core_free(struct osubd_core *c)
     if (c == NULL)
         return;
     assert(c->writer == NULL); /* core.h: stop before free */
-    if (c->store != NULL && c->e != NULL && !c->fatal)
+    /* only a state that started whole: a start refused halfway (a replay that failed, a marker
+     * that disagrees) leaves the state on disk exactly as it found it */
+    if (c->started && c->store != NULL && c->e != NULL && !c->fatal)
         snapshot_now(c);
     if (c->base)
         event_base_free(c->base);

@@ -17,11 +17,17 @@ struct osubd_dp;
 #define OSUBD_DP_KUBELET "kubelet.sock"    /* the kubelet's Registration service */
 #define OSUBD_DP_MSG_MAX (4 * 1024 * 1024) /* kubelet's gRPC receive limit (grpc-go default) */
 
-/* Starts the device plugin in cfg.device_plugin's folder (main.c starts it only when one is
- * set): serves DIR/oversub.sock and registers with DIR/kubelet.sock (again whenever the
- * kubelet restarts). Once the core and the actuators run. NULL with a sentence in err. */
-struct osubd_dp *osubd_dp_start(struct osubd_core *c, struct osubd_act *act,
-                               const struct osubd_gpus *gpus, char *err, size_t errlen);
+/* The device plugin in cfg.device_plugin's folder (main.c makes one only when it is set): new
+ * before the core loads the modules; start, once the core and the actuators run, serves
+ * DIR/oversub.sock and registers with DIR/kubelet.sock (again whenever the kubelet restarts).
+ * NULL or -1 with a sentence in err. */
+struct osubd_dp *osubd_dp_new(struct osubd_core *c, struct osubd_act *act,
+                              const struct osubd_gpus *gpus, char *err, size_t errlen);
+/* The device plugin as the core's module "device_plugin": the allocations given to the
+ * kubelet are loaded from the state and saved in it with the command that made them (an
+ * Allocate logs a note); a gone pod's are forgotten; its metrics. */
+struct osubd_module osubd_dp_module(struct osubd_dp *dp);
+int osubd_dp_start(struct osubd_dp *dp, char *err, size_t errlen);
 /* Closes its sockets and connections; pods' segments stay on disk for the next run. Before
  * the core stops. NULL-safe (no plugin: nothing). */
 void osubd_dp_stop(struct osubd_dp *dp);

@@ -22,7 +22,7 @@ extern int osubd__log_level;
  */
 #define osubd_log(level, ...)                                                                      \
     do {                                                                                           \
-        if ((int)(level) >= osubd__log_level)                                                     \
+        if ((int)(level) >= osubd__log_level)                                                      \
             osubd__log((int)(level), __VA_ARGS__);                                                 \
     } while (0)
 

@@ -55,6 +55,8 @@ static void usage(FILE *f)
             "                       (a deleted -wal file, an emptied or replaced database)\n"
             "  --allow-root-services  managed services given no user may run as root (make run,\n"
             "                       as root, passes it; the key allow_root_services)\n"
+            "  --log-level LEVEL    debug, info (the default), warn or error: what oversubd logs\n"
+            "                       on stderr (oversub.yaml: log_level)\n"
             "  --help, --version\n");
 }
 
@@ -166,6 +168,182 @@ static const struct engine_key *engine_key(const char *name, struct osubd_config
     return NULL;
 }
 
+/* The numeric and true/false keys: 0, -1 (said why), or 1 (not one of them). */
+static int config_number(struct osubd_config *c, const char *key, const char *sv, const char *where)
+{
+    int rc = 0;
+    if (strcmp(key, "events_keep") == 0 || strcmp(key, "events_days") == 0) {
+        char *end;
+        long long t = strtoll(sv, &end, 10);
+        if (*end != '\0' || sv[0] == '\0' || t < 0 || t > 1000000000LL) {
+            osubd_log(OSUBD_LOG_ERROR, "%s: key '%s' must be 0 to 1000000000", where, key);
+            rc = -1;
+        }
+        if (key[7] == 'k')
+            c->events_keep = t;
+        else
+            c->events_days = t;
+    } else if (strcmp(key, "metrics_per_service") == 0 || strcmp(key, "allow_root_services") == 0) {
+        bool *b = key[0] == 'm' ? &c->metrics_per_service : &c->allow_root_services;
+        if (strcmp(sv, "true") == 0)
+            *b = true;
+        else if (strcmp(sv, "false") == 0)
+            *b = false;
+        else {
+            osubd_log(OSUBD_LOG_ERROR, "%s: key '%s' must be true or false", where, key);
+            rc = -1;
+        }
+    } else if (engine_key(key, c) != NULL) {
+        const struct engine_key *k = engine_key(key, c);
+        char *end;
+        errno = 0;
+        long long t = strtoll(sv, &end, 10);
+        if (*end != '\0' || sv[0] == '\0' || errno != 0 || t < k->lo || t > k->hi) {
+            osubd_log(OSUBD_LOG_ERROR, "%s: key '%s' must be an integer from %lld to %lld", where,
+                      key, k->lo, k->hi);
+            rc = -1;
+        } else if (k->i64 != NULL) {
+            *k->i64 = t;
+        } else {
+            *k->i32 = (int32_t)t;
+        }
+    } else if (strcmp(key, "shutdown_grace_ms") == 0) {
+        char *end;
+        long t = strtol(sv, &end, 10);
+        if (*end != '\0' || sv[0] == '\0' || t < 0 || t > 600000) {
+            osubd_log(OSUBD_LOG_ERROR, "%s: key 'shutdown_grace_ms' must be 0 to 600000", where);
+            rc = -1;
+        }
+        c->shutdown_grace_ms = t;
+    } else if (strcmp(key, "poll_ms") == 0) {
+        char *end;
+        long t = strtol(sv, &end, 10);
+        if (*end != '\0' || t < 10 || t > 60000) {
+            osubd_log(OSUBD_LOG_ERROR, "%s: key 'poll_ms' must be 10 to 60000", where);
+            rc = -1;
+        }
+        c->poll_ms = t;
+    } else if (strcmp(key, "log_level") == 0) {
+        if (osubd_log_parse_level(sv) < 0) {
+            osubd_log(OSUBD_LOG_ERROR, "%s: key 'log_level' must be debug, info, warn or error",
+                      where);
+            rc = -1;
+        } else {
+            osubd_log_set_level(osubd_log_parse_level(sv));
+        }
+    } else if (strcmp(key, "tick_ms") == 0) {
+        char *end;
+        long t = strtol(sv, &end, 10);
+        if (*end != '\0' || t < 10 || t > 60000) {
+            osubd_log(OSUBD_LOG_ERROR, "%s: key 'tick_ms' must be 10 to 60000", where);
+            rc = -1;
+        }
+        c->tick_ms = t;
+    } else {
+        return 1;
+    }
+    return rc;
+}
+
+/* The keys whose value is text (addresses, paths, names): 0, -1 (said why), or 1 (not one of
+ * them). */
+static int config_text(struct osubd_config *c, const char *key, const char *sv, const char *where,
+                       char *token_file, size_t tlen)
+{
+    int rc = 0;
+    char err[400];
+    if (strcmp(key, "listen") == 0) {
+        if (parse_listen(sv, c) != 0) {
+            osubd_log(OSUBD_LOG_ERROR, "%s: key 'listen': '%s' is not HOST:PORT", where, sv);
+            rc = -1;
+        }
+    } else if (strcmp(key, "gateway") == 0) {
+        if (parse_gateway(sv, c) != 0) {
+            osubd_log(OSUBD_LOG_ERROR, "%s: key 'gateway': '%s' is not HOST:PORT or \"\"", where,
+                      sv);
+            rc = -1;
+        }
+    } else if (strcmp(key, "socket") == 0) {
+        snprintf(c->socket_path, sizeof(c->socket_path), "%.511s", sv);
+        c->socket_set = true;
+    } else if (strcmp(key, "state") == 0) {
+        snprintf(c->state_path, sizeof(c->state_path), "%.511s", sv);
+    } else if (strcmp(key, "gpus") == 0) {
+        snprintf(c->gpus, sizeof(c->gpus), "%.511s", sv);
+    } else if (strcmp(key, "ratio") == 0) {
+        if (osub_parse_ratio(sv, &c->ratio_milli) != 0) {
+            osubd_log(OSUBD_LOG_ERROR, "%s: key 'ratio': '%s' is not a ratio such as 1.3", where,
+                      sv);
+            rc = -1;
+        }
+    } else if (strcmp(key, "gateway_access_log") == 0) {
+        snprintf(c->gateway_access_log, sizeof(c->gateway_access_log), "%.511s", sv);
+    } else if (strcmp(key, "cgroup") == 0) {
+        if (strcmp(sv, "auto") != 0 && strcmp(sv, "none") != 0 && sv[0] != '/') {
+            osubd_log(OSUBD_LOG_ERROR,
+                      "%s: key 'cgroup' must be auto, none or the absolute path of "
+                      "a cgroup v2 folder",
+                      where);
+            rc = -1;
+        }
+        snprintf(c->cgroup, sizeof(c->cgroup), "%.511s", sv);
+    } else if (strcmp(key, "allowed_destinations") == 0) {
+        if (osubd_parse_destinations(sv, NULL, err, sizeof(err)) != 0) {
+            osubd_log(OSUBD_LOG_ERROR, "%s: key 'allowed_destinations': %s", where, err);
+            rc = -1;
+        }
+        snprintf(c->allowed_destinations, sizeof(c->allowed_destinations), "%s", sv);
+    } else if (strcmp(key, "api_hostnames") == 0) {
+        /* names a browser may reach the API by (Host: NAME:PORT); IP literals of the
+         * listeners and localhost always */
+        for (const char *q = sv; *q != '\0'; q++)
+            if (!((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') ||
+                  (*q >= '0' && *q <= '9') || *q == '-' || *q == '.' || *q == ',' || *q == ' ')) {
+                osubd_log(OSUBD_LOG_ERROR,
+                          "%s: key 'api_hostnames': host names separated by commas "
+                          "(letters, digits, '-', '.'), not '%s'",
+                          where, sv);
+                rc = -1;
+                break;
+            }
+        snprintf(c->api_hostnames, sizeof(c->api_hostnames), "%.511s", sv);
+    } else if (strcmp(key, "device_plugin") == 0) {
+        if (sv[0] != '\0' && sv[0] != '/') {
+            osubd_log(OSUBD_LOG_ERROR,
+                      "%s: key 'device_plugin' must be the absolute path of the "
+                      "kubelet's device-plugin folder, or \"\"",
+                      where);
+            rc = -1;
+        }
+        snprintf(c->device_plugin, sizeof(c->device_plugin), "%.511s", sv);
+    } else if (strcmp(key, "kubernetes_api") == 0) {
+        if (strcmp(sv, "auto") != 0 && strcmp(sv, "none") != 0 && strncmp(sv, "https://", 8) != 0 &&
+            strncmp(sv, "http://", 7) != 0) {
+            osubd_log(OSUBD_LOG_ERROR,
+                      "%s: key 'kubernetes_api' must be auto, none or the API "
+                      "server's https:// URL",
+                      where);
+            rc = -1;
+        }
+        snprintf(c->kube_api, sizeof(c->kube_api), "%.511s", sv);
+    } else if (strcmp(key, "kubernetes_node") == 0) {
+        snprintf(c->kube_node, sizeof(c->kube_node), "%.253s", sv);
+    } else if (strcmp(key, "kubernetes_token_file") == 0) {
+        snprintf(c->kube_token_file, sizeof(c->kube_token_file), "%.511s", sv);
+    } else if (strcmp(key, "kubernetes_ca_file") == 0) {
+        snprintf(c->kube_ca_file, sizeof(c->kube_ca_file), "%.511s", sv);
+    } else if (strcmp(key, "cuda_shim") == 0) {
+        snprintf(c->cuda_shim, sizeof(c->cuda_shim), "%.511s", sv);
+    } else if (strcmp(key, "nvml_lib") == 0) {
+        snprintf(c->nvml_lib, sizeof(c->nvml_lib), "%.511s", sv);
+    } else if (strcmp(key, "token_file") == 0) {
+        snprintf(token_file, tlen, "%.511s", sv);
+    } else {
+        return 1;
+    }
+    return rc;
+}
+
 /* The configuration file: every key documented in oversub.yaml. */
 static int read_config(const char *path, struct osubd_config *c, char *token_file, size_t tlen)
 {
@@ -216,165 +394,24 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
         }
         if (strlen(sv) > 511 && strcmp(key, "allowed_destinations") != 0) {
             osubd_log(OSUBD_LOG_ERROR, "%s: key '%s': the value is too long (at most 511 bytes)",
-                    where, key);
+                      where, key);
             rc = -1;
             break;
         }
-        if (strcmp(key, "listen") == 0) {
-            if (parse_listen(sv, c) != 0) {
-                osubd_log(OSUBD_LOG_ERROR, "%s: key 'listen': '%s' is not HOST:PORT", where, sv);
-                rc = -1;
-            }
-        } else if (strcmp(key, "gateway") == 0) {
-            if (parse_gateway(sv, c) != 0) {
-                osubd_log(OSUBD_LOG_ERROR, "%s: key 'gateway': '%s' is not HOST:PORT or \"\"",
-                        where, sv);
-                rc = -1;
-            }
-        } else if (strcmp(key, "socket") == 0) {
-            snprintf(c->socket_path, sizeof(c->socket_path), "%.511s", sv);
-            c->socket_set = true;
-        } else if (strcmp(key, "state") == 0) {
-            snprintf(c->state_path, sizeof(c->state_path), "%.511s", sv);
-        } else if (strcmp(key, "gpus") == 0) {
-            snprintf(c->gpus, sizeof(c->gpus), "%.511s", sv);
-        } else if (strcmp(key, "ratio") == 0) {
-            if (osub_parse_ratio(sv, &c->ratio_milli) != 0) {
-                osubd_log(OSUBD_LOG_ERROR, "%s: key 'ratio': '%s' is not a ratio such as 1.3",
-                        where, sv);
-                rc = -1;
-            }
-        } else if (strcmp(key, "events_keep") == 0 || strcmp(key, "events_days") == 0) {
-            char *end;
-            long long t = strtoll(sv, &end, 10);
-            if (*end != '\0' || sv[0] == '\0' || t < 0 || t > 1000000000LL) {
-                osubd_log(OSUBD_LOG_ERROR, "%s: key '%s' must be 0 to 1000000000", where, key);
-                rc = -1;
-            }
-            if (key[7] == 'k')
-                c->events_keep = t;
-            else
-                c->events_days = t;
-        } else if (strcmp(key, "metrics_per_service") == 0 ||
-                   strcmp(key, "allow_root_services") == 0) {
-            bool *b = key[0] == 'm' ? &c->metrics_per_service : &c->allow_root_services;
-            if (strcmp(sv, "true") == 0)
-                *b = true;
-            else if (strcmp(sv, "false") == 0)
-                *b = false;
-            else {
-                osubd_log(OSUBD_LOG_ERROR, "%s: key '%s' must be true or false", where, key);
-                rc = -1;
-            }
-        } else if (engine_key(key, c) != NULL) {
-            const struct engine_key *k = engine_key(key, c);
-            char *end;
-            errno = 0;
-            long long t = strtoll(sv, &end, 10);
-            if (*end != '\0' || sv[0] == '\0' || errno != 0 || t < k->lo || t > k->hi) {
-                osubd_log(OSUBD_LOG_ERROR, "%s: key '%s' must be an integer from %lld to %lld",
-                        where, key, k->lo, k->hi);
-                rc = -1;
-            } else if (k->i64 != NULL) {
-                *k->i64 = t;
-            } else {
-                *k->i32 = (int32_t)t;
-            }
-        } else if (strcmp(key, "gateway_access_log") == 0) {
-            snprintf(c->gateway_access_log, sizeof(c->gateway_access_log), "%.511s", sv);
-        } else if (strcmp(key, "shutdown_grace_ms") == 0) {
-            char *end;
-            long t = strtol(sv, &end, 10);
-            if (*end != '\0' || sv[0] == '\0' || t < 0 || t > 600000) {
-                osubd_log(OSUBD_LOG_ERROR, "%s: key 'shutdown_grace_ms' must be 0 to 600000",
-                        where);
-                rc = -1;
-            }
-            c->shutdown_grace_ms = t;
-        } else if (strcmp(key, "poll_ms") == 0) {
-            char *end;
-            long t = strtol(sv, &end, 10);
-            if (*end != '\0' || t < 10 || t > 60000) {
-                osubd_log(OSUBD_LOG_ERROR, "%s: key 'poll_ms' must be 10 to 60000", where);
-                rc = -1;
-            }
-            c->poll_ms = t;
-        } else if (strcmp(key, "cgroup") == 0) {
-            if (strcmp(sv, "auto") != 0 && strcmp(sv, "none") != 0 && sv[0] != '/') {
-                osubd_log(OSUBD_LOG_ERROR, "%s: key 'cgroup' must be auto, none or the absolute path of "
-                        "a cgroup v2 folder",
-                        where);
-                rc = -1;
-            }
-            snprintf(c->cgroup, sizeof(c->cgroup), "%.511s", sv);
-        } else if (strcmp(key, "allowed_destinations") == 0) {
-            if (osubd_parse_destinations(sv, NULL, err, sizeof(err)) != 0) {
-                osubd_log(OSUBD_LOG_ERROR, "%s: key 'allowed_destinations': %s", where, err);
-                rc = -1;
-            }
-            snprintf(c->allowed_destinations, sizeof(c->allowed_destinations), "%s", sv);
-        } else if (strcmp(key, "api_hostnames") == 0) {
-            /* names a browser may reach the API by (Host: NAME:PORT); IP literals of the
-             * listeners and localhost always */
-            for (const char *q = sv; *q != '\0'; q++)
-                if (!((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') ||
-                      (*q >= '0' && *q <= '9') || *q == '-' || *q == '.' || *q == ',' ||
-                      *q == ' ')) {
-                    osubd_log(OSUBD_LOG_ERROR, "%s: key 'api_hostnames': host names separated by commas "
-                            "(letters, digits, '-', '.'), not '%s'",
-                            where, sv);
-                    rc = -1;
-                    break;
-                }
-            snprintf(c->api_hostnames, sizeof(c->api_hostnames), "%.511s", sv);
-        } else if (strcmp(key, "device_plugin") == 0) {
-            if (sv[0] != '\0' && sv[0] != '/') {
-                osubd_log(OSUBD_LOG_ERROR, "%s: key 'device_plugin' must be the absolute path of the "
-                        "kubelet's device-plugin folder, or \"\"",
-                        where);
-                rc = -1;
-            }
-            snprintf(c->device_plugin, sizeof(c->device_plugin), "%.511s", sv);
-        } else if (strcmp(key, "kubernetes_api") == 0) {
-            if (strcmp(sv, "auto") != 0 && strcmp(sv, "none") != 0 &&
-                strncmp(sv, "https://", 8) != 0 && strncmp(sv, "http://", 7) != 0) {
-                osubd_log(OSUBD_LOG_ERROR, "%s: key 'kubernetes_api' must be auto, none or the API "
-                        "server's https:// URL",
-                        where);
-                rc = -1;
-            }
-            snprintf(c->kube_api, sizeof(c->kube_api), "%.511s", sv);
-        } else if (strcmp(key, "kubernetes_node") == 0) {
-            snprintf(c->kube_node, sizeof(c->kube_node), "%.253s", sv);
-        } else if (strcmp(key, "kubernetes_token_file") == 0) {
-            snprintf(c->kube_token_file, sizeof(c->kube_token_file), "%.511s", sv);
-        } else if (strcmp(key, "kubernetes_ca_file") == 0) {
-            snprintf(c->kube_ca_file, sizeof(c->kube_ca_file), "%.511s", sv);
-        } else if (strcmp(key, "cuda_shim") == 0) {
-            snprintf(c->cuda_shim, sizeof(c->cuda_shim), "%.511s", sv);
-        } else if (strcmp(key, "nvml_lib") == 0) {
-            snprintf(c->nvml_lib, sizeof(c->nvml_lib), "%.511s", sv);
-        } else if (strcmp(key, "token_file") == 0) {
-            snprintf(token_file, tlen, "%.511s", sv);
-        } else if (strcmp(key, "tick_ms") == 0) {
-            char *end;
-            long t = strtol(sv, &end, 10);
-            if (*end != '\0' || t < 10 || t > 60000) {
-                osubd_log(OSUBD_LOG_ERROR, "%s: key 'tick_ms' must be 10 to 60000", where);
-                rc = -1;
-            }
-            c->tick_ms = t;
-        } else {
+        int r = config_text(c, key, sv, where, token_file, tlen);
+        if (r == 1)
+            r = config_number(c, key, sv, where);
+        if (r == 1) {
             osubd_log(OSUBD_LOG_ERROR, "%s: unknown key '%s'", where, key);
-            rc = -1;
+            r = -1;
         }
+        rc = r;
         if (rc != 0)
             break;
     }
     json_decref(root);
     return rc;
 }
-
 
 /* ---- the wiring: every part made, registered and started in order, then stopped --------- */
 
@@ -406,9 +443,10 @@ static void on_drain(evutil_socket_t fd, short what, void *arg)
         osubd_log(OSUBD_LOG_INFO, "the gateway drained: stopping");
         osubd_core_break(d->core);
     } else if (osubd_engine_now(d->core) >= d->drain_until_ms) {
-        osubd_log(OSUBD_LOG_INFO, "the grace period (%lld ms) ended with %d gateway connection(s) still "
-                "open: stopping",
-                (long long)d->cfg.shutdown_grace_ms, open);
+        osubd_log(OSUBD_LOG_INFO,
+                  "the grace period (%lld ms) ended with %d gateway connection(s) still "
+                  "open: stopping",
+                  (long long)d->cfg.shutdown_grace_ms, open);
         osubd_core_break(d->core);
     }
 }
@@ -426,9 +464,10 @@ static void on_signal(evutil_socket_t fd, short what, void *arg)
         return;
     }
     int open = osubd_gateway_drain(d->gw);
-    osubd_log(OSUBD_LOG_INFO, "stopping: the gateway accepts no more connections and lets %d finish "
-            "(at most %lld ms; a second signal stops at once)",
-            open, (long long)d->cfg.shutdown_grace_ms);
+    osubd_log(OSUBD_LOG_INFO,
+              "stopping: the gateway accepts no more connections and lets %d finish "
+              "(at most %lld ms; a second signal stops at once)",
+              open, (long long)d->cfg.shutdown_grace_ms);
     d->drain_until_ms = osubd_engine_now(d->core) + d->cfg.shutdown_grace_ms;
     d->drain_ev = event_new(osubd_core_base(d->core), -1, EV_PERSIST, on_drain, d);
     struct timeval tv = {0, 50000};
@@ -458,16 +497,17 @@ static void on_hup_read(struct daemon *d, char *err, size_t errlen)
 {
     if (d->cfg.token_file[0] == '\0') {
         osubd_log(OSUBD_LOG_INFO, "SIGHUP: nothing to reload (no --token-file); other settings "
-                        "are read at start: restart oversubd to change them");
+                                  "are read at start: restart oversubd to change them");
         return;
     }
     if (osubd_read_token(d->cfg.token_file, d->cfg.token, sizeof(d->cfg.token), err, errlen) != 0) {
         osubd_log(OSUBD_LOG_INFO, "SIGHUP: %s: the old token stays", err);
         return;
     }
-    osubd_log(OSUBD_LOG_INFO, "SIGHUP: the admin token was read again from %s; other settings "
-            "are read at start: restart oversubd to change them",
-            d->cfg.token_file);
+    osubd_log(OSUBD_LOG_INFO,
+              "SIGHUP: the admin token was read again from %s; other settings "
+              "are read at start: restart oversubd to change them",
+              d->cfg.token_file);
 }
 
 /* The pool: NVML's GPUs ("auto" when a driver answers, "nvml"), else simulated ("auto",
@@ -492,8 +532,15 @@ static int daemon_modules(struct daemon *d, char *err, size_t errlen)
         snprintf(err, errlen, "%.100s: %.300s", d->cfg.state_path, e2);
         return -1;
     }
-    struct osubd_module mods[2] = {osubd_routes_module(d->routes), osubd_act_module(d->act)};
-    for (size_t i = 0; i < 2; i++)
+    struct osubd_module mods[3] = {osubd_routes_module(d->routes), osubd_act_module(d->act)};
+    size_t n = 2;
+    if (d->cfg.device_plugin[0] != '\0') {
+        d->dp = osubd_dp_new(d->core, d->act, &d->gpus, err, errlen);
+        if (d->dp == NULL)
+            return -1;
+        mods[n++] = osubd_dp_module(d->dp);
+    }
+    for (size_t i = 0; i < n; i++)
         if (osubd_core_register(d->core, &mods[i]) != 0) {
             snprintf(err, errlen, "too many modules");
             return -1;
@@ -501,7 +548,7 @@ static int daemon_modules(struct daemon *d, char *err, size_t errlen)
     return 0;
 }
 
-/* The runners and the API, once the state is open and the modules loaded. */
+/* The runners and the API, once the state is open: registered before the core loads. */
 static int daemon_runners(struct daemon *d, char *err, size_t errlen)
 {
     d->pods = osubd_pods_new(d->core, d->act, err, errlen);
@@ -515,6 +562,7 @@ static int daemon_runners(struct daemon *d, char *err, size_t errlen)
     struct osubd_api_deps dep = {.act = d->act,
                                  .routes = d->routes,
                                  .gw = d->gw,
+                                 .dp = d->dp,
                                  .gpus = &d->gpus,
                                  .dest = d->dest,
                                  .self = &d->self};
@@ -558,22 +606,19 @@ static int daemon_start(struct daemon *d, char *err, size_t errlen)
         snprintf(err, errlen, "cannot create the event loop");
         return -1;
     }
+    /* every module registers before the core loads them (core.h) */
     if (osubd_core_open(d->core, osubd_monitor_pool, d->mon, err, errlen) != 0 ||
-        daemon_modules(d, err, errlen) != 0 || osubd_core_load(d->core, err, errlen) != 0 ||
+        daemon_modules(d, err, errlen) != 0 || daemon_runners(d, err, errlen) != 0 ||
+        osubd_core_load(d->core, err, errlen) != 0 ||
         osubd_monitor_start(d->mon, d->core, d->act, err, errlen) != 0 ||
-        daemon_runners(d, err, errlen) != 0 || osubd_core_start(d->core, err, errlen) != 0 ||
-        osubd_api_listen(d->api, err, errlen) != 0)
+        osubd_core_start(d->core, err, errlen) != 0 || osubd_api_listen(d->api, err, errlen) != 0)
         return -1;
     d->cfg.listen_port = osubd_api_port(d->api); /* port 0: the one the OS picked, which the
                                                   * services are told (OVERSUB_CONTROL_URL) */
     if (osubd_act_start(d->act, err, errlen) != 0 || daemon_signals(d, err, errlen) != 0)
         return -1;
-    if (d->cfg.device_plugin[0] != '\0') {
-        d->dp = osubd_dp_start(d->core, d->act, &d->gpus, err, errlen);
-        if (d->dp == NULL)
-            return -1;
-        osubd_api_set_dp(d->api, d->dp);
-    }
+    if (d->dp != NULL && osubd_dp_start(d->dp, err, errlen) != 0)
+        return -1;
     return 0;
 }
 
@@ -597,12 +642,10 @@ static void daemon_stop(struct daemon *d)
     osubd_core_free(d->core); /* a last snapshot; the lock goes */
 }
 
-int main(int argc, char **argv)
+/* The flags (after the configuration file: they override it). -1 to go on, else the exit
+ * code (--help, --version, a bad flag). */
+static int parse_flags(int argc, char **argv, struct osubd_config *c, char *token_file, size_t tlen)
 {
-    struct daemon d;
-    memset(&d, 0, sizeof(d));
-    osubd_json_init();
-    osubd_config_default(&d.cfg);
     static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
                                          {"listen", required_argument, NULL, 'l'},
                                          {"socket", required_argument, NULL, 's'},
@@ -619,84 +662,77 @@ int main(int argc, char **argv)
                                          {"version", no_argument, NULL, 'v'},
                                          {"device-plugin", required_argument, NULL, 'D'},
                                          {"kube-api", required_argument, NULL, 'K'},
+                                         {"log-level", required_argument, NULL, 'L'},
                                          {NULL, 0, NULL, 0}};
-    /* the configuration file first, so that flags override it */
-    char token_file[512] = "";
-    for (int i = 1; i < argc; i++) {
-        const char *cf = NULL;
-        if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
-            cf = argv[i + 1];
-        else if (strncmp(argv[i], "--config=", 9) == 0)
-            cf = argv[i] + 9;
-        if (cf != NULL && read_config(cf, &d.cfg, token_file, sizeof(token_file)) != 0)
-            return 2;
-    }
     int ch;
     while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (ch) {
         case 'c':
             break;
         case 'l':
-            if (parse_listen(optarg, &d.cfg) != 0) {
+            if (parse_listen(optarg, c) != 0) {
                 osubd_log(OSUBD_LOG_ERROR, "--listen: '%s' is not HOST:PORT", optarg);
                 return 2;
             }
             break;
         case 's':
-            snprintf(d.cfg.socket_path, sizeof(d.cfg.socket_path), "%s", optarg);
-            d.cfg.socket_set = true;
+            snprintf(c->socket_path, sizeof(c->socket_path), "%s", optarg);
+            c->socket_set = true;
             break;
         case 'S':
-            snprintf(d.cfg.state_path, sizeof(d.cfg.state_path), "%s", optarg);
+            snprintf(c->state_path, sizeof(c->state_path), "%s", optarg);
             break;
         case 'g':
-            snprintf(d.cfg.gpus, sizeof(d.cfg.gpus), "%s", optarg);
+            snprintf(c->gpus, sizeof(c->gpus), "%s", optarg);
             break;
         case 'r':
-            if (osub_parse_ratio(optarg, &d.cfg.ratio_milli) != 0) {
-                osubd_log(OSUBD_LOG_ERROR, "--ratio: '%s' is not a ratio such as 1.3 (at most "
-                        "three decimals, 1.0 to 100)",
-                        optarg);
+            if (osub_parse_ratio(optarg, &c->ratio_milli) != 0) {
+                osubd_log(OSUBD_LOG_ERROR,
+                          "--ratio: '%s' is not a ratio such as 1.3 (at most "
+                          "three decimals, 1.0 to 100)",
+                          optarg);
                 return 2;
             }
             break;
         case 't':
-            snprintf(token_file, sizeof(token_file), "%s", optarg);
+            snprintf(token_file, tlen, "%s", optarg);
             break;
         case 'G':
-            if (parse_gateway(optarg, &d.cfg) != 0) {
+            if (parse_gateway(optarg, c) != 0) {
                 osubd_log(OSUBD_LOG_ERROR, "--gateway: '%s' is not HOST:PORT (or \"\" for none)",
-                        optarg);
+                          optarg);
                 return 2;
             }
             break;
         case 'D':
             if (optarg[0] != '\0' && optarg[0] != '/') {
-                osubd_log(OSUBD_LOG_ERROR, "--device-plugin: '%s' is not an absolute path (or \"\" for "
-                        "none)",
-                        optarg);
+                osubd_log(OSUBD_LOG_ERROR,
+                          "--device-plugin: '%s' is not an absolute path (or \"\" for "
+                          "none)",
+                          optarg);
                 return 2;
             }
-            snprintf(d.cfg.device_plugin, sizeof(d.cfg.device_plugin), "%s", optarg);
+            snprintf(c->device_plugin, sizeof(c->device_plugin), "%s", optarg);
             break;
         case 'K':
             if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "none") != 0 &&
                 strncmp(optarg, "https://", 8) != 0 && strncmp(optarg, "http://", 7) != 0) {
-                osubd_log(OSUBD_LOG_ERROR, "--kube-api: '%s' is not auto, none or an https:// "
-                        "URL",
-                        optarg);
+                osubd_log(OSUBD_LOG_ERROR,
+                          "--kube-api: '%s' is not auto, none or an https:// "
+                          "URL",
+                          optarg);
                 return 2;
             }
-            snprintf(d.cfg.kube_api, sizeof(d.cfg.kube_api), "%s", optarg);
+            snprintf(c->kube_api, sizeof(c->kube_api), "%s", optarg);
             break;
         case 'n':
-            d.cfg.new_state = true;
+            c->new_state = true;
             break;
         case 'A':
-            d.cfg.allow_root_services = true;
+            c->allow_root_services = true;
             break;
         case 'N':
-            snprintf(d.cfg.nvml_lib, sizeof(d.cfg.nvml_lib), "%s", optarg);
+            snprintf(c->nvml_lib, sizeof(c->nvml_lib), "%s", optarg);
             break;
         case 'T': {
             char *end;
@@ -705,12 +741,20 @@ int main(int argc, char **argv)
                 osubd_log(OSUBD_LOG_ERROR, "--tick-ms: 10 to 60000");
                 return 2;
             }
-            d.cfg.tick_ms = t;
+            c->tick_ms = t;
             break;
         }
         case 'h':
             usage(stdout);
             return 0;
+        case 'L':
+            if (osubd_log_parse_level(optarg) < 0) {
+                osubd_log(OSUBD_LOG_ERROR, "--log-level: '%s' is not debug, info, warn or error",
+                          optarg);
+                return 2;
+            }
+            osubd_log_set_level(osubd_log_parse_level(optarg));
+            break;
         case 'v':
             printf("oversubd %s\n", OSUB_VERSION);
             return 0;
@@ -723,33 +767,39 @@ int main(int argc, char **argv)
         osubd_log(OSUBD_LOG_ERROR, "unexpected argument '%s'", argv[optind]);
         return 2;
     }
-    snprintf(d.cfg.token_file, sizeof(d.cfg.token_file), "%s", token_file);
-    if (token_file[0] && read_token(token_file, &d.cfg) != 0)
-        return 2;
+    return -1;
+}
+
+/* The settings checked before anything is touched: 0, or 2 with the reason said. */
+static int check_settings(struct osubd_config *c)
+{
     /* the pool, checked before anything is touched: auto, nvml, or sim:POOL */
-    if (strcmp(d.cfg.gpus, "auto") != 0 && strcmp(d.cfg.gpus, "nvml") != 0) {
+    if (strcmp(c->gpus, "auto") != 0 && strcmp(c->gpus, "nvml") != 0) {
         static int64_t pv[OSUB_POOL_GPUS_MAX];
         size_t pn = 0;
-        if (strncmp(d.cfg.gpus, "sim:", 4) != 0 ||
-            osub_parse_pool(d.cfg.gpus + 4, pv, OSUB_POOL_GPUS_MAX, &pn) != 0) {
-            osubd_log(OSUBD_LOG_ERROR, "--gpus: '%s' is not auto, nvml or sim:POOL (sim:8x81920, "
-                    "sim:4x81920,4x40960; at most %d GPUs)",
-                    d.cfg.gpus, OSUB_POOL_GPUS_MAX);
+        if (strncmp(c->gpus, "sim:", 4) != 0 ||
+            osub_parse_pool(c->gpus + 4, pv, OSUB_POOL_GPUS_MAX, &pn) != 0) {
+            osubd_log(OSUBD_LOG_ERROR,
+                      "--gpus: '%s' is not auto, nvml or sim:POOL (sim:8x81920, "
+                      "sim:4x81920,4x40960; at most %d GPUs)",
+                      c->gpus, OSUB_POOL_GPUS_MAX);
             return 2;
         }
     }
-    if (!loopback(d.cfg.listen_host) && d.cfg.token[0] == '\0') {
-        osubd_log(OSUBD_LOG_ERROR, "refusing to listen on %s without an admin token: give --token-file "
-                "(or listen on 127.0.0.1)",
-                d.cfg.listen_host);
+    if (!loopback(c->listen_host) && c->token[0] == '\0') {
+        osubd_log(OSUBD_LOG_ERROR,
+                  "refusing to listen on %s without an admin token: give --token-file "
+                  "(or listen on 127.0.0.1)",
+                  c->listen_host);
         return 2;
     }
     /* the engine's settings, checked before the state is touched (a trial engine of one GPU) */
     {
-        const osub_pool_config_t *ec = &d.cfg.engine;
+        const osub_pool_config_t *ec = &c->engine;
         if (ec->low_watermark_pct > ec->high_watermark_pct) {
-            osubd_log(OSUBD_LOG_ERROR, "low_watermark_pct (%d) must not be above high_watermark_pct (%d)",
-                    (int)ec->low_watermark_pct, (int)ec->high_watermark_pct);
+            osubd_log(OSUBD_LOG_ERROR,
+                      "low_watermark_pct (%d) must not be above high_watermark_pct (%d)",
+                      (int)ec->low_watermark_pct, (int)ec->high_watermark_pct);
             return 2;
         }
         int64_t one = 81920;
@@ -758,19 +808,46 @@ int main(int argc, char **argv)
         osub_engine_free(trial);
         if (trc != 0) {
             osubd_log(OSUBD_LOG_ERROR, "the engine settings of the configuration: %s",
-                    osub_strerror(trc));
+                      osub_strerror(trc));
             return 2;
         }
     }
-    if (!d.cfg.socket_set) {
+    if (!c->socket_set) {
         /* the socket belongs beside the state it serves, named after it: var/oversub.sock for
          * var/oversub.db (two states in one folder get two sockets) */
-        size_t sl = strlen(d.cfg.state_path);
-        if (sl > 3 && strcmp(d.cfg.state_path + sl - 3, ".db") == 0)
+        size_t sl = strlen(c->state_path);
+        if (sl > 3 && strcmp(c->state_path + sl - 3, ".db") == 0)
             sl -= 3;
-        snprintf(d.cfg.socket_path, sizeof(d.cfg.socket_path), "%.*s.sock", (int)sl,
-                 d.cfg.state_path);
+        snprintf(c->socket_path, sizeof(c->socket_path), "%.*s.sock", (int)sl, c->state_path);
     }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct daemon d;
+    memset(&d, 0, sizeof(d));
+    osubd_json_init();
+    osubd_config_default(&d.cfg);
+    /* the configuration file first, so that flags override it */
+    char token_file[512] = "";
+    for (int i = 1; i < argc; i++) {
+        const char *cf = NULL;
+        if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
+            cf = argv[i + 1];
+        else if (strncmp(argv[i], "--config=", 9) == 0)
+            cf = argv[i] + 9;
+        if (cf != NULL && read_config(cf, &d.cfg, token_file, sizeof(token_file)) != 0)
+            return 2;
+    }
+    int rc = parse_flags(argc, argv, &d.cfg, token_file, sizeof(token_file));
+    if (rc >= 0)
+        return rc;
+    snprintf(d.cfg.token_file, sizeof(d.cfg.token_file), "%s", token_file);
+    if (token_file[0] && read_token(token_file, &d.cfg) != 0)
+        return 2;
+    if (check_settings(&d.cfg) != 0)
+        return 2;
     signal(SIGPIPE, SIG_IGN);
     char err[700];
     if (daemon_start(&d, err, sizeof(err)) != 0) {

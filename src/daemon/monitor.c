@@ -14,7 +14,7 @@
 
 struct osubd_monitor {
     const struct osubd_config *cfg;
-    struct osubd_gpus *gpus; /* filled here: the UUID of each engine GPU */
+    struct osubd_gpus *gpus;  /* filled here: the UUID of each engine GPU */
     struct osubd__nvml *nvml; /* NULL: a simulated pool */
     struct osubd_core *core;
     osub_engine_t *e;
@@ -47,8 +47,8 @@ int osubd_monitor_pool(void *arg, const char *gpus, struct osubd_pool *out, char
         names[i][0] = '\0';
     if (strcmp(gpus, "auto") == 0 || strcmp(gpus, "nvml") == 0) {
         char nerr[300];
-        if (d->nvml == NULL && osubd__nvml_open(d->cfg->nvml_lib[0] ? d->cfg->nvml_lib : NULL, &d->nvml,
-                                              nerr, sizeof(nerr)) != 0) {
+        if (d->nvml == NULL && osubd__nvml_open(d->cfg->nvml_lib[0] ? d->cfg->nvml_lib : NULL,
+                                                &d->nvml, nerr, sizeof(nerr)) != 0) {
             if (strcmp(gpus, "nvml") == 0) {
                 snprintf(err, errlen, "--gpus nvml: %s", nerr);
                 return -1;
@@ -122,9 +122,10 @@ static int check_gpus_found(struct osubd_monitor *d, char *err, size_t errlen)
         osub_gpu_info_t gi;
         if (found || osub_engine_gpu_info(d->e, i, &gi) != 0 || gi.lost)
             continue;
-        osubd_log(OSUBD_LOG_WARN, "GPU %d (%s) is not among the GPUs NVML shows now: marking it lost; "
-                "its services go back to the queue or are released",
-                i, u);
+        osubd_log(OSUBD_LOG_WARN,
+                  "GPU %d (%s) is not among the GPUs NVML shows now: marking it lost; "
+                  "its services go back to the queue or are released",
+                  i, u);
         json_t *cmd = json_pack("{s:s, s:i}", "op", "lost", "gpu", (int)i);
         osubd_apply(d->core, cmd, NULL, nerr, sizeof(nerr));
         json_decref(cmd);
@@ -170,7 +171,7 @@ static void report_process_usage(struct osubd_monitor *d, const struct nvml_gpu 
             !osubd_act_managed(d->act, id)) {
             json_decref(per);
             osubd_log(OSUBD_LOG_INFO, "NVML shows no memory of %s's process %lld: exited", id,
-                    (long long)pid);
+                      (long long)pid);
             json_t *cmd = json_pack("{s:s, s:s}", "op", "exited", "id", id);
             char err[256];
             osubd_apply(d->core, cmd, NULL, err, sizeof(err));

@@ -88,7 +88,12 @@ int osubd_parse_destinations(const char *text, struct osubd_destinations **out, 
             break;
         size_t l = strcspn(p, ", ");
         char item[300];
-        snprintf(item, sizeof(item), "%.*s", (int)(l < 299 ? l : 299), p);
+        if (l >= sizeof(item)) { /* never cut: a cut CIDR could widen to everything */
+            snprintf(err, errlen, "'%.40s...' is longer than %zu characters", p, sizeof(item) - 1);
+            free(d);
+            return -1;
+        }
+        snprintf(item, sizeof(item), "%.*s", (int)l, p);
         if (d->n == MAX_RULES) {
             snprintf(err, errlen, "at most %d destinations", MAX_RULES);
             free(d);

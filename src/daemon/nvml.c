@@ -96,7 +96,7 @@ void osubd__nvml_close(osubd__nvml_t *n)
 }
 
 int osubd__nvml_read(osubd__nvml_t *n, struct nvml_gpu *gpus, size_t cap, size_t *n_out, char *err,
-                   size_t errlen)
+                     size_t errlen)
 {
     unsigned int count = 0;
     if (n->count(&count) != 0) {

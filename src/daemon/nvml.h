@@ -31,6 +31,6 @@ int osubd__nvml_open(const char *path, osubd__nvml_t **out, char *err, size_t er
 void osubd__nvml_close(osubd__nvml_t *n);
 /* Reads every GPU into gpus (up to cap); *n_out their number. Returns 0 or -1. */
 int osubd__nvml_read(osubd__nvml_t *n, struct nvml_gpu *gpus, size_t cap, size_t *n_out, char *err,
-                   size_t errlen);
+                     size_t errlen);
 
 #endif

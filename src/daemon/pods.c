@@ -11,12 +11,30 @@
 #include <jansson.h>
 
 #include "actuator.h"
+#include "idmap.h"
 #include "kubeapi.h"
 
 #define RETRY_MS 5000    /* an eviction refused (a disruption budget, the API down): asked again */
 #define WATCH_MS 1000    /* an evicted pod: looked at this often until it is gone */
 #define SWEEP_MS 10000   /* every pod service: is its pod still there, and still running? */
 #define UNBOUND_MS 60000 /* a pod reserved here and still bound nowhere after this: released */
+
+/* Where an eviction of a pod stands. */
+enum pod_step {
+    POD_ASKING,   /* the Eviction is being asked of the API server */
+    POD_HELD,     /* waits until the pod it makes room for is bound here */
+    POD_CHECKING, /* held, and the GET of that pod is in flight */
+    POD_RETRY,    /* refused (a disruption budget, the API down): asked again */
+    POD_EVICTED,  /* accepted: the pod is watched until it is gone */
+};
+
+/* A pod being evicted: what the Eviction names, and where it stands. */
+struct pod_eviction {
+    char ns[254], name[254], uid[128];
+    int64_t grace_s;
+    enum pod_step step;
+    char cause[OSUB_ID_MAX + 1]; /* the service it makes room for ("": none) */
+};
 
 struct osubd_pods {
     struct osubd_core *core;
@@ -25,13 +43,12 @@ struct osubd_pods {
     osub_engine_t *e;
     struct osubd_act *act; /* which services are pods */
     struct osub_kube *kube;
-    /* service id -> {"ns", "name", "uid", "grace", "state", "cause"?}: state held (until the pod
-     * it makes room for is bound here), asking, retry, evicted */
-    json_t *evicting;
+    struct osubd__idmap *evicting; /* service id -> struct pod_eviction */
     struct event *tick;
     int64_t sweep_at;
-    int64_t unbound_ms; /* UNBOUND_MS, or $OSUB_POD_UNBOUND_MS (a test knob) */
-    json_t *sweeping;   /* ids whose GET is in flight */
+    int64_t unbound_ms;            /* UNBOUND_MS, or $OSUB_POD_UNBOUND_MS (a test knob) */
+    int64_t retry_at;              /* refused evictions are asked again from then */
+    struct osubd__idmap *sweeping; /* ids whose GET is in flight (records: (void *)1) */
     uint64_t asked, accepted, blocked, failed, gone;
 };
 
@@ -46,8 +63,8 @@ struct ask {
 /* The pod of a service is gone (or done): an evicted one has exited; any other is released. */
 static void release_pod(struct osubd_pods *d, const char *id, const char *why)
 {
-    bool evicted = json_object_get(d->evicting, id) != NULL;
-    json_object_del(d->evicting, id);
+    bool evicted = osubd__idmap_get(d->evicting, id) != NULL;
+    osubd__idmap_del(d->evicting, id);
     osub_service_info_t si;
     if (osub_engine_service_info(d->e, id, &si) != 0)
         return;
@@ -66,13 +83,14 @@ static void on_answer(void *arg, long status, const char *body, size_t len, cons
 /* A held eviction: is the pod it makes room for bound here yet? Bound: the eviction goes.
  * Gone (its Binding failed, it was deleted): the eviction is dropped and the victim's pod
  * keeps running, counted as leaving until it ends. Not yet: asked again next tick. */
-static void cause_answer(struct osubd_pods *d, const char *id, long status, const char *body, size_t len)
+static void cause_answer(struct osubd_pods *d, const char *id, long status, const char *body,
+                         size_t len)
 {
-    json_t *e = json_object_get(d->evicting, id);
+    struct pod_eviction *e = osubd__idmap_get(d->evicting, id);
     if (e == NULL)
         return;
-    json_object_set_new(e, "state", json_string("held"));
-    const char *cause = json_string_value(json_object_get(e, "cause"));
+    e->step = POD_HELD;
+    const char *cause = (e->cause[0] ? e->cause : NULL);
     const json_t *ck = cause ? osubd_act_kube(d->act, cause) : NULL;
     if (ck == NULL)
         return; /* the tick drops it */
@@ -98,7 +116,7 @@ static void cause_answer(struct osubd_pods *d, const char *id, long status, cons
                    : !same       ? "replaced"
                                  : "bound elsewhere",
                    id);
-        json_object_del(d->evicting, id);
+        osubd__idmap_del(d->evicting, id);
     }
     json_decref(j);
 }
@@ -112,11 +130,12 @@ static bool unbound_too_long(struct osubd_pods *d, const char *id)
 
 /* The sweep's answer about a pod that was not being evicted: deleted (404), replaced (another
  * UID), or finished (Succeeded, Failed: its containers are gone) releases its service. */
-static void sweep_answer(struct osubd_pods *d, const char *id, long status, const char *body, size_t len)
+static void sweep_answer(struct osubd_pods *d, const char *id, long status, const char *body,
+                         size_t len)
 {
-    json_object_del(d->sweeping, id);
+    osubd__idmap_del(d->sweeping, id);
     const json_t *k = osubd_act_kube(d->act, id);
-    if (k == NULL || json_object_get(d->evicting, id) != NULL)
+    if (k == NULL || osubd__idmap_get(d->evicting, id) != NULL)
         return;
     const char *ns = json_string_value(json_object_get(k, "namespace"));
     const char *name = json_string_value(json_object_get(k, "name"));
@@ -159,8 +178,8 @@ static void sweep(struct osubd_pods *d)
     {
         const char *id = json_string_value(v);
         const json_t *k = osubd_act_kube(d->act, id);
-        if (json_object_get(d->evicting, id) != NULL ||
-            json_object_get(d->sweeping, id) != NULL || k == NULL)
+        if (osubd__idmap_get(d->evicting, id) != NULL ||
+            osubd__idmap_get(d->sweeping, id) != NULL || k == NULL)
             continue;
         struct ask *a = calloc(1, sizeof(*a));
         char path[600];
@@ -175,7 +194,7 @@ static void sweep(struct osubd_pods *d)
         if (osub_kube_request(d->kube, "GET", path, NULL, on_answer, a) != 0)
             free(a);
         else
-            json_object_set_new(d->sweeping, id, json_true());
+            osubd__idmap_put(d->sweeping, id, (void *)1);
     }
     json_decref(ids);
 }
@@ -196,14 +215,14 @@ static void on_answer(void *arg, long status, const char *body, size_t len, cons
         free(a);
         return;
     }
-    json_t *e = status < 0 ? NULL : json_object_get(d->evicting, a->id);
+    struct pod_eviction *e = status < 0 ? NULL : osubd__idmap_get(d->evicting, a->id);
     if (status < 0 || e == NULL) { /* stopping, or no longer evicting it */
         free(a);
         return;
     }
-    const char *ns = json_string_value(json_object_get(e, "ns"));
-    const char *name = json_string_value(json_object_get(e, "name"));
-    const char *uid = json_string_value(json_object_get(e, "uid"));
+    const char *ns = e->ns;
+    const char *name = e->name;
+    const char *uid = e->uid;
     json_t *j = len ? json_loadb(body, len, 0, NULL) : NULL;
     const char *msg = json_string_value(json_object_get(j, "message"));
     if (a->watch) {
@@ -216,10 +235,10 @@ static void on_answer(void *arg, long status, const char *body, size_t len, cons
         }
     } else if (status == 200 || status == 201) {
         d->accepted++;
-        json_object_set_new(e, "state", json_string("evicted"));
+        e->step = POD_EVICTED;
         osubd_note(d->core, a->id, "pod", "evict",
                    "%s: the API server accepted the eviction of pod %s/%s (grace %llds)", a->id, ns,
-                   name, (long long)json_integer_value(json_object_get(e, "grace")));
+                   name, (long long)e->grace_s);
     } else if (status == 404) {
         char why[700];
         snprintf(why, sizeof(why), "pod %s/%s was already gone when evicted", ns, name);
@@ -229,7 +248,7 @@ static void on_answer(void *arg, long status, const char *body, size_t len, cons
             d->blocked++;
         else
             d->failed++;
-        json_object_set_new(e, "state", json_string("retry"));
+        e->step = POD_RETRY;
         osubd_note(d->core, a->id, "pod", status == 429 ? "blocked" : "evict-failed",
                    "%s: evicting pod %s/%s: %s (HTTP %ld); asked again in %d s", a->id, ns, name,
                    msg     ? msg
@@ -243,14 +262,13 @@ static void on_answer(void *arg, long status, const char *body, size_t len, cons
 
 static void send_eviction(struct osubd_pods *d, const char *id)
 {
-    json_t *e = json_object_get(d->evicting, id);
-    const char *ns = json_string_value(json_object_get(e, "ns"));
-    const char *name = json_string_value(json_object_get(e, "name"));
+    struct pod_eviction *e = osubd__idmap_get(d->evicting, id);
+    const char *ns = e->ns;
+    const char *name = e->name;
     json_t *ev =
         json_pack("{s:s, s:s, s:{s:s, s:s}, s:{s:I, s:{s:s}}}", "apiVersion", "policy/v1", "kind",
                   "Eviction", "metadata", "name", name, "namespace", ns, "deleteOptions",
-                  "gracePeriodSeconds", json_integer_value(json_object_get(e, "grace")),
-                  "preconditions", "uid", json_string_value(json_object_get(e, "uid")));
+                  "gracePeriodSeconds", e->grace_s, "preconditions", "uid", e->uid);
     char *text = ev ? json_dumps(ev, JSON_COMPACT) : NULL;
     json_decref(ev);
     struct ask *a = calloc(1, sizeof(*a));
@@ -263,11 +281,11 @@ static void send_eviction(struct osubd_pods *d, const char *id)
     }
     a->d = d;
     snprintf(a->id, sizeof(a->id), "%s", id);
-    json_object_set_new(e, "state", json_string("asking"));
+    e->step = POD_ASKING;
     d->asked++;
     if (osub_kube_request(d->kube, "POST", path, text, on_answer, a) != 0) {
         free(a);
-        json_object_set_new(e, "state", json_string("retry"));
+        e->step = POD_RETRY;
     }
     free(text);
 }
@@ -277,20 +295,21 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     struct osubd_pods *d = arg;
-    static int64_t retry_at = 0;
     int64_t now = osubd_now(d->core);
-    const char *id;
-    json_t *e, *tmp;
-    json_object_foreach_safe(d->evicting, tmp, id, e)
-    {
+    size_t nk;
+    osubd__idmap_key_t *keys = osubd__idmap_keys(d->evicting, &nk); /* the loop deletes */
+    for (size_t ki = 0; ki < nk; ki++) {
+        const char *id = keys[ki];
+        struct pod_eviction *e = osubd__idmap_get(d->evicting, id);
+        if (e == NULL)
+            continue;
         osub_service_info_t si;
         if (osub_engine_service_info(d->e, id, &si) != 0) {
-            json_object_del(d->evicting, id); /* released some other way */
+            osubd__idmap_del(d->evicting, id); /* released some other way */
             continue;
         }
-        const char *st = json_string_value(json_object_get(e, "state"));
-        if (st != NULL && strcmp(st, "held") == 0) {
-            const char *cause = json_string_value(json_object_get(e, "cause"));
+        if (e->step == POD_HELD) {
+            const char *cause = (e->cause[0] ? e->cause : NULL);
             const json_t *ck = cause ? osubd_act_kube(d->act, cause) : NULL;
             osub_service_info_t ci;
             if (ck == NULL || osub_engine_service_info(d->e, cause, &ci) != 0) {
@@ -299,7 +318,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
                            "released before its pod was bound here; %s keeps running, counted "
                            "as leaving until it ends",
                            id, cause ? cause : "?", id);
-                json_object_del(d->evicting, id);
+                osubd__idmap_del(d->evicting, id);
                 continue;
             }
             struct ask *a = calloc(1, sizeof(*a));
@@ -312,19 +331,17 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
             a->d = d;
             a->cause = true;
             snprintf(a->id, sizeof(a->id), "%s", id);
-            json_object_set_new(e, "state", json_string("checking"));
+            e->step = POD_CHECKING;
             if (osub_kube_request(d->kube, "GET", path, NULL, on_answer, a) != 0) {
                 free(a);
-                json_object_set_new(e, "state", json_string("held"));
+                e->step = POD_HELD;
             }
-        } else if (st != NULL && strcmp(st, "retry") == 0 && now >= retry_at) {
+        } else if (e->step == POD_RETRY && now >= d->retry_at) {
             send_eviction(d, id);
-        } else if (st != NULL && strcmp(st, "evicted") == 0) {
+        } else if (e->step == POD_EVICTED) {
             struct ask *a = calloc(1, sizeof(*a));
             char path[600];
-            snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s",
-                     json_string_value(json_object_get(e, "ns")),
-                     json_string_value(json_object_get(e, "name")));
+            snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s", e->ns, e->name);
             if (a == NULL)
                 continue;
             a->d = d;
@@ -334,20 +351,22 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
                 free(a);
         }
     }
-    if (now >= retry_at)
-        retry_at = now + RETRY_MS;
+    free(keys);
+    if (now >= d->retry_at)
+        d->retry_at = now + RETRY_MS;
     if (now >= d->sweep_at) {
         d->sweep_at = now + SWEEP_MS;
         sweep(d);
     }
 }
 
-void osubd_pods_directive(struct osubd_pods *d, const char *id, const char *action, const char *cause)
+void osubd_pods_directive(struct osubd_pods *d, const char *id, const char *action,
+                          const char *cause)
 {
     const json_t *k = osubd_act_kube(d->act, id);
     if (k == NULL || strcmp(action, "evict") != 0)
         return;
-    if (d == NULL || d->kube == NULL) {
+    if (d->kube == NULL) {
         osubd_note(d->core, id, "pod", "no-api",
                    "%s is pod %s/%s but oversubd has no API server to evict it through "
                    "(kubernetes_api); its directive waits to be read",
@@ -355,23 +374,27 @@ void osubd_pods_directive(struct osubd_pods *d, const char *id, const char *acti
                    json_string_value(json_object_get(k, "name")));
         return;
     }
-    if (json_object_get(d->evicting, id) != NULL)
+    if (osubd__idmap_get(d->evicting, id) != NULL)
         return;
-    json_t *e =
-        json_pack("{s:O, s:O, s:O, s:I, s:s}", "ns", json_object_get(k, "namespace"), "name",
-                  json_object_get(k, "name"), "uid", json_object_get(k, "uid"), "grace",
-                  json_object_get(k, "grace_seconds")
-                      ? json_integer_value(json_object_get(k, "grace_seconds"))
-                      : 30,
-                  "state", "asking");
-    if (e == NULL || json_object_set_new(d->evicting, id, e) != 0)
+    struct pod_eviction *e = calloc(1, sizeof(*e));
+    if (e == NULL)
+        return; /* out of memory: its directive waits to be read */
+    snprintf(e->ns, sizeof(e->ns), "%s", json_string_value(json_object_get(k, "namespace")));
+    snprintf(e->name, sizeof(e->name), "%s", json_string_value(json_object_get(k, "name")));
+    snprintf(e->uid, sizeof(e->uid), "%s", json_string_value(json_object_get(k, "uid")));
+    json_t *gs = json_object_get(k, "grace_seconds");
+    e->grace_s = gs != NULL ? json_integer_value(gs) : 30;
+    e->step = POD_ASKING;
+    if (osubd__idmap_put(d->evicting, id, e) != 0) {
+        free(e);
         return;
+    }
     /* made room for a pod: not before that pod is bound here (a bind whose Binding fails
      * must not cost a running pod its life) */
     const json_t *ck = cause != NULL && cause[0] ? osubd_act_kube(d->act, cause) : NULL;
     if (ck != NULL) {
-        json_object_set_new(e, "state", json_string("held"));
-        json_object_set_new(e, "cause", json_string(cause));
+        e->step = POD_HELD;
+        snprintf(e->cause, sizeof(e->cause), "%s", cause);
         osubd_note(d->core, id, "pod", "evict-held",
                    "%s: eviction of pod %s/%s held until pod %s/%s, which it makes room for, is "
                    "bound here",
@@ -404,10 +427,10 @@ struct osubd_pods *osubd_pods_new(struct osubd_core *c, struct osubd_act *act, c
                                   size_t errlen)
 {
     struct osubd_pods *p = calloc(1, sizeof(*p));
-    if (p == NULL || (p->evicting = json_object()) == NULL ||
-        (p->sweeping = json_object()) == NULL) {
+    if (p == NULL || (p->evicting = osubd__idmap_new(free)) == NULL ||
+        (p->sweeping = osubd__idmap_new(NULL)) == NULL) {
         if (p != NULL)
-            json_decref(p->evicting);
+            osubd__idmap_free(p->evicting);
         free(p);
         snprintf(err, errlen, "out of memory");
         return NULL;
@@ -458,8 +481,8 @@ void osubd_pods_free(struct osubd_pods *d)
     if (d->tick)
         event_free(d->tick);
     osub_kube_free(d->kube);
-    json_decref(d->evicting);
-    json_decref(d->sweeping);
+    osubd__idmap_free(d->evicting);
+    osubd__idmap_free(d->sweeping);
     free(d);
 }
 

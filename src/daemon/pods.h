@@ -25,7 +25,8 @@ struct osubd_module osubd_pods_module(struct osubd_pods *p);
  * the API server. */
 /* cause: the service it makes room for ("" or NULL: none); a pod's eviction for another pod
  * waits until that pod is bound to this node. */
-void osubd_pods_directive(struct osubd_pods *p, const char *id, const char *action, const char *cause);
+void osubd_pods_directive(struct osubd_pods *p, const char *id, const char *action,
+                          const char *cause);
 
 /* oversub_pod_evictions_total and friends for /metrics. */
 void osubd_pods_metrics(struct osubd_pods *p, struct evbuffer *b);

@@ -265,7 +265,7 @@ int osubd_routes_load(struct osubd_routes *t, const char *text, char *err, size_
             break;
         struct osubd_route *r = NULL;
         json_t *copy = json_deep_copy(v);
-        char why[200];
+        char why[200] = "it holds no backends";
         if (!json_is_object(copy) ||
             osubd_route_take(copy, false, NULL, &r, why, sizeof(why)) != 0 || r == NULL) {
             snprintf(err, errlen, "the saved gateway route of %.63s is bad: %s", id,

@@ -7,6 +7,6 @@
 
 void osubd__sha256(const void *data, size_t len, uint8_t out[32]);
 void osubd__hmac_sha256(const void *key, size_t key_len, const void *msg, size_t msg_len,
-                      uint8_t out[32]);
+                        uint8_t out[32]);
 
 #endif

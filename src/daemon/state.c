@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "state.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -87,6 +88,8 @@ int osubd_state_key(osubd__store_t *st, const char *state_path, bool existing, u
         return 0;
     }
     bool ok = strlen(hexkey) == 64;
+    for (int i = 0; i < 64 && ok; i++) /* exactly 64 hex digits: sscanf would take " 1" */
+        ok = isxdigit((unsigned char)hexkey[i]) != 0;
     for (int i = 0; i < 32 && ok; i++) {
         unsigned v;
         ok = sscanf(hexkey + 2 * i, "%2x", &v) == 1;
@@ -158,8 +161,7 @@ int osubd_state_marker(const char *state_path, bool new_state, bool existing, bo
     int r = marker_read(path, mid, &mseq);
     if (r < 0) {
         if (!early)
-            osubd_log(OSUBD_LOG_WARN, "%s cannot be read or is damaged: it is written anew",
-                    path);
+            osubd_log(OSUBD_LOG_WARN, "%s cannot be read or is damaged: it is written anew", path);
         r = 0;
     }
     if (r == 1 && !new_state) {
@@ -333,4 +335,3 @@ int osubd_state_replay(osubd__store_t *st, osub_engine_t *e, int64_t upto,
     out->n = r.n;
     return 0;
 }
-

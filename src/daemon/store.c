@@ -206,7 +206,7 @@ int osubd__store_meta_set(osubd__store_t *s, const char *key, const char *value)
 }
 
 int osubd__store_append(osubd__store_t *s, int64_t engine_ms, int64_t unix_ms, const char *cmd,
-                      int64_t *seq_out)
+                        int64_t *seq_out)
 {
     sqlite3_reset(s->append);
     sqlite3_bind_int64(s->append, 1, engine_ms);
@@ -326,8 +326,8 @@ int osubd__store_replay(osubd__store_t *s, int64_t upto_seq, osubd__store_cb cb,
 }
 
 int osubd__store_append_with_events(osubd__store_t *s, int64_t engine_ms, int64_t unix_ms,
-                                  const char *cmd, const char *const *events, size_t n_events,
-                                  int64_t *seq_out, int64_t *ev_seqs)
+                                    const char *cmd, const char *const *events, size_t n_events,
+                                    int64_t *seq_out, int64_t *ev_seqs)
 {
     if (!s->in_tx && exec(s, "BEGIN IMMEDIATE") != 0)
         return -1;

@@ -26,13 +26,13 @@ int osubd__store_meta_set(osubd__store_t *s, const char *key, const char *value)
 
 /* Appends one command and commits it (durably: it is on disk when this returns). */
 int osubd__store_append(osubd__store_t *s, int64_t engine_ms, int64_t unix_ms, const char *cmd,
-                      int64_t *seq_out);
+                        int64_t *seq_out);
 
 /* Appends one command and the events it produced (JSON texts), in one transaction, durably.
  * Event sequence numbers go to ev_seqs (n_events of them) when not NULL. */
 int osubd__store_append_with_events(osubd__store_t *s, int64_t engine_ms, int64_t unix_ms,
-                                  const char *cmd, const char *const *events, size_t n_events,
-                                  int64_t *seq_out, int64_t *ev_seqs);
+                                    const char *cmd, const char *const *events, size_t n_events,
+                                    int64_t *seq_out, int64_t *ev_seqs);
 
 /* One transaction around several calls (the writer's group commit): between begin and
  * commit, append_with_events and snapshot neither begin nor commit. commit is durable when it
@@ -60,7 +60,7 @@ int osubd__store_load_snapshot(osubd__store_t *s, char **snapshot, int64_t *upto
 /* Calls cb for every command after upto_seq, in order; a non-zero return from cb stops and
  * is returned. */
 typedef int (*osubd__store_cb)(void *arg, int64_t seq, int64_t engine_ms, int64_t unix_ms,
-                             const char *cmd);
+                               const char *cmd);
 int osubd__store_replay(osubd__store_t *s, int64_t upto_seq, osubd__store_cb cb, void *arg);
 
 /* The last error as a sentence (valid until the next call). */

@@ -88,8 +88,8 @@ static int commit_batch(osubd__writer_t *w, struct item *batch, int64_t *log_seq
         int64_t seqs[64];
         int64_t *ev = it->n_events <= 64 ? seqs : malloc(it->n_events * sizeof(*ev));
         if (ev == NULL || osubd__store_append_with_events(w->store, it->engine_ms, it->unix_ms,
-                                                        it->cmd, (const char *const *)it->events,
-                                                        it->n_events, log_seq, ev) != 0) {
+                                                          it->cmd, (const char *const *)it->events,
+                                                          it->n_events, log_seq, ev) != 0) {
             if (ev != seqs)
                 free(ev);
             osubd__store_rollback(w->store);
@@ -207,7 +207,7 @@ static void *run(void *arg)
 }
 
 int osubd__writer_start(const char *path, int64_t last_log_seq, int64_t events_keep,
-                      int64_t events_days, osubd__writer_t **out, char *err, size_t errlen)
+                        int64_t events_days, osubd__writer_t **out, char *err, size_t errlen)
 {
     osubd__writer_t *w = calloc(1, sizeof(*w));
     if (w == NULL) {
@@ -255,7 +255,7 @@ int osubd__writer_fd(const osubd__writer_t *w)
 }
 
 uint64_t osubd__writer_add(osubd__writer_t *w, int64_t engine_ms, int64_t unix_ms, char *cmd,
-                         char **events, size_t n, char *snapshot, char *meta)
+                           char **events, size_t n, char *snapshot, char *meta)
 {
     struct item *it = calloc(1, sizeof(*it));
     pthread_mutex_lock(&w->mu);
@@ -289,7 +289,8 @@ uint64_t osubd__writer_add(osubd__writer_t *w, int64_t engine_ms, int64_t unix_m
     return ticket;
 }
 
-int osubd__writer_progress(osubd__writer_t *w, struct osubd__writer_progress *p, char *err, size_t errlen)
+int osubd__writer_progress(osubd__writer_t *w, struct osubd__writer_progress *p, char *err,
+                           size_t errlen)
 {
     char buf[256];
     while (read(w->pipe_rd, buf, sizeof(buf)) > 0)
@@ -335,7 +336,7 @@ int osubd__writer_stop(osubd__writer_t *w, struct osubd__writer_progress *p)
 }
 
 void osubd__writer_set_marker(osubd__writer_t *w, int fd, const char *id,
-                            void (*write_fn)(int fd, const char *id, int64_t seq))
+                              void (*write_fn)(int fd, const char *id, int64_t seq))
 {
     pthread_mutex_lock(&w->mu);
     w->marker_fd = fd;

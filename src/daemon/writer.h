@@ -15,12 +15,12 @@ typedef struct osubd__writer osubd__writer_t;
 /* Opens path (already made by the loop's store) and starts the thread. events_keep and
  * events_days (0: no age limit) trim the event log after each snapshot. */
 int osubd__writer_start(const char *path, int64_t last_log_seq, int64_t events_keep,
-                      int64_t events_days, osubd__writer_t **out, char *err, size_t errlen);
+                        int64_t events_days, osubd__writer_t **out, char *err, size_t errlen);
 
 /* After each commit, write_fn(fd, id, the last durable command's sequence) (the state's
  * marker, daemon.c). */
 void osubd__writer_set_marker(osubd__writer_t *w, int fd, const char *id,
-                            void (*write_fn)(int fd, const char *id, int64_t seq));
+                              void (*write_fn)(int fd, const char *id, int64_t seq));
 
 /* The pipe's read end: readable when commits completed (or the writer failed). */
 int osubd__writer_fd(const osubd__writer_t *w);
@@ -29,7 +29,7 @@ int osubd__writer_fd(const osubd__writer_t *w);
  * writer's; snapshot and meta may be NULL; meta, a JSON object of strings, sets those keys of
  * the state's meta table in the same transaction). Returns its ticket, counting from 1. */
 uint64_t osubd__writer_add(osubd__writer_t *w, int64_t engine_ms, int64_t unix_ms, char *cmd,
-                         char **events, size_t n, char *snapshot, char *meta);
+                           char **events, size_t n, char *snapshot, char *meta);
 
 struct osubd__writer_progress {
     uint64_t durable;        /* every ticket up to this one is on disk */
@@ -42,7 +42,7 @@ struct osubd__writer_progress {
 /* Drains the pipe and reads where the writer is. Returns 0, or -1 with a sentence in err when
  * a commit failed (the writer then stops taking work: the state on disk is the truth). */
 int osubd__writer_progress(osubd__writer_t *w, struct osubd__writer_progress *p, char *err,
-                         size_t errlen);
+                           size_t errlen);
 
 /* Commits what is left, stops the thread, closes its connection, fills *p (may be NULL).
  * Returns 0 or -1 (a commit failed at some point). */

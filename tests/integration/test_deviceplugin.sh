@@ -235,8 +235,11 @@ wait $CPID 2>/dev/null
 echo "== the pod goes"
 api DELETE /v1/services/pod-u1 >/dev/null
 wait_for 20 test ! -e "$seg" || bad "the pod's segment stays after the pod went"
-nomore() { ! grep -q pod-u1 "$D/st/db.allocated.json"; }
-wait_for 20 nomore || bad "its allocations are forgotten: $(cat "$D/st/db.allocated.json")"
+# the allocations live in the state (saved with the command that made or dropped them)
+allocs() { sqlite3 "$D/st/db" "SELECT value FROM meta WHERE key = 'device_plugin_allocations'"; }
+nomore() { ! allocs | grep -q pod-u1; }
+wait_for 20 nomore || bad "its allocations are forgotten: $(allocs)"
+test ! -e "$D/st/db.allocated.json" || bad "no side file beside the state: the allocations are in it"
 
 echo "== message size (docs/deviceplugin.md)"
 kill $DPID

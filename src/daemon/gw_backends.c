@@ -1,0 +1,685 @@
+/* gw_backends.c - the gateway's backends: pooled connections tied to their URL, forwarding,
+ * streaming answers back */
+#define _GNU_SOURCE
+#include "gw.h"
+
+/* ---- backends ------------------------------------------------------------------------------ */
+
+void osubd__gw_bc_close(struct gw_bconn *bc)
+{
+    if (bc->rev)
+        event_free(bc->rev);
+    if (bc->wev)
+        event_free(bc->wev);
+    if (bc->timer)
+        event_free(bc->timer);
+    if (bc->in)
+        evbuffer_free(bc->in);
+    if (bc->out)
+        evbuffer_free(bc->out);
+    if (bc->fd >= 0)
+        close(bc->fd);
+    free(bc);
+}
+
+/* Whether the service's route still names, at bc's place, the backend bc was opened for. */
+static bool bc_current(const struct gw_bconn *bc)
+{
+    const struct osubd_route *rt = osubd_routes_get(bc->svc->g->routes, bc->svc->id);
+    return rt != NULL && bc->backend < rt->n_backends &&
+           strcmp(rt->backends[bc->backend], bc->url) == 0;
+}
+
+/* Closes s's idle connections (all, or those whose backend the route no longer names). */
+void osubd__gw_svc_flush_idle(struct gw_svc *s, bool all)
+{
+    for (int b = 0; b < 16; b++)
+        for (struct gw_bconn **p = &s->idle[b]; *p != NULL;) {
+            struct gw_bconn *bc = *p;
+            if (!all && bc_current(bc)) {
+                p = &bc->next;
+                continue;
+            }
+            *p = bc->next;
+            s->n_idle[b]--;
+            osubd__gw_bc_close(bc);
+        }
+}
+
+static void bc_unidle(struct gw_bconn *bc)
+{
+    struct gw_svc *s = bc->svc;
+    for (struct gw_bconn **p = &s->idle[bc->backend]; *p; p = &(*p)->next)
+        if (*p == bc) {
+            *p = bc->next;
+            s->n_idle[bc->backend]--;
+            break;
+        }
+}
+
+/* The backend failed this request: 502 (refused, reset), 504 (timeout), or a body cut short. */
+
+/* A request without a body that a safe method makes may be sent again. */
+static bool retryable(const struct gw_req *r)
+{
+    return !r->had_body && !r->started && r->retries < 2 &&
+           ((r->mlen == 3 && memcmp(r->method, "GET", 3) == 0) || r->is_head ||
+            (r->mlen == 7 && memcmp(r->method, "OPTIONS", 7) == 0));
+}
+
+static void bc_fail(struct gw_bconn *bc, bool timeout)
+{
+    struct gw_req *r = bc->r;
+    struct gw_svc *s = bc->svc;
+    int b = bc->backend;
+    if (r != NULL && !timeout && bc->reused && !bc->got_bytes && retryable(r)) {
+        /* a kept-alive connection the backend had closed as we reused it: not the backend's
+         * failure; the request goes again, on another connection */
+        bc->r = NULL;
+        osubd__gw_bc_close(bc);
+        r->bc = NULL;
+        r->retries++;
+        s->inflight--;
+        s->admitted--;
+        struct gw_client *c = r->cl;
+        osubd__gw_dispatch(s->g, r);
+        if (c->cur != r)
+            osubd__gw_cl_after(c); /* answered (no backend at all): the client reads on */
+        return;
+    }
+    s->backend_errors++;
+    s->backoff[b] = s->backoff[b] > 0 ? (s->backoff[b] * 2 > 30 ? 30 : s->backoff[b] * 2) : 1;
+    s->down_until[b] = now_s() + s->backoff[b];
+    bc->r = NULL;
+    osubd__gw_bc_close(bc);
+    if (r == NULL)
+        return;
+    r->bc = NULL;
+    struct gw_client *c = r->cl;
+    s->inflight--;
+    if (r->started) {
+        /* the answer stops short: the client sees it by the closed connection */
+        osubd__gw_access_log(r, r->status, "cut");
+        c->closing = true;
+        osubd__gw_req_detach(r);
+    } else if (timeout) {
+        osubd__gw_reply(r, 504, "Gateway Timeout", "backend_timeout", "timeout",
+                        "the service's backend did not answer in time", 0);
+    } else {
+        osubd__gw_reply(r, 502, "Bad Gateway", "backend_unavailable", "connection",
+                        "the service's backend refused or dropped the connection", 0);
+    }
+    osubd__gw_pump(s->g, s);
+    osubd__gw_cl_after(c);
+}
+
+static void bc_arm(struct gw_bconn *bc)
+{
+    long ms = bc->svc->v_upstream_ms > 0 ? bc->svc->v_upstream_ms : BACKEND_TIMEOUT_S * 1000L;
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    event_add(bc->timer, &tv);
+}
+
+static void bc_on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct gw_bconn *bc = arg;
+    if (bc->r == NULL) {
+        bc_unidle(bc);
+        osubd__gw_bc_close(bc);
+        return;
+    }
+    bc_fail(bc, !bc->broken);
+}
+
+/* The answer is complete: the connection goes back to the pool, the client reads on. */
+static void bc_done(struct gw_bconn *bc)
+{
+    struct gw_req *r = bc->r;
+    struct gw_svc *s = bc->svc;
+    int b = bc->backend;
+    bc->r = NULL;
+    r->bc = NULL;
+    s->backoff[b] = 0;
+    /* back to the pool only when the whole request went out and nothing is left over: a
+     * backend that answered before the body was sent would read the rest as a request */
+    if (bc->keepalive && bc->st != 3 && evbuffer_get_length(bc->in) == 0 && r->body_done &&
+        !bc->broken && evbuffer_get_length(bc->out) == 0 && s->n_idle[b] < IDLE_PER_BACKEND &&
+        bc_current(bc)) {
+        bc->st = 0;
+        bc->next = s->idle[b];
+        s->idle[b] = bc;
+        s->n_idle[b]++;
+        struct timeval tv = {IDLE_TIMEOUT_S, 0};
+        event_add(bc->timer, &tv);
+        event_add(bc->rev, NULL); /* a close while idle is noticed */
+    } else {
+        osubd__gw_bc_close(bc);
+    }
+    struct gw_client *c = r->cl;
+    if (!r->keepalive || !r->body_done)
+        c->closing = true; /* the rest of its body would be read as a request: close */
+    osubd__gw_finish(r, true);
+    osubd__gw_cl_after(c);
+}
+
+/* Moves n bytes of the backend's answer to the client (pausing the backend when the client
+ * reads slower than it sends). */
+static void to_client(struct gw_bconn *bc, size_t n)
+{
+    /* staged: the head and the body of one read leave in one write (stage_flush) */
+    evbuffer_remove_buffer(bc->in, bc->svc->g->scratch, n);
+}
+
+/* Sends what a backend read staged for its client. */
+static void stage_flush(struct gw_bconn *bc)
+{
+    struct evbuffer *st = bc->svc->g->scratch;
+    if (evbuffer_get_length(st) == 0 || bc->r == NULL)
+        return;
+    struct gw_client *c = bc->r->cl;
+    if (!osubd__gw_send_buffer(c->fd, c->out, c->wev, st))
+        c->closing = c->gone = true;
+    evbuffer_drain(st, evbuffer_get_length(st));
+    if (evbuffer_get_length(c->out) > OUT_HIGH) {
+        c->paused_bc = true;
+        event_del(bc->rev);
+    }
+}
+
+/* The answer's head: status and headers passed on, hop-by-hop ones dropped, the framing kept. */
+static int bc_head(struct gw_bconn *bc)
+{
+    size_t len = evbuffer_get_length(bc->in);
+    if (len == 0)
+        return 0;
+    size_t look = len < H1_HEAD_MAX ? len : H1_HEAD_MAX;
+    const char *h = (const char *)evbuffer_pullup(bc->in, (ssize_t)look);
+    struct gw_req *r = bc->r;
+    struct h1_head *hd = &bc->svc->g->resp;
+    int prc = h1_parse_response(h, look, r->is_head, hd);
+    if (prc == H1_PARTIAL)
+        return 0;
+    if (prc == H1_BAD)
+        return -1;
+    size_t hl = hd->len;
+    int code = hd->status;
+    if (code == 101)
+        return -1; /* an upgrade (WebSocket): the gateway does not tunnel; 502 */
+    if (code < 200) {
+        evbuffer_drain(bc->in, hl); /* 100 Continue and the like: not passed on */
+        return 1;
+    }
+    struct gw_svc *s = bc->svc;
+    s->answers[code / 100 < 6 ? code / 100 : 5]++;
+    r->status = code;
+    observe(&s->ttfb, now_s() - r->t_sent);
+    const struct h1_header *conn = h1_find(hd, "Connection");
+    bc->keepalive = hd->keepalive;
+    struct gw_client *c = r->cl;
+    bool nobody = hd->no_body;
+    if (nobody)
+        bc->st = 4;
+    else if (hd->chunked)
+        bc->st = 2, h1_chunked_init(&bc->cs, 0, hd->lf_only);
+    else if (hd->content_length >= 0)
+        bc->st = 1, bc->left = hd->content_length;
+    else
+        bc->st = 3, r->keepalive = false; /* until close: so is the client's */
+    if (r->http10 && bc->st == 2)
+        r->keepalive = false;
+    /* the client's head */
+    const char *reason = h + 12, *rend = memchr(h, '\n', hl);
+    if (rend > h && rend[-1] == '\r')
+        rend--;
+    while (reason < rend && *reason == ' ')
+        reason++;
+    struct evbuffer *out = c->g->scratch;
+    evbuffer_add(out, "HTTP/1.1 ", 9);
+    evbuffer_add(out, h + 9, 3);
+    evbuffer_add(out, " ", 1);
+    evbuffer_add(out, reason, (size_t)(rend - reason));
+    evbuffer_add(out, "\r\n", 2);
+    for (int i = 0; i < hd->nh; i++) {
+        const struct h1_header *f = &hd->h[i];
+        bool te = f->nlen == 17 && strncasecmp(f->name, "Transfer-Encoding", 17) == 0;
+        if (!h1_hop_by_hop(f->name, f->nlen, conn) || (te && bc->st == 2 && !r->http10)) {
+            evbuffer_add(out, f->name, f->nlen);
+            evbuffer_add(out, ": ", 2);
+            evbuffer_add(out, f->value, f->vlen);
+            evbuffer_add(out, "\r\n", 2);
+        }
+    }
+    if (!r->keepalive)
+        evbuffer_add(out, "Connection: close\r\n", 19);
+    else if (r->http10)
+        evbuffer_add(out, "Connection: keep-alive\r\n", 24);
+    evbuffer_add(out, "\r\n", 2);
+    evbuffer_drain(bc->in, hl);
+    r->started = true;
+    return 1; /* the head stays staged in out (the scratch buffer) with the body that follows */
+}
+
+static void add_data(void *arg, const char *p, size_t n)
+{
+    evbuffer_add(arg, p, n);
+}
+
+static void bc_on_read(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    struct gw_bconn *bc = arg;
+    int n = osubd__gw_read_into(bc->in, fd);
+    if (bc->r == NULL) {
+        /* idle: the backend closed it (or said something it should not have) */
+        bc_unidle(bc);
+        osubd__gw_bc_close(bc);
+        return;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return;
+    bool eof = n <= 0;
+    if (n > 0) {
+        bc->got_bytes = true;
+        bc_arm(bc);
+    }
+    for (;;) {
+        if (bc->st == 0) {
+            int h = bc_head(bc);
+            if (h < 0) {
+                evbuffer_drain(bc->svc->g->scratch, evbuffer_get_length(bc->svc->g->scratch));
+                bc_fail(bc, false);
+                return;
+            }
+            if (h == 0)
+                break;
+            continue;
+        }
+        size_t len = evbuffer_get_length(bc->in);
+        if (bc->st == 1) {
+            size_t k = len < (size_t)bc->left ? len : (size_t)bc->left;
+            if (k > 0)
+                to_client(bc, k);
+            bc->left -= (int64_t)k;
+            if (bc->left == 0)
+                bc->st = 4;
+        } else if (bc->st == 2 && len > 0) {
+            const char *p = (const char *)evbuffer_pullup(bc->in, -1);
+            bool dechunk = bc->r->http10; /* HTTP/1.0 has no chunks: the data, until close */
+            size_t k =
+                h1_chunked_feed(&bc->cs, p, len, dechunk ? add_data : NULL, bc->svc->g->scratch);
+            if (bc->cs.st == H1C_BAD) {
+                stage_flush(bc);
+                bc_fail(bc, false);
+                return;
+            }
+            if (dechunk)
+                evbuffer_drain(bc->in, k);
+            else
+                to_client(bc, k);
+            if (bc->cs.st == H1C_DONE)
+                bc->st = 4;
+        } else if (bc->st == 3 && len > 0) {
+            to_client(bc, len);
+        }
+        break;
+    }
+    stage_flush(bc);
+    if (bc->r != NULL && bc->r->cl != NULL && bc->r->cl->gone) {
+        osubd__gw_client_gone(bc->r->cl, "a write failed"); /* closes bc too */
+        return;
+    }
+    if (bc->st == 4) {
+        bc_done(bc);
+        return;
+    }
+    if (eof) {
+        if (bc->st == 3) {
+            bc->st = 4;
+            bc_done(bc);
+        } else {
+            bc_fail(bc, false);
+        }
+        return;
+    }
+}
+
+static void bc_on_write(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    struct gw_bconn *bc = arg;
+    if (!bc->connected) {
+        int err = 0;
+        socklen_t l = sizeof(err);
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l);
+        if (err != 0) {
+            bc_fail(bc, false);
+            return;
+        }
+        bc->connected = true;
+        event_add(bc->rev, NULL);
+    }
+    while (evbuffer_get_length(bc->out) > 0) {
+        int w = evbuffer_write(bc->out, fd);
+        if (w < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+                return;
+            bc_fail(bc, false);
+            return;
+        }
+        if (w == 0)
+            return;
+    }
+    event_del(bc->wev);
+    /* the client's body may go on */
+    if (bc->r != NULL && !bc->r->body_done && bc->r->cl != NULL) {
+        osubd__gw_cl_read_resume(bc->r->cl);
+        osubd__gw_forward_body(bc->r);
+    }
+}
+
+static void bc_send(struct gw_bconn *bc, struct evbuffer *b)
+{
+    if (bc->broken)
+        return;
+    if (!bc->connected) {
+        evbuffer_add_buffer(bc->out, b);
+        return;
+    }
+    if (!osubd__gw_send_buffer(bc->fd, bc->out, bc->wev, b)) {
+        bc->broken = true;
+        struct timeval now = {0, 0};
+        event_add(bc->timer, &now);
+    }
+}
+
+/* The backend's address, resolved once per URL. */
+static int backend_addr(struct gw_svc *s, int b, const char *url)
+{
+    if (strcmp(s->baddr_url[b], url) == 0)
+        return 0;
+    char host[256], port[16];
+    const char *h = url + (strncmp(url, "http://", 7) == 0 ? 7 : 0);
+    size_t hl = strcspn(h, "/");
+    const char *colon = memchr(h, ':', hl);
+    if (h[0] == '[') {
+        const char *rb = memchr(h, ']', hl);
+        if (rb == NULL)
+            return -1;
+        snprintf(host, sizeof(host), "%.*s", (int)(rb - h - 1), h + 1);
+        colon = rb[1] == ':' ? rb + 1 : NULL;
+    } else {
+        snprintf(host, sizeof(host), "%.*s", (int)(colon ? colon - h : (ptrdiff_t)hl), h);
+    }
+    snprintf(port, sizeof(port), "%.*s", colon ? (int)(h + hl - colon - 1) : 2,
+             colon ? colon + 1 : "80");
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai;
+    if (getaddrinfo(host, port, &hints, &ai) != 0)
+        return -1;
+    memcpy(&s->baddr[b], ai->ai_addr, ai->ai_addrlen);
+    s->baddr_len[b] = ai->ai_addrlen;
+    freeaddrinfo(ai);
+    snprintf(s->baddr_url[b], sizeof(s->baddr_url[b]), "%s", url);
+    snprintf(s->bhost[b], sizeof(s->bhost[b]), "%.*s", (int)hl, h);
+    return 0;
+}
+
+static struct gw_bconn *bc_get(struct gw_svc *s, int b, const char *url, const char **self)
+{
+    *self = NULL;
+    while (s->idle[b] != NULL) {
+        struct gw_bconn *bc = s->idle[b];
+        s->idle[b] = bc->next;
+        s->n_idle[b]--;
+        if (strcmp(bc->url, url) != 0) {
+            osubd__gw_bc_close(bc); /* opened for a backend the route no longer names here */
+            continue;
+        }
+        event_del(bc->timer);
+        bc->reused = true;
+        return bc;
+    }
+    if (backend_addr(s, b, url) != 0)
+        return NULL;
+    const char *own = osubd_self_match(s->g->self, (struct sockaddr *)&s->baddr[b]);
+    if (own != NULL) {
+        /* a name that resolves to oversubd's own API or gateway: never forwarded to */
+        *self = own;
+        return NULL;
+    }
+    int fd = socket(s->baddr[b].ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return NULL;
+    osubd__gw_set_nodelay(fd);
+    struct gw_bconn *bc = calloc(1, sizeof(*bc));
+    if (bc == NULL) {
+        close(fd);
+        return NULL;
+    }
+    bc->fd = fd;
+    bc->svc = s;
+    bc->backend = b;
+    snprintf(bc->url, sizeof(bc->url), "%s", url);
+    struct event_base *base = s->g->base;
+    bc->in = evbuffer_new();
+    bc->out = evbuffer_new();
+    bc->rev = event_new(base, fd, EV_READ | EV_PERSIST, bc_on_read, bc);
+    bc->wev = event_new(base, fd, EV_WRITE | EV_PERSIST, bc_on_write, bc);
+    bc->timer = evtimer_new(base, bc_on_timer, bc);
+    if (bc->in == NULL || bc->out == NULL || bc->rev == NULL || bc->wev == NULL ||
+        bc->timer == NULL) {
+        osubd__gw_bc_close(bc);
+        return NULL;
+    }
+    int rc = connect(fd, (struct sockaddr *)&s->baddr[b], s->baddr_len[b]);
+    if (rc == 0) {
+        bc->connected = true;
+        event_add(bc->rev, NULL);
+    } else if (errno == EINPROGRESS) {
+        event_add(bc->wev, NULL);
+    } else {
+        bc->fd = fd;
+        osubd__gw_bc_close(bc);
+        return NULL;
+    }
+    return bc;
+}
+
+/* The request's body, from the client to the backend as it arrives. */
+void osubd__gw_forward_body(struct gw_req *r)
+{
+    struct gw_client *c = r->cl;
+    struct gw_bconn *bc = r->bc;
+    if (bc == NULL || r->body_done)
+        return;
+    if (evbuffer_get_length(bc->out) > 1024 * 1024) {
+        osubd__gw_cl_read_pause(c); /* the backend reads slower: wait for its write event */
+        return;
+    }
+    size_t len = evbuffer_get_length(c->in);
+    size_t k;
+    if (r->chunked_body) {
+        if (len == 0)
+            return;
+        const char *p = (const char *)evbuffer_pullup(c->in, -1);
+        k = h1_chunked_feed(&r->cs, p, len, NULL, NULL);
+        if (r->cs.st == H1C_BAD) {
+            /* the framing is broken (or the body over the limit): nothing after it can be
+             * trusted, and nothing of it goes on */
+            if (r->cs.too_large)
+                c->g->too_large++;
+            /* closed from the loop (the timer at once): the callers still hold c; a bad
+             * request, not a client that left */
+            c->g->bad_requests++;
+            c->closing = c->gone = c->bad_framing = true;
+            struct timeval now = {0, 0};
+            event_add(c->timer, &now);
+            return;
+        }
+        if (r->cs.st == H1C_DONE)
+            r->body_done = true;
+    } else {
+        k = len < (size_t)r->body_left ? len : (size_t)r->body_left;
+        r->body_left -= (int64_t)k;
+        if (r->body_left == 0)
+            r->body_done = true;
+    }
+    if (k > 0) {
+        struct evbuffer *tmp = c->g->scratch;
+        evbuffer_remove_buffer(c->in, tmp, k);
+        bc_send(bc, tmp);
+        evbuffer_drain(tmp, evbuffer_get_length(tmp));
+    }
+    double t = now_s();
+    if (r->stream_t0 == 0)
+        r->stream_t0 = t; /* what was read ahead does not count toward the floor */
+    else
+        r->streamed += (int64_t)k;
+    if (!r->body_done && t - r->stream_t0 > STREAM_GRACE_S &&
+        (double)r->streamed < STREAM_FLOOR_BPS * (t - r->stream_t0)) {
+        /* holding a slot while trickling: cut (from the loop: the callers still hold c) */
+        c->g->bad_requests++;
+        c->closing = c->gone = c->bad_framing = true;
+        struct timeval now = {0, 0};
+        event_add(c->timer, &now);
+        return;
+    }
+    if (r->body_done && r->streams) {
+        r->streams = false;
+        r->svc->streaming--;
+    }
+    if (!r->body_done) {
+        struct timeval tv = {BODY_TIMEOUT_S, 0};
+        event_add(c->timer, &tv);
+    }
+}
+
+void osubd__gw_dispatch(struct osubd_gateway *g, struct gw_req *r)
+{
+    struct gw_svc *s = r->svc;
+    const struct osubd_route *route = osubd__gw_route_of(g, s->id);
+    size_t nb = route != NULL ? (size_t)route->n_backends : 0;
+    int b = nb ? (int)(s->rr++ % nb) : 0;
+    double t = now_s();
+    for (size_t k = 0; k < nb && s->down_until[b] > t; k++)
+        b = (int)(s->rr++ % nb); /* skip backends out of rotation (all out: probe one) */
+    const char *self = NULL;
+    struct gw_bconn *bc = nb ? bc_get(s, b, route->backends[b], &self) : NULL;
+    if (bc == NULL && self != NULL) {
+        s->backend_errors++;
+        /* literals: answers are cached by their texts' addresses */
+        osubd__gw_reply(
+            r, 502, "Bad Gateway", "backend_forbidden", "self",
+            strcmp(self, "gateway") == 0
+                ? "the service's backend is oversubd's own gateway: never forwarded to"
+                : "the service's backend is oversubd's own control API: never forwarded to",
+            0);
+        return;
+    }
+    if (bc == NULL) {
+        s->backend_errors++;
+        if (nb) {
+            s->backoff[b] =
+                s->backoff[b] > 0 ? (s->backoff[b] * 2 > 30 ? 30 : s->backoff[b] * 2) : 1;
+            s->down_until[b] = t + s->backoff[b];
+        }
+        osubd__gw_reply(r, 502, "Bad Gateway", "backend_unavailable", "no_backend",
+                        "the service has no backend that takes connections", 0);
+        return;
+    }
+    bc->r = r;
+    bc->st = 0;
+    bc->got_bytes = false;
+    r->bc = bc;
+    if (!r->body_done && !r->streams) {
+        r->streams = true;
+        s->streaming++;
+    }
+    r->t_sent = t;
+    observe(&s->queue_wait, t - r->t0);
+    s->inflight++;
+    s->admitted++;
+    struct gw_client *c = r->cl;
+    /* the head: the path without the service's prefix (by Host: whole), headers but the
+     * hop-by-hop ones, Host for the backend, X-Forwarded-For with the client */
+    struct evbuffer *out = g->scratch;
+    const char *rest = r->by_host ? r->uri : memchr(r->uri + 1, '/', r->ulen - 1);
+    const char *q = memchr(r->uri, '?', r->ulen);
+    evbuffer_add(out, r->method, r->mlen);
+    evbuffer_add(out, " ", 1);
+    const char *uend = r->uri + r->ulen;
+    if (rest == NULL || (q != NULL && q < rest)) {
+        evbuffer_add(out, "/", 1);
+        if (q != NULL)
+            evbuffer_add(out, q, (size_t)(uend - q));
+    } else {
+        evbuffer_add(out, rest, (size_t)(uend - rest));
+    }
+    evbuffer_add(out, " HTTP/1.1\r\nHost: ", 17);
+    evbuffer_add(out, s->bhost[b], strlen(s->bhost[b]));
+    evbuffer_add(out, "\r\n", 2);
+    const struct h1_header *conn = h1_find(&r->hd, "Connection");
+    const struct h1_header *xff = NULL;
+    bool expect100 = false;
+    for (int i = 0; i < r->hd.nh; i++) {
+        const struct h1_header *h = &r->hd.h[i];
+        if (h1_hop_by_hop(h->name, h->nlen, conn) ||
+            (h->nlen == 4 && strncasecmp(h->name, "Host", 4) == 0))
+            continue;
+        if (h->nlen == 15 && strncasecmp(h->name, "X-Forwarded-For", 15) == 0) {
+            xff = h;
+            continue;
+        }
+        if (h->nlen == 6 && strncasecmp(h->name, "Expect", 6) == 0) {
+            expect100 = true; /* answered here, once the request goes to a backend */
+            continue;
+        }
+        evbuffer_add(out, h->name, h->nlen);
+        evbuffer_add(out, ": ", 2);
+        evbuffer_add(out, h->value, h->vlen);
+        evbuffer_add(out, "\r\n", 2);
+    }
+    if (r->chunked_body)
+        evbuffer_add(out, "Transfer-Encoding: chunked\r\n", 28);
+    if (xff != NULL) {
+        evbuffer_add(out, "X-Forwarded-For: ", 17);
+        evbuffer_add(out, xff->value, xff->vlen);
+        evbuffer_add(out, ", ", 2);
+    } else {
+        evbuffer_add(out, "X-Forwarded-For: ", 17);
+    }
+    evbuffer_add(out, c->peer, strlen(c->peer));
+    evbuffer_add(out, "\r\n\r\n", 4);
+    bc_send(bc, out);
+    evbuffer_drain(out, evbuffer_get_length(out));
+    if (r->bc != bc)
+        return; /* the send failed: answered already, or sent again on another connection */
+    bc_arm(bc);
+    if (expect100 && !r->body_done && !r->continued)
+        osubd__gw_cl_send(c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+    if (!r->body_done) {
+        osubd__gw_cl_read_resume(c);
+        osubd__gw_forward_body(r);
+    }
+}
+
+void osubd__gw_finish(struct gw_req *r, bool ok)
+{
+    struct gw_svc *s = r->svc;
+    double t = now_s();
+    osubd__gw_access_log(r, r->status, ok ? "served" : "backend_error");
+    if (ok) {
+        observe(&s->upstream, t - r->t_sent);
+        if (s->last_done > 0) {
+            double dt = t - s->last_done;
+            double inst = dt > 1e-6 ? 1.0 / dt : 1e6;
+            s->rate = s->rate > 0 ? 0.9 * s->rate + 0.1 * inst : inst;
+        }
+        s->last_done = t;
+        s->completed++;
+    }
+    s->inflight--;
+    osubd__gw_req_detach(r);
+    osubd__gw_pump(s->g, s);
+}
