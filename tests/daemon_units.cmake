@@ -27,3 +27,43 @@ target_compile_definitions(test_monitor PRIVATE FAKE_NVML_LIB="$<TARGET_FILE:fak
 add_dependencies(test_monitor fake_nvml)
 # the routes module through the fake core (and the fake core itself)
 osubd_module_test(test_routes_module unit/fake_core.c)
+# the actuators through the fake core: load, the spec's actuation fields, what is shown, PIDs,
+# directives after their commit (no program is run)
+osubd_module_test(test_actuator unit/fake_core.c)
+# the pods' evictions without an API server (kube_api none), through the real actuators
+osubd_module_test(test_pods unit/fake_core.c)
+# the gateway without a backend: listen on port 0, its health, no route, a client's share, drain,
+# metrics, ambiguous framing (proxying is the integration test's)
+osubd_module_test(test_gateway_unit unit/fake_core.c)
+# the control API on loopback port 0 with the real actuators and routes: a loopback client in
+# the test, replies held until the fake core's commit
+osubd_module_test(test_api_unit unit/fake_core.c)
+# the device plugin without a kubelet: the list's fit (pure), its allocations loaded from the
+# meta or the old side file, saved, forgotten
+osubd_module_test(test_dp_unit unit/fake_core.c)
+# the settings' defaults and the admin token's file
+osubd_module_test(test_config)
+
+if(OSUB_CLANG)
+  # the actuation fields of a submitted spec (src/daemon/act_take.c: osubd_exec_take, a pure
+  # function of its rules) and the leaves it checks against: the destinations (netpolicy.c, with
+  # sha256.c for its signatures) and Kubernetes names (src/k8s/pod.c)
+  set(OSUB_FUZZ_EXEC_SRC src/daemon/act_take.c src/daemon/netpolicy.c src/daemon/sha256.c
+                         src/k8s/pod.c)
+  list(TRANSFORM OSUB_FUZZ_EXEC_SRC PREPEND ${CMAKE_SOURCE_DIR}/)
+  add_custom_command(
+    OUTPUT ${CMAKE_CURRENT_BINARY_DIR}/fuzz_exec
+    COMMAND ${OSUB_CLANG} -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+            -I${CMAKE_SOURCE_DIR}/src/daemon -I${CMAKE_SOURCE_DIR}/include
+            -I${CMAKE_SOURCE_DIR}/src/k8s -I${CMAKE_SOURCE_DIR}/src/shim ${OSUB_FUZZ_EXEC_SRC}
+            ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/fuzz_exec.c -ljansson -levent
+            -o ${CMAKE_CURRENT_BINARY_DIR}/fuzz_exec
+    DEPENDS ${OSUB_FUZZ_EXEC_SRC} ${CMAKE_SOURCE_DIR}/src/daemon/act.h
+            ${CMAKE_SOURCE_DIR}/src/daemon/actuator.h ${CMAKE_SOURCE_DIR}/src/daemon/netpolicy.h
+            ${CMAKE_SOURCE_DIR}/src/k8s/pod.h ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/fuzz_exec.c
+    COMMENT "libFuzzer target fuzz_exec (clang)")
+  add_custom_target(fuzz_exec_bin ALL DEPENDS ${CMAKE_CURRENT_BINARY_DIR}/fuzz_exec)
+  add_test(NAME fuzz_exec COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/run_exec.sh
+           ${CMAKE_CURRENT_BINARY_DIR}/fuzz_exec 10)
+  set_tests_properties(fuzz_exec PROPERTIES LABELS fuzz TIMEOUT 120)
+endif()
