@@ -23,6 +23,16 @@ cleanup() {
     rm -rf "$tmp"
 }
 trap cleanup EXIT
+# a POST to the API that must succeed (JSON, as the API requires: 415 otherwise)
+post() {
+    local url=$1 code
+    shift
+    code=$(curl -s -o "$tmp/post.out" -w '%{http_code}' -X POST -H 'Content-Type: application/json' "$url" "$@")
+    case $code in
+    2??) ;;
+    *) echo "$(basename "$0"): POST $url answered $code: $(cat "$tmp/post.out")" >&2; exit 1 ;;
+    esac
+}
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 rps() { awk '/^Requests\/sec:/ {print $2}'; }
 
@@ -48,7 +58,7 @@ echo "machine: $(nproc) CPUs; oversubd: one event loop + one writer thread; runs
 start_daemon get
 # a realistic pool: 8 GPUs with some services
 for i in $(seq 1 40); do
-    curl -s -o /dev/null -X POST "http://127.0.0.1:$PORT/v1/services" \
+    post "http://127.0.0.1:$PORT/v1/services" \
         -d "{\"id\":\"s$i\",\"class\":\"batch\",\"vram_mib\":4096}"
 done
 mkdir -p "$tmp/www/v1"
@@ -123,7 +133,8 @@ import http.client, json, sys
 c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]))
 bad = 0
 for i in range(10000):
-    c.request("POST", "/v1/services", json.dumps({"id": "m%d" % i, "class": "batch", "vram_mib": 32}))
+    c.request("POST", "/v1/services", json.dumps({"id": "m%d" % i, "class": "batch", "vram_mib": 32}),
+              {"Content-Type": "application/json"})
     r = c.getresponse(); r.read()
     bad += r.status >= 300
 c.request("GET", "/v1/pool"); r = c.getresponse(); n = json.loads(r.read())

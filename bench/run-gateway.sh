@@ -11,6 +11,16 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/oversub-gw.XXXXXX")
 procs=()
 cleanup() { for p in "${procs[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
 trap cleanup EXIT
+# a POST to the API that must succeed (JSON, as the API requires: 415 otherwise)
+post() {
+    local url=$1 code
+    shift
+    code=$(curl -s -o "$tmp/post.out" -w '%{http_code}' -X POST -H 'Content-Type: application/json' "$url" "$@")
+    case $code in
+    2??) ;;
+    *) echo "$(basename "$0"): POST $url answered $code: $(cat "$tmp/post.out")" >&2; exit 1 ;;
+    esac
+}
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 if [ "$(nproc)" -ge 2 ]; then P0="taskset -c 0"; P1="taskset -c 1"; else P0=""; P1=""; fi
@@ -28,12 +38,12 @@ procs+=($!)
 waitfor "$tmp/o.out" "gateway on" || { echo "oversubd did not start: $(cat "$tmp/o.err")"; exit 1; }
 api=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$tmp/o.out" | head -1 | sed 's/.*://')
 gw=$(grep -o 'gateway on http://127.0.0.1:[0-9]*' "$tmp/o.out" | sed 's/.*://')
-curl -s -o /dev/null -X POST "http://127.0.0.1:$api/v1/services" \
+post "http://127.0.0.1:$api/v1/services" \
     -d "{\"id\":\"bench\",\"class\":\"online\",\"vram\":\"10GiB\",\"backends\":[\"http://127.0.0.1:$bport\"],\"max_inflight\":64,\"max_queue\":1024}"
-curl -s -o /dev/null -X POST "http://127.0.0.1:$api/v1/services/bench/ready"
-curl -s -o /dev/null -X POST "http://127.0.0.1:$api/v1/services" \
+post "http://127.0.0.1:$api/v1/services/bench/ready"
+post "http://127.0.0.1:$api/v1/services" \
     -d "{\"id\":\"full\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"http://127.0.0.1:$bport\"],\"max_inflight\":1,\"max_queue\":0}"
-curl -s -o /dev/null -X POST "http://127.0.0.1:$api/v1/services/full/ready"
+post "http://127.0.0.1:$api/v1/services/full/ready"
 
 nport=$(free_port)
 mkdir -p "$tmp/n"
@@ -124,9 +134,9 @@ echo "(target: oversub >= 1.0x nginx)"
 secs=${OVERLOAD_SECONDS:-60}
 for sv in on:online:64 ba:batch:8 ex:experiment:8; do
     IFS=: read -r id cls lim <<<"$sv"
-    curl -s -o /dev/null -X POST "http://127.0.0.1:$api/v1/services" \
+    post "http://127.0.0.1:$api/v1/services" \
         -d "{\"id\":\"$id\",\"class\":\"$cls\",\"vram\":\"10GiB\",\"backends\":[\"http://127.0.0.1:$bport\"],\"max_inflight\":$lim,\"max_queue\":$((2 * lim)),\"queue_timeout_ms\":2000}"
-    curl -s -o /dev/null -X POST "http://127.0.0.1:$api/v1/services/$id/ready"
+    post "http://127.0.0.1:$api/v1/services/$id/ready"
 done
 opid=${procs[1]} # oversubd (taskset execs it in place)
 $P1 "$build/bench/bench_openloop" 127.0.0.1 "$gw" 4000 "$secs" \

@@ -14,6 +14,16 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/oversub-st.XXXXXX")
 procs=()
 cleanup() { for p in "${procs[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
 trap cleanup EXIT
+# a POST to the API that must succeed (JSON, as the API requires: 415 otherwise)
+post() {
+    local url=$1 code
+    shift
+    code=$(curl -s -o "$tmp/post.out" -w '%{http_code}' -X POST -H 'Content-Type: application/json' "$url" "$@")
+    case $code in
+    2??) ;;
+    *) echo "$(basename "$0"): POST $url answered $code: $(cat "$tmp/post.out")" >&2; exit 1 ;;
+    esac
+}
 ulimit -n 16384
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -38,9 +48,9 @@ procs+=($opid)
 waitfor "$tmp/o.out" "gateway on" || { echo "oversubd did not start: $(cat "$tmp/o.err")"; exit 1; }
 api=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$tmp/o.out" | head -1 | sed 's/.*://')
 gw=$(grep -o 'gateway on http://127.0.0.1:[0-9]*' "$tmp/o.out" | sed 's/.*://')
-curl -s -o /dev/null -X POST "http://127.0.0.1:$api/v1/services" \
+post "http://127.0.0.1:$api/v1/services" \
     -d "{\"id\":\"llm\",\"class\":\"online\",\"vram\":\"10GiB\",\"backends\":[\"http://127.0.0.1:$bport\"],\"max_inflight\":4096,\"max_queue\":4096}"
-curl -s -o /dev/null -X POST "http://127.0.0.1:$api/v1/services/llm/ready"
+post "http://127.0.0.1:$api/v1/services/llm/ready"
 
 nport=$(free_port)
 mkdir -p "$tmp/n"

@@ -846,6 +846,8 @@ uint64_t osubd_act_waiters_gone(const struct osubd_act *a)
 
 int osubd_act_start(struct osubd_act *d, char *err, size_t errlen)
 {
+    /* actuator.h: once the core loaded the module (what the last run saved) and started */
+    assert(d->execs != NULL && d->saved_procs != NULL);
     /* service cgroup folders a previous run left empty (released, failed starts): removed
      * (one still holding processes stays: an adopted service's, or leftovers to kill) */
     DIR *cgd = d->cg_base[0] ? opendir(d->cg_base) : NULL;

@@ -729,6 +729,7 @@ void osubd_api_free(struct osubd_api *d)
 
 int osubd_api_listen(struct osubd_api *d, char *err, size_t errlen)
 {
+    assert(d->http == NULL); /* api.h: listens once */
     d->http = api_http(d, on_request);
     d->http_unix = api_http(d, on_request_unix);
     if (d->http == NULL || d->http_unix == NULL) {

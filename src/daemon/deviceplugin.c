@@ -485,6 +485,7 @@ struct osubd_module osubd_dp_module(struct osubd_dp *dp)
 int osubd_dp_start(struct osubd_dp *dp, char *err, size_t errlen)
 {
     struct osubd_dp *d = dp;
+    assert(dp->lis == NULL); /* deviceplugin.h: started once, after the core loaded it */
     char why[500];
     if (osubd_act_pod_shim(d->act, dp->shim, sizeof(dp->shim), why, sizeof(why)) != 0) {
         snprintf(err, errlen, "device_plugin: %s", why);

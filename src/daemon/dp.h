@@ -6,6 +6,7 @@
 #include "deviceplugin.h"
 #include "log.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <fcntl.h>
