@@ -748,6 +748,57 @@ static int act_setup(struct osubd_act *a, char *err, size_t errlen)
     return 0;
 }
 
+/* A saved exec has the shape osubd_exec_take gave it (what the spawn reads without checking):
+ * a damaged state is refused at start, never run into. */
+static bool exec_shape_ok(const json_t *x, char *why, size_t len)
+{
+    if (!json_is_object(x)) {
+        snprintf(why, len, "not an object");
+        return false;
+    }
+    const json_t *cmd = json_object_get(x, "command");
+    if (cmd != NULL) {
+        bool ok =
+            json_is_array(cmd) && json_array_size(cmd) >= 1 && json_array_size(cmd) <= MAX_ARGS;
+        for (size_t i = 0; ok && i < json_array_size(cmd); i++)
+            ok = json_is_string(json_array_get(cmd, i));
+        if (!ok) {
+            snprintf(why, len, "'command' is not an array of 1 to %d strings", MAX_ARGS);
+            return false;
+        }
+    }
+    const json_t *env = json_object_get(x, "env");
+    const char *k;
+    const json_t *ev;
+    if (env != NULL && (!json_is_object(env) || json_object_size(env) > MAX_ENV)) {
+        snprintf(why, len, "'env' is not an object of at most %d strings", MAX_ENV);
+        return false;
+    }
+    json_object_foreach((json_t *)env, k, ev) if (!json_is_string(ev))
+    {
+        snprintf(why, len, "'env' %.40s is not a string", k);
+        return false;
+    }
+    static const char *const strs[] = {"workdir", "user", "checkpoint_dir", "control_url",
+                                       "restart"};
+    for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++) {
+        const json_t *f = json_object_get(x, strs[i]);
+        if (f != NULL && !json_is_string(f)) {
+            snprintf(why, len, "'%s' is not a string", strs[i]);
+            return false;
+        }
+    }
+    const json_t *m = json_object_get(x, "max_restarts");
+    const json_t *shim = json_object_get(x, "cuda_shim");
+    const json_t *kube = json_object_get(x, "kubernetes");
+    if ((m != NULL && !json_is_integer(m)) || (shim != NULL && !json_is_boolean(shim)) ||
+        (kube != NULL && !json_is_object(kube))) {
+        snprintf(why, len, "'max_restarts', 'cuda_shim' or 'kubernetes' has the wrong type");
+        return false;
+    }
+    return true;
+}
+
 static int act_load(void *ctx, struct osubd_core *c, char *err, size_t errlen)
 {
     struct osubd_act *a = ctx, *d = a;
@@ -776,6 +827,14 @@ static int act_load(void *ctx, struct osubd_core *c, char *err, size_t errlen)
     if ((a->execs = saved_object(c, "service_exec", err, errlen)) == NULL ||
         (a->saved_procs = saved_object(c, "managed_procs", err, errlen)) == NULL)
         return -1;
+    json_object_foreach(a->execs, id, v)
+    {
+        char why[200];
+        if (!exec_shape_ok(v, why, sizeof(why))) {
+            snprintf(err, errlen, "the state's service_exec of %.63s is damaged: %s", id, why);
+            return -1;
+        }
+    }
     return 0;
 }
 

@@ -56,8 +56,8 @@ int osubd_read_token(const char *path, char *out, size_t outlen, char *err, size
         fclose(f);
         return -1;
     }
-    char buf[512];
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f); /* more than a token holds: refused below */
     fclose(f);
     buf[n] = '\0';
     char *s = buf;

@@ -417,6 +417,7 @@ static int dp_load(void *ctx, struct osubd_core *c, char *err, size_t errlen)
     const char *from = "device_plugin_allocations";
     if (text != NULL) {
         a = json_loads(text, 0, &je);
+        dp->allocs_path[0] = '\0'; /* the state has them: a side file is not ours to remove */
     } else if (access(dp->allocs_path, F_OK) == 0) {
         a = json_load_file(dp->allocs_path, 0, &je);
         from = dp->allocs_path;

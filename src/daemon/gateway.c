@@ -435,7 +435,6 @@ static int gateway_listen(struct osubd_gateway *g, char *err, size_t errlen)
         if (g->access == NULL) {
             snprintf(err, errlen, "gateway_access_log %s: %s", d->cfg->gateway_access_log,
                      strerror(errno));
-            free(g);
             return -1;
         }
         setvbuf(g->access, NULL, _IOLBF, 0); /* a line per request, as it happens */
@@ -446,7 +445,6 @@ static int gateway_listen(struct osubd_gateway *g, char *err, size_t errlen)
     if (getaddrinfo(d->cfg->gateway_host, port, &hints, &ai) != 0 || ai == NULL) {
         snprintf(err, errlen, "--gateway %s:%d: not an address", d->cfg->gateway_host,
                  d->cfg->gateway_port);
-        free(g);
         return -1;
     }
     g->lis =
@@ -457,7 +455,6 @@ static int gateway_listen(struct osubd_gateway *g, char *err, size_t errlen)
     if (g->lis == NULL) {
         snprintf(err, errlen, "--gateway %s:%d: cannot listen there (%s)", d->cfg->gateway_host,
                  d->cfg->gateway_port, strerror(errno));
-        free(g);
         return -1;
     }
     struct sockaddr_storage ss;
