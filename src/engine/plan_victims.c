@@ -294,24 +294,70 @@ bool osub__plan_set(osub_engine_t *e, const struct req *r, const struct cand *be
     return true;
 }
 
+/* The first check a share fails on g with no victim planned, and its shortfall: ws_eval() on a
+ * fresh workspace of g alone (share, charge and floor are the share's; g's floors are read only
+ * when the checks before theirs pass). */
+static osub_check_t closest_eval(const osub_engine_t *e, const struct gpu *g, const struct req *r,
+                                 int64_t share, int64_t charge, int64_t floor, int64_t *shortfall)
+{
+    int64_t sf;
+    if (r->exclusive) {
+        *shortfall = sf = g->nsvc;
+        return sf > 0 ? OSUB_CHECK_EXCLUSIVE : OSUB_CHECK_NONE;
+    }
+    *shortfall = 0;
+    if ((sf = g->granted + share - g->logical) > 0) {
+        *shortfall = sf;
+        return OSUB_CHECK_LOGICAL;
+    }
+    if (r->backed && (sf = g->backed + share - g->usable) > 0) {
+        *shortfall = sf;
+        return OSUB_CHECK_BACKED;
+    }
+    if ((sf = g->held + charge - osub__req_held_limit(g, r, charge)) > 0) {
+        *shortfall = sf;
+        return OSUB_CHECK_HELD;
+    }
+    if ((sf = osub__gpu_floors(e, g) + floor - osub__req_held_limit(g, r, share)) > 0) {
+        *shortfall = sf;
+        return OSUB_CHECK_FLOORS;
+    }
+    if (r->compute > 0) {
+        int64_t lim = (int64_t)100 * e->cfg.compute_ratio_milli / 1000;
+        if ((sf = g->compute_all + r->compute - lim) > 0 ||
+            (r->backed && (sf = g->compute_backed + r->compute - 100) > 0)) {
+            *shortfall = sf;
+            return OSUB_CHECK_COMPUTE;
+        }
+    }
+    return OSUB_CHECK_NONE;
+}
+
 void osub__note_closest(osub_engine_t *e, const struct req *r, int64_t size, int64_t share0,
                         const struct cand *best, int32_t nb, int32_t k, struct plan *fail)
 {
-    struct ws w;
     int32_t cg = -1;
     osub_check_t cck = OSUB_CHECK_NONE;
     int64_t csf = INT64_MAX;
-    for (int32_t gi = 0; gi < e->n_gpus; gi++) {
-        struct gpu *g = &e->gpus[gi];
+    /* the size's GPUs, ascending (plan_size() found its group): the first of equals wins */
+    const struct room_tree *grp = NULL;
+    for (int32_t j = 0; j < e->n_trees && grp == NULL; j++)
+        if (e->trees[j].vram == size)
+            grp = &e->trees[j];
+    int32_t n = grp ? grp->n : 0;
+    int64_t charge0 = osub__req_charge(r, share0), floor0 = osub__req_floor(r, share0);
+    for (int32_t x = 0; x < n; x++) {
+        int32_t gi = grp->gpus[x];
+        const struct gpu *g = &e->gpus[gi];
+        if (!osub__gpu_takes(g, r, size))
+            continue;
         bool chosen = false;
         for (int32_t b = 0; b < nb && !chosen; b++)
             chosen = best[b].gpu == gi;
-        if (chosen || !osub__gpu_takes(g, r, size))
+        if (chosen)
             continue;
-        int64_t share = r->exclusive ? g->usable : share0;
-        osub__ws_init(e, &w, r, &gi, &share, 1);
         int64_t sf;
-        osub_check_t ck = ws_eval(e, &w, &w.g[0], &sf);
+        osub_check_t ck = closest_eval(e, g, r, share0, charge0, floor0, &sf);
         if (ck != OSUB_CHECK_NONE && sf < csf) {
             cg = gi;
             cck = ck;
