@@ -2,10 +2,16 @@
  * and nothing else. FAKE_CUDA_DEVICES devices (default 1) of FAKE_CUDA_MEM_MIB MiB each
  * (default 81920). With FAKE_CUDA_STATE=/path, device memory is one pool shared by every process
  * using that file (as a GPU's is), and the memory of a process that died is given back (as the
- * driver does); fakecuda_stats() reports a device's use and its peak. */
+ * driver does); fakecuda_stats() reports a device's use and its peak. Device memory is host
+ * memory mapped on first use (cuMemcpy*, cuMemsetD8), so a test can check its bytes.
+ * The process checkpoint API (fake_cuda_ckpt.h) works across the processes of one state file:
+ * see "process checkpoints" below. Built with -DFAKE_CUDA_NO_CKPT it is an older driver
+ * (12.4) without that API. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -15,13 +21,42 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cuda_abi.h"
+#include "fake_cuda_ckpt.h"
 
 #define API __attribute__((visibility("default")))
+#ifdef FAKE_CUDA_NO_CKPT
+#define FAKE_DRIVER_VERSION 12040
+#else
+#define FAKE_DRIVER_VERSION 12080 /* the first with the checkpoint API in the driver API */
+#endif
 #define MAX_DEV 8
 #define MAX_PROC 512
+
+/* One process's checkpoint channel. A caller (oversubd) takes the channel (owner), writes op
+ * and its arguments, bumps req; the target's restore thread performs the operation inside the
+ * target, writes result and sets done = req. state is written by the restore thread only. The
+ * futex words: req (the restore thread waits on it), done (the caller), owner (callers queue on
+ * it), blocked (fakecuda_ckpt_blocked). A dead owner or target is noticed by its PID, so no
+ * waiter hangs on a process that died (except where the driver itself hangs: FAKE_CUDA_CKPT_HANG).
+ */
+struct ctl {
+    _Atomic uint32_t state;    /* CUprocessState */
+    _Atomic uint32_t tid;      /* the restore thread's TID; 0: no context, not checkpointable */
+    _Atomic uint32_t owner;    /* TID of the caller holding the channel; 0: free */
+    _Atomic uint32_t req;      /* requests posted */
+    _Atomic uint32_t done;     /* requests answered */
+    _Atomic uint32_t blocked;  /* the target's threads waiting at its lock */
+    _Atomic uint32_t hung;     /* a lock that never completes is under way */
+    _Atomic uint32_t ctx_devs; /* bit d: the process has a context on device d */
+    uint32_t op, timeout_ms, n_pairs;
+    int32_t result;
+    CUcheckpointGpuPair pairs[MAX_DEV];
+};
 
 struct shared {
     uint32_t magic;
@@ -29,6 +64,7 @@ struct shared {
     struct {
         _Atomic int32_t pid;
         _Atomic uint64_t used[MAX_DEV];
+        struct ctl ctl;
     } proc[MAX_PROC];
 };
 
@@ -39,12 +75,20 @@ static struct shared *sh;
 static int my_proc = -1;
 static bool inited;
 
-/* what this process holds: index -> (device, bytes); handles are base + index * 4096 */
+/* What this process holds: index -> (device, bytes, host copy). A handle is base + index * 1 TiB,
+ * so that every byte of an allocation has an address of its own (dptr + offset) and no two
+ * allocations' ranges meet. */
 #define HANDLE_BASE 0x7e0000000000ull
+#define SLOT_SHIFT 40
+#define SLOT_BYTES (1ull << SLOT_SHIFT)
+#define MAX_HELD ((size_t)1 << 23)
+enum kind { K_PTR, K_MANAGED, K_OTHER };
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct held {
     uint64_t bytes;
+    unsigned char *host; /* the bytes, mapped on first copy; NULL: never written (zeros) */
     int32_t dev;
+    uint8_t kind;
     bool used;
 } * held;
 static uint32_t *free_idx;
@@ -55,6 +99,10 @@ struct CUctx_st {
 };
 static struct CUctx_st ctxs[MAX_DEV];
 static __thread struct CUctx_st *cur;
+
+static CUresult gate_enter(void);
+static void gate_leave(void);
+static void ckpt_attach(int dev);
 
 static void setup(void)
 {
@@ -82,12 +130,25 @@ static void setup(void)
     sh = p == MAP_FAILED ? NULL : p;
 }
 
+/* a channel as a fresh process finds it: RUNNING, no restore thread, no request */
+static void ctl_reset(struct ctl *c)
+{
+    atomic_store(&c->tid, 0);
+    atomic_store(&c->state, CU_PROCESS_STATE_RUNNING);
+    atomic_store(&c->owner, 0);
+    atomic_store(&c->done, atomic_load(&c->req));
+    atomic_store(&c->blocked, 0);
+    atomic_store(&c->hung, 0);
+    atomic_store(&c->ctx_devs, 0);
+}
+
 static void claim_proc(void)
 {
     int32_t pid = (int32_t)getpid();
     for (int i = 0; i < MAX_PROC && sh; i++) {
         int32_t z = 0;
         if (atomic_compare_exchange_strong(&sh->proc[i].pid, &z, pid)) {
+            ctl_reset(&sh->proc[i].ctl);
             my_proc = i;
             return;
         }
@@ -105,6 +166,7 @@ static void collect_dead(void)
             continue;
         for (int d = 0; d < MAX_DEV; d++)
             atomic_fetch_sub(&sh->used[d], atomic_exchange(&sh->proc[i].used[d], 0));
+        ctl_reset(&sh->proc[i].ctl);
         atomic_store(&sh->proc[i].pid, 0);
     }
 }
@@ -136,21 +198,24 @@ static void phys_give(int dev, uint64_t bytes)
     atomic_fetch_sub(&sh->used[dev], bytes);
 }
 
-static CUresult take(int dev, uint64_t bytes, unsigned long long *handle)
+static CUresult take_locked(int dev, uint64_t bytes, enum kind kind, unsigned long long *handle)
 {
-    if (!inited)
-        return CUDA_ERROR_NOT_INITIALIZED;
     if (dev < 0 || dev >= n_dev)
         return CUDA_ERROR_INVALID_DEVICE;
     if (bytes == 0)
         return CUDA_ERROR_INVALID_VALUE;
-    if (sh == NULL || !phys_take(dev, bytes))
+    if (sh == NULL || bytes > SLOT_BYTES || !phys_take(dev, bytes))
         return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&mu);
     size_t idx;
     if (n_free > 0) {
         idx = free_idx[--n_free];
     } else {
+        if (n_held >= MAX_HELD) {
+            pthread_mutex_unlock(&mu);
+            phys_give(dev, bytes);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
         if ((n_held & (n_held - 1)) == 0 || n_held == 0) {
             size_t cap = n_held ? n_held * 2 : 64;
             struct held *h = realloc(held, cap * sizeof(*h));
@@ -166,30 +231,75 @@ static CUresult take(int dev, uint64_t bytes, unsigned long long *handle)
         }
         idx = n_held++;
     }
-    held[idx] = (struct held){.bytes = bytes, .dev = dev, .used = true};
+    held[idx] = (struct held){.bytes = bytes, .dev = dev, .kind = (uint8_t)kind, .used = true};
     pthread_mutex_unlock(&mu);
-    *handle = HANDLE_BASE + ((uint64_t)idx << 12);
+    *handle = HANDLE_BASE + ((uint64_t)idx << SLOT_SHIFT);
     return CUDA_SUCCESS;
+}
+
+/* an allocation: counted on the device, waits while the process is locked */
+static CUresult take(int dev, uint64_t bytes, enum kind kind, unsigned long long *handle)
+{
+    if (!inited)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    ckpt_attach(dev);
+    CUresult rc = gate_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = take_locked(dev, bytes, kind, handle);
+    gate_leave();
+    return rc;
 }
 
 static CUresult give(uint64_t handle)
 {
     if (!inited)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (handle < HANDLE_BASE || (handle & 4095) != 0)
+    if (handle < HANDLE_BASE || ((handle - HANDLE_BASE) & (SLOT_BYTES - 1)) != 0)
         return CUDA_ERROR_INVALID_VALUE;
-    size_t idx = (size_t)((handle - HANDLE_BASE) >> 12);
+    CUresult rc = gate_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    size_t idx = (size_t)((handle - HANDLE_BASE) >> SLOT_SHIFT);
     pthread_mutex_lock(&mu);
     if (idx >= n_held || !held[idx].used) {
         pthread_mutex_unlock(&mu);
+        gate_leave();
         return CUDA_ERROR_INVALID_VALUE;
     }
     struct held h = held[idx];
     held[idx].used = false;
+    held[idx].host = NULL;
     free_idx[n_free++] = (uint32_t)idx;
     pthread_mutex_unlock(&mu);
     phys_give(h.dev, h.bytes);
+    gate_leave();
+    if (h.host)
+        munmap(h.host, (size_t)h.bytes);
     return CUDA_SUCCESS;
+}
+
+/* The host bytes behind [p, p + n) of one allocation made by cuMemAlloc and its kin, mapped on
+ * first use (untouched pages cost nothing); NULL when that is not device memory we handed out. */
+static unsigned char *bytes_at(CUdeviceptr p, size_t n)
+{
+    if (p < HANDLE_BASE)
+        return NULL;
+    size_t idx = (size_t)((p - HANDLE_BASE) >> SLOT_SHIFT);
+    uint64_t off = (p - HANDLE_BASE) & (SLOT_BYTES - 1);
+    unsigned char *host = NULL;
+    pthread_mutex_lock(&mu);
+    if (idx < n_held && held[idx].used && held[idx].kind != K_OTHER && n <= held[idx].bytes &&
+        off <= held[idx].bytes - n) {
+        if (held[idx].host == NULL) {
+            void *m = mmap(NULL, (size_t)held[idx].bytes, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            held[idx].host = m == MAP_FAILED ? NULL : m;
+        }
+        host = held[idx].host ? held[idx].host + off : NULL;
+    }
+    pthread_mutex_unlock(&mu);
+    return host;
 }
 
 static int cur_dev(void)
@@ -225,7 +335,7 @@ API CUresult cuDriverGetVersion(int *v)
 {
     if (v == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    *v = 12040;
+    *v = FAKE_DRIVER_VERSION;
     return CUDA_SUCCESS;
 }
 
@@ -273,6 +383,7 @@ API CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice d)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (d < 0 || d >= n_dev || ctx == NULL)
         return CUDA_ERROR_INVALID_DEVICE;
+    ckpt_attach(d);
     *ctx = &ctxs[d];
     return CUDA_SUCCESS;
 }
@@ -342,6 +453,21 @@ API CUresult cuGetErrorString(CUresult rc, const char **s)
     case CUDA_ERROR_NOT_FOUND:
         *s = "named symbol not found";
         break;
+    case CUDA_ERROR_OPERATING_SYSTEM:
+        *s = "OS call failed or operation not supported on this OS";
+        break;
+    case CUDA_ERROR_ILLEGAL_STATE:
+        *s = "the operation cannot be performed in the present state";
+        break;
+    case CUDA_ERROR_NOT_READY:
+        *s = "device not ready";
+        break;
+    case CUDA_ERROR_NOT_PERMITTED:
+        *s = "operation not permitted";
+        break;
+    case CUDA_ERROR_NOT_SUPPORTED:
+        *s = "operation not supported";
+        break;
     default:
         *s = NULL;
         return CUDA_ERROR_INVALID_VALUE;
@@ -361,14 +487,14 @@ API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n)
 {
     NEED_CTX();
-    return take(cur_dev(), n, p);
+    return take(cur_dev(), n, K_PTR, p);
 }
 
 API CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned int flags)
 {
     (void)flags;
     NEED_CTX();
-    return take(cur_dev(), n, p);
+    return take(cur_dev(), n, K_MANAGED, p);
 }
 
 API CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h,
@@ -378,14 +504,14 @@ API CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t 
     if (elem != 4 && elem != 8 && elem != 16)
         return CUDA_ERROR_INVALID_VALUE;
     *pitch = (w + 511) & ~(size_t)511;
-    return take(cur_dev(), (uint64_t)*pitch * h, p);
+    return take(cur_dev(), (uint64_t)*pitch * h, K_PTR, p);
 }
 
 API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s)
 {
     (void)s;
     NEED_CTX();
-    return take(cur_dev(), n, p);
+    return take(cur_dev(), n, K_PTR, p);
 }
 
 API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s)
@@ -422,13 +548,53 @@ API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s)
     return give(p);
 }
 
+/* copies and sets: the bytes live in host memory (bytes_at); they wait while locked */
+static CUresult copy(unsigned char *dst, const unsigned char *src, size_t n, int byte)
+{
+    if (dst == NULL || (src == NULL && byte < 0))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = gate_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (byte >= 0)
+        memset(dst, byte, n);
+    else
+        memmove(dst, src, n);
+    gate_leave();
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
+{
+    NEED_CTX();
+    return copy(bytes_at(dst, n), src, n, -1);
+}
+
+API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
+{
+    NEED_CTX();
+    return copy(dst, bytes_at(src, n), n, -1);
+}
+
+API CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n)
+{
+    NEED_CTX();
+    return copy(bytes_at(dst, n), bytes_at(src, n), n, -1);
+}
+
+API CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n)
+{
+    NEED_CTX();
+    return copy(bytes_at(dst, n), NULL, n, value);
+}
+
 API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, const CUmemAllocationProp *prop,
                          unsigned long long flags)
 {
     (void)flags;
     if (prop == NULL || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_INVALID_VALUE;
-    return take(prop->location.id, n, h);
+    return take(prop->location.id, n, K_OTHER, h);
 }
 
 API CUresult cuMemRelease(CUmemGenericAllocationHandle h)
@@ -456,8 +622,9 @@ API CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *desc)
     if (desc == NULL || desc->Width == 0)
         return CUDA_ERROR_INVALID_VALUE;
     unsigned long long h;
-    CUresult rc = take(
-        cur_dev(), array_size(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels), &h);
+    CUresult rc =
+        take(cur_dev(), array_size(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels),
+             K_OTHER, &h);
     if (rc == CUDA_SUCCESS)
         *a = (CUarray)(uintptr_t)h;
     return rc;
@@ -469,9 +636,10 @@ API CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *desc)
     if (desc == NULL || desc->Width == 0)
         return CUDA_ERROR_INVALID_VALUE;
     unsigned long long h;
-    CUresult rc = take(
-        cur_dev(),
-        array_size(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels), &h);
+    CUresult rc =
+        take(cur_dev(),
+             array_size(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels),
+             K_OTHER, &h);
     if (rc == CUDA_SUCCESS)
         *a = (CUarray)(uintptr_t)h;
     return rc;
@@ -492,7 +660,7 @@ API CUresult cuMipmappedArrayCreate(CUmipmappedArray *a, const CUDA_ARRAY3D_DESC
         hh = hh > 1 ? hh / 2 : hh;
         d = d > 1 ? d / 2 : d;
     }
-    CUresult rc = take(cur_dev(), total, &h);
+    CUresult rc = take(cur_dev(), total, K_OTHER, &h);
     if (rc == CUDA_SUCCESS)
         *a = (CUmipmappedArray)(uintptr_t)h;
     return rc;
@@ -512,7 +680,7 @@ static CUresult requirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *r, uint64_t handle)
 {
     if (!inited)
         return CUDA_ERROR_NOT_INITIALIZED;
-    size_t idx = (size_t)((handle - HANDLE_BASE) >> 12);
+    size_t idx = (size_t)((handle - HANDLE_BASE) >> SLOT_SHIFT);
     pthread_mutex_lock(&mu);
     bool ok = handle >= HANDLE_BASE && idx < n_held && held[idx].used;
     uint64_t b = ok ? held[idx].bytes : 0;
@@ -536,6 +704,541 @@ API CUresult cuMipmappedArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENT
 {
     (void)d;
     return requirements(r, (uint64_t)(uintptr_t)a);
+}
+
+/* ---- process checkpoints (fake_cuda_ckpt.h) ------------------------------------------------
+ * The target's side. Each process with a context starts a "restore thread" (as the driver does)
+ * that waits on its channel in the state file and performs the operations inside the process.
+ * A lock closes the gate every call that launches work or changes GPU state passes (allocations,
+ * frees, copies, sets): such calls wait there until the unlock; the lock waits for the calls in
+ * flight. A checkpoint takes the process's memory off the device count and keeps its bytes (they
+ * are host memory already); a restore takes it back, same addresses, same bytes, and leaves the
+ * process locked.
+ * Knobs, read in the target when its first context is made, for the driver's documented
+ * failures: FAKE_CUDA_CKPT_EPERM=1 (every action: CUDA_ERROR_NOT_PERMITTED, as without
+ * persistence mode), FAKE_CUDA_CKPT_UNSUPPORTED=1 (checkpoint: CUDA_ERROR_NOT_SUPPORTED, as for
+ * IPC memory; managed memory always gets it), FAKE_CUDA_CKPT_HANG=1 (a lock that never
+ * completes and a state that never answers, as with NCCL across processes),
+ * FAKE_CUDA_CKPT_FAIL=lock|checkpoint|restore|unlock (that action fails midway with
+ * CUDA_ERROR_OPERATING_SYSTEM and the process is FAILED for good), FAKE_CUDA_CKPT_US_PER_MIB=N
+ * (a checkpoint or a restore takes N us per MiB the process holds), FAKE_CUDA_CKPT_TRANSIENT=1
+ * (CHECKPOINTING and RESTORING are shown meanwhile, as newer drivers name them),
+ * FAKE_CUDA_CKPT_RESTORE_RETRY=1 (a restore refused for want of memory may be tried again; by
+ * default every later restore fails with CUDA_ERROR_OPERATING_SYSTEM, as driver 580.95 does:
+ * NVIDIA/cuda-checkpoint#44). */
+
+/* the lock's gate; lock order: gate_mu before mu. in_flight: calls past the gate. */
+static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_open = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t gate_idle = PTHREAD_COND_INITIALIZER;
+static unsigned int in_flight;
+static bool gate_closed, gate_failed;
+
+static void futex_wake(_Atomic uint32_t *word)
+{
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static struct ctl *my_ctl(void)
+{
+    return sh && my_proc >= 0 ? &sh->proc[my_proc].ctl : NULL;
+}
+
+static CUresult gate_enter(void)
+{
+    pthread_mutex_lock(&gate_mu);
+    if (gate_closed && !gate_failed) {
+        struct ctl *c = my_ctl();
+        if (c) {
+            atomic_fetch_add(&c->blocked, 1);
+            futex_wake(&c->blocked);
+        }
+        while (gate_closed && !gate_failed)
+            pthread_cond_wait(&gate_open, &gate_mu);
+        if (c)
+            atomic_fetch_sub(&c->blocked, 1);
+    }
+    if (gate_failed) {
+        /* the fake's choice: the driver documents no recovery, not what the calls then do */
+        pthread_mutex_unlock(&gate_mu);
+        return CUDA_ERROR_ILLEGAL_STATE;
+    }
+    in_flight++;
+    pthread_mutex_unlock(&gate_mu);
+    return CUDA_SUCCESS;
+}
+
+static void gate_leave(void)
+{
+    pthread_mutex_lock(&gate_mu);
+    if (--in_flight == 0 && gate_closed)
+        pthread_cond_broadcast(&gate_idle);
+    pthread_mutex_unlock(&gate_mu);
+}
+
+API CUresult fakecuda_call_begin(void)
+{
+    return gate_enter();
+}
+
+API void fakecuda_call_end(void)
+{
+    gate_leave();
+}
+
+#ifdef FAKE_CUDA_NO_CKPT
+static void ckpt_attach(int dev)
+{
+    (void)dev;
+}
+#else
+enum { OP_LOCK = 1, OP_CHECKPOINT, OP_RESTORE, OP_UNLOCK };
+
+static int futex_wait(_Atomic uint32_t *word, uint32_t val, int timeout_ms)
+{
+    struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
+    return (int)syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, val, timeout_ms >= 0 ? &ts : NULL,
+                        NULL, 0);
+}
+
+static struct {
+    bool eperm, unsupported, hang, transient, restore_retry;
+    uint32_t fail_op;
+    uint64_t us_per_mib;
+} knob;
+static pthread_once_t ckpt_once = PTHREAD_ONCE_INIT;
+static bool restore_stuck; /* a restore ran out of memory (restore thread only) */
+
+static bool knob_on(const char *name)
+{
+    const char *v = getenv(name);
+    return v && strcmp(v, "1") == 0;
+}
+
+static void *restore_thread(void *arg);
+
+static void ckpt_start(void)
+{
+    knob.eperm = knob_on("FAKE_CUDA_CKPT_EPERM");
+    knob.unsupported = knob_on("FAKE_CUDA_CKPT_UNSUPPORTED");
+    knob.hang = knob_on("FAKE_CUDA_CKPT_HANG");
+    knob.transient = knob_on("FAKE_CUDA_CKPT_TRANSIENT");
+    knob.restore_retry = knob_on("FAKE_CUDA_CKPT_RESTORE_RETRY");
+    const char *v = getenv("FAKE_CUDA_CKPT_FAIL");
+    static const char *const ops[] = {NULL, "lock", "checkpoint", "restore", "unlock"};
+    for (uint32_t op = OP_LOCK; v && op <= OP_UNLOCK; op++)
+        if (strcmp(v, ops[op]) == 0)
+            knob.fail_op = op;
+    v = getenv("FAKE_CUDA_CKPT_US_PER_MIB");
+    knob.us_per_mib = v ? strtoull(v, NULL, 10) : 0;
+
+    /* the restore thread takes no signals: they are the program's */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_attr_t attr;
+    pthread_t t;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    struct ctl *c = my_ctl();
+    bool started = pthread_create(&t, &attr, restore_thread, c) == 0;
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    /* checkpointable from the moment it has a context, as with the driver */
+    while (started && atomic_load(&c->tid) == 0)
+        futex_wait(&c->tid, 0, -1);
+}
+
+/* a context on dev: the process is now a CUDA process, which a checkpoint can name */
+static void ckpt_attach(int dev)
+{
+    struct ctl *c = my_ctl();
+    if (c == NULL || dev < 0 || dev >= MAX_DEV)
+        return;
+    atomic_fetch_or(&c->ctx_devs, 1u << dev);
+    pthread_once(&ckpt_once, ckpt_start);
+}
+
+/* what this process holds per device; true when some of it is managed (UVM) memory */
+static bool held_per_dev(uint64_t per_dev[MAX_DEV], uint64_t *total)
+{
+    bool managed = false;
+    memset(per_dev, 0, MAX_DEV * sizeof(per_dev[0]));
+    *total = 0;
+    pthread_mutex_lock(&mu);
+    for (size_t i = 0; i < n_held; i++) {
+        if (!held[i].used)
+            continue;
+        per_dev[held[i].dev] += held[i].bytes;
+        *total += held[i].bytes;
+        managed |= held[i].kind == K_MANAGED;
+    }
+    pthread_mutex_unlock(&mu);
+    return managed;
+}
+
+/* the time a copy of bytes to or from the device takes (FAKE_CUDA_CKPT_US_PER_MIB) */
+static void transfer_time(uint64_t bytes)
+{
+    uint64_t us = (uint64_t)((double)bytes / (1 << 20) * (double)knob.us_per_mib);
+    struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+static CUresult fail(struct ctl *c)
+{
+    atomic_store(&c->state, CU_PROCESS_STATE_FAILED);
+    pthread_mutex_lock(&gate_mu);
+    gate_failed = true;
+    pthread_cond_broadcast(&gate_open);
+    pthread_mutex_unlock(&gate_mu);
+    return CUDA_ERROR_OPERATING_SYSTEM;
+}
+
+static CUresult do_lock(struct ctl *c, uint32_t timeout_ms)
+{
+    pthread_mutex_lock(&gate_mu);
+    gate_closed = true;
+    if (knob.hang) {
+        /* NCCL across processes: the lock waits on peers that will never come */
+        atomic_store(&c->hung, 1);
+        pthread_mutex_unlock(&gate_mu);
+        for (;;)
+            pause();
+    }
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += timeout_ms / 1000;
+    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    while (in_flight > 0) {
+        int e = timeout_ms
+                    ? pthread_cond_clockwait(&gate_idle, &gate_mu, CLOCK_MONOTONIC, &deadline)
+                    : pthread_cond_wait(&gate_idle, &gate_mu);
+        if (e == ETIMEDOUT && in_flight > 0) {
+            /* only Lock documents CUDA_ERROR_NOT_READY: read as its timeout (an inference) */
+            gate_closed = false;
+            pthread_cond_broadcast(&gate_open);
+            pthread_mutex_unlock(&gate_mu);
+            return CUDA_ERROR_NOT_READY;
+        }
+    }
+    pthread_mutex_unlock(&gate_mu);
+    if (knob.fail_op == OP_LOCK)
+        return fail(c);
+    atomic_store(&c->state, CU_PROCESS_STATE_LOCKED);
+    return CUDA_SUCCESS;
+}
+
+static CUresult do_checkpoint(struct ctl *c)
+{
+    uint64_t per_dev[MAX_DEV], total;
+    if (held_per_dev(per_dev, &total) || knob.unsupported)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (knob.transient)
+        atomic_store(&c->state, CU_PROCESS_STATE_CHECKPOINTING);
+    transfer_time(total);
+    if (knob.fail_op == OP_CHECKPOINT)
+        return fail(c);
+    for (int d = 0; d < MAX_DEV; d++)
+        if (per_dev[d])
+            phys_give(d, per_dev[d]);
+    atomic_store(&c->state, CU_PROCESS_STATE_CHECKPOINTED);
+    return CUDA_SUCCESS;
+}
+
+static CUresult do_restore(struct ctl *c)
+{
+    if (restore_stuck)
+        return CUDA_ERROR_OPERATING_SYSTEM;
+    for (uint32_t i = 0; i < c->n_pairs; i++)
+        if (memcmp(&c->pairs[i].oldUuid, &c->pairs[i].newUuid, sizeof(CUuuid)) != 0)
+            return CUDA_ERROR_NOT_SUPPORTED; /* the fake restores only where it was taken */
+    uint64_t per_dev[MAX_DEV], total;
+    held_per_dev(per_dev, &total);
+    if (knob.transient)
+        atomic_store(&c->state, CU_PROCESS_STATE_RESTORING);
+    transfer_time(total);
+    for (int d = 0; d < MAX_DEV; d++) {
+        if (per_dev[d] == 0 || phys_take(d, per_dev[d]))
+            continue;
+        while (--d >= 0)
+            if (per_dev[d])
+                phys_give(d, per_dev[d]);
+        restore_stuck = !knob.restore_retry;
+        atomic_store(&c->state, CU_PROCESS_STATE_CHECKPOINTED);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (knob.fail_op == OP_RESTORE)
+        return fail(c);
+    atomic_store(&c->state, CU_PROCESS_STATE_LOCKED);
+    return CUDA_SUCCESS;
+}
+
+static CUresult do_unlock(struct ctl *c)
+{
+    if (knob.fail_op == OP_UNLOCK)
+        return fail(c);
+    atomic_store(&c->state, CU_PROCESS_STATE_RUNNING);
+    pthread_mutex_lock(&gate_mu);
+    gate_closed = false;
+    pthread_cond_broadcast(&gate_open);
+    pthread_mutex_unlock(&gate_mu);
+    return CUDA_SUCCESS;
+}
+
+static CUresult serve(struct ctl *c)
+{
+    if (knob.eperm)
+        return CUDA_ERROR_NOT_PERMITTED;
+    uint32_t st = atomic_load(&c->state);
+    switch (c->op) {
+    case OP_LOCK:
+        return st == CU_PROCESS_STATE_RUNNING ? do_lock(c, c->timeout_ms)
+                                              : CUDA_ERROR_ILLEGAL_STATE;
+    case OP_CHECKPOINT:
+        return st == CU_PROCESS_STATE_LOCKED ? do_checkpoint(c) : CUDA_ERROR_ILLEGAL_STATE;
+    case OP_RESTORE:
+        return st == CU_PROCESS_STATE_CHECKPOINTED ? do_restore(c) : CUDA_ERROR_ILLEGAL_STATE;
+    case OP_UNLOCK:
+        return st == CU_PROCESS_STATE_LOCKED ? do_unlock(c) : CUDA_ERROR_ILLEGAL_STATE;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+static void *restore_thread(void *arg)
+{
+    struct ctl *c = arg;
+    uint32_t seen = atomic_load(&c->req);
+    atomic_store(&c->done, seen);
+    atomic_store(&c->tid, (uint32_t)syscall(SYS_gettid));
+    futex_wake(&c->tid);
+    for (;;) {
+        uint32_t r = atomic_load(&c->req);
+        if (r == seen) {
+            futex_wait(&c->req, r, -1);
+            continue;
+        }
+        seen = r;
+        c->result = serve(c);
+        atomic_store(&c->done, r);
+        futex_wake(&c->done);
+    }
+    return NULL;
+}
+
+/* ---- the caller's side (oversubd, cuda-checkpoint): any process of the same state file ---- */
+
+/* a process that exited, or a zombie (which kill() still finds) */
+static bool gone(uint32_t pid)
+{
+    if (pid == 0 || (kill((pid_t)pid, 0) != 0 && errno == ESRCH))
+        return true;
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%u/stat", pid);
+    FILE *f = fopen(path, "re");
+    if (f == NULL)
+        return false;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
+
+/* The channel of pid, if pid is a process of this state file with a context. A PID without one
+ * gets CUDA_ERROR_INVALID_VALUE (documented for every call; what NVIDIA's tools read as "no
+ * CUDA here"); a caller without a state file, CUDA_ERROR_NOT_INITIALIZED. */
+static CUresult target_of(int pid, int *slot, struct ctl **c)
+{
+    pthread_once(&once, setup);
+    if (sh == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    for (int i = 0; pid > 0 && i < MAX_PROC; i++) {
+        if (atomic_load(&sh->proc[i].pid) == pid && atomic_load(&sh->proc[i].ctl.tid) != 0) {
+            *slot = i;
+            *c = &sh->proc[i].ctl;
+            return CUDA_SUCCESS;
+        }
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+static bool still_there(int slot, int pid)
+{
+    return atomic_load(&sh->proc[slot].pid) == pid && atomic_load(&sh->proc[slot].ctl.tid) != 0 &&
+           !gone((uint32_t)pid);
+}
+
+/* Posts one operation to pid's restore thread and waits for its answer: one operation per
+ * process at a time, callers queue. A target that dies meanwhile: CUDA_ERROR_INVALID_VALUE. */
+static CUresult ckpt_call(int pid, uint32_t op, uint32_t timeout_ms,
+                          const CUcheckpointGpuPair *pairs, uint32_t n_pairs)
+{
+    int slot;
+    struct ctl *c;
+    CUresult rc = target_of(pid, &slot, &c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    uint32_t me = (uint32_t)syscall(SYS_gettid);
+    for (;;) {
+        uint32_t o = 0;
+        if (atomic_compare_exchange_strong(&c->owner, &o, me))
+            break;
+        if (gone(o)) {
+            atomic_compare_exchange_strong(&c->owner, &o, 0);
+            continue;
+        }
+        if (!still_there(slot, pid))
+            return CUDA_ERROR_INVALID_VALUE;
+        futex_wait(&c->owner, o, 100);
+    }
+    rc = CUDA_ERROR_INVALID_VALUE;
+    uint32_t r, d;
+    while ((r = atomic_load(&c->req)) != (d = atomic_load(&c->done))) {
+        /* a request whose caller died before its answer */
+        if (!still_there(slot, pid))
+            goto out_release;
+        futex_wait(&c->done, d, 100);
+    }
+    c->op = op;
+    c->timeout_ms = timeout_ms;
+    c->n_pairs = n_pairs;
+    if (n_pairs)
+        memcpy(c->pairs, pairs, n_pairs * sizeof(pairs[0]));
+    atomic_store(&c->req, r + 1);
+    futex_wake(&c->req);
+    while ((d = atomic_load(&c->done)) != r + 1) {
+        if (!still_there(slot, pid))
+            goto out_release;
+        futex_wait(&c->done, d, 100);
+    }
+    rc = c->result;
+out_release:
+    atomic_compare_exchange_strong(&c->owner, &me, 0);
+    futex_wake(&c->owner);
+    return rc;
+}
+
+static bool all_zero(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        if (b[i])
+            return false;
+    return true;
+}
+
+API CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)
+{
+    if (args && (args->reserved0 || !all_zero(args->reserved1, sizeof(args->reserved1))))
+        return CUDA_ERROR_INVALID_VALUE;
+    return ckpt_call(pid, OP_LOCK, args ? args->timeoutMs : 0, NULL, 0);
+}
+
+API CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args)
+{
+    if (args && !all_zero(args, sizeof(*args)))
+        return CUDA_ERROR_INVALID_VALUE;
+    return ckpt_call(pid, OP_CHECKPOINT, 0, NULL, 0);
+}
+
+API CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args)
+{
+    if (args && (!all_zero(args->reserved, sizeof(args->reserved)) || args->reserved1 ||
+                 args->gpuPairsCount > MAX_DEV || (args->gpuPairsCount && !args->gpuPairs)))
+        return CUDA_ERROR_INVALID_VALUE;
+    return ckpt_call(pid, OP_RESTORE, 0, args ? args->gpuPairs : NULL,
+                     args ? args->gpuPairsCount : 0);
+}
+
+API CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args)
+{
+    if (args && !all_zero(args, sizeof(*args)))
+        return CUDA_ERROR_INVALID_VALUE;
+    return ckpt_call(pid, OP_UNLOCK, 0, NULL, 0);
+}
+
+/* read from the state file, not asked of the target: it answers during a slow operation
+ * (CHECKPOINTING or RESTORING with FAKE_CUDA_CKPT_TRANSIENT), but not while a lock hangs */
+API CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state)
+{
+    int slot;
+    struct ctl *c;
+    if (state == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = target_of(pid, &slot, &c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    while (atomic_load(&c->hung)) {
+        if (!still_there(slot, pid))
+            return CUDA_ERROR_INVALID_VALUE;
+        futex_wait(&c->hung, 1, 100);
+    }
+    *state = (CUprocessState)atomic_load(&c->state);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid)
+{
+    int slot;
+    struct ctl *c;
+    if (tid == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = target_of(pid, &slot, &c);
+    if (rc == CUDA_SUCCESS)
+        *tid = (int)atomic_load(&c->tid);
+    return rc;
+}
+
+API int fakecuda_ckpt_blocked(int pid, unsigned int n, int timeout_ms)
+{
+    int slot;
+    struct ctl *c;
+    if (target_of(pid, &slot, &c) != CUDA_SUCCESS)
+        return -ESRCH;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        uint32_t b = atomic_load(&c->blocked);
+        if (b >= n)
+            return 0;
+        if (!still_there(slot, pid))
+            return -ESRCH;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        long left =
+            timeout_ms - ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000);
+        if (left <= 0)
+            return -ETIMEDOUT;
+        futex_wait(&c->blocked, b, left < 100 ? (int)left : 100);
+    }
+}
+#endif
+
+API int fakecuda_processes(int dev, int *pids, int max)
+{
+    pthread_once(&once, setup);
+    if (sh == NULL || dev < 0 || dev >= MAX_DEV)
+        return -1;
+    collect_dead();
+    int n = 0;
+    for (int i = 0; i < MAX_PROC; i++) {
+        int32_t pid = atomic_load(&sh->proc[i].pid);
+        struct ctl *c = &sh->proc[i].ctl;
+        if (pid <= 0 || atomic_load(&c->state) == CU_PROCESS_STATE_CHECKPOINTED)
+            continue;
+        if (atomic_load(&sh->proc[i].used[dev]) == 0 && !(atomic_load(&c->ctx_devs) & (1u << dev)))
+            continue;
+        if (n < max && pids)
+            pids[n] = pid;
+        n++;
+    }
+    return n;
 }
 
 /* not CUDA: for the tests, a device's memory in use and its peak over the state's life */
@@ -591,6 +1294,18 @@ static const struct {
     P("cuMipmappedArrayDestroy", 0, cuMipmappedArrayDestroy, NULL),
     P("cuArrayGetMemoryRequirements", 0, cuArrayGetMemoryRequirements, NULL),
     P("cuMipmappedArrayGetMemoryRequirements", 0, cuMipmappedArrayGetMemoryRequirements, NULL),
+    P("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2, NULL),
+    P("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2, NULL),
+    P("cuMemcpyDtoD", 3020, cuMemcpyDtoD_v2, NULL),
+    P("cuMemsetD8", 3020, cuMemsetD8_v2, NULL),
+#ifndef FAKE_CUDA_NO_CKPT
+    P("cuCheckpointProcessGetState", 0, cuCheckpointProcessGetState, NULL),
+    P("cuCheckpointProcessGetRestoreThreadId", 0, cuCheckpointProcessGetRestoreThreadId, NULL),
+    P("cuCheckpointProcessLock", 0, cuCheckpointProcessLock, NULL),
+    P("cuCheckpointProcessCheckpoint", 0, cuCheckpointProcessCheckpoint, NULL),
+    P("cuCheckpointProcessRestore", 0, cuCheckpointProcessRestore, NULL),
+    P("cuCheckpointProcessUnlock", 0, cuCheckpointProcessUnlock, NULL),
+#endif
 #undef P
 };
 
