@@ -99,8 +99,9 @@ struct gpu_aggs {
     int64_t dg_max_held[OSUB_MAX_LEVEL + 1], dg_max_grant[OSUB_MAX_LEVEL + 1];
     int64_t ex_max_held[OSUB_MAX_LEVEL + 1], ex_max_grant[OSUB_MAX_LEVEL + 1];
     int32_t ev_comp[OSUB_MAX_LEVEL + 1], ev_cnt[OSUB_MAX_LEVEL + 1];
-    int64_t ev_floor[OSUB_MAX_LEVEL + 1];     /* floor room evictions free */
-    int64_t ex_max_floor[OSUB_MAX_LEVEL + 1]; /* the most one eviction frees of it */
+    int64_t ev_floor[OSUB_MAX_LEVEL + 1];       /* floor room evictions free */
+    int64_t ex_max_floor[OSUB_MAX_LEVEL + 1];   /* the most one eviction frees of it */
+    int64_t ev_min_restart[OSUB_MAX_LEVEL + 1]; /* the cheapest eviction's restart cost */
 };
 
 struct gpu {

@@ -248,6 +248,8 @@ void osub__gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
     memset(g->a->ev_cnt, 0, sizeof(g->a->ev_cnt));
     memset(g->a->ev_floor, 0, sizeof(g->a->ev_floor));
     memset(g->a->ex_max_floor, 0, sizeof(g->a->ex_max_floor));
+    for (int32_t L = 0; L <= OSUB_MAX_LEVEL; L++)
+        g->a->ev_min_restart[L] = INT64_MAX;
     g->nvic = 0;
     for (int32_t i = 0; i < g->nsvc; i++) {
         const struct svc *v = g->svcs[i];
@@ -284,6 +286,8 @@ void osub__gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
                 g->a->ev_floor[L] += vi->rf_e;
                 if (vi->rf_e > g->a->ex_max_floor[L])
                     g->a->ex_max_floor[L] = vi->rf_e;
+                if (v->restart_cost_ms < g->a->ev_min_restart[L])
+                    g->a->ev_min_restart[L] = v->restart_cost_ms;
                 /* what an eviction frees beyond a degrade of the same victim */
                 int64_t xh = sl->held, xg = sl->grant;
                 if (osub__degradable_now(v)) {
@@ -335,7 +339,7 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
                               : osub__gpu_floors(e, g) + osub__req_floor(r, share) -
                                     osub__req_held_limit(g, r, share);
     int64_t eh = 0, eg = 0, dgh = 0, dgg = 0, mh = 0, mg = 0, xh = 0, xg = 0;
-    int64_t ec = 0, cnt = 0, ef = 0, xf = 0;
+    int64_t ec = 0, cnt = 0, ef = 0, xf = 0, rmin = INT64_MAX;
     for (int32_t L = e->max_level; L > r->level; L--) {
         eh += g->a->ev_held[L];
         eg += g->a->ev_grant[L];
@@ -354,6 +358,8 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
             xg = g->a->ex_max_grant[L];
         if (g->a->ex_max_floor[L] > xf)
             xf = g->a->ex_max_floor[L];
+        if (g->a->ev_min_restart[L] < rmin)
+            rmin = g->a->ev_min_restart[L];
         if (g->a->ev_held[L] == 0 && g->a->ev_grant[L] == 0 && g->a->ev_cnt[L] == 0)
             continue;
         bool ok = r->exclusive ? cnt >= g->nsvc : (eg >= dl && eh >= dh && ec >= dc && ef >= df);
@@ -382,7 +388,9 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
         }
         c->n_evict = nev;
         c->n_degrade = deg_ok ? ((mh >= dh && mg >= dl) ? 1 : 2) : 0;
-        c->restart_sum = 0;
+        /* a plan touching no level above L evicts at least nev of the victims there, each
+         * costing at least the cheapest restart among them */
+        c->restart_sum = nev > 0 && rmin != INT64_MAX ? nev * rmin : 0;
         return true;
     }
     return false;
