@@ -226,53 +226,29 @@ static void end_run(const struct trace *tr, const struct sim_budget *b, struct a
     finish(tr, b, a, r, timeline);
 }
 
-/* Reads the last command's events: counts decisions, queues follow-ups (victims comply at
- * once: a degraded service acknowledges, an evicted one checkpoints and exits). */
-static void read_events(osub_engine_t *e, const struct idmap *m, struct sim_result *r,
-                        struct follow *fq, size_t *nf, size_t cap)
-{
-    size_t n;
-    const osub_event_t *ev = osub_engine_events(e, &n);
-    for (size_t i = 0; i < n; i++) {
-        int lvl = ev[i].level >= 0 && ev[i].level < 3 ? ev[i].level : 2;
-        if (ev[i].kind == OSUB_EV_DEGRADE && ev[i].reason != OSUB_R_COMPUTE) {
-            r->degrades[lvl]++;
-            if (lvl == 0)
-                r->p0_disruptions++;
-            if (*nf < cap)
-                fq[(*nf)++] = (struct follow){idmap_get(m, ev[i].service), false};
-        } else if (ev[i].kind == OSUB_EV_EVICT) {
-            r->evictions[lvl]++;
-            if (lvl == 0)
-                r->p0_disruptions++;
-            if (*nf < cap)
-                fq[(*nf)++] = (struct follow){idmap_get(m, ev[i].service), true};
-        } else if ((ev[i].kind == OSUB_EV_RELEASE || ev[i].kind == OSUB_EV_REQUEUE) &&
-                   ev[i].reason == OSUB_R_GPU_LOST && lvl == 0) {
-            r->p0_disruptions++;
-        }
-    }
-}
+/*
+ * The engine's view. What the replay reads of a service (is it known, its state, grant, use,
+ * loading, its GPUs and what it uses on each) and what each GPU uses are kept here, as of the
+ * last command, instead of being asked of the engine at every sample (osub_engine_service_info
+ * and osub_engine_gpu_info format strings and compute predictions: they were 70% of a
+ * replay's instructions). The engine changes a service only in a command, and every change
+ * the replay reads comes with an event naming the service (start, degrade, ack, restore,
+ * evict, exited, requeue, release, ready...) or is the replay's own command on it; so a
+ * service named by an event or a command of the replay is read again from the engine once
+ * the command's events are in (view_sync), and a usage report the engine accepted on one GPU
+ * is applied here (it sets the service's use, and its GPU's, to the figure reported). With
+ * opts.verify every read is compared with the engine's own answer (tests).
+ */
+struct view {
+    bool live; /* the engine knows it (service_info succeeds) */
+    bool loading, resumed, dirty;
+    osub_state_t state;
+    int32_t n_slots;
+    int64_t grant_mib, used_mib;
+};
 
-static void run_follow_ups(osub_engine_t *e, const struct trace *tr, const struct idmap *m,
-                           struct sim_result *r, struct follow *fq, size_t *nf, size_t cap,
-                           int64_t now_ms)
-{
-    for (size_t i = 0; i < *nf; i++) {
-        if (fq[i].svc < 0)
-            continue;
-        const char *id = tr->svcs[fq[i].svc].spec.id;
-        if (fq[i].exit)
-            osub_engine_exited(e, id, "checkpoint", now_ms);
-        else
-            osub_engine_ack(e, id, NULL, now_ms);
-        read_events(e, m, r, fq, nf, cap);
-    }
-    *nf = 0;
-}
-
-/* One replay through the engine (sim_engine()): the engine, each service's run state, the
- * follow-ups of the last command and the bookkeeping. */
+/* One replay through the engine (sim_engine()): the engine, each service's run state and
+ * view, the follow-ups of the last command and the bookkeeping. */
 struct erun {
     osub_engine_t *e;
     const struct trace *tr;
@@ -287,13 +263,218 @@ struct erun {
     size_t *oom_step; /* step+1 of a GPU's last OOM */
     int64_t vram_total;
     uint64_t ev_before;
+    /* the view: per service, then its slots (slot_cap of them from slot_off) */
+    struct view *v;
+    size_t *slot_off;
+    int32_t *slot_cap, *slot_gpu;
+    int64_t *slot_used;
+    int64_t *gpu_used; /* per GPU: what its services use */
+    size_t *dirty;     /* services to read again */
+    size_t n_dirty;
 };
+
+static void view_touch(struct erun *x, int32_t i)
+{
+    if (i < 0 || x->v[i].dirty)
+        return;
+    x->v[i].dirty = true;
+    x->dirty[x->n_dirty++] = (size_t)i;
+}
+
+static void view_mismatch(struct erun *x, size_t i, const char *what)
+{
+    if (x->r->verify_mismatches++ == 0)
+        fprintf(stderr, "simulate: verify: %s of %s differs from the engine's\n", what,
+                x->tr->svcs[i].spec.id);
+}
+
+/* Reads service i again from the engine. */
+static void view_read(struct erun *x, size_t i)
+{
+    struct view *v = &x->v[i];
+    int32_t *gpu = x->slot_gpu + x->slot_off[i];
+    int64_t *used = x->slot_used + x->slot_off[i];
+    for (int32_t sl = 0; sl < v->n_slots; sl++)
+        x->gpu_used[gpu[sl]] -= used[sl];
+    v->dirty = false;
+    v->n_slots = 0;
+    osub_service_info_t si;
+    v->live = osub_engine_service_info(x->e, x->tr->svcs[i].spec.id, &si) == 0;
+    if (!v->live)
+        return;
+    v->state = si.state;
+    v->loading = si.loading;
+    v->resumed = si.resumed;
+    v->grant_mib = si.grant_mib;
+    v->used_mib = si.used_mib;
+    v->n_slots = si.n_slots < x->slot_cap[i] ? si.n_slots : x->slot_cap[i];
+    for (int32_t sl = 0; sl < v->n_slots; sl++) {
+        gpu[sl] = si.slots[sl].gpu;
+        used[sl] = si.slots[sl].used_mib;
+        x->gpu_used[gpu[sl]] += used[sl];
+    }
+}
+
+static void view_sync(struct erun *x)
+{
+    for (size_t k = 0; k < x->n_dirty; k++)
+        view_read(x, x->dirty[k]);
+    x->n_dirty = 0;
+}
+
+/* Service i's view (opts.verify: checked against the engine's answer). */
+static const struct view *view_of(struct erun *x, size_t i)
+{
+    const struct view *v = &x->v[i];
+    if (!x->o->verify)
+        return v;
+    osub_service_info_t si;
+    bool live = osub_engine_service_info(x->e, x->tr->svcs[i].spec.id, &si) == 0;
+    if (live != v->live)
+        view_mismatch(x, i, "being known");
+    else if (live && (si.state != v->state || si.loading != v->loading ||
+                      si.resumed != v->resumed || si.grant_mib != v->grant_mib ||
+                      si.used_mib != v->used_mib || si.n_slots != v->n_slots))
+        view_mismatch(x, i, "the state, grant, use or GPUs");
+    else
+        for (int32_t sl = 0; live && sl < si.n_slots; sl++)
+            if (si.slots[sl].gpu != x->slot_gpu[x->slot_off[i] + (size_t)sl] ||
+                si.slots[sl].used_mib != x->slot_used[x->slot_off[i] + (size_t)sl])
+                view_mismatch(x, i, "a GPU's share");
+    return v;
+}
+
+/* What GPU g uses (opts.verify: checked against the engine's answer). */
+static int64_t gpu_used(struct erun *x, int32_t g)
+{
+    if (x->o->verify) {
+        osub_gpu_info_t gi;
+        if (osub_engine_gpu_info(x->e, g, &gi) != 0 || gi.used_mib != x->gpu_used[g] ||
+            gi.vram_mib != x->o->pool[g]) {
+            if (x->r->verify_mismatches++ == 0)
+                fprintf(stderr, "simulate: verify: GPU %d's use differs from the engine's\n",
+                        (int)g);
+        }
+    }
+    return x->gpu_used[g];
+}
+
+/* Reads the last command's events: counts decisions, marks the services they name to be
+ * read again, queues follow-ups (victims comply at once: a degraded service acknowledges, an
+ * evicted one checkpoints and exits). */
+static void read_events(struct erun *x)
+{
+    size_t n;
+    const osub_event_t *ev = osub_engine_events(x->e, &n);
+    struct sim_result *r = x->r;
+    for (size_t i = 0; i < n; i++) {
+        int32_t svc = ev[i].service[0] != '\0' ? idmap_get(&x->m, ev[i].service) : -1;
+        view_touch(x, svc);
+        if (ev[i].cause[0] != '\0')
+            view_touch(x, idmap_get(&x->m, ev[i].cause));
+        int lvl = ev[i].level >= 0 && ev[i].level < 3 ? ev[i].level : 2;
+        if (ev[i].kind == OSUB_EV_DEGRADE && ev[i].reason != OSUB_R_COMPUTE) {
+            r->degrades[lvl]++;
+            if (lvl == 0)
+                r->p0_disruptions++;
+            if (x->nf < x->fcap)
+                x->fq[x->nf++] = (struct follow){svc, false};
+        } else if (ev[i].kind == OSUB_EV_EVICT) {
+            r->evictions[lvl]++;
+            if (lvl == 0)
+                r->p0_disruptions++;
+            if (x->nf < x->fcap)
+                x->fq[x->nf++] = (struct follow){svc, true};
+        } else if ((ev[i].kind == OSUB_EV_RELEASE || ev[i].kind == OSUB_EV_REQUEUE) &&
+                   ev[i].reason == OSUB_R_GPU_LOST && lvl == 0) {
+            r->p0_disruptions++;
+        }
+    }
+    view_sync(x);
+}
+
+static void run_follow_ups(struct erun *x, int64_t now_ms)
+{
+    for (size_t i = 0; i < x->nf; i++) {
+        if (x->fq[i].svc < 0)
+            continue;
+        const char *id = x->tr->svcs[x->fq[i].svc].spec.id;
+        view_touch(x, x->fq[i].svc);
+        if (x->fq[i].exit)
+            osub_engine_exited(x->e, id, "checkpoint", now_ms);
+        else
+            osub_engine_ack(x->e, id, NULL, now_ms);
+        read_events(x);
+    }
+    x->nf = 0;
+}
 
 /* The last command's events counted and its follow-ups run. */
 static void erun_events(struct erun *x, int64_t now)
 {
-    read_events(x->e, &x->m, x->r, x->fq, &x->nf, x->fcap);
-    run_follow_ups(x->e, x->tr, &x->m, x->r, x->fq, &x->nf, x->fcap, now);
+    read_events(x);
+    run_follow_ups(x, now);
+}
+
+/* Service i reports used_mib: the engine's command, then the view. */
+static void report_usage(struct erun *x, size_t i, int64_t used_mib, int32_t pct, int64_t now)
+{
+    struct view *v = &x->v[i];
+    if (osub_engine_usage(x->e, x->tr->svcs[i].spec.id, used_mib, pct, now) != 0)
+        return; /* refused: nothing changed */
+    if (v->n_slots == 1 && !v->dirty) {
+        int64_t *used = &x->slot_used[x->slot_off[i]];
+        x->gpu_used[x->slot_gpu[x->slot_off[i]]] += used_mib - *used;
+        *used = used_mib;
+        v->used_mib = used_mib;
+    } else {
+        view_touch(x, (int32_t)i);
+    }
+}
+
+static void erun_free(struct erun *x)
+{
+    idmap_free(&x->m);
+    free(x->rs);
+    free(x->fq);
+    free(x->a.used);
+    free(x->a.held);
+    free(x->a.events);
+    free(x->order);
+    free(x->oom_step);
+    free(x->v);
+    free(x->slot_off);
+    free(x->slot_cap);
+    free(x->slot_gpu);
+    free(x->slot_used);
+    free(x->gpu_used);
+    free(x->dirty);
+    osub_engine_free(x->e);
+}
+
+/* The view's arrays: a service has room for as many GPUs as it asks for (64 when it lets the
+ * engine choose). */
+static int view_init(struct erun *x)
+{
+    const struct trace *tr = x->tr;
+    x->v = calloc(tr->n, sizeof(*x->v));
+    x->slot_off = calloc(tr->n, sizeof(*x->slot_off));
+    x->slot_cap = calloc(tr->n, sizeof(*x->slot_cap));
+    x->dirty = calloc(tr->n, sizeof(*x->dirty));
+    x->gpu_used = calloc(x->o->n_pool, sizeof(*x->gpu_used));
+    if (x->v == NULL || x->slot_off == NULL || x->slot_cap == NULL || x->dirty == NULL ||
+        x->gpu_used == NULL)
+        return -1;
+    size_t slots = 0;
+    for (size_t i = 0; i < tr->n; i++) {
+        int32_t k = tr->svcs[i].spec.gpus;
+        x->slot_cap[i] = k >= 1 && k <= OSUB_SERVICE_GPUS_MAX ? k : OSUB_SERVICE_GPUS_MAX;
+        x->slot_off[i] = slots;
+        slots += (size_t)x->slot_cap[i];
+    }
+    x->slot_gpu = calloc(slots, sizeof(*x->slot_gpu));
+    x->slot_used = calloc(slots, sizeof(*x->slot_used));
+    return x->slot_gpu == NULL || x->slot_used == NULL ? -1 : 0;
 }
 
 /* Makes the engine and what the replay keeps. Returns 0, or -1 with err (everything freed). */
@@ -323,36 +504,19 @@ static int erun_init(struct erun *x, const struct trace *tr, const struct sim_op
     x->a.used = calloc(steps, sizeof(double));
     x->a.held = calloc(steps, sizeof(double));
     x->a.events = calloc(steps, sizeof(uint32_t));
-    if (x->rs == NULL || x->fq == NULL || x->a.used == NULL || x->a.held == NULL ||
-        x->a.events == NULL || idmap_init(&x->m, tr) != 0) {
+    x->order = malloc(tr->n * sizeof(*x->order));
+    x->oom_step = calloc(o->n_pool, sizeof(*x->oom_step));
+    if (idmap_init(&x->m, tr) != 0 || x->rs == NULL || x->fq == NULL || x->a.used == NULL ||
+        x->a.held == NULL || x->a.events == NULL || x->order == NULL || x->oom_step == NULL ||
+        view_init(x) != 0) {
         snprintf(err, errlen, "out of memory");
-        free(x->rs);
-        free(x->fq);
-        free(x->a.used);
-        free(x->a.held);
-        free(x->a.events);
-        osub_engine_free(x->e);
+        erun_free(x);
         return -1;
     }
     for (size_t i = 0; i < tr->n; i++)
         x->rs[i].wait_since = -1;
     for (size_t g = 0; g < o->n_pool; g++)
         x->vram_total += o->pool[g];
-    x->order = malloc(tr->n * sizeof(*x->order));
-    x->oom_step = calloc(o->n_pool, sizeof(*x->oom_step));
-    if (x->order == NULL || x->oom_step == NULL) {
-        free(x->order);
-        free(x->oom_step);
-        snprintf(err, errlen, "out of memory");
-        idmap_free(&x->m);
-        free(x->rs);
-        free(x->fq);
-        free(x->a.used);
-        free(x->a.held);
-        free(x->a.events);
-        osub_engine_free(x->e);
-        return -1;
-    }
     for (size_t i = 0; i < tr->n; i++)
         x->order[i] = i;
     sort_tr = tr;
@@ -373,15 +537,16 @@ static void report_downs(struct erun *x, size_t k, int64_t t, int64_t now)
             continue;
         struct run_svc peek = *rs;
         int64_t d = demand_at(s, &peek, t);
-        osub_service_info_t si;
-        if (d < 0 || osub_engine_service_info(x->e, s->spec.id, &si) != 0 ||
-            (si.state != OSUB_STATE_RUNNING && si.state != OSUB_STATE_LOADING &&
-             si.state != OSUB_STATE_DEGRADED))
+        if (d < 0)
             continue;
-        int64_t report = si.state == OSUB_STATE_DEGRADED && d > si.grant_mib ? si.grant_mib : d;
-        if (report >= si.used_mib)
+        const struct view *v = view_of(x, i);
+        if (!v->live || (v->state != OSUB_STATE_RUNNING && v->state != OSUB_STATE_LOADING &&
+                         v->state != OSUB_STATE_DEGRADED))
             continue;
-        osub_engine_usage(x->e, s->spec.id, report, s->samples[peek.cur].compute_pct, now);
+        int64_t report = v->state == OSUB_STATE_DEGRADED && d > v->grant_mib ? v->grant_mib : d;
+        if (report >= v->used_mib)
+            continue;
+        report_usage(x, i, report, s->samples[peek.cur].compute_pct, now);
         rs->reported_k = k + 1;
         erun_events(x, now);
     }
@@ -408,6 +573,7 @@ static bool submit_waiting(struct erun *x, size_t i, size_t k, int64_t t, int64_
     int src = osub_engine_submit(x->e, &sp, now, k == 0 ? OSUB_SUBMIT_RUNNING : 0, &sr);
     if ((src == OSUB_ETOO_BIG || src == OSUB_ETOO_MANY_GPUS) && rs->st == RS_FUTURE)
         r->too_big++;
+    view_touch(x, (int32_t)i);
     erun_events(x, now);
     if (sr.outcome == OSUB_SUBMIT_REJECTED) {
         if (rs->st == RS_FUTURE && level_of(sp.class_name) == 0) {
@@ -420,6 +586,20 @@ static bool submit_waiting(struct erun *x, size_t i, size_t k, int64_t t, int64_
     }
     rs->st = RS_PLACED;
     return true;
+}
+
+/* The memory is in use the moment it is reported, before anyone reacts: a GPU of service i
+ * over its VRAM now is an OOM the engine was too late for. */
+static void count_ooms(struct erun *x, size_t i, size_t k)
+{
+    const struct view *v = &x->v[i];
+    for (int32_t sl = 0; sl < v->n_slots; sl++) {
+        int32_t gix = x->slot_gpu[x->slot_off[i] + (size_t)sl];
+        if (gpu_used(x, gix) > x->o->pool[gix] && x->oom_step[gix] != k + 1) {
+            x->oom_step[gix] = k + 1;
+            x->r->oom_events++;
+        }
+    }
 }
 
 /* Service i at step k: released past its last sample, submitted when it arrives or waits, else
@@ -438,6 +618,7 @@ static void step_service(struct erun *x, size_t i, size_t k, int64_t t, int64_t 
         if (rs->st != RS_FUTURE) {
             /* past its last sample: release */
             osub_engine_release(x->e, s->spec.id, now);
+            view_touch(x, (int32_t)i);
             erun_events(x, now);
             if (rs->st == RS_WAITING && rs->wait_since >= 0)
                 note_wait(a, rs, t);
@@ -449,15 +630,15 @@ static void step_service(struct erun *x, size_t i, size_t k, int64_t t, int64_t 
     r->service_steps++;
     if ((rs->st == RS_FUTURE || rs->st == RS_WAITING) && !submit_waiting(x, i, k, t, now))
         return;
-    osub_service_info_t si;
-    if (osub_engine_service_info(x->e, s->spec.id, &si) != 0) {
+    const struct view *v = view_of(x, i);
+    if (!v->live) {
         rs->st = RS_WAITING; /* released (evicted, not resumable): retried */
         if (rs->wait_since < 0)
             rs->wait_since = t;
         a->lost_min += (double)tr->step_s / 60.0;
         return;
     }
-    if (si.state == OSUB_STATE_QUEUED || si.state == OSUB_STATE_PENDING) {
+    if (v->state == OSUB_STATE_QUEUED || v->state == OSUB_STATE_PENDING) {
         if (rs->wait_since < 0)
             rs->wait_since = t;
         a->lost_min += (double)tr->step_s / 60.0;
@@ -466,30 +647,20 @@ static void step_service(struct erun *x, size_t i, size_t k, int64_t t, int64_t 
     if (rs->wait_since >= 0)
         note_wait(a, rs, t);
     rs->started_once = true;
-    if (si.loading && si.resumed)
+    if (v->loading && v->resumed)
         a->lost_min += (double)tr->step_s / 60.0; /* restarting after an eviction */
     int64_t report = d;
-    if (si.state == OSUB_STATE_DEGRADED && d > si.grant_mib) {
-        report = si.grant_mib; /* it complies: the rest is demand left unmet */
+    if (v->state == OSUB_STATE_DEGRADED && d > v->grant_mib) {
+        report = v->grant_mib; /* it complies: the rest is demand left unmet */
         a->unmet += d - report;
     }
-    if (rs->reported_k == k + 1 && si.used_mib == report)
+    if (rs->reported_k == k + 1 && v->used_mib == report)
         return; /* reported first, as it went down */
-    int32_t pct = s->samples[rs->cur].compute_pct;
-    osub_engine_usage(x->e, s->spec.id, report, pct, now);
+    report_usage(x, i, report, s->samples[rs->cur].compute_pct, now);
     rs->reported_k = k + 1;
-    /* the memory is in use the moment it is reported, before anyone reacts: a GPU over its
-     * VRAM now is an OOM the engine was too late for */
-    for (int32_t sl = 0; sl < si.n_slots; sl++) {
-        int32_t gix = si.slots[sl].gpu;
-        osub_gpu_info_t gi;
-        osub_engine_gpu_info(x->e, gix, &gi);
-        if (gi.used_mib > gi.vram_mib && x->oom_step[gix] != k + 1) {
-            x->oom_step[gix] = k + 1;
-            r->oom_events++;
-        }
-    }
-    erun_events(x, now);
+    read_events(x);
+    count_ooms(x, i, k);
+    run_follow_ups(x, now);
 }
 
 /* The end of step k: the engine's tick, who it started, the OOMs, the utilisation. */
@@ -507,19 +678,17 @@ static void end_step(struct erun *x, size_t k, int64_t t, int64_t now)
     erun_events(x, now);
     /* services the tick started (from the queue) stopped waiting now, not next step */
     for (size_t i = 0; i < tr->n && started; i++) {
-        osub_service_info_t si;
-        if (x->rs[i].st == RS_PLACED && x->rs[i].wait_since >= 0 &&
-            osub_engine_service_info(x->e, tr->svcs[i].spec.id, &si) == 0 &&
-            si.state != OSUB_STATE_QUEUED && si.state != OSUB_STATE_PENDING) {
+        if (x->rs[i].st != RS_PLACED || x->rs[i].wait_since < 0)
+            continue;
+        const struct view *v = view_of(x, i);
+        if (v->live && v->state != OSUB_STATE_QUEUED && v->state != OSUB_STATE_PENDING) {
             note_wait(a, &x->rs[i], t);
             x->rs[i].started_once = true;
         }
     }
     /* what the GPUs really hold now */
     for (size_t g = 0; g < x->o->n_pool; g++) {
-        osub_gpu_info_t gi;
-        osub_engine_gpu_info(x->e, (int32_t)g, &gi);
-        if (gi.used_mib > gi.vram_mib && x->oom_step[g] != k + 1) {
+        if (gpu_used(x, (int32_t)g) > x->o->pool[g] && x->oom_step[g] != k + 1) {
             x->oom_step[g] = k + 1;
             r->oom_events++;
         }
@@ -555,12 +724,9 @@ static int sim_engine(const struct trace *tr, const struct sim_opts *o, const st
         end_step(&x, k, t, now);
     }
     end_run(tr, b, &x.a, x.rs, r, o->timeline);
-    idmap_free(&x.m);
-    free(x.order);
-    free(x.oom_step);
-    free(x.rs);
-    free(x.fq);
-    osub_engine_free(x.e);
+    x.a.used = x.a.held = NULL; /* finish() took or freed them */
+    x.a.events = NULL;
+    erun_free(&x);
     return 0;
 }
 

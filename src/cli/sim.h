@@ -18,6 +18,9 @@ struct sim_opts {
     const int64_t *pool; /* GPU sizes, MiB */
     size_t n_pool;
     bool timeline; /* keep per-step series (for plots) */
+    /* static, oversub: compare the replay's view of every service and GPU with the engine's
+     * answer at each use, counting differences in sim_result.verify_mismatches (slow; tests) */
+    bool verify;
 };
 
 struct sim_budget {
@@ -53,7 +56,8 @@ struct sim_result {
     double *used_series, *held_series;
     uint32_t *event_series;
     size_t n_series;
-    int64_t lower_bound_gpus; /* hindsight: ceil(peak of the summed demand / VRAM) */
+    int64_t lower_bound_gpus;   /* hindsight: ceil(peak of the summed demand / VRAM) */
+    uint64_t verify_mismatches; /* opts.verify: reads where the replay's view was wrong */
 };
 
 /* Runs one policy on one pool. Returns 0, or -1 with a sentence in err. result's series are

@@ -354,6 +354,129 @@ static void test_determinism_all_policies(void **state)
     trace_free(&tr);
 }
 
+/* A busy trace: 40 services (a fifth online, multi-GPU ones among them) arriving and leaving
+ * at random over 400 minutes, their use a random walk up to and past their requests, on a
+ * pool too small for them: admissions with victims, degrades, evictions, requeues, OOMs. */
+static void write_churn(const char *services, const char *usage)
+{
+    uint64_t x = 12345;
+    char *js = malloc(65536), *csv = malloc(4 << 20);
+    assert_true(js != NULL && csv != NULL);
+    size_t jn = (size_t)snprintf(js, 65536, "[");
+    size_t cn = (size_t)snprintf(csv, 64, "timestamp_s,service,vram_mib,compute_pct\n");
+    int64_t from[40], to[40], req[40], use[40];
+    for (int i = 0; i < 40; i++) {
+        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+        uint64_t r = x >> 33;
+        const char *cls = i % 5 == 0 ? "online" : i % 5 < 3 ? "batch" : "experiment";
+        req[i] = 8000 + (int64_t)(r % 40000);
+        int gpus = i % 13 == 4 ? 2 : 1;
+        from[i] = i < 10 ? 0 : (int64_t)(r % 200);
+        to[i] = from[i] + 100 + (int64_t)((r >> 8) % 300);
+        use[i] = req[i] / 2;
+        jn += (size_t)snprintf(js + jn, 65536 - jn,
+                               "%s{\"id\": \"s%d\", \"class\": \"%s\", \"vram_mib\": %lld, "
+                               "\"gpus\": %d%s}",
+                               i ? "," : "", i, cls, (long long)req[i], gpus,
+                               i % 5 == 0 ? "" : ", \"resumable\": true, \"min_vram_mib\": 4000");
+    }
+    snprintf(js + jn, 65536 - jn, "]\n");
+    for (int64_t t = 0; t < 400; t++)
+        for (int i = 0; i < 40; i++) {
+            if (t < from[i] || t > to[i])
+                continue;
+            x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+            int64_t step = (int64_t)((x >> 33) % 4001) - 1900;
+            use[i] += step;
+            if (use[i] < 1000)
+                use[i] = 1000;
+            if (use[i] > req[i] * 11 / 10)
+                use[i] = req[i] * 11 / 10;
+            cn += (size_t)snprintf(csv + cn, (4 << 20) - cn, "%lld,s%d,%lld,%d\n",
+                                   (long long)(t * 60), i, (long long)use[i], (int)(t % 100));
+        }
+    write_file(services, js);
+    write_file(usage, csv);
+    free(js);
+    free(csv);
+}
+
+static char *json_of(const struct sim_result *r)
+{
+    json_t *j = report_json(r);
+    char *s = json_dumps(j, JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
+    json_decref(j);
+    return s;
+}
+
+/* The replay keeps its own view of the engine's services and GPUs: at every read it matches
+ * the engine's answer, and checking it changes nothing. */
+static void check_view(const struct trace *tr, enum sim_policy pol, int32_t ratio, size_t n)
+{
+    int64_t pool[64];
+    for (size_t i = 0; i < n; i++)
+        pool[i] = i % 3 == 2 ? 40960 : 81920;
+    struct sim_opts o = {.policy = pol, .ratio_milli = ratio, .pool = pool, .n_pool = n};
+    struct sim_budget b = budget();
+    struct sim_result r, rv;
+    char err[256];
+    assert_int_equal(sim_run(tr, &o, &b, &r, err, sizeof(err)), 0);
+    o.verify = true;
+    assert_int_equal(sim_run(tr, &o, &b, &rv, err, sizeof(err)), 0);
+    if (rv.verify_mismatches != 0)
+        fail_msg("%s at %d on %zu GPUs: %llu reads differ from the engine", sim_policy_name(pol),
+                 (int)ratio, n, (unsigned long long)rv.verify_mismatches);
+    char *a = json_of(&r), *v = json_of(&rv);
+    assert_string_equal(a, v);
+    free(a);
+    free(v);
+    sim_result_free(&r);
+    sim_result_free(&rv);
+}
+
+static void test_view_matches_engine(void **state)
+{
+    (void)state;
+    write_churn("churn.json", "churn.csv");
+    struct trace tr;
+    char err[512];
+    assert_int_equal(load("churn.json", "churn.csv", &tr, err), 0);
+    static const size_t pools[] = {4, 6, 9};
+    static const int32_t ratios[] = {1000, 1300, 2000};
+    uint64_t degrades = 0, evictions = 0, ooms = 0;
+    for (size_t k = 0; k < 3; k++)
+        for (size_t q = 0; q < 3; q++) {
+            check_view(&tr, POL_OVERSUB, ratios[q], pools[k]);
+            int64_t pool[16];
+            for (size_t i = 0; i < pools[k]; i++)
+                pool[i] = i % 3 == 2 ? 40960 : 81920;
+            struct sim_opts o = {
+                .policy = POL_OVERSUB, .ratio_milli = ratios[q], .pool = pool, .n_pool = pools[k]};
+            struct sim_budget b = budget();
+            struct sim_result r;
+            assert_int_equal(sim_run(&tr, &o, &b, &r, err, sizeof(err)), 0);
+            degrades += r.degrades[1] + r.degrades[2];
+            evictions += r.evictions[1] + r.evictions[2];
+            ooms += r.oom_events;
+            sim_result_free(&r);
+        }
+    check_view(&tr, POL_STATIC, 1000, 6);
+    /* the trace goes through what the view must follow */
+    assert_true(degrades > 0);
+    assert_true(evictions > 0);
+    assert_true(ooms > 0);
+    trace_free(&tr);
+    if (traces_missing())
+        return;
+    struct genai_opts g;
+    genai_opts_default(&g);
+    assert_int_equal(trace_import_genai(SHARED_TRACES, &g, &tr, err, sizeof(err)), 0);
+    check_view(&tr, POL_OVERSUB, 1300, 42);
+    check_view(&tr, POL_OVERSUB, 1800, 30);
+    check_view(&tr, POL_STATIC, 1000, 40);
+    trace_free(&tr);
+}
+
 static void test_svg_is_well_formed(void **state)
 {
     (void)state;
@@ -510,6 +633,7 @@ int main(void)
         cmocka_unit_test(test_genai_parts_and_window),
         cmocka_unit_test(test_too_big_for_the_gpu),
         cmocka_unit_test(test_buffer0_and_more_gpus_never_worse),
+        cmocka_unit_test(test_view_matches_engine),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
