@@ -105,7 +105,9 @@ expect "exp acknowledged" 1 "$(count_ev exp ack)"
 # a request in flight when the eviction comes is finished before the server leaves
 curl -s -o "$tmp/inflight" -w '%{http_code}' "http://127.0.0.1:$P1/v1/completions?tokens=300" >"$tmp/inflight.code" &
 CURLP=$!
-sleep 0.3
+# in flight once the server counts it in the usage it reports: 4096 + 2048 x (batch 2 + 1) / 2
+inflight_seen() { [ "$(field exp '["used_mib"]')" = 7168 ]; }
+wait_for 10 inflight_seen || bad "the request did not reach exp: used $(field exp '["used_mib"]') MiB"
 expect "chat2 needs an eviction: pending until exp's memory is free (it starts under the high watermark, DESIGN.md)" 202 "$(code POST /v1/services '{"id":"chat2","class":"online","vram":"30GiB"}')"
 expect "victim action 2" evict "$(json 'd["decision"]["victims"][0]["action"]' <"$tmp/body")"
 wait_state chat2 loading 10 || bad "chat2 did not start after the eviction: $(state chat2)"
@@ -259,7 +261,11 @@ evs ext gone | grep -q "is gone while overdue" || bad "gone note: $(evs ext proc
 kill "$DPID"; wait "$DPID" 2>/dev/null
 
 echo "== 5. restore after the hysteresis window, no flapping under oscillating usage"
-start_d s5 1x81920 1.5 "allow_root_services: true" "hysteresis_ms: 2500"
+start_d s5 1x81920 1.5 "allow_root_services: true" "hysteresis_ms: 2500" "log_level: debug"
+# the engine's passes run in its ticks, each logged at debug level ("command tick"): a tick
+# counted after something happened has seen it
+ticks() { grep -c 'command tick' "$D/err"; }
+ticks_past() { [ "$(ticks)" -gt "$1" ]; }
 P5=$(freeport)
 expect "flex starts" 201 "$(code POST /v1/services "{\"id\":\"flex\",\"class\":\"experiment\",\"vram\":\"60GiB\",\"min_vram\":\"20GiB\",\"batch_size\":8,\"min_batch_size\":2,\"command\":[\"$LLM\",\"--port\",\"$P5\",\"--load-ms\",\"100\",\"--base-mib\",\"4096\",\"--seq-mib\",\"8192\"]}")"
 wait_state flex running 10 || bad "flex never ran"
@@ -275,7 +281,10 @@ for _ in 1 2 3 4 5; do
     api PUT /v1/services/noisy/usage '{"vram_mib":44000}' >/dev/null
     t1=$(date +%s%3N)
     [ $((t1 - t0)) -gt "$longest" ] && longest=$((t1 - t0))
-    sleep 0.4
+    # the room is gone for the engine once a tick has seen it gone (the restore pass forgets
+    # when it came): the next low starts after such a tick, however late it runs
+    n=$(ticks)
+    wait_for 10 ticks_past "$n" || bad "no tick after noisy's usage rose"
 done
 # room lasted at most $longest ms each time; only a loaded machine stretches that past the
 # 2500 ms window, and then a restore would be right
@@ -290,7 +299,12 @@ api DELETE /v1/services/noisy >/dev/null
 wait_state flex running 8 || bad "flex not restored: $(state flex)"
 t_res=$(ev_time flex restore)
 [ -n "$t_res" ] && [ $((t_res - t_low)) -ge 2400 ] || bad "restored before the window: low at $t_low, restore at $t_res"
-sleep 2
+# what could undo the restore comes after it: the server's usage at batch 8 (4096 + 8192 x 8 / 2),
+# then the engine's passes over it; a second degrade or restore is in the events by then
+full_usage() { [ "$(field flex '["used_mib"]')" = 36864 ]; }
+wait_for 10 full_usage || bad "flex did not report its usage at batch 8: $(field flex '["used_mib"]') MiB"
+n=$(ticks)
+wait_for 10 ticks_past $((n + 2)) || bad "no ticks after flex's usage report"
 if [ "$longest" -lt 2400 ]; then
     expect "one restore" 1 "$(count_ev flex restore)"
     expect "one degrade" 1 "$(count_ev flex degrade)"
@@ -422,9 +436,14 @@ curl -s --unix-socket "$S" -H 'Authorization: Bearer secret-admin' -X DELETE htt
 # a chatty service's log is kept under its cap: copied to .1 and emptied in place
 expect "chatty" 201 "$(curl -s -o "$tmp/body" -w '%{http_code}' --unix-socket "$S" -H 'Authorization: Bearer secret-admin' -X POST http://x/v1/services -d '{"id":"chatty","class":"batch","vram":"1GiB","command":["/bin/sh","-c","while :; do echo 0123456789012345678901234567890123456789012345678901234567890123456789; sleep 0.002; done"]}')"
 wait_for 10 test -s "$D/st/logs/chatty.log.1" || bad "the log was not rotated"
-sleep 0.5
+# the service writes on: a later rotation (the copy rewritten) shows the cap kept as it grows
+rot=$(stat -c %y "$D/st/logs/chatty.log.1")
+rotated_again() { [ "$(stat -c %y "$D/st/logs/chatty.log.1")" != "$rot" ]; }
+wait_for 10 rotated_again || bad "the log was not rotated again"
 sz=$(stat -c %s "$D/st/logs/chatty.log")
 [ "$sz" -lt 200000 ] || bad "the log grew past its cap: $sz bytes"
+sz1=$(stat -c %s "$D/st/logs/chatty.log.1")
+[ "$sz1" -lt 200000 ] || bad "the log grew past its cap before its rotation: $sz1 bytes"
 grep -q 0123456789 "$D/st/logs/chatty.log.1" || bad "the rotated log lost its lines"
 curl -s --unix-socket "$S" -H 'Authorization: Bearer secret-admin' -X DELETE http://x/v1/services/chatty >/dev/null
 kill "$DPID"; wait "$DPID" 2>/dev/null

@@ -47,7 +47,27 @@ dir=$tmp/d
 mkdir -p "$dir"
 echo "allocfail: mode '$MODE', $REQUESTS requests from $CLIENTS clients, spared: ${SPARE:-nothing}"
 
-setctl() { printf '%s\n' "$1" >"$ctl.new" && mv "$ctl.new" "$ctl"; sleep 0.05; }
+# the control line, renamed into place. "off" with a preloaded daemon running (what follows
+# asserts on a daemon without failures) waits for two of its allocator's looks (PATH.stats is
+# rewritten at each, fail_malloc.c): the first may have begun before the rename, the second began
+# after the first ended, so it read the line. Failures that start need no wait (the clients'
+# requests make the allocations that read the line, and nothing counts when they begin: an idle
+# wait would only let the ticks fail first), and a daemon started later reads the line at its
+# first allocation.
+setctl() {
+    printf '%s\n' "$1" >"$ctl.new" && mv "$ctl.new" "$ctl"
+    [ "$1" = off ] && [ -n "${PID:-}" ] && kill -0 "$PID" 2>/dev/null || return 0
+    local look
+    for look in 1 2; do
+        rm -f "$ctl.stats"
+        for _ in $(seq 1 1000); do
+            [ -e "$ctl.stats" ] && break
+            kill -0 "$PID" 2>/dev/null || return 0 # gone: its restart reads the line
+            sleep 0.01
+        done
+        [ -e "$ctl.stats" ] || { bad "oversubd's allocator did not read its control line '$1' in 10 s"; return 1; }
+    done
+}
 setctl off
 
 nstart=0
@@ -72,7 +92,7 @@ start() { # preload (1/0); sets PORT, PID, ERR, STATUS
         echo $? >"$STATUS"
     ) 2>/dev/null &
     pids+=($!)
-    for _ in $(seq 1 100); do [ -s "$pidf" ] && break; sleep 0.01; done
+    for _ in $(seq 1 1000); do [ -s "$pidf" ] && break; sleep 0.01; done
     PID=$(cat "$pidf")
     pids+=("$PID")
     PORT=$(waitline "$out" 'http://127.0.0.1:') || {

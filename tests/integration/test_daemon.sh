@@ -26,6 +26,12 @@ expect() { # name, want, got
     if [ "$2" = "$3" ]; then ok; else bad "$1: got '$3', want '$2'"; fi
 }
 json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+wait_for() { # seconds, command...: the event it waits for, or a failure after the deadline
+    local n=$(($1 * 20))
+    shift
+    for _ in $(seq 1 "$n"); do "$@" && return 0; sleep 0.05; done
+    return 1
+}
 
 start() { # dir, extra args... ; sets PORT and PID
     local dir=$1
@@ -105,9 +111,11 @@ curl -s -X POST "$(U /v1/services)" -d '{"id":"chat-1","class":"online","vram":"
 curl -s -X POST "$(U /v1/services)" -d '{"id":"chat-2","class":"online","vram":"40GiB"}' >/dev/null
 last=$(curl -s "$(U '/v1/events?since=0')" | json 'd["next"]')
 # a long poll returns as soon as an event happens
-(curl -s "$(U "/v1/events?since=$last&wait=20")" >"$tmp/poll") &
+# the poll waits once oversubd has its request: curl traces it as sent ("=> Send header"; a GET
+# has no body), and oversubd reads it before chat-3's, whose connection opens after it
+(curl -s --trace-ascii "$tmp/poll.trace" "$(U "/v1/events?since=$last&wait=20")" >"$tmp/poll") &
 poller=$!
-sleep 0.3
+wait_for 20 grep -q '^=> Send header' "$tmp/poll.trace" || bad "the long poll was not sent: $(cat "$tmp/poll.trace")"
 expect "chat-3 pending" 202 "$(code -X POST "$(U /v1/services)" -d '{"id":"chat-3","class":"online","vram":"40GiB"}')"
 expect "victim" model-eval "$(json 'd["decision"]["victims"][0]["service"]' <"$tmp/body")"
 wait $poller
@@ -297,7 +305,13 @@ for c in $(seq 1 8); do
         done
     ) &
 done
-sleep 1.5
+# the kill comes in the middle: once every client has had mutations acknowledged (each has
+# 125 to make), not after a time that a loaded machine may spend starting them
+acked_each() {
+    local c
+    for c in $(seq 1 8); do [ "$(cat "$tmp/acked.$c" 2>/dev/null | wc -l)" -ge 5 ] || return 1; done
+}
+wait_for 60 acked_each || bad "the 8 clients did not all have mutations acknowledged: $(cat "$tmp"/acked.* 2>/dev/null | wc -l)"
 # the writer groups the concurrent clients' commits
 curl -s "$(U /metrics)" >"$tmp/m2"
 expect "group commit counted" True "$(python3 -c "

@@ -147,7 +147,11 @@ print("conn-cl", raw(b"POST /big/x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n
 out = raw(b"GET /big/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
           b"GET /slow?ms=100&tag=EVIL2 HTTP/1.1\r\nX-Junk: ", wait=1.0)
 print("early", victim())
-time.sleep(0.3)
+# a smuggled request would be the next one on the backend connection that carried its bytes; the
+# gateway's pool hands out the connection it got back last, so a request after the victims rides
+# behind it and is answered after it was taken (the backend takes one connection's in order)
+mark = raw(b"GET /big/slow?ms=0&tag=after-the-attacks HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+print("marker", mark.split(b"\r\n")[0].decode(), mark.endswith(b"after-the-attacks"))
 order = json.load(urllib.request.urlopen(backend + "/order"))
 # (a backend that does not read a GET's body may read its bytes as a request of its own: that
 # is between it and the one client that sent them; no other client may get its answer)
@@ -192,6 +196,7 @@ print("rst-upload", ok)
 PY
 expect "Connection naming Content-Length: refused or answered alone" "conn-cl True" "$(grep ^conn-cl "$tmp/attack" | awk '{print $1, $NF}')"
 expect "an answer before the body: nothing poisoned" "early True" "$(grep ^early "$tmp/attack")"
+expect "a request after the attacks answered (what came before it was taken)" "marker HTTP/1.1 200 OK True" "$(grep ^marker "$tmp/attack")"
 expect "the Connection: Content-Length body never reached the backend as a request" "smuggled False" "$(grep ^smuggled "$tmp/attack" | awk '{print $1, $2}')"
 expect "a chunk extension bomb: closed" "ext-bomb True" "$(grep ^ext-bomb "$tmp/attack")"
 expect "a backend resetting during uploads: the daemon lives" "rst-upload True" "$(grep ^rst-upload "$tmp/attack")"

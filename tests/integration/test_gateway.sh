@@ -74,9 +74,20 @@ expect "de-chunked for HTTP/1.0" "first after-flag" "$(curl -s --http1.0 "$G/cha
 expect "and chunked for HTTP/1.1" "chunked" "$(curl -s -o /dev/null -D - "$G/chat/stream" | tr -d '\r' | awk -F': ' 'tolower($1)=="transfer-encoding" {print $2}')"
 
 # ---- the limit, the queue, 429 with Retry-After ----
-python3 - "$GW" >"$tmp/burst" <<'PY'
-import http.client, sys, threading, time
-port = int(sys.argv[1]); res = []
+python3 - "$GW" "$A" >"$tmp/burst" <<'PY'
+import http.client, sys, threading, time, urllib.request
+port, api = int(sys.argv[1]), sys.argv[2]; res = []
+def metric(name, svc="chat"):  # one of the gateway's gauges for a service, from oversubd's /metrics
+    for l in urllib.request.urlopen(api + "/metrics").read().decode().splitlines():
+        if l.startswith('oversub_gateway_%s{service="%s"} ' % (name, svc)):
+            return int(float(l.split()[1]))
+    return 0
+def until(cond, what):  # the event, or the script's failure after a deadline
+    t0 = time.time()
+    while not cond():
+        if time.time() - t0 > 30:
+            sys.exit("gave up waiting for " + what)
+        time.sleep(0.02)
 def one(tag):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
     c.request("GET", "/chat/slow?ms=800&tag=" + tag)
@@ -84,7 +95,9 @@ def one(tag):
     res.append((tag, r.status, r.getheader("Retry-After"), body))
 ts = []
 for i in range(4):
-    t = threading.Thread(target=one, args=("b%d" % i,)); t.start(); ts.append(t); time.sleep(0.1)
+    t = threading.Thread(target=one, args=("b%d" % i,)); t.start(); ts.append(t)
+    # the next one once the gateway has this one: in flight, queued, or answered (refused)
+    until(lambda: metric("inflight") + metric("queued") + len(res) > i, "b%d at the gateway" % i)
 for t in ts: t.join()
 codes = sorted(s for _, s, _, _ in res)
 print("codes", " ".join(map(str, codes)))
@@ -99,18 +112,31 @@ ra=$(grep retry_after "$tmp/burst" | awk '{print $2}')
 expect "reason" "reason queue_full" "$(grep reason "$tmp/burst")"
 
 # ---- priority order in the queue ----
-python3 - "$GW" "$BPORT" >"$tmp/prio" <<'PY'
-import http.client, json, sys, threading, time
-gw, bp = int(sys.argv[1]), int(sys.argv[2])
-def one(tag, prio=None):
+python3 - "$GW" "$BPORT" "$A" >"$tmp/prio" <<'PY'
+import http.client, json, sys, threading, time, urllib.request
+gw, bp, api = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+def metric(name, svc="chat"):  # one of the gateway's gauges for a service, from oversubd's /metrics
+    for l in urllib.request.urlopen(api + "/metrics").read().decode().splitlines():
+        if l.startswith('oversub_gateway_%s{service="%s"} ' % (name, svc)):
+            return int(float(l.split()[1]))
+    return 0
+def until(cond, what):  # the event, or the script's failure after a deadline
+    t0 = time.time()
+    while not cond():
+        if time.time() - t0 > 30:
+            sys.exit("gave up waiting for " + what)
+        time.sleep(0.02)
+def one(tag, prio=None, ms=300):
     c = http.client.HTTPConnection("127.0.0.1", gw, timeout=20)
     h = {"X-Priority": prio} if prio else {}
-    c.request("GET", "/chat/slow?ms=300&tag=" + tag, headers=h)
+    c.request("GET", "/chat/slow?ms=%d&tag=%s" % (ms, tag), headers=h)
     c.getresponse().read()
 c = http.client.HTTPConnection("127.0.0.1", bp); c.request("GET", "/order"); before = len(json.loads(c.getresponse().read()))
-ts = [threading.Thread(target=one, args=("p-busy",))]
-ts[0].start(); time.sleep(0.1)
-ts.append(threading.Thread(target=one, args=("p-low", "experiment"))); ts[1].start(); time.sleep(0.1)
+# p-busy holds the slot while the others come (each once the gateway has the one before)
+ts = [threading.Thread(target=one, args=("p-busy", None, 1500))]
+ts[0].start(); until(lambda: metric("inflight") == 1, "p-busy in flight")
+ts.append(threading.Thread(target=one, args=("p-low", "experiment"))); ts[1].start()
+until(lambda: metric("queued") == 1, "p-low queued")
 ts.append(threading.Thread(target=one, args=("p-high",))); ts[2].start()
 for t in ts: t.join()
 c = http.client.HTTPConnection("127.0.0.1", bp); c.request("GET", "/order")
@@ -119,12 +145,23 @@ PY
 expect "online before experiment in the queue" "p-busy p-high p-low" "$(cat "$tmp/prio")"
 
 # ---- a deadline in the queue ----
-python3 - "$GW" >"$tmp/dl" <<'PY'
-import http.client, json, sys, threading, time
-gw = int(sys.argv[1])
+python3 - "$GW" "$A" >"$tmp/dl" <<'PY'
+import http.client, json, sys, threading, time, urllib.request
+gw, api = int(sys.argv[1]), sys.argv[2]
+def metric(name, svc="chat"):  # one of the gateway's gauges for a service, from oversubd's /metrics
+    for l in urllib.request.urlopen(api + "/metrics").read().decode().splitlines():
+        if l.startswith('oversub_gateway_%s{service="%s"} ' % (name, svc)):
+            return int(float(l.split()[1]))
+    return 0
+def until(cond, what):  # the event, or the script's failure after a deadline
+    t0 = time.time()
+    while not cond():
+        if time.time() - t0 > 30:
+            sys.exit("gave up waiting for " + what)
+        time.sleep(0.02)
 def busy():
     c = http.client.HTTPConnection("127.0.0.1", gw, timeout=20); c.request("GET", "/chat/slow?ms=1500&tag=d-busy"); c.getresponse().read()
-t = threading.Thread(target=busy); t.start(); time.sleep(0.1)
+t = threading.Thread(target=busy); t.start(); until(lambda: metric("inflight") == 1, "d-busy in flight")
 c = http.client.HTTPConnection("127.0.0.1", gw, timeout=20)
 c.request("GET", "/chat/slow?ms=10&tag=d-late", headers={"X-Request-Deadline-Ms": "200"})
 r = c.getresponse(); b = json.loads(r.read())
@@ -290,7 +327,11 @@ for i in range(300):
     except OSError:
         pass   # refused already: counted below
     slow.append(s)
-time.sleep(0.5)
+t0 = time.time()
+# another client, served meanwhile: its connection came after the 300, which the gateway took
+# (in the order they came) before it, closing those past the share at once
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+c.request("GET", "/chat/echo"); other = c.getresponse().status
 closed = 0
 for s in slow:
     s.setblocking(False)
@@ -299,9 +340,7 @@ for s in slow:
     except BlockingIOError: pass
     except ConnectionResetError: closed += 1
 print("refused", closed)
-c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)   # another client, served meanwhile
-c.request("GET", "/chat/echo"); print("other", c.getresponse().status)
-t0 = time.time()
+print("other", other)
 s = slow[0]; s.setblocking(True); s.settimeout(15)
 data = b""
 try:
@@ -310,7 +349,7 @@ try:
         if not b: break
         data += b
 except Exception: pass
-print("timeout", data.split(b"\r\n")[0].decode(), round(time.time() - t0 + 0.5))
+print("timeout", data.split(b"\r\n")[0].decode(), round(time.time() - t0))
 PY
 expect "beyond its share of 256 connections, refused" "refused 44" "$(grep ^refused "$tmp/slow")"
 expect "another client served meanwhile" "other 200" "$(grep ^other "$tmp/slow")"
@@ -323,11 +362,13 @@ printf 'gateway_conns_per_client: 2\n' >"$tmp/share.yaml"
 pids+=($!)
 GW6=$(waitline "$tmp/out6" "gateway on http://127.0.0.1:") || bad "share daemon: $(cat "$tmp/err6")"
 python3 - "$GW6" >"$tmp/share" <<'PY'
-import socket, sys, time
+import http.client, socket, sys
 port = int(sys.argv[1]); ss = []
 for i in range(3):
     s = socket.socket(); s.bind(("127.0.0.3", 0)); s.connect(("127.0.0.1", port)); ss.append(s)
-time.sleep(0.3)
+# a request from another address, answered: the gateway took the three before it (in order)
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+c.request("GET", "/-/healthz"); c.getresponse().read()
 closed = []
 for s in ss:
     s.setblocking(False)
@@ -557,14 +598,27 @@ expect "submit d1" 201 "$(submit "{\"id\":\"d1\",\"class\":\"batch\",\"vram\":\"
 curl -s -X POST "$A/v1/services/d1/ready" >/dev/null
 curl -s -o /dev/null -X PUT "$A/v1/services/d1/usage" -d '{"vram_mib":40960}'
 burst() { # N concurrent slow requests: the sorted status codes
-    python3 - "$GW" "$1" <<'PY'
-import http.client, sys, threading, time
-gw, n = int(sys.argv[1]), int(sys.argv[2]); res = []
+    python3 - "$GW" "$1" "$A" <<'PY'
+import http.client, sys, threading, time, urllib.request
+gw, n, api = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]; res = []
+def metric(name, svc="chat"):  # one of the gateway's gauges for a service, from oversubd's /metrics
+    for l in urllib.request.urlopen(api + "/metrics").read().decode().splitlines():
+        if l.startswith('oversub_gateway_%s{service="%s"} ' % (name, svc)):
+            return int(float(l.split()[1]))
+    return 0
+def until(cond, what):  # the event, or the script's failure after a deadline
+    t0 = time.time()
+    while not cond():
+        if time.time() - t0 > 30:
+            sys.exit("gave up waiting for " + what)
+        time.sleep(0.02)
 def one(i):
     c = http.client.HTTPConnection("127.0.0.1", gw, timeout=20)
     c.request("GET", "/d1/slow?ms=600&tag=deg%d" % i); r = c.getresponse(); r.read(); res.append(r.status)
 ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-for t in ts: t.start(); time.sleep(0.03)
+for i, t in enumerate(ts):
+    t.start()  # the next once the gateway has this one: in flight or answered (refused)
+    until(lambda: metric("inflight", "d1") + len(res) > i, "deg%d at the gateway" % i)
 for t in ts: t.join()
 print(" ".join(map(str, sorted(res))))
 PY

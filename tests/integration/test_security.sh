@@ -156,13 +156,14 @@ wait_for 10 sh -c "! curl -s --unix-socket '$S' http://x/v1/services/m | grep -q
 expect "re-submitted over TCP without a token" 401 "$(tcode POST /v1/services '{"id":"m","class":"batch","vram":"1GiB"}')"
 expect "re-submitted with the admin token, no command" 201 "$(curl -s -o "$tmp/body" -w '%{http_code}' -H 'Authorization: Bearer admin-secret' -X POST "http://127.0.0.1:$PORT/v1/services" -d '{"id":"m","class":"batch","vram":"1GiB"}')"
 grep -q '"command"' "$tmp/body" && bad "an external re-submit kept the old command: $(cat "$tmp/body")" || ok
-sleep 0.3 # nothing to wait for: a spawn would have been written by now; checked below too
-expect "ran once" 1 "$(wc -l <"$tmp/runs")"
-evs | grep -q "^m spawn.*" && [ "$(evs | grep -c '^m spawn')" = 1 ] && ok || bad "one spawn of m: $(evs | grep '^m ')"
-api DELETE /v1/services/m >/dev/null
-# reads without the token see no arguments
+# the next managed service (argv, for the reads below) started: the actuators' pass that spawned
+# it went over every service, m included, after m's re-submit; a spawn of m is in the events
 api POST /v1/services '{"id":"argv","class":"batch","vram":"1GiB","cuda_shim":false,"command":["/bin/sh","-c","sleep 30","sh","--api-key=hunter2"]}' >/dev/null
 wait_for 10 alive argv || bad "argv runs: $(evs | grep argv | tail -2)"
+evs | grep -q "^m spawn.*" && [ "$(evs | grep -c '^m spawn')" = 1 ] && ok || bad "one spawn of m: $(evs | grep '^m ')"
+expect "ran once" 1 "$(wc -l <"$tmp/runs")"
+api DELETE /v1/services/m >/dev/null
+# reads without the token see no arguments
 curl -s "http://127.0.0.1:$PORT/v1/services/argv" >"$tmp/r"
 grep -q hunter2 "$tmp/r" && bad "an unauthenticated read shows the arguments: $(cat "$tmp/r")" || ok
 expect "the program is still named" /bin/sh "$(json 'd["command"][0]' <"$tmp/r")"

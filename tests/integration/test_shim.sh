@@ -83,7 +83,7 @@ for i in 1 2 3 4 5; do
     kids+=($!)
 done
 # all five start together
-for i in 1 2 3 4 5; do while [ ! -e "$tmp/ready.$i" ]; do sleep 0.02; done; done
+for i in 1 2 3 4 5; do while [ ! -e "$tmp/ready.$i" ] && kill -0 "${kids[i - 1]}" 2>/dev/null; do sleep 0.02; done; done
 touch "$tmp/go"
 for k in "${kids[@]}"; do wait "$k" || bad "a racer failed: $(cat "$tmp"/race.*)"; done
 ooms=0 oks=0

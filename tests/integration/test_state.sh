@@ -126,10 +126,15 @@ damaged() { # name, SQL, what the refusal says
     cp "$tmp/dm/state.db" "$tmp/dmg/state.db"
     sqlite3 "$tmp/dmg/state.db" "$2"
     "$bin" --listen 127.0.0.1:0 --state "$tmp/dmg/state.db" --socket "" --gpus sim:2x81920 \
-        >/dev/null 2>"$tmp/dmg/err" &
+        >"$tmp/dmg/out" 2>"$tmp/dmg/err" &
     local p=$!
     local rc=0
-    for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.05; done
+    # the event either way: it exits (refused), or it says where it listens (it started)
+    for _ in $(seq 1 1200); do
+        kill -0 "$p" 2>/dev/null || break
+        grep -q "listening on" "$tmp/dmg/out" 2>/dev/null && break
+        sleep 0.05
+    done
     if kill -0 "$p" 2>/dev/null; then
         kill -9 "$p"; wait "$p" 2>/dev/null
         bad "$1: started anyway"
