@@ -109,6 +109,20 @@ contains "defaults: 60 pods, 24 h, 57 s" "$tmp/err" "60 pods .* over 24 h in 57 
 check "--opt=value" 0 "$gen" --out="$tmp/eq" --kind=step --pods=3 --hours=1 --step=60 --seed=18446744073709551615
 check "existing folder is reused" 0 "$gen" --out "$tmp/eq" --kind step --pods 3 --hours 1
 
+# --days D is --hours 24D; the limits are those of a month of a 10,000-service fleet
+check "--days 1" 0 "$gen" --out "$tmp/d1" --kind mix --pods 3 --days 1 --step 600
+check "--hours 24" 0 "$gen" --out "$tmp/h24" --kind mix --pods 3 --hours 24 --step 600
+for f in $files; do
+    if cmp -s "$tmp/d1/$f" "$tmp/h24/$f"; then ok; else ko "--days 1 and --hours 24 differ in $f"; fi
+done
+check "--days and --hours" 2 "$gen" --out "$tmp/x" --kind mix --days 1 --hours 24
+contains "--days and --hours: says so" "$tmp/err" "not both"
+check "days 0" 2 "$gen" --out "$tmp/x" --kind mix --days 0
+check "days past a quarter" 2 "$gen" --out "$tmp/x" --kind mix --days 93
+check "20,000 pods" 0 "$gen" --out "$tmp/many" --kind bursty --pods 20000 --hours 1 --step 3600
+contains "20,000 pods: all written" "$tmp/err" "20000 pods .* 40000 memory"
+check "pods 20001" 2 "$gen" --out "$tmp/x" --kind mix --pods 20001
+
 check "help" 0 "$gen" --help
 contains "help lists the kinds" "$tmp/out" "heavytail"
 check "no arguments" 2 "$gen"
