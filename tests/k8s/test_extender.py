@@ -40,23 +40,27 @@ def check(name, cond, detail=""):
 
 
 def start(argv, name, env=None):
-    """Starts a process; returns (proc, url) once it prints 'listening on http://...'."""
+    """Starts a process; returns (proc, url) once it prints 'listening on http://...' (its other
+    lines may come before it, in any order)."""
+    import queue
+    import threading
     log = open(os.path.join(TMP, name + ".log"), "w")
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, env=env, text=True)
     PROCS.append(p)
+    lines = queue.Queue()
+    # one reader drains its stdout for good (it never blocks on a full pipe)
+    threading.Thread(target=lambda: [lines.put(l) for l in p.stdout] + [lines.put(None)],
+                     daemon=True).start()
     deadline = time.time() + 60
     while time.time() < deadline:
-        r, _, _ = select.select([p.stdout], [], [], 1.0)
-        if r:
-            line = p.stdout.readline()
-            if not line:
-                break
-            if line.startswith("listening on http://"):
-                url = line.split()[2]
-                # keep draining its stdout so it never blocks
-                import threading
-                threading.Thread(target=lambda: [None for _ in p.stdout], daemon=True).start()
-                return p, url
+        try:
+            line = lines.get(timeout=max(0.1, deadline - time.time()))
+        except queue.Empty:
+            break
+        if line is None:
+            break
+        if line.startswith("listening on http://"):
+            return p, line.split()[2]
     raise SystemExit("%s did not start: %s" % (name, open(os.path.join(TMP, name + ".log")).read()))
 
 
