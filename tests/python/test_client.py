@@ -924,6 +924,11 @@ class TestBatchInfer(LiveCase):
         # evict: it finishes its batch, reports the checkpoint, exits; queued to resume
         self.submit("bibig", BIG, "pending")
         self.wait_state("bi", "queued", timeout=30)
+        # its checkpoint is reported with its ack before it exits; waited for, not assumed
+        # there the moment the state reads queued (a sanitizer build beside a busy loop once
+        # read the state first)
+        wait_until(lambda: D.admin.service("bi").get("checkpoint", "").endswith("state.json"),
+                   30, "the checkpoint reported")
         info = D.admin.service("bi")
         self.assertTrue(info.get("checkpoint", "").endswith("state.json"), info)
         done_before = len(read_lines(trace))
