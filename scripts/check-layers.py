@@ -3,7 +3,8 @@
 
 From the object files' symbol tables (nm): which module calls which. A module may call only
 modules of its own layer or lower, and no two modules may call each other (no circle of any
-length). From the sources: a file includes only headers of its own layer or lower. Every
+length). From the sources: a file includes only headers of its own layer or lower, and a module's own
+header (act.h, gw.h, dp.h, api_int.h) only from the module's files. Every
 module of oversubd must have a layer here: a new file is placed on purpose. Fails naming each
 pair.
 
@@ -32,9 +33,15 @@ PARTS = {"act": "actuator", "gw": "gateway", "api": "api", "dp": "deviceplugin"}
 
 
 def module_of(path):
+    """The module a file (or object, or header) belongs to: act_spawn.c, act.h -> actuator."""
     name = os.path.basename(path).split(".")[0]
-    head = name.split("_")[0]
-    return PARTS.get(head, name) if "_" in name and head in PARTS else name
+    return PARTS.get(name.split("_")[0], name)
+
+
+def internal(header):
+    """Whether a header is a module's own (act.h, api_int.h): its parts share it, no one else."""
+    name = os.path.basename(header).split(".")[0]
+    return name in PARTS and PARTS[name] != name or name.endswith("_int")
 
 
 def symbols(paths):
@@ -126,7 +133,10 @@ def main():
             for ln, line in enumerate(f, 1):
                 m = re.match(r'\s*#\s*include\s+"([^"]+)\.h"', line)
                 inc = module_of(m.group(1)) if m else None
-                if inc in LAYER and LAYER[inc] > LAYER[mod]:
+                if m and internal(m.group(1)) and inc != mod:
+                    bad.append(f"{name}:{ln} includes {m.group(1)}.h, the {inc} module's own "
+                               "header")
+                elif inc in LAYER and LAYER[inc] > LAYER[mod]:
                     bad.append(f"{name}:{ln} includes {m.group(1)}.h "
                                f"({LAYERS[LAYER[inc]][0]}), a layer above "
                                f"{LAYERS[LAYER[mod]][0]}")

@@ -2,7 +2,8 @@
 """check-size.py - the size rules of src/ (issue 24): no file over 1,200 lines, no function over 150.
 
 A function is what clang-format makes of one in our style: its opening brace alone on a line
-at column 0, its closing brace alone at column 0; its length counts the lines from the
+at column 0 (or ending its signature's last line, as in a file formatted otherwise), its
+closing brace alone at column 0; its length counts the lines from the
 signature's first line to the closing brace. Prints each breach as FILE:LINE and exits 1 when
 there is one; with --list, prints every file and function over half the limits.
 """
@@ -14,15 +15,21 @@ FILE_MAX = 1200
 FUNC_MAX = 150
 
 
+SIGNATURE = re.compile(r"^[A-Za-z_][^=;]*\(.*\)[\sA-Za-z_0-9()]*\{$")
+
+
 def functions(lines):
     start = None
     for i, line in enumerate(lines):
         s = line.rstrip("\n")
-        if s == "{" and i > 0:
-            j = i - 1
+        if s.endswith("{") and (i > 0 or s != "{") and not s.startswith("#"):
+            j = i if s != "{" else i - 1
             # the signature: back to the line that starts at column 0 with a type or name
             while j > 0 and (lines[j].startswith((" ", "\t")) or lines[j].strip() == ""):
                 j -= 1
+            sig = " ".join(x.strip() for x in lines[j:i + 1])
+            if s != "{" and not SIGNATURE.match(sig):
+                continue  # a struct, an initializer, a block inside a function: not a start
             m = re.search(r"([A-Za-z_][A-Za-z0-9_]*)\s*\(", lines[j])
             start = (j, m.group(1) if m else "?")
         elif s == "}" and start is not None:

@@ -592,9 +592,17 @@ static int restore(struct osubd_core *c, const char *base, const char *snap, int
     osubd_log(OSUBD_LOG_INFO,
               "restored %s: %d services, %d queued, replayed %lld command(s) after the snapshot",
               path, pi.n_services, pi.n_queued, (long long)r.n);
+    if (strcmp(c->cfg->gpus, "nvml") == 0 && strcmp(c->pool, "nvml") != 0) {
+        /* asked for real GPUs, but the state's services were placed on another pool */
+        snprintf(err, errlen,
+                 "%s was made with --gpus %s, a simulated pool; --gpus nvml needs a state of "
+                 "its own (give another --state)",
+                 path, c->pool);
+        return -1;
+    }
     if (strcmp(c->pool, c->cfg->gpus) != 0)
-        osubd_log(OSUBD_LOG_INFO,
-                  "note: the state was made with --gpus %s; it keeps that pool (--gpus %s is "
+        osubd_log(strcmp(c->cfg->gpus, "auto") == 0 ? OSUBD_LOG_INFO : OSUBD_LOG_WARN,
+                  "the state was made with --gpus %s; it keeps that pool (--gpus %s is "
                   "ignored)",
                   c->pool, c->cfg->gpus);
     return 0;

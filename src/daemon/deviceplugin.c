@@ -3,6 +3,8 @@
 #define _GNU_SOURCE
 #include "dp.h"
 
+#include <ctype.h>
+
 /* ---- the device list -------------------------------------------------------------------- */
 
 static const char dp_alpha[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
@@ -404,6 +406,59 @@ struct osubd_dp *osubd_dp_new(struct osubd_core *c, struct osubd_act *act,
     return dp;
 }
 
+/* Whether one allocation record has the shape Allocate writes ({container, devices: 16 hex
+ * digits, n}) or a run from before wrote (a bare container index). */
+static bool dp_rec_ok(const json_t *e)
+{
+    if (json_is_integer(e))
+        return json_integer_value(e) >= 0 && json_integer_value(e) < 4096;
+    if (!json_is_object(e) || json_object_size(e) != 3)
+        return false;
+    const json_t *c = json_object_get(e, "container"), *n = json_object_get(e, "n");
+    const char *f = json_string_value(json_object_get(e, "devices"));
+    if (!json_is_integer(c) || json_integer_value(c) < 0 || json_integer_value(c) >= 4096 ||
+        !json_is_integer(n) || json_integer_value(n) < 1 || f == NULL || strlen(f) != 16)
+        return false;
+    for (const char *p = f; *p; p++)
+        if (!isxdigit((unsigned char)*p))
+            return false;
+    return true;
+}
+
+/* Drops the records of a (the loaded allocations) that are not of that shape, each with a
+ * warning naming the pod: a damaged record must not stop a later Allocate. */
+static void dp_check_allocs(struct osubd_dp *dp, json_t *a, const char *from)
+{
+    const char *id;
+    json_t *v;
+    void *tmp;
+    json_object_foreach_safe(a, tmp, id, v)
+    {
+        if (!json_is_array(v)) {
+            osubd_log(OSUBD_LOG_WARN,
+                      "device plugin: %s: the allocations of %s are not a list: "
+                      "dropped",
+                      from, id);
+            json_object_del(a, id);
+            dp->dirty = true;
+            continue;
+        }
+        for (size_t i = json_array_size(v); i-- > 0;)
+            if (!dp_rec_ok(json_array_get(v, i))) {
+                osubd_log(OSUBD_LOG_WARN,
+                          "device plugin: %s: allocation %zu of %s is damaged: "
+                          "dropped",
+                          from, i, id);
+                json_array_remove(v, i);
+                dp->dirty = true;
+            }
+        if (json_array_size(v) == 0) {
+            json_object_del(a, id);
+            dp->dirty = true;
+        }
+    }
+}
+
 /* The allocations the kubelet was given, as the last run saved them in the state (or, once, in
  * the side file of a run from before). */
 static int dp_load(void *ctx, struct osubd_core *c, char *err, size_t errlen)
@@ -432,6 +487,7 @@ static int dp_load(void *ctx, struct osubd_core *c, char *err, size_t errlen)
         json_decref(a);
         return -1;
     }
+    dp_check_allocs(dp, a, from);
     json_decref(dp->allocated);
     dp->allocated = a;
     return 0;

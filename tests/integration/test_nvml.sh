@@ -151,6 +151,10 @@ grep -q "no NVIDIA driver" "$tmp/err" && ok || bad "auto without a driver does n
 expect "simulated 8 GPUs" 8 "$(pool | json 'len(d["gpus"])')"
 kill -TERM "$PID"
 wait "$PID" 2>/dev/null
+# a simulated state asked to run on NVML: refused (its services were placed on another pool)
+"$bin" --listen 127.0.0.1:0 --state "$tmp/state.db" --socket "" --gpus nvml --nvml-lib "$lib" >/dev/null 2>"$tmp/err2"
+expect "--gpus nvml on a simulated state fails" 1 "$?"
+grep -q "a simulated pool; --gpus nvml needs a state of its own" "$tmp/err2" && ok || bad "no clear error: $(cat "$tmp/err2")"
 rm -f "$tmp/state.db"*
 "$bin" --listen 127.0.0.1:0 --state "$tmp/state.db" --socket "" --gpus nvml --nvml-lib "$tmp/none.so" >/dev/null 2>"$tmp/err2"
 expect "--gpus nvml without a driver fails" 1 "$?"

@@ -197,8 +197,8 @@ static json_t *saved_allocations(const struct fixture *f)
 }
 
 #define ALLOCS                                                                                     \
-    "{\"pod-a\":[{\"container\":\"c\",\"devices\":\"h1\",\"n\":500}],"                             \
-    "\"pod-b\":[{\"container\":\"d\",\"devices\":\"h2\",\"n\":700}]}"
+    "{\"pod-a\":[{\"container\":0,\"devices\":\"00000000000000a1\",\"n\":500}],"                   \
+    "\"pod-b\":[{\"container\":1,\"devices\":\"00000000000000b2\",\"n\":700}]}"
 
 static void test_new_and_module(void **state)
 {
@@ -301,6 +301,37 @@ static void test_load_side_file_once(void **state)
     assert_int_equal(access(f->side, F_OK), 0);
 }
 
+/* Records of another shape (a damaged state, a hand edit) are dropped with a warning, the rest
+ * kept: a damaged record must not turn the next Allocate into a fatal "out of memory". */
+static void test_load_damaged_records_dropped(void **state)
+{
+    struct fixture *f = *state;
+    char err[600] = "";
+    assert_int_equal(
+        osubd_core_meta_set(f->c, "device_plugin_allocations",
+                            "{\"ok\":[{\"container\":0,\"devices\":\"00000000000000a1\",\"n\":5},2,"
+                            "{\"container\":-1,\"devices\":\"00000000000000a1\",\"n\":5},"
+                            "{\"container\":1,\"devices\":\"zz\",\"n\":5},"
+                            "{\"container\":1,\"devices\":\"00000000000000a1\",\"n\":0},"
+                            "{\"container\":1,\"devices\":\"00000000000000a1\",\"n\":5,\"x\":1},"
+                            "\"text\"],\"not-a-list\":\"text\",\"all-bad\":[{}],\"empty\":[]}",
+                            err, sizeof(err)),
+        0);
+    assert_int_equal(load(f, err, sizeof(err)), 0);
+    struct osubd_module m = osubd_dp_module(f->dp);
+    assert_true(m.dirty(m.ctx)); /* what was dropped is saved with the next command */
+    apply_ok(f, json_pack("{s:s}", "op", "tick"));
+    json_t *s = saved_allocations(f);
+    json_t *want = json_loads(
+        "{\"ok\":[{\"container\":0,\"devices\":\"00000000000000a1\",\"n\":5},2]}", 0, NULL);
+    if (!json_equal(s, want)) {
+        char *t = json_dumps(s, JSON_COMPACT);
+        fail_msg("kept %s", t);
+    }
+    json_decref(want);
+    json_decref(s);
+}
+
 static void test_load_damaged_refused(void **state)
 {
     struct fixture *f = *state;
@@ -367,6 +398,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_new_and_module, setup, teardown),
         cmocka_unit_test_setup_teardown(test_load_from_meta_and_forget, setup, teardown),
         cmocka_unit_test_setup_teardown(test_load_side_file_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_load_damaged_records_dropped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_load_damaged_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_load_nothing_saved, setup, teardown),
     };
