@@ -291,7 +291,7 @@ static void on_kill(evutil_socket_t fd, short what, void *arg)
         return;
     }
     osubd__act_signal_service(p->d, p->id, p->pid, SIGKILL);
-    osubd_note(p->d->core, p->id, "process", "kill",
+    osubd_warn(p->d->core, p->id, "process", "kill",
                "%s's grace period ended with its process %d still alive: killed its process "
                "group with SIGKILL",
                p->id, (int)p->pid);

@@ -42,7 +42,7 @@ static void hook_done(struct evhttp_request *req, void *arg)
     }
     if (++h->attempt >= HOOK_ATTEMPTS) {
         h->d->webhook_failures++;
-        osubd_note(h->d->core, h->id, "directive", "webhook_failed",
+        osubd_warn(h->d->core, h->id, "directive", "webhook_failed",
                    "directive %lld for %s could not be delivered to %s after %d attempts (last: "
                    "%s%d); it stays available at GET /v1/services/%s/directives",
                    (long long)h->seq, h->id, h->url, HOOK_ATTEMPTS, code ? "HTTP " : "no answer, ",

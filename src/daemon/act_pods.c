@@ -81,7 +81,7 @@ static bool pod_seg_adopt(struct osubd_act *d, struct osub_proc *p, const char *
             got = true;
         else {
             osubd_log(OSUBD_LOG_INFO, "%s: its pod segment: %s", p->id, err);
-            osubd_note(d->core, p->id, "shim", "damaged",
+            osubd_warn(d->core, p->id, "shim", "damaged",
                        "%s: its pod segment cannot be used (oversubd's log says why)", p->id);
         }
     }

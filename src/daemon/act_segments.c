@@ -25,7 +25,7 @@ static void seg_drop(struct osubd_act *d, struct osub_proc *p, const char *why)
 {
     /* events are anyone's to read: the path only in oversubd's own log */
     osubd_log(OSUBD_LOG_INFO, "%s: its CUDA shim segment %s %s", p->id, p->seg_path, why);
-    osubd_note(d->core, p->id, "shim", "damaged",
+    osubd_warn(d->core, p->id, "shim", "damaged",
                "%s: its CUDA shim segment %s: no longer read (its grant is not updated)", p->id,
                why);
     osub_seg_cleanup(&p->seg);
@@ -51,7 +51,7 @@ static uint64_t largest_gpu_bytes(struct osubd_act *d)
 static void seg_fault(struct osubd_act *d, struct osub_proc *p, const char *why)
 {
     if (!p->seg_faulty)
-        osubd_note(d->core, p->id, "shim", "tampered",
+        osubd_warn(d->core, p->id, "shim", "tampered",
                    "%s: its CUDA shim segment: %s; its figure is ignored until it reads clean",
                    p->id, why);
     p->seg_faulty = true;
@@ -238,7 +238,7 @@ void osubd__act_on_watch(evutil_socket_t fd, short what, void *arg)
         pid_t pid = osubd_act_pid(d, id);
         if (pid > 0 && osub_engine_service_info(d->e, id, &si) == 0 &&
             osubd__act_draining_state(si.state) && kill(pid, 0) != 0 && errno == ESRCH) {
-            osubd_note(d->core, id, "process", "gone", "%s's process %d is gone while %s", id,
+            osubd_warn(d->core, id, "process", "gone", "%s's process %d is gone while %s", id,
                        (int)pid, osub_state_name(si.state));
             osubd__act_exited_cmd(d, id);
         }

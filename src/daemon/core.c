@@ -348,15 +348,12 @@ void osubd_fatal(struct osubd_core *c, const char *what)
         event_base_loopbreak(c->base);
 }
 
-void osubd_note(struct osubd_core *c, const char *id, const char *kind, const char *reason,
-                const char *fmt, ...)
+static void vnote(struct osubd_core *c, enum osubd_log_level level, const char *id,
+                  const char *kind, const char *reason, const char *fmt, va_list ap)
 {
     char msg[OSUB_EVENT_MSG_MAX + 200];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    osubd_log(OSUBD_LOG_INFO, "%s", msg);
+    osubd_log(level, "%s", msg);
     int64_t now = osubd_engine_now(c);
     json_t *o =
         json_pack("{s:I, s:s, s:s, s:s, s:s}", "time_unix_ms", (json_int_t)(now + c->base_unix_ms),
@@ -369,6 +366,24 @@ void osubd_note(struct osubd_core *c, const char *id, const char *kind, const ch
     }
     log_command(c, now, cmd, &o, 1);
     json_decref(cmd);
+}
+
+void osubd_note(struct osubd_core *c, const char *id, const char *kind, const char *reason,
+                const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vnote(c, OSUBD_LOG_INFO, id, kind, reason, fmt, ap);
+    va_end(ap);
+}
+
+void osubd_warn(struct osubd_core *c, const char *id, const char *kind, const char *reason,
+                const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vnote(c, OSUBD_LOG_WARN, id, kind, reason, fmt, ap);
+    va_end(ap);
 }
 
 static void on_tick(evutil_socket_t fd, short what, void *arg)

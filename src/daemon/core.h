@@ -121,6 +121,10 @@ int osubd_apply_with(struct osubd_core *c, json_t *cmd, osub_submit_result_t *re
  * service, with a "note" command that the engine ignores, and prints it. */
 void osubd_note(struct osubd_core *c, const char *id, const char *kind, const char *reason,
                 const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* The same, printed as a warning: for what an operator should look at (a segment damaged, a
+ * webhook that failed, an eviction that could not be sent), seen under --log-level warn. */
+void osubd_warn(struct osubd_core *c, const char *id, const char *kind, const char *reason,
+                const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 /*
  * Out of memory, one rule: before a command reaches the engine, the request gets 500

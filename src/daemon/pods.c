@@ -107,7 +107,7 @@ static void cause_answer(struct osubd_pods *d, const char *id, long status, cons
                    json_string_value(json_object_get(ck, "name")));
         send_eviction(d, id);
     } else if (status == 404 || (status == 200 && !same) || (same && on != NULL && on[0] != '\0')) {
-        osubd_note(d->core, id, "pod", "evict-dropped",
+        osubd_warn(d->core, id, "pod", "evict-dropped",
                    "%s: its eviction is not sent: pod %s/%s, which it was to make room for, is "
                    "not bound here (%s); %s keeps running, counted as leaving until it ends",
                    id, json_string_value(json_object_get(ck, "namespace")),
@@ -249,7 +249,7 @@ static void on_answer(void *arg, long status, const char *body, size_t len, cons
         else
             d->failed++;
         e->step = POD_RETRY;
-        osubd_note(d->core, a->id, "pod", status == 429 ? "blocked" : "evict-failed",
+        osubd_warn(d->core, a->id, "pod", status == 429 ? "blocked" : "evict-failed",
                    "%s: evicting pod %s/%s: %s (HTTP %ld); asked again in %d s", a->id, ns, name,
                    msg     ? msg
                    : error ? error
@@ -313,7 +313,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
             const json_t *ck = cause ? osubd_act_kube(d->act, cause) : NULL;
             osub_service_info_t ci;
             if (ck == NULL || osub_engine_service_info(d->e, cause, &ci) != 0) {
-                osubd_note(d->core, id, "pod", "evict-dropped",
+                osubd_warn(d->core, id, "pod", "evict-dropped",
                            "%s: its eviction is not sent: %s, which it was to make room for, was "
                            "released before its pod was bound here; %s keeps running, counted "
                            "as leaving until it ends",
@@ -367,7 +367,7 @@ void osubd_pods_directive(struct osubd_pods *d, const char *id, const char *acti
     if (k == NULL || strcmp(action, "evict") != 0)
         return;
     if (d->kube == NULL) {
-        osubd_note(d->core, id, "pod", "no-api",
+        osubd_warn(d->core, id, "pod", "no-api",
                    "%s is pod %s/%s but oversubd has no API server to evict it through "
                    "(kubernetes_api); its directive waits to be read",
                    id, json_string_value(json_object_get(k, "namespace")),

@@ -501,19 +501,17 @@ int osubd_apply_with(struct osubd_core *c, json_t *cmd, osub_submit_result_t *re
     return apply_at(c, cmd, res, err, errlen, commit, arg);
 }
 
-void osubd_note(struct osubd_core *c, const char *id, const char *kind, const char *reason,
-                const char *fmt, ...)
+static void vnote(struct osubd_core *c, enum osubd_log_level level, const char *id,
+                  const char *kind, const char *reason, const char *fmt, va_list ap)
 {
     c->notes = grow(c->notes, &c->cap_notes, c->n_notes, sizeof(*c->notes));
     struct fake_core_note *nt = &c->notes[c->n_notes++];
     snprintf(nt->id, sizeof(nt->id), "%s", id);
     snprintf(nt->kind, sizeof(nt->kind), "%s", kind);
     snprintf(nt->reason, sizeof(nt->reason), "%s", reason);
-    va_list ap;
-    va_start(ap, fmt);
+    nt->level = level;
     vsnprintf(nt->message, sizeof(nt->message), fmt, ap);
-    va_end(ap);
-    osubd_log(OSUBD_LOG_INFO, "%s", nt->message);
+    osubd_log(level, "%s", nt->message);
     json_t *o = json_pack("{s:I, s:s, s:s, s:s, s:s}", "time_unix_ms", (json_int_t)osubd_now(c),
                           "kind", kind, "reason", reason, "service", id, "message", nt->message);
     json_t *cmd = json_pack("{s:s, s:s, s:s}", "op", "note", "id", id, "kind", kind);
@@ -521,6 +519,24 @@ void osubd_note(struct osubd_core *c, const char *id, const char *kind, const ch
     must(cmd);
     log_command(c, cmd, 0, &o, 1);
     json_decref(cmd);
+}
+
+void osubd_note(struct osubd_core *c, const char *id, const char *kind, const char *reason,
+                const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vnote(c, OSUBD_LOG_INFO, id, kind, reason, fmt, ap);
+    va_end(ap);
+}
+
+void osubd_warn(struct osubd_core *c, const char *id, const char *kind, const char *reason,
+                const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vnote(c, OSUBD_LOG_WARN, id, kind, reason, fmt, ap);
+    va_end(ap);
 }
 
 void osubd_fatal(struct osubd_core *c, const char *what)

@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "core.h"
+#include "log.h"
 
 /* A command the fake core applied and logged (not malformed, not a dry run). */
 struct fake_core_cmd {
@@ -45,6 +46,7 @@ struct fake_core_note {
     char kind[32];
     char reason[32];
     char message[OSUB_EVENT_MSG_MAX + 200];
+    enum osubd_log_level level; /* osubd_note: INFO; osubd_warn: WARN */
 };
 
 /* A core with an engine already made on pool (osub_parse_pool's form: "2x81920"), the

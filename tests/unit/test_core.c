@@ -764,6 +764,23 @@ static void test_note_logged_as_event(void **state)
     while (fgets(line, sizeof(line), f->log) != NULL)
         printed = printed || strstr(line, "oversubd: a's process 4242 exited") != NULL;
     assert_true(printed);
+    /* under --log-level warn a note is quiet, a warning is printed (and both are events) */
+    osubd_log_set_level(OSUBD_LOG_WARN);
+    fseek(f->log, 0, SEEK_END);
+    long at = ftell(f->log);
+    osubd_note(f->c, "a", "process", "spawn", "quiet note");
+    osubd_warn(f->c, "a", "shim", "damaged", "loud warning");
+    osubd_log_set_level(OSUBD_LOG_INFO);
+    assert_int_equal(logged(f), n + 3);
+    fflush(f->log);
+    fseek(f->log, at, SEEK_SET);
+    bool quiet = false, loud = false;
+    while (fgets(line, sizeof(line), f->log) != NULL) {
+        quiet = quiet || strstr(line, "quiet note") != NULL;
+        loud = loud || strstr(line, "loud warning") != NULL;
+    }
+    assert_false(quiet);
+    assert_true(loud);
     fseek(f->log, 0, SEEK_END);
     /* the state with the note opens again */
     close_core(f);

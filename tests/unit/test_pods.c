@@ -137,6 +137,7 @@ static void test_pod_evict_without_api_is_noted(void **state)
     assert_string_equal(nt->id, "pod-a");
     assert_string_equal(nt->kind, "pod");
     assert_string_equal(nt->reason, "no-api");
+    assert_int_equal(nt->level, OSUBD_LOG_WARN); /* seen under --log-level warn */
     assert_non_null(strstr(nt->message, "pod-a is pod team-x/trainer-0"));
     assert_non_null(strstr(nt->message, "its directive waits to be read"));
     /* logged as a command, as the real core logs a note */
