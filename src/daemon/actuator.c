@@ -799,6 +799,17 @@ static bool exec_shape_ok(const json_t *x, char *why, size_t len)
     return true;
 }
 
+/* A managed_procs record as act_meta writes it: {pid, starttime, restarts}. */
+static bool proc_shape_ok(const json_t *v)
+{
+    const json_t *pid = json_object_get(v, "pid"), *st = json_object_get(v, "starttime"),
+                 *r = json_object_get(v, "restarts");
+    return json_is_object(v) && json_object_size(v) == 3 && json_is_integer(pid) &&
+           json_integer_value(pid) >= 2 && json_integer_value(pid) <= 4194304 &&
+           json_is_integer(st) && json_integer_value(st) >= 0 && json_is_integer(r) &&
+           json_integer_value(r) >= 0 && json_integer_value(r) <= INT32_MAX;
+}
+
 static int act_load(void *ctx, struct osubd_core *c, char *err, size_t errlen)
 {
     struct osubd_act *a = ctx, *d = a;
@@ -832,6 +843,17 @@ static int act_load(void *ctx, struct osubd_core *c, char *err, size_t errlen)
         char why[200];
         if (!exec_shape_ok(v, why, sizeof(why))) {
             snprintf(err, errlen, "the state's service_exec of %.63s is damaged: %s", id, why);
+            return -1;
+        }
+    }
+    /* a record not adopted would start a second process beside the one still running */
+    json_object_foreach(a->saved_procs, id, v)
+    {
+        if (!proc_shape_ok(v)) {
+            snprintf(err, errlen,
+                     "the state's managed_procs of %.63s is damaged (wanted {\"pid\": 2 to "
+                     "4194304, \"starttime\": N >= 0, \"restarts\": N >= 0})",
+                     id);
             return -1;
         }
     }

@@ -285,6 +285,18 @@ static void test_load_damaged_refused(void **state)
         {"service_exec", "{", "the state's service_exec is not a JSON object"},
         {"managed_procs", "5", "the state's managed_procs is not a JSON object"},
         {"managed_procs", "null", "the state's managed_procs is not a JSON object"},
+        {"managed_procs", "{\"m\":{\"pid\":4294971538,\"starttime\":9,\"restarts\":0}}",
+         "the state's managed_procs of m is damaged"},
+        {"managed_procs", "{\"m\":{\"pid\":0,\"starttime\":9,\"restarts\":0}}", "of m is damaged"},
+        {"managed_procs", "{\"m\":{\"pid\":1,\"starttime\":9,\"restarts\":0}}", "of m is damaged"},
+        {"managed_procs", "{\"m\":{\"pid\":\"12\",\"starttime\":9,\"restarts\":0}}",
+         "of m is damaged"},
+        {"managed_procs", "{\"m\":{\"pid\":12,\"restarts\":0}}", "of m is damaged"},
+        {"managed_procs", "{\"m\":{\"pid\":12,\"starttime\":-1,\"restarts\":0}}",
+         "of m is damaged"},
+        {"managed_procs", "{\"m\":{\"pid\":12,\"starttime\":9,\"restarts\":-2}}",
+         "of m is damaged"},
+        {"managed_procs", "{\"m\":7}", "of m is damaged"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         struct fixture g = {0};
