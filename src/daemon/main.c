@@ -527,6 +527,7 @@ static int daemon_modules(struct daemon *d, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory");
         return -1;
     }
+    osubd_routes_allow(d->routes, d->dest);
     d->act = osubd_act_new(d->core, &d->gpus, d->dest, e2, sizeof(e2));
     if (d->act == NULL) {
         snprintf(err, errlen, "%.100s: %.300s", d->cfg.state_path, e2);

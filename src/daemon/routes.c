@@ -11,11 +11,18 @@
 #include <event2/http.h>
 
 #include "idmap.h"
+#include "log.h"
 
 struct osubd_routes {
     struct osubd__idmap *map; /* id -> struct osubd_route */
     bool dirty;
+    const struct osubd_destinations *dest; /* borrowed: where loaded routes may point */
 };
+
+void osubd_routes_allow(struct osubd_routes *t, const struct osubd_destinations *dest)
+{
+    t->dest = dest;
+}
 
 struct osubd_routes *osubd_routes_new(void)
 {
@@ -246,6 +253,18 @@ char *osubd_routes_save(const struct osubd_routes *t)
     return text;
 }
 
+/* Whether every URL of a route is allowed by dest (NULL: all are); why says which is not. */
+static bool route_allowed(const struct osubd_destinations *dest, const struct osubd_route *r,
+                          char *why, size_t whylen)
+{
+    if (dest == NULL)
+        return true;
+    for (int32_t i = 0; i < r->n_backends; i++)
+        if (!osubd_url_allowed(dest, r->backends[i], why, whylen))
+            return false;
+    return r->metrics_url[0] == '\0' || osubd_url_allowed(dest, r->metrics_url, why, whylen);
+}
+
 int osubd_routes_load(struct osubd_routes *t, const char *text, char *err, size_t errlen)
 {
     json_error_t je;
@@ -257,6 +276,7 @@ int osubd_routes_load(struct osubd_routes *t, const char *text, char *err, size_
     }
     struct osubd__idmap *map = osubd__idmap_new(free);
     int rc = map != NULL ? 0 : -1;
+    bool dropped = false;
     const char *id;
     json_t *v;
     json_object_foreach(o, id, v)
@@ -265,12 +285,24 @@ int osubd_routes_load(struct osubd_routes *t, const char *text, char *err, size_
             break;
         struct osubd_route *r = NULL;
         json_t *copy = json_deep_copy(v);
-        char why[200] = "it holds no backends";
-        if (!json_is_object(copy) ||
-            osubd_route_take(copy, false, NULL, &r, why, sizeof(why)) != 0 || r == NULL) {
+        char why[400] = "it holds no backends";
+        if (id[0] == '\0' || strlen(id) > OSUB_ID_MAX) {
+            snprintf(err, errlen, "the saved gateway routes hold a bad service id '%.63s%s'", id,
+                     strlen(id) > 63 ? "..." : "");
+            rc = -1;
+        } else if (!json_is_object(copy) ||
+                   osubd_route_take(copy, false, NULL, &r, why, sizeof(why)) != 0 || r == NULL) {
             snprintf(err, errlen, "the saved gateway route of %.63s is bad: %s", id,
                      json_is_object(copy) ? why : "not an object");
             rc = -1;
+        } else if (!route_allowed(t->dest, r, why, sizeof(why))) {
+            osubd_log(OSUBD_LOG_WARN,
+                      "the saved gateway route of %s is dropped: %s (allowed_destinations "
+                      "changed since it was registered; the service may register its backends "
+                      "again)",
+                      id, why);
+            free(r);
+            dropped = true;
         } else if (osubd__idmap_put(map, id, r) != 0) {
             free(r);
             snprintf(err, errlen, "out of memory");
@@ -285,7 +317,7 @@ int osubd_routes_load(struct osubd_routes *t, const char *text, char *err, size_
     }
     osubd__idmap_free(t->map);
     t->map = map;
-    t->dirty = false;
+    t->dirty = dropped; /* what was dropped is saved with the next command */
     return 0;
 }
 

@@ -33,12 +33,16 @@ struct osubd_routes;
 
 struct osubd_routes *osubd_routes_new(void);
 void osubd_routes_free(struct osubd_routes *t);
+struct osubd_destinations;
+/* Where loaded routes may point (borrowed, must outlive t; NULL, the default: anywhere). A
+ * saved route outside it (allowed_destinations narrowed since) is dropped at load with a
+ * warning naming it; its service keeps running and may register its backends again. */
+void osubd_routes_allow(struct osubd_routes *t, const struct osubd_destinations *dest);
 
 /* Takes the gateway's fields (backends, max_inflight, max_queue, queue_timeout_ms,
  * upstream_timeout_ms, metrics_url) out of a submitted spec (or a PUT .../backends body when
  * backends_only). *out: a new record, or NULL when no field was given. Returns 0, or -1 with a
  * sentence in err naming the field. */
-struct osubd_destinations;
 /* dest: where backends may be (NULL: anywhere, for routes already in the state) */
 int osubd_route_take(json_t *spec, bool backends_only, const struct osubd_destinations *dest,
                      struct osubd_route **out, char *err, size_t errlen);

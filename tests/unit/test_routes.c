@@ -431,7 +431,41 @@ static void test_load_damaged(void **state)
     assert_int_equal(osubd_routes_load(t, "{\"a\": {\"backends\": 3}}", err, sizeof(err)), -1);
     assert_non_null(strstr(err, "of a is bad"));
     assert_non_null(strstr(err, "backends"));
+    /* an id longer than a service's: said so, never "out of memory" */
+    assert_int_equal(osubd_routes_load(t, longid, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "hold a bad service id '0000"));
     osubd_routes_free(t);
+}
+
+/* allowed_destinations narrowed since a route was registered: that route is dropped at load
+ * (with a warning), the others kept, and the drop saved with the next command. */
+static void test_load_outside_allowed_dropped(void **state)
+{
+    (void)state;
+    struct osubd_destinations *dest = NULL;
+    char err[400] = "";
+    assert_int_equal(osubd_parse_destinations("127.0.0.1/32", &dest, err, sizeof(err)), 0);
+    struct osubd_routes *t = osubd_routes_new();
+    osubd_routes_allow(t, dest);
+    const char *text =
+        "{\"in\": {\"backends\": [\"http://127.0.0.1:8000\"]},"
+        " \"out\": {\"backends\": [\"http://127.0.0.1:8001\", \"http://10.1.2.3:80\"]},"
+        " \"metrics\": {\"backends\": [\"http://127.0.0.1:8002\"],"
+        " \"metrics_url\": \"http://192.168.0.9:9100/metrics\"}}";
+    if (osubd_routes_load(t, text, err, sizeof(err)) != 0)
+        fail_msg("load: %s", err);
+    assert_int_equal(osubd_routes_count(t), 1);
+    assert_non_null(osubd_routes_get(t, "in"));
+    assert_null(osubd_routes_get(t, "out"));
+    assert_null(osubd_routes_get(t, "metrics"));
+    assert_true(osubd_routes_dirty(t));
+    /* with no allowlist, all load, and nothing needs saving */
+    osubd_routes_allow(t, NULL);
+    assert_int_equal(osubd_routes_load(t, text, err, sizeof(err)), 0);
+    assert_int_equal(osubd_routes_count(t), 3);
+    assert_false(osubd_routes_dirty(t));
+    osubd_routes_free(t);
+    osubd_destinations_free(dest);
 }
 
 /* A saved route with none of the gateway's fields ({"svc": {}}) is refused, and its error
@@ -475,10 +509,15 @@ static void test_load_no_fields_says_why(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_take_full_spec), cmocka_unit_test(test_take_nothing_given),
-        cmocka_unit_test(test_take_refused),   cmocka_unit_test(test_take_destinations),
-        cmocka_unit_test(test_table),          cmocka_unit_test(test_save_load_round_trip),
-        cmocka_unit_test(test_load_damaged),   cmocka_unit_test(test_load_no_fields_says_why),
+        cmocka_unit_test(test_take_full_spec),
+        cmocka_unit_test(test_take_nothing_given),
+        cmocka_unit_test(test_take_refused),
+        cmocka_unit_test(test_take_destinations),
+        cmocka_unit_test(test_table),
+        cmocka_unit_test(test_save_load_round_trip),
+        cmocka_unit_test(test_load_damaged),
+        cmocka_unit_test(test_load_outside_allowed_dropped),
+        cmocka_unit_test(test_load_no_fields_says_why),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
