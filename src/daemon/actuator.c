@@ -1036,9 +1036,13 @@ void osubd_act_free(struct osubd_act *d)
 {
     if (d == NULL)
         return;
-    /* managed processes keep running: the next oversubd adopts them */
-    while (d->proc_list != NULL)
-        osubd__act_proc_drop(d, d->proc_list);
+    /* managed processes and pods keep running: the next oversubd adopts them, and maps again
+     * the shim segments they were started with (unmapped here, never removed) */
+    while (d->proc_list != NULL) {
+        struct osub_proc *p = d->proc_list;
+        osub_seg_cleanup(&p->seg);
+        osubd__act_proc_drop(d, p);
+    }
     while (d->act_waiters != NULL) {
         struct act_waiter *w = d->act_waiters;
         evhttp_connection_set_closecb(evhttp_request_get_connection(w->req), NULL, NULL);

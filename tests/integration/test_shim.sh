@@ -221,6 +221,13 @@ rm -f "$S"
 start_d
 adopted() { [ "$(svc job 'd["shim"]["processes"]')" = 1 ]; }
 wait_for 20 adopted || bad "after a restart, the adopted process's segment is read again: $(svc job 'd.get("shim")')"
+# and stopped cleanly (SIGTERM): the running process's segment is left for the next oversubd
+kill -TERM $DPID
+wait $DPID 2>/dev/null
+test -e "$D/st/shim/job.seg" || bad "a clean stop removed the segment of a process that lives on"
+rm -f "$S"
+start_d
+wait_for 20 adopted || bad "after a clean restart, the adopted process's segment is read again: $(svc job 'd.get("shim")')"
 # cuda_shim: false runs the program without it
 api POST /v1/services '{"id":"plain","class":"batch","vram":"1000MiB","cuda_shim":false,"command":["'$client'","alloc:3000","expect:0","touch:'$F'.p","hold"],"env":{"LD_LIBRARY_PATH":"'$fakedir'"}}' >/dev/null
 wait_for 20 test -e "$F.p" || bad "cuda_shim: false: the program allocated past its grant"
