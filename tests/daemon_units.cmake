@@ -63,7 +63,7 @@ if(OSUB_CLANG)
             ${CMAKE_SOURCE_DIR}/src/k8s/pod.h ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/fuzz_exec.c
     COMMENT "libFuzzer target fuzz_exec (clang)")
   add_custom_target(fuzz_exec_bin ALL DEPENDS ${CMAKE_CURRENT_BINARY_DIR}/fuzz_exec)
-  add_test(NAME fuzz_exec COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/run_exec.sh
+  add_test(NAME fuzz_exec COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/run_fuzz.sh exec
            ${CMAKE_CURRENT_BINARY_DIR}/fuzz_exec 10)
   set_tests_properties(fuzz_exec PROPERTIES LABELS fuzz TIMEOUT 120)
 endif()
