@@ -3,6 +3,8 @@
 #define _GNU_SOURCE
 #include "act.h"
 
+#include <linux/magic.h>
+
 static int act_setup(struct osubd_act *a, char *err, size_t errlen);
 
 /* ---- the spec's actuation fields ------------------------------------------------------ */
@@ -689,6 +691,32 @@ struct osubd_act *osubd_act_new(struct osubd_core *c, const struct osubd_gpus *g
     return a;
 }
 
+int osubd_act_check_config(const struct osubd_config *cfg, char *err, size_t errlen)
+{
+    const char *shim = cfg->cuda_shim;
+    if (shim[0] != '\0' && strcmp(shim, "none") != 0 &&
+        (shim[0] != '/' || access(shim, R_OK) != 0)) {
+        snprintf(err, errlen,
+                 "cuda_shim: '%.400s' is not a readable absolute path (\"none\" runs services "
+                 "without it)",
+                 shim);
+        return -1;
+    }
+    if (cfg->cgroup[0] == '/') {
+        /* the folder, or where it is to be made */
+        char at[sizeof(cfg->cgroup)];
+        snprintf(at, sizeof(at), "%s", cfg->cgroup);
+        struct statfs sf;
+        while (statfs(at, &sf) != 0 && errno == ENOENT && strrchr(at, '/') > at)
+            *strrchr(at, '/') = '\0';
+        if (statfs(at, &sf) != 0 || sf.f_type != CGROUP2_SUPER_MAGIC) {
+            snprintf(err, errlen, "cgroup: %.400s is not in a cgroup v2 hierarchy", cfg->cgroup);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* The subreaper, cgroups, the SIGBUS guard, the shim, the maps. */
 static int act_setup(struct osubd_act *a, char *err, size_t errlen)
 {
@@ -708,16 +736,11 @@ static int act_setup(struct osubd_act *a, char *err, size_t errlen)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGBUS, &sa, NULL);
     const char *shim = d->cfg->cuda_shim;
+    if (osubd_act_check_config(d->cfg, err, errlen) != 0)
+        return -1;
     if (strcmp(shim, "none") == 0) {
         a->shim_path[0] = '\0';
     } else if (shim[0] != '\0') {
-        if (shim[0] != '/' || access(shim, R_OK) != 0) {
-            snprintf(err, errlen,
-                     "cuda_shim: '%.400s' is not a readable absolute path (\"none\" "
-                     "runs services without it)",
-                     shim);
-            return -1;
-        }
         snprintf(a->shim_path, sizeof(a->shim_path), "%s", shim);
     } else {
         /* next to oversubd (a build), or in ../lib/oversub (an install) */

@@ -50,6 +50,11 @@ int osubd_exec_take(const struct osubd_take_rules *r, json_t *spec, bool trusted
 int osubd_act_take(const struct osubd_act *a, json_t *spec, bool trusted, int64_t pod_cut_mib,
                    json_t **exec, char *err, size_t errlen);
 
+/* The actuators' settings that can be checked before anything is touched (cuda_shim a
+ * readable file, an absolute cgroup inside a cgroup v2 hierarchy): 0, or -1 with a sentence. */
+struct osubd_config;
+int osubd_act_check_config(const struct osubd_config *cfg, char *err, size_t errlen);
+
 /* Makes the actuators (a subreaper, cgroups, the shim found): NULL with a sentence in err.
  * gpus and dest are borrowed for its lifetime. */
 struct osubd_act *osubd_act_new(struct osubd_core *c, const struct osubd_gpus *gpus,

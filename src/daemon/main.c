@@ -794,6 +794,11 @@ static int check_settings(struct osubd_config *c)
                   c->listen_host);
         return 2;
     }
+    char aerr[600];
+    if (osubd_act_check_config(c, aerr, sizeof(aerr)) != 0) {
+        osubd_log(OSUBD_LOG_ERROR, "%s", aerr);
+        return 2;
+    }
     /* the engine's settings, checked before the state is touched (a trial engine of one GPU) */
     {
         const osub_pool_config_t *ec = &c->engine;
