@@ -19,7 +19,7 @@ import sys
 # lowest first; a module's layer is its index
 LAYERS = [
     ("leaves", ["log", "jsonmem", "sha256", "idmap", "pbwire", "netpolicy", "selfaddr", "conns",
-                "notify", "nvml", "command", "store", "writer", "config", "gpus", "segment"]),
+                "notify", "nvml", "httpc", "command", "store", "writer", "config", "gpus", "segment"]),
     ("state", ["state"]),
     ("core", ["core"]),
     ("tables", ["routes"]),

@@ -2,6 +2,7 @@
  * allowlisted HTTP client) */
 #define _GNU_SOURCE
 #include "act.h"
+#include "httpc.h"
 
 /* ---- directives ----------------------------------------------------------------------- */
 
@@ -32,10 +33,10 @@ static void hook_retry(evutil_socket_t fd, short what, void *arg)
     hook_send(arg);
 }
 
-static void hook_done(struct evhttp_request *req, void *arg)
+static void hook_done(void *arg, int code, const char *body)
 {
+    (void)body;
     struct hook *h = arg;
-    int code = req ? evhttp_request_get_response_code(req) : 0;
     if (code >= 200 && code < 300) {
         hook_free(h);
         return;
@@ -60,59 +61,19 @@ static void hook_done(struct evhttp_request *req, void *arg)
 
 static void hook_send(struct hook *h)
 {
-    struct evhttp_uri *u = evhttp_uri_parse(h->url);
-    struct evhttp_connection *c = NULL;
-    struct evhttp_request *req = NULL;
-    if (u != NULL) {
-        int port = evhttp_uri_get_port(u);
-        /* a name is resolved without blocking the loop (evdns); an address needs no lookup */
-        const char *host = evhttp_uri_get_host(u);
-        struct in6_addr a6;
-        struct in_addr a4;
-        bool literal = inet_pton(AF_INET, host, &a4) == 1 || inet_pton(AF_INET6, host, &a6) == 1;
-        if (!literal && h->d->dns == NULL)
-            h->d->dns = evdns_base_new(h->d->base, EVDNS_BASE_INITIALIZE_NAMESERVERS);
-        c = evhttp_connection_base_new(h->d->base, literal ? NULL : h->d->dns, host,
-                                       (uint16_t)(port > 0 ? port : 80));
-    }
-    if (c != NULL) {
-        evhttp_connection_set_timeout(c, HOOK_TIMEOUT_S);
-        evhttp_connection_free_on_completion(c);
-        req = evhttp_request_new(hook_done, h);
-    }
-    if (req != NULL) {
-        char host[300];
-        int port = evhttp_uri_get_port(u);
-        snprintf(host, sizeof(host), port > 0 ? "%s:%d" : "%s", evhttp_uri_get_host(u), port);
-        struct evkeyvalq *hd = evhttp_request_get_output_headers(req);
-        evhttp_add_header(hd, "Host", host);
-        evhttp_add_header(hd, "Content-Type", "application/json");
-        /* signed with the service's token: the receiver can tell oversubd from anyone */
-        char tok[65], sig[160];
-        osubd_service_token(h->d->core, h->id, tok);
-        osubd_sign(tok, (long long)(osubd_unix_ms() / 1000), h->body, strlen(h->body), sig,
-                   sizeof(sig));
-        evhttp_add_header(hd, "X-Oversub-Signature", sig);
-        evbuffer_add(evhttp_request_get_output_buffer(req), h->body, strlen(h->body));
-        const char *path = evhttp_uri_get_path(u);
-        const char *query = evhttp_uri_get_query(u);
-        char target[2100];
-        snprintf(target, sizeof(target), "%s%s%s", path && path[0] ? path : "/", query ? "?" : "",
-                 query ? query : "");
-        if (evhttp_make_request(c, req, EVHTTP_REQ_POST, target) != 0) {
-            req = NULL; /* freed by libevent */
-            evhttp_connection_free(c);
-            c = NULL;
-        }
-    } else if (c != NULL) {
-        evhttp_connection_free(c);
-        c = NULL;
-    }
-    if (u)
-        evhttp_uri_free(u);
-    if (c == NULL) {
-        h->attempt = HOOK_ATTEMPTS - 1;
-        hook_done(NULL, h);
+    /* signed with the service's token: the receiver can tell oversubd from anyone */
+    char tok[65], sig[160];
+    osubd_service_token(h->d->core, h->id, tok);
+    osubd_sign(tok, (long long)(osubd_unix_ms() / 1000), h->body, strlen(h->body), sig,
+               sizeof(sig));
+    struct osubd_httpc_req r = {.method = "POST",
+                                .url = h->url,
+                                .body = h->body,
+                                .signature = sig,
+                                .timeout_s = HOOK_TIMEOUT_S};
+    if (osubd_httpc_send(h->d->base, &h->d->dns, &r, hook_done, h) != 0) {
+        h->attempt = HOOK_ATTEMPTS - 1; /* it cannot be sent: no retries */
+        hook_done(h, 0, "");
     }
 }
 
