@@ -23,13 +23,14 @@ LAYERS = [
     ("state", ["state"]),
     ("core", ["core"]),
     ("tables", ["routes"]),
-    ("runners", ["actuator", "monitor", "pods", "deviceplugin", "gateway"]),
+    ("runners", ["actuator", "monitor", "pods", "deviceplugin", "gateway", "suspender"]),
     ("api", ["api", "dashboard_html", "openapi_json"]),
     ("main", ["main"]),
 ]
 LAYER = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods}
 # a module may be several files: act_spawn.c is a part of the actuators (they share act.h)
-PARTS = {"act": "actuator", "gw": "gateway", "api": "api", "dp": "deviceplugin"}
+PARTS = {"act": "actuator", "gw": "gateway", "api": "api", "dp": "deviceplugin",
+         "sus": "suspender"}
 
 
 def module_of(path):

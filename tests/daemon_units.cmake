@@ -67,3 +67,13 @@ if(OSUB_CLANG)
            ${CMAKE_CURRENT_BINARY_DIR}/fuzz_exec 10)
   set_tests_properties(fuzz_exec PROPERTIES LABELS fuzz TIMEOUT 120)
 endif()
+# the suspend mechanisms (issue 25): the cuda method against the fake driver and a forked CUDA
+# target, the HTTP methods against a loopback server in the test
+add_executable(test_suspender unit/test_suspender.c)
+target_link_libraries(test_suspender osubd PkgConfig::CMOCKA PkgConfig::EVENT)
+target_include_directories(test_suspender PRIVATE ${CMAKE_SOURCE_DIR}/tests/unit
+                                                  ${CMAKE_SOURCE_DIR}/src/shim)
+add_dependencies(test_suspender fake_cuda fake_cuda_nockpt)
+add_test(NAME test_suspender COMMAND test_suspender $<TARGET_FILE:fake_cuda>
+                                     $<TARGET_FILE:fake_cuda_nockpt>)
+set_tests_properties(test_suspender PROPERTIES LABELS unit TIMEOUT 120)

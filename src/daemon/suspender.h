@@ -1,0 +1,80 @@
+/* suspender.h - the suspend mechanisms (issue 25; DESIGN.md "Suspend"): how a service's GPU
+ * memory is sent to the host and brought back without a reload. One interface, four methods:
+ *   cuda    the CUDA driver's process checkpoint API, loaded with dlopen, applied to every
+ *           process of the service that holds a CUDA context (lock, checkpoint; to resume,
+ *           restore, unlock), off the event loop (a checkpoint of 40 GiB takes seconds)
+ *   vllm    POST URL/sleep?level=1, then GET URL/is_sleeping must say true; POST URL/wake_up,
+ *           then GET URL/is_sleeping must say false (vLLM with --enable-sleep-mode and
+ *           VLLM_SERVER_DEV_MODE=1)
+ *   sglang  POST URL/pause_generation, POST URL/release_memory_occupation; to resume, POST
+ *           URL/resume_memory_occupation, POST URL/continue_generation (--enable-memory-saver,
+ *           --enable-weights-cpu-backup)
+ *   http    POST URL+suspend, POST URL+resume (any 2xx is done)
+ * An operation ends once, with ok or a sentence (what failed, in the mechanism's words); the
+ * memory seen to fall is the caller's to check (NVML or the shim's count). */
+#ifndef OSUBD_SUSPENDER_H
+#define OSUBD_SUSPENDER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#include <jansson.h>
+
+#define OSUBD_SUS_URL_MAX 255
+#define OSUBD_SUS_PATH_MAX 127
+#define OSUBD_SUS_PIDS_MAX 64
+
+enum osubd_sus_method {
+    OSUBD_SUS_NONE = 0,
+    OSUBD_SUS_CUDA,
+    OSUBD_SUS_VLLM,
+    OSUBD_SUS_SGLANG,
+    OSUBD_SUS_HTTP,
+};
+
+struct osubd_sus_spec {
+    enum osubd_sus_method method;
+    char url[OSUBD_SUS_URL_MAX + 1]; /* vllm, sglang, http: http://HOST:PORT[/PREFIX] */
+    char suspend_path[OSUBD_SUS_PATH_MAX + 1], resume_path[OSUBD_SUS_PATH_MAX + 1]; /* http */
+};
+
+const char *osubd_sus_method_name(enum osubd_sus_method m);
+
+struct osubd_destinations;
+/* A spec's "suspend" value ({"method": "cuda"}, {"method": "vllm", "url": U}, ...; unknown
+ * fields refused) into out. dest: where url may point (NULL: anywhere, for a spec already in
+ * the state). 0, or -1 with a sentence naming the field. */
+int osubd_sus_parse(const json_t *v, const struct osubd_destinations *dest,
+                    struct osubd_sus_spec *out, char *err, size_t errlen);
+/* The spec as osubd_sus_parse reads it (new reference, NULL on out of memory). */
+json_t *osubd_sus_spec_json(const struct osubd_sus_spec *s);
+
+struct event_base;
+struct osubd_sus;
+
+/* An operation ended: ok, or why (a sentence). Called on the loop, once per started one. */
+typedef void (*osubd_sus_done_fn)(void *arg, const char *id, bool resume, bool ok, const char *why);
+
+/* cuda_lib: the CUDA driver to load for the cuda method ("" : libcuda.so.1), loaded when first
+ * asked for. */
+struct osubd_sus *osubd_sus_new(struct event_base *base, const char *cuda_lib,
+                                osubd_sus_done_fn done, void *arg);
+/* Waits for the CUDA operations under way (a lock has its timeout), then frees; an HTTP one
+ * under way is dropped unanswered. */
+void osubd_sus_free(struct osubd_sus *s);
+
+/* Whether the cuda method can be used: the driver loads and has the checkpoint API (driver
+ * 550+); false with a sentence. */
+bool osubd_sus_cuda_ok(struct osubd_sus *s, char *why, size_t whylen);
+
+/* Starts suspending (resume false) or resuming service id (copied) by spec; pids: its
+ * processes (the cuda method; copied). The operation fails past timeout_ms. 0, or -1 with a
+ * sentence (one under way for id already, no process, the method unusable): done is then not
+ * called. */
+int osubd_sus_start(struct osubd_sus *s, const char *id, bool resume,
+                    const struct osubd_sus_spec *spec, const pid_t *pids, int npids, int timeout_ms,
+                    char *err, size_t errlen);
+bool osubd_sus_busy(const struct osubd_sus *s, const char *id);
+
+#endif
