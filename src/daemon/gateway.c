@@ -400,9 +400,13 @@ void osubd__gw_admit(struct osubd_gateway *g, struct gw_req *r)
     r->next = *at;
     *at = r;
     s->n_queued++;
+    d->n_queued++;
     r->timer = evtimer_new(d->base, osubd__gw_on_deadline, r);
     struct timeval tv = {deadline / 1000, (deadline % 1000) * 1000};
     evtimer_add(r->timer, &tv);
+    /* queued behind requests that wait for their streaming share: it may go before them */
+    if (s->v_serving && s->inflight < osubd__gw_eff_lim(s))
+        osubd__gw_kick(s);
 }
 
 struct osubd_gateway *osubd_gateway_new(struct osubd_core *c, const struct osubd_routes *routes,
@@ -465,9 +469,14 @@ static int gateway_listen(struct osubd_gateway *g, char *err, size_t errlen)
                                                : ((struct sockaddr_in *)&ss)->sin_port);
     osubd_listener_guard(g->lis, "gateway", &g->refused_conns);
     osubd_self_add_fd(d->self, (int)evconnlistener_get_fd(g->lis), "gateway");
-    g->pump = event_new(d->base, -1, EV_PERSIST, osubd__gw_on_pump, g);
-    struct timeval tv = {0, 50000};
-    event_add(g->pump, &tv);
+    g->kick = event_new(d->base, -1, 0, osubd__gw_on_kick, g);
+    g->maint = event_new(d->base, -1, EV_PERSIST, osubd__gw_on_maint, g);
+    if (g->kick == NULL || g->maint == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    struct timeval tv = {1, 0};
+    event_add(g->maint, &tv);
     printf("gateway on http://%s:%d\n", d->cfg->gateway_host, bport);
     fflush(stdout);
     return 0;
@@ -477,8 +486,10 @@ void osubd_gateway_free(struct osubd_gateway *g)
 {
     if (g == NULL)
         return;
-    if (g->pump)
-        event_free(g->pump);
+    if (g->kick)
+        event_free(g->kick);
+    if (g->maint)
+        event_free(g->maint);
     if (g->lis != NULL) {
         osubd_listener_unguard(g->lis);
         evconnlistener_free(g->lis);
@@ -696,8 +707,31 @@ static void gateway_metrics(void *ctx, struct evbuffer *b)
     osubd_gateway_metrics(ctx, b);
 }
 
+/* A command was applied: a service may now serve or run more at once (ready, a degrade ended,
+ * a limit raised). Its queue is looked at once the command returned. */
+static void gateway_events(void *ctx, const osub_event_t *ev, size_t n)
+{
+    (void)ev;
+    (void)n;
+    osubd__gw_kick_queued(ctx);
+}
+
+/* A service gone from the engine: its pooled connections go at once (the next owner of the id
+ * must never reach the old backend through them); its state once nothing points at it. */
+static void gateway_forget(void *ctx, const char *id)
+{
+    struct osubd_gateway *g = ctx;
+    struct gw_svc *s = osubd__gw_svc_find(g, id, strlen(id));
+    if (s != NULL)
+        osubd__gw_svc_flush_idle(s, true);
+}
+
 struct osubd_module osubd_gateway_module(struct osubd_gateway *g)
 {
-    struct osubd_module m = {.name = "gateway", .ctx = g, .metrics = gateway_metrics};
+    struct osubd_module m = {.name = "gateway",
+                             .ctx = g,
+                             .events = gateway_events,
+                             .forget = gateway_forget,
+                             .metrics = gateway_metrics};
     return m;
 }

@@ -141,6 +141,7 @@ struct gw_bconn {
     bool reused;    /* taken from the pool: the backend may have closed it meanwhile */
     bool broken;    /* a send failed: failed from the loop (the timer at once), not from the
                      * sender, whose caller still holds the client */
+    double io_at;   /* the last read that brought bytes: the answer's timeout runs from it */
     char url[OSUBD_ROUTE_URL_MAX + 1]; /* the backend URL it was opened for: pooled and taken
                                         * again only while the route still names it there */
 };
@@ -211,6 +212,10 @@ struct gw_svc {
     double eng_waiting, eng_running, eng_kv;
     uint64_t eng_reads, eng_errors;
     long v_qt, v_upstream_ms;
+    /* asked to look at its queue again (osubd__gw_kick): a slot, a share or a limit may have
+     * come free; on the gateway's kicked list until the kick runs */
+    bool kicked;
+    struct gw_svc *kick_next;
 };
 
 struct osubd_gateway {
@@ -221,7 +226,16 @@ struct osubd_gateway {
     const struct osubd_routes *routes; /* each service's backends and limits */
     struct osubd_self *self;           /* oversubd's own addresses: never a backend */
     struct evconnlistener *lis;
-    struct event *pump;
+    /* the queues are pumped when something happens, never on a timer: a slot freed pumps its
+     * service at once; a command (a service now serving, a limit raised), a read of the
+     * engine's saturation, a body done streaming kick the services concerned, and the kick
+     * runs in the same turn of the loop, once the callback that asked for it returned.
+     * `maint` (each second) reads the engines' metrics and sweeps what routes left behind. */
+    struct event *kick;
+    struct gw_svc *kicked; /* services asked to pump (gw_svc.kick_next) */
+    int64_t n_queued;      /* requests in every service's queue */
+    struct event *maint;
+    unsigned maint_ticks;
     struct gw_svc *svcs;
     struct peer_count *peers[1024]; /* connections per client address, hashed */
     uint64_t no_route, bad_requests, refused_conns, too_large, client_gone;
@@ -233,6 +247,7 @@ struct osubd_gateway {
     bool stopping, draining;
     FILE *access; /* the access log (NULL: none) */
     int n_free;
+    char rbuf[65536]; /* a backend's read lands here: a stream's bytes go on from it */
 };
 
 static inline double now_s(void)
@@ -306,7 +321,13 @@ bool osubd__gw_stream_ok(const struct gw_svc *s, const struct gw_req *r);
 
 void osubd__gw_pump(struct osubd_gateway *g, struct gw_svc *s);
 
-void osubd__gw_on_pump(evutil_socket_t fd, short what, void *arg);
+void osubd__gw_kick(struct gw_svc *s);
+
+void osubd__gw_kick_queued(struct osubd_gateway *g);
+
+void osubd__gw_on_kick(evutil_socket_t fd, short what, void *arg);
+
+void osubd__gw_on_maint(evutil_socket_t fd, short what, void *arg);
 
 struct gw_svc *osubd__gw_svc_of(struct osubd_gateway *g, const char *id);
 

@@ -113,11 +113,25 @@ static void bc_fail(struct gw_bconn *bc, bool timeout)
     osubd__gw_cl_after(c);
 }
 
-static void bc_arm(struct gw_bconn *bc)
+static long bc_timeout_ms(const struct gw_bconn *bc)
 {
-    long ms = bc->svc->v_upstream_ms > 0 ? bc->svc->v_upstream_ms : BACKEND_TIMEOUT_S * 1000L;
+    return bc->svc->v_upstream_ms > 0 ? bc->svc->v_upstream_ms : BACKEND_TIMEOUT_S * 1000L;
+}
+
+static void bc_arm_ms(struct gw_bconn *bc, long ms)
+{
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     event_add(bc->timer, &tv);
+}
+
+/* The answer's timer, from now. A read that brings bytes only notes its time (io_at): the
+ * timer, when it fires early, waits for the rest from there (no event_add per read). */
+static void bc_arm(struct gw_bconn *bc)
+{
+    if (bc->broken)
+        return; /* its timer is due at once: a send failed */
+    bc->io_at = now_s();
+    bc_arm_ms(bc, bc_timeout_ms(bc));
 }
 
 static void bc_on_timer(evutil_socket_t fd, short what, void *arg)
@@ -129,6 +143,13 @@ static void bc_on_timer(evutil_socket_t fd, short what, void *arg)
         bc_unidle(bc);
         osubd__gw_bc_close(bc);
         return;
+    }
+    if (!bc->broken) {
+        long left = bc_timeout_ms(bc) - (long)((now_s() - bc->io_at) * 1000.0);
+        if (left > 0) {
+            bc_arm_ms(bc, left); /* bytes came since it was armed */
+            return;
+        }
     }
     bc_fail(bc, !bc->broken);
 }
@@ -266,31 +287,17 @@ static void add_data(void *arg, const char *p, size_t n)
     evbuffer_add(arg, p, n);
 }
 
-static void bc_on_read(evutil_socket_t fd, short what, void *arg)
+/* The answer as far as bc->in holds it: its head, then its body staged for the client. -1
+ * when it failed (bc_fail ran: bc is gone). */
+static int bc_parse(struct gw_bconn *bc)
 {
-    (void)what;
-    struct gw_bconn *bc = arg;
-    int n = osubd__gw_read_into(bc->in, fd);
-    if (bc->r == NULL) {
-        /* idle: the backend closed it (or said something it should not have) */
-        bc_unidle(bc);
-        osubd__gw_bc_close(bc);
-        return;
-    }
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-        return;
-    bool eof = n <= 0;
-    if (n > 0) {
-        bc->got_bytes = true;
-        bc_arm(bc);
-    }
     for (;;) {
         if (bc->st == 0) {
             int h = bc_head(bc);
             if (h < 0) {
                 evbuffer_drain(bc->svc->g->scratch, evbuffer_get_length(bc->svc->g->scratch));
                 bc_fail(bc, false);
-                return;
+                return -1;
             }
             if (h == 0)
                 break;
@@ -312,7 +319,7 @@ static void bc_on_read(evutil_socket_t fd, short what, void *arg)
             if (bc->cs.st == H1C_BAD) {
                 stage_flush(bc);
                 bc_fail(bc, false);
-                return;
+                return -1;
             }
             if (dechunk)
                 evbuffer_drain(bc->in, k);
@@ -326,6 +333,78 @@ static void bc_on_read(evutil_socket_t fd, short what, void *arg)
         break;
     }
     stage_flush(bc);
+    return 0;
+}
+
+/* Whether a read's bytes may go to the client straight from the read buffer: the head went,
+ * nothing waits before them, and the body passes as it is framed. */
+static bool bc_passes(const struct gw_bconn *bc)
+{
+    return evbuffer_get_length(bc->in) == 0 &&
+           (bc->st == 1 || bc->st == 3 || (bc->st == 2 && !bc->r->http10));
+}
+
+/* One read of the body, from p to the client: what its framing takes goes (one send, the
+ * rest kept in the client's out), what is past the answer's end stays in bc->in. -1: the
+ * framing is broken. */
+static int bc_pass(struct gw_bconn *bc, const char *p, size_t n)
+{
+    size_t k = n;
+    if (bc->st == 1) {
+        k = n < (size_t)bc->left ? n : (size_t)bc->left;
+        bc->left -= (int64_t)k;
+        if (bc->left == 0)
+            bc->st = 4;
+    } else if (bc->st == 2) {
+        k = h1_chunked_feed(&bc->cs, p, n, NULL, NULL);
+        if (bc->cs.st == H1C_BAD)
+            return -1;
+        if (bc->cs.st == H1C_DONE)
+            bc->st = 4;
+    }
+    struct gw_client *c = bc->r->cl;
+    if (k > 0 && !osubd__gw_send_bytes(c->fd, c->out, c->wev, p, k))
+        c->closing = c->gone = true;
+    if (k < n)
+        evbuffer_add(bc->in, p + k, n - k);
+    if (evbuffer_get_length(c->out) > OUT_HIGH) {
+        c->paused_bc = true;
+        event_del(bc->rev);
+    }
+    return 0;
+}
+
+static void bc_on_read(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    struct gw_bconn *bc = arg;
+    char *buf = bc->svc->g->rbuf;
+    ssize_t n = read(fd, buf, sizeof(bc->svc->g->rbuf));
+    if (bc->r == NULL) {
+        /* idle: the backend closed it (or said something it should not have) */
+        bc_unidle(bc);
+        osubd__gw_bc_close(bc);
+        return;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return;
+    bool eof = n <= 0;
+    if (n > 0) {
+        bc->got_bytes = true;
+        bc->io_at = now_s(); /* the timer waits from here (bc_on_timer) */
+        if (bc_passes(bc)) { /* a stream's next bytes: no copy, no buffer */
+            if (bc_pass(bc, buf, (size_t)n) != 0) {
+                bc_fail(bc, false);
+                return;
+            }
+        } else {
+            evbuffer_add(bc->in, buf, (size_t)n);
+            if (bc_parse(bc) != 0)
+                return;
+        }
+    } else if (bc_parse(bc) != 0) {
+        return;
+    }
     if (bc->r != NULL && bc->r->cl != NULL && bc->r->cl->gone) {
         osubd__gw_client_gone(bc->r->cl, "a write failed"); /* closes bc too */
         return;
@@ -379,19 +458,41 @@ static void bc_on_write(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+static void bc_broken(struct gw_bconn *bc)
+{
+    bc->broken = true;
+    struct timeval now = {0, 0};
+    event_add(bc->timer, &now);
+}
+
+/* Sends b on bc. A connection still connecting is written to at once all the same: on loopback
+ * its handshake is done by the time connect() returned, and the write then saves a turn of the
+ * loop (the write event, SO_ERROR, two changes of interest); EAGAIN says it is not, and the
+ * write event waits for it. */
 static void bc_send(struct gw_bconn *bc, struct evbuffer *b)
 {
     if (bc->broken)
         return;
+    if (!bc->connected && evbuffer_get_length(bc->out) == 0) {
+        int w = evbuffer_write(b, bc->fd);
+        if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            bc_broken(bc); /* refused: failed from the loop, 502 */
+            return;
+        }
+        if (w > 0) {
+            bc->connected = true;
+            event_add(bc->rev, NULL);
+        }
+        if (evbuffer_get_length(b) == 0)
+            return;
+    }
     if (!bc->connected) {
         evbuffer_add_buffer(bc->out, b);
+        event_add(bc->wev, NULL); /* the handshake's end */
         return;
     }
-    if (!osubd__gw_send_buffer(bc->fd, bc->out, bc->wev, b)) {
-        bc->broken = true;
-        struct timeval now = {0, 0};
-        event_add(bc->timer, &now);
-    }
+    if (!osubd__gw_send_buffer(bc->fd, bc->out, bc->wev, b))
+        bc_broken(bc);
 }
 
 /* The backend's address, resolved once per URL. */
@@ -477,7 +578,7 @@ static struct gw_bconn *bc_get(struct gw_svc *s, int b, const char *url, const c
         bc->connected = true;
         event_add(bc->rev, NULL);
     } else if (errno == EINPROGRESS) {
-        event_add(bc->wev, NULL);
+        /* bc_send writes at once, or waits for the write event */
     } else {
         bc->fd = fd;
         osubd__gw_bc_close(bc);
@@ -548,6 +649,7 @@ void osubd__gw_forward_body(struct gw_req *r)
     if (r->body_done && r->streams) {
         r->streams = false;
         r->svc->streaming--;
+        osubd__gw_kick(r->svc); /* a streaming share came free */
     }
     if (!r->body_done) {
         struct timeval tv = {BODY_TIMEOUT_S, 0};

@@ -58,8 +58,10 @@ void osubd__gw_req_free(struct gw_req *r)
         r->timer = NULL;
     }
     if (r->svc != NULL) {
-        if (r->streams)
+        if (r->streams) {
             r->svc->streaming--;
+            osubd__gw_kick(r->svc); /* a streaming share came free */
+        }
         r->streams = false;
         r->svc->refs--;
         r->svc = NULL;
@@ -462,6 +464,8 @@ void osubd__gw_cl_process_inner(struct gw_client *c)
             }
             if (c->cur->bc != NULL && !c->cur->body_done)
                 osubd__gw_forward_body(c->cur);
+            else if (c->cur->timer != NULL && c->cur->svc != NULL)
+                osubd__gw_kick(c->cur->svc); /* queued: all of its body here may let it go */
             /* a queued request's body waits in `in`; beyond 1 MiB we stop reading */
             if (evbuffer_get_length(c->in) > 1024 * 1024)
                 osubd__gw_cl_read_pause(c);
@@ -589,12 +593,7 @@ void osubd__gw_cl_close(struct gw_client *c)
             osubd__gw_req_free(r);
             osubd__gw_pump(s->g, s);
         } else if (s != NULL && r->timer != NULL) {
-            for (struct gw_req **p = &s->queue; *p; p = &(*p)->next)
-                if (*p == r) {
-                    *p = r->next;
-                    s->n_queued--;
-                    break;
-                }
+            osubd__gw_unqueue(s, r);
             osubd__gw_req_free(r);
         } else {
             osubd__gw_req_free(r);

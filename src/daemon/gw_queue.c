@@ -11,6 +11,7 @@ void osubd__gw_unqueue(struct gw_svc *s, struct gw_req *r)
         if (*p == r) {
             *p = r->next;
             s->n_queued--;
+            s->g->n_queued--;
             break;
         }
     if (r->timer) {
@@ -157,6 +158,7 @@ static void on_eng_answer(struct evhttp_request *req, void *arg)
         lim = 1;
     s->eng_lim = lim >= s->v_lim ? 0 : lim;
     s->eng_at = now_s();
+    osubd__gw_kick(s); /* a limit raised lets queued requests go */
 }
 
 /* Reads the engine's metrics of every service that names them (once a second). */
@@ -270,30 +272,70 @@ void osubd__gw_pump(struct osubd_gateway *g, struct gw_svc *s)
     }
 }
 
-void osubd__gw_on_pump(evutil_socket_t fd, short what, void *arg)
+/* Asks for s's queue to be looked at again, from the loop (the caller may hold a client that
+ * pump would answer): at once, in this turn of the loop, after the current callback. */
+void osubd__gw_kick(struct gw_svc *s)
+{
+    struct osubd_gateway *g = s->g;
+    if (s->queue == NULL || s->kicked)
+        return;
+    s->kicked = true;
+    s->kick_next = g->kicked;
+    g->kicked = s;
+    event_active(g->kick, EV_TIMEOUT, 1);
+}
+
+/* Every service with a queue (a command may have changed what any of them may run). */
+void osubd__gw_kick_queued(struct osubd_gateway *g)
+{
+    if (g->n_queued == 0)
+        return;
+    for (struct gw_svc *s = g->svcs; s != NULL; s = s->next)
+        osubd__gw_kick(s);
+}
+
+/* When the state changed since s was last swept: a route that changed or went takes its pooled
+ * connections with it (the next owner of the id must never reach the old backend). */
+static void svc_sweep(struct osubd_gateway *g, struct gw_svc *s)
+{
+    if (s->swept_version == osubd_core_version(g->core))
+        return;
+    s->swept_version = osubd_core_version(g->core);
+    osubd__gw_svc_flush_idle(s, osubd__gw_route_of(g, s->id) == NULL);
+}
+
+void osubd__gw_on_kick(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
     struct osubd_gateway *g = arg;
-    static unsigned ticks;
-    if (++ticks % 20 == 0) /* the pump runs every 50 ms: the engines' metrics once a second */
-        eng_poll(g);
+    while (g->kicked != NULL) {
+        struct gw_svc *s = g->kicked;
+        g->kicked = s->kick_next;
+        s->kick_next = NULL;
+        s->kicked = false;
+        osubd__gw_pump(g, s);
+    }
+}
+
+void osubd__gw_on_maint(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct osubd_gateway *g = arg;
+    eng_poll(g); /* the engines' metrics, once a second */
     for (struct gw_svc **sp = &g->svcs; *sp != NULL;) {
         struct gw_svc *s = *sp;
-        osubd__gw_pump(g, s);
-        if (s->swept_version != osubd_core_version(g->core)) {
-            /* the state changed: a route that changed or went takes its pooled connections
-             * with it (the next owner of the id must never reach the old backend), and a
-             * service gone takes its gateway state once no request points at it */
-            s->swept_version = osubd_core_version(g->core);
-            bool gone = osubd__gw_route_of(g, s->id) == NULL;
-            osubd__gw_svc_flush_idle(s, gone);
-            if (gone && s->refs == 0 && s->queue == NULL && s->inflight == 0 && !s->eng_busy) {
-                *sp = s->next;
-                osubd__gw_eng_drop(s);
-                free(s);
-                continue;
-            }
+        osubd__gw_kick(s); /* what time alone changes (an engine's limit gone stale) */
+        svc_sweep(g, s);
+        /* a service gone takes its gateway state once no request points at it */
+        bool gone = osubd__gw_route_of(g, s->id) == NULL;
+        if (gone && s->refs == 0 && s->queue == NULL && s->inflight == 0 && !s->eng_busy &&
+            !s->kicked) {
+            *sp = s->next;
+            osubd__gw_eng_drop(s);
+            free(s);
+            continue;
         }
         sp = &s->next;
     }
