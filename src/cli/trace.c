@@ -1,15 +1,18 @@
 /* trace.c - importers for simulate/advise: the GenAI trace folder, services + usage files */
+#define _POSIX_C_SOURCE 200809L
 #include "trace.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
 
 #include <jansson.h>
 
+#include "csv.h"
 #include "spec_json.h"
 
 uint64_t fnv1a64(const char *s)
@@ -20,6 +23,57 @@ uint64_t fnv1a64(const char *s)
         h *= 1099511628211ULL;
     }
     return h;
+}
+
+/* ---- progress ----------------------------------------------------------------------- */
+
+static FILE *progress_to;
+
+void trace_set_progress(FILE *f)
+{
+    progress_to = f;
+}
+
+FILE *progress_file(void)
+{
+    return progress_to;
+}
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+void progress_begin(struct progress *p)
+{
+    p->t0 = mono_s();
+    p->next = p->t0 + 3.0;
+    p->said = false;
+}
+
+bool progress_due(struct progress *p)
+{
+    double now = mono_s();
+    if (now < p->next)
+        return false;
+    p->next = now + 5.0;
+    p->said = true;
+    return true;
+}
+
+double progress_elapsed(const struct progress *p)
+{
+    return mono_s() - p->t0;
+}
+
+double peak_rss_mib(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0)
+        return 0;
+    return (double)ru.ru_maxrss / 1024.0; /* KiB on Linux */
 }
 
 void genai_opts_default(struct genai_opts *o)
@@ -76,106 +130,70 @@ static int errf(char *err, size_t len, const char *fmt, ...)
     return -1;
 }
 
-/* ---- CSV ---------------------------------------------------------------------------- */
+/* ---- the services by id --------------------------------------------------------------- */
 
-struct csv {
-    FILE *f;
-    const char *path;
-    size_t line;
-    char buf[4096];
-    char *fields[16];
-    int nf;
+/* The services of a trace being imported, by id: open addressing over their indices (a month
+ * of 10,000 pods is 78 million rows, and a scan of the services per row was an import's whole
+ * time). Ids are unique in it, so a lookup finds what the scan found. */
+struct idx {
+    int32_t *slot; /* -1: empty; else an index into tr->svcs */
+    size_t cap;    /* a power of two, more than twice the services */
 };
 
-/* Reads the next non-empty line into fields. Returns 1, 0 at the end, -1 on error. */
-static int csv_next(struct csv *c, char *err, size_t errlen)
+static void idx_free(struct idx *x)
 {
-    for (;;) {
-        if (fgets(c->buf, sizeof(c->buf), c->f) == NULL) {
-            if (ferror(c->f))
-                return errf(err, errlen, "%s: line %zu: %s", c->path, c->line + 1, strerror(errno));
-            return 0;
-        }
-        c->line++;
-        size_t n = strlen(c->buf);
-        if (n == sizeof(c->buf) - 1 && c->buf[n - 1] != '\n')
-            return errf(err, errlen, "%s: line %zu: line too long", c->path, c->line);
-        bool had_nl = n > 0 && c->buf[n - 1] == '\n';
-        while (n > 0 && (c->buf[n - 1] == '\n' || c->buf[n - 1] == '\r'))
-            c->buf[--n] = '\0';
-        if (!had_nl && !feof(c->f))
-            return errf(err, errlen, "%s: line %zu: malformed line", c->path, c->line);
-        if (n == 0)
-            continue;
-        c->nf = 0;
-        char *p = c->buf;
-        for (;;) {
-            if (c->nf == 16)
-                return errf(err, errlen, "%s: line %zu: too many fields", c->path, c->line);
-            c->fields[c->nf++] = p;
-            char *comma = strchr(p, ',');
-            if (comma == NULL)
-                break;
-            *comma = '\0';
-            p = comma + 1;
-        }
-        return 1;
-    }
+    free(x->slot);
+    x->slot = NULL;
+    x->cap = 0;
 }
 
-/* A non-negative decimal ("123", "12.5") rounded up to an integer after dividing by `div`. */
-static int parse_ceil(const char *s, int64_t div, int64_t *out)
+static void idx_put(struct idx *x, const struct trace *tr, int32_t i)
 {
-    const char *p = s;
-    while (*p == ' ')
-        p++;
-    if (!isdigit((unsigned char)*p))
+    size_t h = fnv1a64(tr->svcs[i].spec.id) & (x->cap - 1);
+    while (x->slot[h] >= 0)
+        h = (h + 1) & (x->cap - 1);
+    x->slot[h] = i;
+}
+
+/* Makes room for one more service. Returns 0 or -1 (out of memory; x unchanged). */
+static int idx_reserve(struct idx *x, const struct trace *tr)
+{
+    if ((tr->n + 1) * 2 < x->cap)
+        return 0;
+    size_t cap = x->cap ? x->cap * 2 : 1024;
+    int32_t *slot = malloc(cap * sizeof(*slot));
+    if (slot == NULL || tr->n >= INT32_MAX / 2) {
+        free(slot);
         return -1;
-    int64_t ip = 0;
-    while (isdigit((unsigned char)*p)) {
-        if (ip > (INT64_C(1) << 55))
-            return -1;
-        ip = ip * 10 + (*p - '0');
-        p++;
     }
-    bool frac = false;
-    if (*p == '.') {
-        p++;
-        if (!isdigit((unsigned char)*p))
-            return -1;
-        while (isdigit((unsigned char)*p)) {
-            frac = frac || *p != '0';
-            p++;
-        }
-    }
-    while (*p == ' ')
-        p++;
-    if (*p != '\0')
-        return -1;
-    /* ceil((ip + frac?) / div): a fractional part only ever rounds up */
-    int64_t q = ip / div, r = ip % div;
-    *out = q + ((r > 0 || frac) ? 1 : 0);
+    for (size_t h = 0; h < cap; h++)
+        slot[h] = -1;
+    free(x->slot);
+    x->slot = slot;
+    x->cap = cap;
+    for (size_t i = 0; i < tr->n; i++)
+        idx_put(x, tr, (int32_t)i);
     return 0;
 }
 
-static int parse_int(const char *s, int64_t *out)
+/* The index of the service named id, or -1. */
+static int32_t idx_get(const struct idx *x, const struct trace *tr, const char *id)
 {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (end == s || *end != '\0' || errno != 0 || v < 0)
+    if (x->cap == 0)
         return -1;
-    *out = v;
-    return 0;
+    size_t h = fnv1a64(id) & (x->cap - 1);
+    for (; x->slot[h] >= 0; h = (h + 1) & (x->cap - 1))
+        if (strcmp(tr->svcs[x->slot[h]].spec.id, id) == 0)
+            return x->slot[h];
+    return -1;
 }
 
-static struct trace_svc *find_or_add(struct trace *tr, const char *id, bool add)
+static struct trace_svc *find_or_add(struct trace *tr, struct idx *x, const char *id, bool add)
 {
-    /* traces hold at most thousands of services: a linear scan of recent ones first */
-    for (size_t i = tr->n; i > 0; i--)
-        if (strcmp(tr->svcs[i - 1].spec.id, id) == 0)
-            return &tr->svcs[i - 1];
-    if (!add)
+    int32_t i = idx_get(x, tr, id);
+    if (i >= 0)
+        return &tr->svcs[i];
+    if (!add || idx_reserve(x, tr) != 0)
         return NULL;
     if (tr->n == tr->cap) {
         size_t cap = tr->cap ? tr->cap * 2 : 64;
@@ -188,6 +206,7 @@ static struct trace_svc *find_or_add(struct trace *tr, const char *id, bool add)
     struct trace_svc *s = &tr->svcs[tr->n++];
     memset(s, 0, sizeof(*s));
     osub_spec_init(&s->spec, id, "batch");
+    idx_put(x, tr, (int32_t)(tr->n - 1));
     return s;
 }
 
@@ -237,6 +256,16 @@ static int check_span(const struct trace *tr, const char *file, char *err, size_
     return 0;
 }
 
+/* True when s's samples are in strictly increasing time (as a trace written in time order
+ * is): sorting leaves them as they are, and a time names one sample. */
+static bool strictly_sorted(const struct trace_svc *s)
+{
+    for (size_t j = 1; j < s->n; j++)
+        if (s->samples[j].t_s <= s->samples[j - 1].t_s)
+            return false;
+    return true;
+}
+
 /* Sorts samples, merges duplicates (same time: the larger), fills t0/t1/step. */
 static void finish_trace(struct trace *tr)
 {
@@ -249,7 +278,8 @@ static void finish_trace(struct trace *tr)
         struct trace_svc *s = &tr->svcs[i];
         if (s->n == 0)
             continue; /* a service without samples: the caller skips it */
-        qsort(s->samples, s->n, sizeof(*s->samples), cmp_sample);
+        if (!strictly_sorted(s))
+            qsort(s->samples, s->n, sizeof(*s->samples), cmp_sample);
         size_t w = 0;
         for (size_t j = 0; j < s->n; j++) {
             if (w > 0 && s->samples[w - 1].t_s == s->samples[j].t_s) {
@@ -304,43 +334,114 @@ size_t trace_samples(const struct trace *tr)
     return n;
 }
 
-static int open_csv(struct csv *c, const char *path, const char *header, char *err, size_t errlen)
+/* ---- the GenAI folder ------------------------------------------------------------------ */
+
+/* A trace written in time order names its pods in the same order at every time: the service
+ * that followed the previous row's service last time is tried first (a strcmp instead of a
+ * hash), falling back on the index. next[0] guesses the first row, next[1 + i] what follows
+ * service i. */
+struct succ {
+    int32_t *next;
+    size_t cap;
+    int32_t prev; /* the previous row's service, -1 before the first */
+};
+
+static int32_t succ_find(struct succ *q, const struct idx *x, const struct trace *tr,
+                         const char *id)
 {
-    memset(c, 0, sizeof(*c));
-    c->path = path;
-    c->f = fopen(path, "rb");
-    if (c->f == NULL)
-        return errf(err, errlen, "%s: %s", path, strerror(errno));
-    int r = csv_next(c, err, errlen);
-    if (r <= 0) {
-        fclose(c->f);
-        return r < 0 ? -1
-                     : errf(err, errlen, "%s: empty file (expected the header '%s')", path, header);
+    size_t k = (size_t)(q->prev + 1);
+    if (k < q->cap && q->next[k] >= 0 && (size_t)q->next[k] < tr->n &&
+        strcmp(tr->svcs[q->next[k]].spec.id, id) == 0)
+        return q->next[k];
+    return idx_get(x, tr, id);
+}
+
+/* Service i follows the previous row's. Returns 0 or -1 (out of memory). */
+static int succ_note(struct succ *q, int32_t i)
+{
+    size_t k = (size_t)(q->prev + 1);
+    if (k >= q->cap) {
+        size_t cap = q->cap ? q->cap * 2 : 1024;
+        while (cap <= k)
+            cap *= 2;
+        int32_t *n = realloc(q->next, cap * sizeof(*n));
+        if (n == NULL)
+            return -1;
+        for (size_t j = q->cap; j < cap; j++)
+            n[j] = -1;
+        q->next = n;
+        q->cap = cap;
     }
-    /* rebuild the header to compare it */
-    char got[512] = "";
-    for (int i = 0; i < c->nf; i++) {
-        strncat(got, c->fields[i], sizeof(got) - strlen(got) - 2);
-        if (i + 1 < c->nf)
-            strncat(got, ",", sizeof(got) - strlen(got) - 1);
+    q->next[k] = i;
+    q->prev = i;
+    return 0;
+}
+
+/* The rows of one time share its text: parsed once. */
+struct tscache {
+    char text[24];
+    int64_t t;
+};
+
+static int parse_time(struct tscache *c, const char *s, int64_t *t)
+{
+    if (strcmp(c->text, s) == 0) {
+        *t = c->t;
+        return 0;
     }
-    if (strncmp(got, header, strlen(header)) != 0) {
-        fclose(c->f);
-        return errf(err, errlen, "%s: line 1: expected the header '%s', found '%s'", path, header,
-                    got);
+    if (csv_parse_int(s, t) != 0)
+        return -1;
+    if (strlen(s) < sizeof(c->text)) {
+        strcpy(c->text, s);
+        c->t = *t;
     }
     return 0;
 }
 
-/* ---- the GenAI folder ------------------------------------------------------------------ */
+/* "pod-" and at most max characters of pod, lowercased when lower (ASCII, as tolower in the C
+ * locale the CLI runs in). */
+static void pod_id(char *id, const char *pod, size_t max, bool lower)
+{
+    size_t n = strnlen(pod, max);
+    memcpy(id, "pod-", 4);
+    for (size_t j = 0; j < n; j++)
+        id[4 + j] = lower && pod[j] >= 'A' && pod[j] <= 'Z' ? (char)(pod[j] - 'A' + 'a') : pod[j];
+    id[4 + n] = '\0';
+}
 
-struct kv {
-    char id[64];
-    int64_t v;
-};
+/* Progress of a long read: "simulate: reading FILE: 1.2 of 2.8 GB (43%)". Reads the clock
+ * every 2^20 rows. */
+static void read_progress(struct progress *p, const struct csv *c)
+{
+    FILE *f = progress_file();
+    if (f == NULL || (c->line & 0xfffff) != 0 || !progress_due(p))
+        return;
+    if (c->size > 0)
+        fprintf(f, "simulate: reading %s: %.2f of %.2f GB (%.0f%%), %.0f s\n", c->path,
+                (double)c->bytes / 1e9, (double)c->size / 1e9,
+                100.0 * (double)c->bytes / (double)c->size, progress_elapsed(p));
+    else
+        fprintf(f, "simulate: reading %s: line %zu, %.0f s\n", c->path, c->line,
+                progress_elapsed(p));
+}
 
-static int load_ms_medians(const char *path, struct trace *tr, int64_t *trace_median, char *err,
-                           size_t errlen, int64_t **per_svc)
+/* The service a load-time row names (its id, or pod- and its id), the first of the two in
+ * the trace's order; -1 when none. */
+static int32_t load_row_svc(const struct idx *x, const struct trace *tr, const char *pod)
+{
+    int32_t a = idx_get(x, tr, pod), b = -1;
+    char id[OSUB_ID_MAX + 8];
+    if (strlen(pod) <= OSUB_ID_MAX) {
+        pod_id(id, pod, OSUB_ID_MAX, false);
+        b = idx_get(x, tr, id);
+    }
+    return a < 0 ? b : b < 0 ? a : a < b ? a : b;
+}
+
+/* Per service, its median load time (0: none) in *per_svc (returned owned), and the whole
+ * trace's in *trace_median (60 s without any). The file is optional. */
+static int load_ms_medians(const char *path, struct trace *tr, const struct idx *x,
+                           int64_t *trace_median, char *err, size_t errlen, int64_t **per_svc)
 {
     *per_svc = calloc(tr->n ? tr->n : 1, sizeof(int64_t));
     if (*per_svc == NULL)
@@ -351,17 +452,23 @@ static int load_ms_medians(const char *path, struct trace *tr, int64_t *trace_me
     if (probe == NULL)
         return 0; /* optional file */
     fclose(probe);
-    if (open_csv(&c, path, "timestamp_s,pod,load_ms", err, errlen) != 0)
+    if (csv_open(&c, path, "timestamp_s,pod,load_ms", err, errlen) != 0)
         return -1;
     int64_t *all = NULL;
     size_t na = 0, capa = 0;
     int64_t **lists = calloc(tr->n ? tr->n : 1, sizeof(*lists));
     size_t *ln = calloc(tr->n ? tr->n : 1, sizeof(*ln)),
            *lc = calloc(tr->n ? tr->n : 1, sizeof(*lc));
-    int r, rc = 0;
-    while ((r = csv_next(&c, err, errlen)) == 1) {
+    int r = 0, rc = 0;
+    if (lists == NULL || ln == NULL || lc == NULL)
+        rc = errf(err, errlen, "out of memory");
+    struct progress pg;
+    progress_begin(&pg);
+    while (rc == 0 && (r = csv_next(&c, err, errlen)) == 1) {
+        read_progress(&pg, &c);
         int64_t t, ms;
-        if (c.nf != 3 || parse_int(c.fields[0], &t) != 0 || parse_ceil(c.fields[2], 1, &ms) != 0) {
+        if (c.nf != 3 || csv_parse_int(c.fields[0], &t) != 0 ||
+            csv_parse_ceil(c.fields[2], 1, &ms) != 0) {
             rc = errf(err, errlen, "%s: line %zu: expected timestamp_s,pod,load_ms", path, c.line);
             break;
         }
@@ -375,24 +482,19 @@ static int load_ms_medians(const char *path, struct trace *tr, int64_t *trace_me
             all = n;
         }
         all[na++] = ms;
-        for (size_t i = 0; i < tr->n; i++) {
-            if (strcmp(tr->svcs[i].spec.id, c.fields[1]) != 0 &&
-                strncmp(tr->svcs[i].spec.id + 4, c.fields[1], 60) != 0)
-                continue;
-            if (ln[i] == lc[i]) {
-                lc[i] = lc[i] ? lc[i] * 2 : 16;
-                int64_t *n = realloc(lists[i], lc[i] * sizeof(*n));
-                if (n == NULL) {
-                    rc = errf(err, errlen, "out of memory");
-                    break;
-                }
-                lists[i] = n;
+        int32_t i = load_row_svc(x, tr, c.fields[1]);
+        if (i < 0)
+            continue;
+        if (ln[i] == lc[i]) {
+            lc[i] = lc[i] ? lc[i] * 2 : 16;
+            int64_t *n = realloc(lists[i], lc[i] * sizeof(*n));
+            if (n == NULL) {
+                rc = errf(err, errlen, "out of memory");
+                break;
             }
-            lists[i][ln[i]++] = ms;
-            break;
+            lists[i] = n;
         }
-        if (rc)
-            break;
+        lists[i][ln[i]++] = ms;
     }
     if (r < 0)
         rc = -1;
@@ -400,7 +502,7 @@ static int load_ms_medians(const char *path, struct trace *tr, int64_t *trace_me
         qsort(all, na, sizeof(*all), cmp_i64);
         *trace_median = all[na / 2];
     }
-    for (size_t i = 0; i < tr->n; i++) {
+    for (size_t i = 0; i < tr->n && lists != NULL && ln != NULL; i++) {
         if (ln[i] > 0) {
             qsort(lists[i], ln[i], sizeof(int64_t), cmp_i64);
             (*per_svc)[i] = lists[i][ln[i] / 2];
@@ -411,25 +513,28 @@ static int load_ms_medians(const char *path, struct trace *tr, int64_t *trace_me
     free(ln);
     free(lc);
     free(all);
-    fclose(c.f);
+    csv_close(&c);
     return rc;
 }
 
-int trace_import_genai(const char *dir, const struct genai_opts *o, struct trace *tr, char *err,
-                       size_t errlen)
+/* genai_pod_vram.csv: a service per pod (of the part asked for), its samples in file order. */
+static int read_vram(const char *path, const struct genai_opts *o, struct trace *tr, struct idx *x,
+                     char *err, size_t errlen)
 {
-    memset(tr, 0, sizeof(*tr));
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/genai_pod_vram.csv", dir);
     struct csv c;
-    if (open_csv(&c, path, "timestamp_s,pod,vram_bytes", err, errlen) != 0)
+    if (csv_open(&c, path, "timestamp_s,pod,vram_bytes", err, errlen) != 0)
         return -1;
     int r, rc = 0;
     char id[80];
+    struct progress pg;
+    struct succ q = {.prev = -1};
+    struct tscache tc = {"", 0};
+    progress_begin(&pg);
     while ((r = csv_next(&c, err, errlen)) == 1) {
+        read_progress(&pg, &c);
         int64_t t, mib;
-        if (c.nf != 3 || parse_int(c.fields[0], &t) != 0 ||
-            parse_ceil(c.fields[2], 1048576, &mib) != 0 || c.fields[1][0] == '\0' ||
+        if (c.nf != 3 || parse_time(&tc, c.fields[0], &t) != 0 ||
+            csv_parse_ceil(c.fields[2], 1048576, &mib) != 0 || c.fields[1][0] == '\0' ||
             strlen(c.fields[1]) > 58) {
             rc = errf(err, errlen, "%s: line %zu: expected timestamp_s,pod,vram_bytes", path,
                       c.line);
@@ -438,79 +543,149 @@ int trace_import_genai(const char *dir, const struct genai_opts *o, struct trace
         /* pod ids are hex hashes; a service id must start with a letter */
         if (!in_part(o, c.fields[1]))
             continue;
-        snprintf(id, sizeof(id), "pod-%s", c.fields[1]);
-        for (char *p = id; *p; p++)
-            *p = (char)tolower((unsigned char)*p);
-        if (!osub_id_valid(id)) {
+        pod_id(id, c.fields[1], 58, true);
+        int32_t i = succ_find(&q, x, tr, id);
+        if (i < 0 && !osub_id_valid(id)) { /* a service already there has a valid id */
             rc = errf(err, errlen, "%s: line %zu: pod '%s' cannot be a service id", path, c.line,
                       c.fields[1]);
             break;
         }
-        struct trace_svc *s = find_or_add(tr, id, true);
-        if (s == NULL || add_sample(s, t, mib, -1) != 0) {
+        struct trace_svc *s = i >= 0 ? &tr->svcs[i] : find_or_add(tr, x, id, true);
+        if (s == NULL || succ_note(&q, (int32_t)(s - tr->svcs)) != 0 ||
+            add_sample(s, t, mib, -1) != 0) {
             rc = errf(err, errlen, "out of memory");
             break;
         }
     }
-    fclose(c.f);
-    if (r < 0 || rc != 0)
-        goto err;
+    free(q.next);
+    csv_close(&c);
+    return r < 0 || rc != 0 ? -1 : 0;
+}
 
-    /* compute (optional) */
-    snprintf(path, sizeof(path), "%s/genai_pod_gpu_util.csv", dir);
-    FILE *probe = fopen(path, "rb");
-    if (probe != NULL) {
-        fclose(probe);
-        if (open_csv(&c, path, "timestamp_s,pod,gpu_util_pct", err, errlen) != 0)
-            goto err;
-        while ((r = csv_next(&c, err, errlen)) == 1) {
-            int64_t t, pct;
-            if (c.nf != 3 || parse_int(c.fields[0], &t) != 0 ||
-                parse_ceil(c.fields[2], 1, &pct) != 0) {
-                rc = errf(err, errlen, "%s: line %zu: expected timestamp_s,pod,gpu_util_pct", path,
-                          c.line);
-                break;
-            }
-            snprintf(id, sizeof(id), "pod-%s", c.fields[1]);
-            struct trace_svc *s = find_or_add(tr, id, false);
-            if (s == NULL)
-                continue;
-            /* match the sample at that time (samples are still in file order) */
-            for (size_t j = s->n; j > 0; j--)
-                if (s->samples[j - 1].t_s == t) {
-                    s->samples[j - 1].compute_pct = (int16_t)(pct > 100 ? 100 : pct);
-                    break;
-                }
+/* The sample of s at time t, the last in file order (the samples are still in it): with the
+ * samples in strictly increasing time, where the previous row of s matched (*cur) or a binary
+ * search; otherwise a scan back from the end. NULL when none. */
+static struct sample *util_match(struct trace_svc *s, bool sorted, size_t *cur, int64_t t)
+{
+    if (!sorted) {
+        for (size_t j = s->n; j > 0; j--)
+            if (s->samples[j - 1].t_s == t)
+                return &s->samples[j - 1];
+        return NULL;
+    }
+    size_t lo = 0, hi = s->n;
+    if (*cur < s->n && s->samples[*cur].t_s == t) {
+        lo = *cur;
+    } else {
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (s->samples[mid].t_s < t)
+                lo = mid + 1;
+            else
+                hi = mid;
         }
-        fclose(c.f);
-        if (r < 0 || rc != 0)
-            goto err;
+        if (lo == s->n || s->samples[lo].t_s != t)
+            return NULL;
     }
-    finish_trace(tr);
-    if (o->window) {
-        cut_window(tr, o);
-        finish_trace(tr);
+    *cur = lo + 1;
+    return &s->samples[lo];
+}
+
+/* genai_pod_gpu_util.csv (optional): each row sets the compute of the pod's sample at its
+ * time. */
+static int read_util(const char *path, struct trace *tr, struct idx *x, char *err, size_t errlen)
+{
+    FILE *probe = fopen(path, "rb");
+    if (probe == NULL)
+        return 0;
+    fclose(probe);
+    uint8_t *sorted = calloc(tr->n ? tr->n : 1, 1);
+    size_t *cur = calloc(tr->n ? tr->n : 1, sizeof(*cur));
+    if (sorted == NULL || cur == NULL) {
+        free(sorted);
+        free(cur);
+        return errf(err, errlen, "out of memory");
     }
-    snprintf(path, sizeof(path), "%s/genai_pod_vram.csv", dir);
-    size_t left = 0;
     for (size_t i = 0; i < tr->n; i++)
-        left += tr->svcs[i].n > 0;
-    if (left == 0) {
-        errf(err, errlen, "%s: no pod left in the part or window asked for", path);
-        goto err;
+        sorted[i] = strictly_sorted(&tr->svcs[i]);
+    struct csv c;
+    int r = 0, rc = csv_open(&c, path, "timestamp_s,pod,gpu_util_pct", err, errlen);
+    char id[80];
+    struct progress pg;
+    struct succ q = {.prev = -1};
+    struct tscache tc = {"", 0};
+    progress_begin(&pg);
+    while (rc == 0 && (r = csv_next(&c, err, errlen)) == 1) {
+        read_progress(&pg, &c);
+        int64_t t, pct;
+        if (c.nf != 3 || parse_time(&tc, c.fields[0], &t) != 0 ||
+            csv_parse_ceil(c.fields[2], 1, &pct) != 0) {
+            rc = errf(err, errlen, "%s: line %zu: expected timestamp_s,pod,gpu_util_pct", path,
+                      c.line);
+            break;
+        }
+        pod_id(id, c.fields[1], sizeof(id) - 5, false); /* as snprintf cut it */
+        int32_t i = succ_find(&q, x, tr, id);
+        if (i < 0)
+            continue;
+        if (succ_note(&q, i) != 0) {
+            rc = errf(err, errlen, "out of memory");
+            break;
+        }
+        struct sample *sm = util_match(&tr->svcs[i], sorted[i], &cur[i], t);
+        if (sm != NULL)
+            sm->compute_pct = (int16_t)(pct > 100 ? 100 : pct);
     }
-    if (check_span(tr, path, err, errlen) != 0)
-        goto err;
+    if (rc == 0)
+        csv_close(&c);
+    free(q.next);
+    free(sorted);
+    free(cur);
+    return r < 0 || rc != 0 ? -1 : 0;
+}
 
-    /* load times */
-    snprintf(path, sizeof(path), "%s/genai_model_load_ms.csv", dir);
-    int64_t median = 60000, *per = NULL;
-    if (load_ms_medians(path, tr, &median, err, errlen, &per) != 0) {
-        free(per);
-        goto err;
+/* The value of rank k (0-based) of v[0..n), as v[k] after sorting it (v is reordered):
+ * quickselect, handing over to a sort should it meet a bad run of pivots. */
+static int64_t select_i64(int64_t *v, size_t n, size_t k)
+{
+    size_t lo = 0, hi = n; /* the rank k lies in [lo, hi) */
+    for (int round = 0; hi - lo > 16; round++) {
+        if (round == 64) {
+            qsort(v + lo, hi - lo, sizeof(*v), cmp_i64);
+            return v[k];
+        }
+        int64_t a = v[lo], b = v[lo + (hi - lo) / 2], c = v[hi - 1];
+        int64_t pivot = a < b ? (b < c ? b : a < c ? c : a) : (a < c ? a : b < c ? c : b);
+        /* three ways: [lo, lt) below the pivot, [lt, gt) equal, [gt, hi) above */
+        size_t lt = lo, i = lo, gt = hi;
+        while (i < gt) {
+            int64_t x = v[i];
+            if (x < pivot) {
+                v[i++] = v[lt];
+                v[lt++] = x;
+            } else if (x > pivot) {
+                v[i] = v[--gt];
+                v[gt] = x;
+            } else {
+                i++;
+            }
+        }
+        if (k < lt)
+            hi = lt;
+        else if (k >= gt)
+            lo = gt;
+        else
+            return pivot;
     }
+    qsort(v + lo, hi - lo, sizeof(*v), cmp_i64);
+    return v[k];
+}
 
-    /* specs */
+/* The engine's spec of each pod with samples (pods using no memory are skipped with a
+ * warning), dropping the others. */
+static int make_specs(const char *dir, const struct genai_opts *o, struct trace *tr,
+                      const int64_t *per, int64_t median, char *err, size_t errlen)
+{
     size_t w = 0;
     for (size_t i = 0; i < tr->n; i++) {
         struct trace_svc *s = &tr->svcs[i];
@@ -533,16 +708,16 @@ int trace_import_genai(const char *dir, const struct genai_opts *o, struct trace
         s->spec.gpus = 1;
         int64_t *v = malloc(s->n * sizeof(*v));
         if (v == NULL) {
-            free(per);
-            rc = errf(err, errlen, "out of memory");
-            goto err;
+            for (size_t j = i; j < tr->n; j++) /* the rest, not yet moved down */
+                free(tr->svcs[j].samples);
+            tr->n = w;
+            return errf(err, errlen, "out of memory");
         }
         for (size_t j = 0; j < s->n; j++)
             v[j] = s->samples[j].vram_mib;
-        qsort(v, s->n, sizeof(*v), cmp_i64);
         size_t idx = (s->n * (size_t)o->floor_pct + 99) / 100;
         idx = idx > 0 ? idx - 1 : 0;
-        int64_t fl = v[idx < s->n ? idx : s->n - 1];
+        int64_t fl = select_i64(v, s->n, idx < s->n ? idx : s->n - 1);
         free(v);
         if (fl < 1)
             fl = 1;
@@ -553,13 +728,51 @@ int trace_import_genai(const char *dir, const struct genai_opts *o, struct trace
         tr->svcs[w++] = *s;
     }
     tr->n = w;
-    free(per);
-    if (tr->n == 0) {
-        errf(err, errlen, "%s: no pod with any memory in use", dir);
+    if (tr->n == 0)
+        return errf(err, errlen, "%s: no pod with any memory in use", dir);
+    return 0;
+}
+
+int trace_import_genai(const char *dir, const struct genai_opts *o, struct trace *tr, char *err,
+                       size_t errlen)
+{
+    memset(tr, 0, sizeof(*tr));
+    struct idx x = {0};
+    char path[4096];
+    int64_t median = 60000, *per = NULL;
+    snprintf(path, sizeof(path), "%s/genai_pod_vram.csv", dir);
+    if (read_vram(path, o, tr, &x, err, errlen) != 0)
+        goto err;
+    snprintf(path, sizeof(path), "%s/genai_pod_gpu_util.csv", dir);
+    if (read_util(path, tr, &x, err, errlen) != 0)
+        goto err;
+    finish_trace(tr);
+    if (o->window) {
+        cut_window(tr, o);
+        finish_trace(tr);
+    }
+    snprintf(path, sizeof(path), "%s/genai_pod_vram.csv", dir);
+    size_t left = 0;
+    for (size_t i = 0; i < tr->n; i++)
+        left += tr->svcs[i].n > 0;
+    if (left == 0) {
+        errf(err, errlen, "%s: no pod left in the part or window asked for", path);
         goto err;
     }
-    return 0;
+    if (check_span(tr, path, err, errlen) != 0)
+        goto err;
+    snprintf(path, sizeof(path), "%s/genai_model_load_ms.csv", dir);
+    if (load_ms_medians(path, tr, &x, &median, err, errlen, &per) != 0)
+        goto err;
+    idx_free(&x);
+    int rc = make_specs(dir, o, tr, per, median, err, errlen);
+    free(per);
+    if (rc != 0)
+        trace_free(tr);
+    return rc;
 err:
+    free(per);
+    idx_free(&x);
     trace_free(tr);
     return -1;
 }
@@ -570,6 +783,7 @@ int trace_import_files(const char *services, const char *usage, struct trace *tr
                        size_t errlen)
 {
     memset(tr, 0, sizeof(*tr));
+    struct idx x = {0};
     json_t *root;
     size_t sl = strlen(services);
     if ((sl > 5 && strcmp(services + sl - 5, ".yaml") == 0) ||
@@ -600,12 +814,12 @@ int trace_import_files(const char *services, const char *usage, struct trace *tr
             rc = errf(err, errlen, "%s: service %zu: %s", services, i + 1, e2);
             break;
         }
-        if (find_or_add(tr, sp.id, false) != NULL) {
+        if (find_or_add(tr, &x, sp.id, false) != NULL) {
             rc =
                 errf(err, errlen, "%s: service %zu: id '%s' appears twice", services, i + 1, sp.id);
             break;
         }
-        struct trace_svc *s = find_or_add(tr, sp.id, true);
+        struct trace_svc *s = find_or_add(tr, &x, sp.id, true);
         if (s == NULL) {
             rc = errf(err, errlen, "out of memory");
             break;
@@ -616,21 +830,21 @@ int trace_import_files(const char *services, const char *usage, struct trace *tr
     if (rc != 0)
         goto err;
     struct csv c;
-    if (open_csv(&c, usage, "timestamp_s,service,vram_mib", err, errlen) != 0)
+    if (csv_open(&c, usage, "timestamp_s,service,vram_mib", err, errlen) != 0)
         goto err;
     int r;
     while ((r = csv_next(&c, err, errlen)) == 1) {
         int64_t t, mib, pct = -1;
-        if ((c.nf != 3 && c.nf != 4) || parse_int(c.fields[0], &t) != 0 ||
-            parse_ceil(c.fields[2], 1, &mib) != 0 ||
-            (c.nf == 4 && (parse_ceil(c.fields[3], 1, &pct) != 0 || pct > 100))) {
+        if ((c.nf != 3 && c.nf != 4) || csv_parse_int(c.fields[0], &t) != 0 ||
+            csv_parse_ceil(c.fields[2], 1, &mib) != 0 ||
+            (c.nf == 4 && (csv_parse_ceil(c.fields[3], 1, &pct) != 0 || pct > 100))) {
             rc = errf(err, errlen,
                       "%s: line %zu: expected timestamp_s,service,vram_mib[,compute_pct] with "
                       "non-negative numbers (compute_pct at most 100)",
                       usage, c.line);
             break;
         }
-        struct trace_svc *s = find_or_add(tr, c.fields[1], false);
+        struct trace_svc *s = find_or_add(tr, &x, c.fields[1], false);
         if (s == NULL) {
             rc = errf(err, errlen, "%s: line %zu: service '%s' is not in %s", usage, c.line,
                       c.fields[1], services);
@@ -641,7 +855,7 @@ int trace_import_files(const char *services, const char *usage, struct trace *tr
             break;
         }
     }
-    fclose(c.f);
+    csv_close(&c);
     if (r < 0 || rc != 0)
         goto err;
     finish_trace(tr);
@@ -662,8 +876,10 @@ int trace_import_files(const char *services, const char *usage, struct trace *tr
         errf(err, errlen, "%s: no service has usage samples", usage);
         goto err;
     }
+    idx_free(&x);
     return 0;
 err:
+    idx_free(&x);
     trace_free(tr);
     return -1;
 }

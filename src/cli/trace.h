@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "oversub/engine.h"
 
@@ -61,5 +62,23 @@ void trace_free(struct trace *tr);
 
 /* FNV-1a 64 of s. */
 uint64_t fnv1a64(const char *s);
+
+/* Progress of long imports and replays: once one has run 3 s, a line every 5 s on the file set
+ * here, and at the end of a replay that said any, one with its rate and the peak RSS. NULL
+ * (the default): nothing is said. f is borrowed; not thread-safe (the CLI sets it once). */
+void trace_set_progress(FILE *f);
+FILE *progress_file(void);
+
+struct progress {
+    double t0, next; /* s, CLOCK_MONOTONIC */
+    bool said;       /* a line was printed */
+};
+
+void progress_begin(struct progress *p);
+/* True when a line is due (it reads the clock: call it every so many rows or steps). */
+bool progress_due(struct progress *p);
+double progress_elapsed(const struct progress *p);
+/* The process's peak resident memory so far, MiB. */
+double peak_rss_mib(void);
 
 #endif

@@ -605,6 +605,105 @@ static void test_malformed_inputs(void **state)
     trace_free(&tr);
 }
 
+/* Writes n bytes (NULs included) to dir/name. */
+static void write_bytes(const char *name, const char *bytes, size_t n)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(bytes, 1, n, f), n);
+    fclose(f);
+}
+
+/* Imports dir/csvg; returns what trace_import_genai returned, the error in err. */
+static int import_csvg(struct trace *tr, char *err)
+{
+    char gd[300];
+    snprintf(gd, sizeof(gd), "%s/csvg", dir);
+    struct genai_opts g;
+    genai_opts_default(&g);
+    return trace_import_genai(gd, &g, tr, err, 512);
+}
+
+/* The buffered CSV reader (src/cli/csv.c): lines across its 1 MiB blocks, the longest line
+ * it takes and the next one refused, a NUL byte, CRLF without a last newline, and the
+ * utilisation and load rows matched to their pods in another order than the memory rows. */
+static void test_csv_reader_edges(void **state)
+{
+    (void)state;
+    char gd[300];
+    snprintf(gd, sizeof(gd), "%s/csvg", dir);
+    mkdir(gd, 0700);
+    struct trace tr;
+    char err[512];
+    /* 60,000 rows (about 1.7 MB): every sample read, and a bad number named at its line */
+    size_t cap = 4u << 20, n = 0;
+    char *big = malloc(cap);
+    assert_non_null(big);
+    n += (size_t)snprintf(big + n, cap - n, "timestamp_s,pod,vram_bytes\n");
+    for (int i = 0; i < 60000; i++)
+        n += (size_t)snprintf(big + n, cap - n, "%d,p%d,%d\n", 1700000000 + (i / 3) * 60, i % 3,
+                              (1 + i % 7) << 20);
+    write_bytes("csvg/genai_pod_vram.csv", big, n);
+    assert_int_equal(import_csvg(&tr, err), 0);
+    assert_int_equal(tr.n, 3);
+    assert_int_equal(trace_samples(&tr), 60000);
+    trace_free(&tr);
+    n += (size_t)snprintf(big + n, cap - n, "1700400000,p0,12x\n");
+    write_bytes("csvg/genai_pod_vram.csv", big, n);
+    assert_int_equal(import_csvg(&tr, err), -1);
+    assert_non_null(strstr(err, "genai_pod_vram.csv: line 60002: expected"));
+    /* the longest line taken (4094 characters before its LF: a CR counts), then one more
+     * refused */
+    n = (size_t)snprintf(big, cap, "timestamp_s,pod,vram_bytes\r\n1,abc,");
+    size_t pad = 4094 - strlen("1,abc,") - strlen("1048576");
+    memset(big + n, ' ', pad);
+    n += pad;
+    n += (size_t)snprintf(big + n, cap - n, "1048576\n2,abc,2097152"); /* no last newline */
+    write_bytes("csvg/genai_pod_vram.csv", big, n);
+    assert_int_equal(import_csvg(&tr, err), 0);
+    assert_int_equal(trace_samples(&tr), 2);
+    assert_int_equal(tr.svcs[0].peak_mib, 2);
+    trace_free(&tr);
+    n = (size_t)snprintf(big, cap, "timestamp_s,pod,vram_bytes\n1,abc, ");
+    memset(big + n, ' ', 4094 - 7);
+    n += 4094 - 7;
+    n += (size_t)snprintf(big + n, cap - n, "1\n");
+    write_bytes("csvg/genai_pod_vram.csv", big, n);
+    assert_int_equal(import_csvg(&tr, err), -1);
+    assert_non_null(strstr(err, "genai_pod_vram.csv: line 2: line too long"));
+    /* a NUL byte inside a line */
+    static const char nul[] = "timestamp_s,pod,vram_bytes\n1,abc,1048576\n2,a\0c,1048576\n";
+    write_bytes("csvg/genai_pod_vram.csv", nul, sizeof(nul) - 1);
+    assert_int_equal(import_csvg(&tr, err), -1);
+    assert_non_null(strstr(err, "genai_pod_vram.csv: line 3: malformed line"));
+    /* utilisation rows in another pod order, one time twice (the last row wins), one pod
+     * with samples out of time order; load times by id and by pod-id */
+    write_file("csvg/genai_pod_vram.csv", "timestamp_s,pod,vram_bytes\n"
+                                          "60,a,1048576\n60,b,1048576\n120,a,2097152\n"
+                                          "120,b,2097152\n240,b,1048576\n180,b,1048576\n");
+    write_file("csvg/genai_pod_gpu_util.csv", "timestamp_s,pod,gpu_util_pct\n"
+                                              "60,b,10\n60,a,20\n120,b,30\n120,a,40\n"
+                                              "120,a,45.5\n180,b,150\n240,b,7\n999,a,1\n");
+    write_file("csvg/genai_model_load_ms.csv", "timestamp_s,pod,load_ms\n"
+                                               "60,a,1000\n60,pod-b,3000\n120,b,5000\n");
+    assert_int_equal(import_csvg(&tr, err), 0);
+    assert_int_equal(tr.n, 2);
+    assert_string_equal(tr.svcs[0].spec.id, "pod-a");
+    assert_int_equal(tr.svcs[0].samples[0].compute_pct, 20);
+    assert_int_equal(tr.svcs[0].samples[1].compute_pct, 46); /* the later row, rounded up */
+    assert_int_equal(tr.svcs[1].n, 4);                       /* sorted: 60, 120, 180, 240 */
+    assert_int_equal(tr.svcs[1].samples[0].compute_pct, 10);
+    assert_int_equal(tr.svcs[1].samples[1].compute_pct, 30);
+    assert_int_equal(tr.svcs[1].samples[2].compute_pct, 100);
+    assert_int_equal(tr.svcs[1].samples[3].compute_pct, 7);
+    assert_int_equal(tr.svcs[0].spec.restart_cost_ms, 1000);
+    assert_int_equal(tr.svcs[1].spec.restart_cost_ms, 5000); /* median of 3000 and 5000 */
+    trace_free(&tr);
+    free(big);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -630,6 +729,7 @@ int main(void)
         cmocka_unit_test(test_determinism_all_policies),
         cmocka_unit_test(test_svg_is_well_formed),
         cmocka_unit_test(test_malformed_inputs),
+        cmocka_unit_test(test_csv_reader_edges),
         cmocka_unit_test(test_genai_parts_and_window),
         cmocka_unit_test(test_too_big_for_the_gpu),
         cmocka_unit_test(test_buffer0_and_more_gpus_never_worse),
