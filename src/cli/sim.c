@@ -41,6 +41,9 @@ struct run_svc {
     int64_t wait_since; /* s, when waiting to (re)start; -1 if not */
     bool started_once;
     bool refused_p0;
+    /* the engine refused it as larger than any GPU, or than the pool (osub__empty_pool_fit:
+     * a check of the spec against the pool alone that changes nothing): not asked again */
+    bool never_fits;
     size_t reported_k; /* step + 1 of its last usage report */
 };
 
@@ -178,6 +181,38 @@ static int64_t demand_at(const struct trace_svc *s, struct run_svc *rs, int64_t 
     return s->samples[rs->cur].vram_mib;
 }
 
+/* What a replay through the engine reads of a service at every step, packed (the trace's
+ * service is a spec of hundreds of bytes: its samples pointer, count and first and last
+ * times were cache lines apart): demand_at on it is demand_at on the trace's. */
+struct lane {
+    const struct sample *samples;
+    size_t n;
+    int64_t t_first, t_last;
+    const char *id; /* the spec's */
+};
+
+static inline int64_t lane_demand(const struct lane *l, struct run_svc *rs, int64_t t)
+{
+    if (t < l->t_first || t > l->t_last)
+        return -1;
+    while (rs->cur + 1 < l->n && l->samples[rs->cur + 1].t_s <= t)
+        rs->cur++;
+    return l->samples[rs->cur].vram_mib;
+}
+
+/* ---- progress ------------------------------------------------------------------------ */
+
+/* Every 64 steps: a line when one is due (trace.h's progress). */
+static void step_progress(struct progress *pg, const struct sim_opts *o, size_t k, size_t steps)
+{
+    FILE *f = progress_file();
+    if (f == NULL || (k & 63) != 0 || k == 0 || !progress_due(pg))
+        return;
+    fprintf(f, "simulate: %s at %d.%03d on %zu GPUs: step %zu of %zu (%.0f%%), %.0f s\n",
+            sim_policy_name(o->policy), o->ratio_milli / 1000, o->ratio_milli % 1000, o->n_pool, k,
+            steps, 100.0 * (double)k / (double)steps, progress_elapsed(pg));
+}
+
 /* ---- engine policies (static, oversub) ------------------------------------------------ */
 
 /* Services that arrive at the same instant are submitted biggest request first (first-fit
@@ -271,6 +306,7 @@ struct erun {
     int64_t *gpu_used; /* per GPU: what its services use */
     size_t *dirty;     /* services to read again */
     size_t n_dirty;
+    struct lane *lane; /* per service */
 };
 
 static void view_touch(struct erun *x, int32_t i)
@@ -322,12 +358,10 @@ static void view_sync(struct erun *x)
     x->n_dirty = 0;
 }
 
-/* Service i's view (opts.verify: checked against the engine's answer). */
-static const struct view *view_of(struct erun *x, size_t i)
+/* Service i's view checked against the engine's answer (opts.verify). */
+static void view_verify(struct erun *x, size_t i)
 {
     const struct view *v = &x->v[i];
-    if (!x->o->verify)
-        return v;
     osub_service_info_t si;
     bool live = osub_engine_service_info(x->e, x->tr->svcs[i].spec.id, &si) == 0;
     if (live != v->live)
@@ -341,31 +375,40 @@ static const struct view *view_of(struct erun *x, size_t i)
             if (si.slots[sl].gpu != x->slot_gpu[x->slot_off[i] + (size_t)sl] ||
                 si.slots[sl].used_mib != x->slot_used[x->slot_off[i] + (size_t)sl])
                 view_mismatch(x, i, "a GPU's share");
-    return v;
+}
+
+/* Service i's view (opts.verify: checked against the engine's answer). */
+static inline const struct view *view_of(struct erun *x, size_t i)
+{
+    if (x->o->verify)
+        view_verify(x, i);
+    return &x->v[i];
+}
+
+/* GPU g's use checked against the engine's answer (opts.verify). */
+static void gpu_verify(struct erun *x, int32_t g)
+{
+    osub_gpu_info_t gi;
+    if (osub_engine_gpu_info(x->e, g, &gi) != 0 || gi.used_mib != x->gpu_used[g] ||
+        gi.vram_mib != x->o->pool[g]) {
+        if (x->r->verify_mismatches++ == 0)
+            fprintf(stderr, "simulate: verify: GPU %d's use differs from the engine's\n", (int)g);
+    }
 }
 
 /* What GPU g uses (opts.verify: checked against the engine's answer). */
-static int64_t gpu_used(struct erun *x, int32_t g)
+static inline int64_t gpu_used(struct erun *x, int32_t g)
 {
-    if (x->o->verify) {
-        osub_gpu_info_t gi;
-        if (osub_engine_gpu_info(x->e, g, &gi) != 0 || gi.used_mib != x->gpu_used[g] ||
-            gi.vram_mib != x->o->pool[g]) {
-            if (x->r->verify_mismatches++ == 0)
-                fprintf(stderr, "simulate: verify: GPU %d's use differs from the engine's\n",
-                        (int)g);
-        }
-    }
+    if (x->o->verify)
+        gpu_verify(x, g);
     return x->gpu_used[g];
 }
 
 /* Reads the last command's events: counts decisions, marks the services they name to be
  * read again, queues follow-ups (victims comply at once: a degraded service acknowledges, an
  * evicted one checkpoints and exits). */
-static void read_events(struct erun *x)
+static void read_events_of(struct erun *x, const osub_event_t *ev, size_t n)
 {
-    size_t n;
-    const osub_event_t *ev = osub_engine_events(x->e, &n);
     struct sim_result *r = x->r;
     for (size_t i = 0; i < n; i++) {
         int32_t svc = ev[i].service[0] != '\0' ? idmap_get(&x->m, ev[i].service) : -1;
@@ -393,12 +436,21 @@ static void read_events(struct erun *x)
     view_sync(x);
 }
 
-static void run_follow_ups(struct erun *x, int64_t now_ms)
+/* Most commands of a replay (usage reports) have no event and leave nothing to read again. */
+static inline void read_events(struct erun *x)
+{
+    size_t n;
+    const osub_event_t *ev = osub_engine_events(x->e, &n);
+    if (n > 0 || x->n_dirty > 0)
+        read_events_of(x, ev, n);
+}
+
+static void run_follow_ups_of(struct erun *x, int64_t now_ms)
 {
     for (size_t i = 0; i < x->nf; i++) {
         if (x->fq[i].svc < 0)
             continue;
-        const char *id = x->tr->svcs[x->fq[i].svc].spec.id;
+        const char *id = x->lane[x->fq[i].svc].id;
         view_touch(x, x->fq[i].svc);
         if (x->fq[i].exit)
             osub_engine_exited(x->e, id, "checkpoint", now_ms);
@@ -407,6 +459,12 @@ static void run_follow_ups(struct erun *x, int64_t now_ms)
         read_events(x);
     }
     x->nf = 0;
+}
+
+static inline void run_follow_ups(struct erun *x, int64_t now_ms)
+{
+    if (x->nf > 0)
+        run_follow_ups_of(x, now_ms);
 }
 
 /* The last command's events counted and its follow-ups run. */
@@ -420,7 +478,7 @@ static void erun_events(struct erun *x, int64_t now)
 static void report_usage(struct erun *x, size_t i, int64_t used_mib, int32_t pct, int64_t now)
 {
     struct view *v = &x->v[i];
-    if (osub_engine_usage(x->e, x->tr->svcs[i].spec.id, used_mib, pct, now) != 0)
+    if (osub_engine_usage(x->e, x->lane[i].id, used_mib, pct, now) != 0)
         return; /* refused: nothing changed */
     if (v->n_slots == 1 && !v->dirty) {
         int64_t *used = &x->slot_used[x->slot_off[i]];
@@ -449,6 +507,7 @@ static void erun_free(struct erun *x)
     free(x->slot_used);
     free(x->gpu_used);
     free(x->dirty);
+    free(x->lane);
     osub_engine_free(x->e);
 }
 
@@ -474,7 +533,15 @@ static int view_init(struct erun *x)
     }
     x->slot_gpu = calloc(slots, sizeof(*x->slot_gpu));
     x->slot_used = calloc(slots, sizeof(*x->slot_used));
-    return x->slot_gpu == NULL || x->slot_used == NULL ? -1 : 0;
+    x->lane = calloc(tr->n, sizeof(*x->lane));
+    if (x->slot_gpu == NULL || x->slot_used == NULL || x->lane == NULL)
+        return -1;
+    for (size_t i = 0; i < tr->n; i++) {
+        const struct trace_svc *s = &tr->svcs[i];
+        x->lane[i] = (struct lane){s->samples, s->n, s->samples[0].t_s, s->samples[s->n - 1].t_s,
+                                   s->spec.id};
+    }
+    return 0;
 }
 
 /* Makes the engine and what the replay keeps. Returns 0, or -1 with err (everything freed). */
@@ -531,12 +598,11 @@ static void report_downs(struct erun *x, size_t k, int64_t t, int64_t now)
     const struct trace *tr = x->tr;
     for (size_t oi = 0; oi < tr->n; oi++) {
         size_t i = x->order[oi];
-        const struct trace_svc *s = &tr->svcs[i];
         struct run_svc *rs = &x->rs[i];
         if (rs->st != RS_PLACED)
             continue;
-        struct run_svc peek = *rs;
-        int64_t d = demand_at(s, &peek, t);
+        /* the cursor moves to where step_service will find it at t */
+        int64_t d = lane_demand(&x->lane[i], rs, t);
         if (d < 0)
             continue;
         const struct view *v = view_of(x, i);
@@ -546,7 +612,7 @@ static void report_downs(struct erun *x, size_t k, int64_t t, int64_t now)
         int64_t report = v->state == OSUB_STATE_DEGRADED && d > v->grant_mib ? v->grant_mib : d;
         if (report >= v->used_mib)
             continue;
-        report_usage(x, i, report, s->samples[peek.cur].compute_pct, now);
+        report_usage(x, i, report, x->lane[i].samples[rs->cur].compute_pct, now);
         rs->reported_k = k + 1;
         erun_events(x, now);
     }
@@ -559,6 +625,11 @@ static bool submit_waiting(struct erun *x, size_t i, size_t k, int64_t t, int64_
     const struct trace_svc *s = &x->tr->svcs[i];
     struct run_svc *rs = &x->rs[i];
     struct sim_result *r = x->r;
+    if (rs->never_fits) { /* as its refusal would have it */
+        rs->st = RS_WAITING;
+        x->a.lost_min += (double)x->tr->step_s / 60.0;
+        return false;
+    }
     if (rs->st == RS_FUTURE)
         rs->wait_since = t;
     osub_spec_t sp = s->spec;
@@ -571,8 +642,10 @@ static bool submit_waiting(struct erun *x, size_t i, size_t k, int64_t t, int64_
     osub_submit_result_t sr;
     /* a service already there when the trace begins was running before it */
     int src = osub_engine_submit(x->e, &sp, now, k == 0 ? OSUB_SUBMIT_RUNNING : 0, &sr);
-    if ((src == OSUB_ETOO_BIG || src == OSUB_ETOO_MANY_GPUS) && rs->st == RS_FUTURE)
+    bool too_big = src == OSUB_ETOO_BIG || src == OSUB_ETOO_MANY_GPUS;
+    if (too_big && rs->st == RS_FUTURE)
         r->too_big++;
+    rs->never_fits = too_big && sr.outcome == OSUB_SUBMIT_REJECTED;
     view_touch(x, (int32_t)i);
     erun_events(x, now);
     if (sr.outcome == OSUB_SUBMIT_REJECTED) {
@@ -613,7 +686,7 @@ static void step_service(struct erun *x, size_t i, size_t k, int64_t t, int64_t 
     struct acc *a = &x->a;
     if (rs->st == RS_GONE)
         return;
-    int64_t d = demand_at(s, rs, t);
+    int64_t d = lane_demand(&x->lane[i], rs, t);
     if (d < 0) {
         if (rs->st != RS_FUTURE) {
             /* past its last sample: release */
@@ -656,7 +729,7 @@ static void step_service(struct erun *x, size_t i, size_t k, int64_t t, int64_t 
     }
     if (rs->reported_k == k + 1 && v->used_mib == report)
         return; /* reported first, as it went down */
-    report_usage(x, i, report, s->samples[rs->cur].compute_pct, now);
+    report_usage(x, i, report, x->lane[i].samples[rs->cur].compute_pct, now);
     rs->reported_k = k + 1;
     read_events(x);
     count_ooms(x, i, k);
@@ -708,7 +781,7 @@ static void end_step(struct erun *x, size_t k, int64_t t, int64_t now)
 }
 
 static int sim_engine(const struct trace *tr, const struct sim_opts *o, const struct sim_budget *b,
-                      struct sim_result *r, char *err, size_t errlen)
+                      struct sim_result *r, struct progress *pg, char *err, size_t errlen)
 {
     struct erun x;
     if (erun_init(&x, tr, o, b, r, err, errlen) != 0)
@@ -717,6 +790,7 @@ static int sim_engine(const struct trace *tr, const struct sim_opts *o, const st
     for (size_t k = 0; k < steps; k++) {
         int64_t t = tr->t0 + (int64_t)k * tr->step_s;
         int64_t now = (t - tr->t0) * 1000;
+        step_progress(pg, o, k, steps);
         if (k > 0)
             report_downs(&x, k, t, now);
         for (size_t oi = 0; oi < tr->n; oi++)
@@ -733,7 +807,7 @@ static int sim_engine(const struct trace *tr, const struct sim_opts *o, const st
 /* ---- the brief's pool-level algorithm ------------------------------------------------- */
 
 static int sim_brief(const struct trace *tr, const struct sim_opts *o, const struct sim_budget *b,
-                     struct sim_result *r, char *err, size_t errlen)
+                     struct sim_result *r, struct progress *pg, char *err, size_t errlen)
 {
     int64_t vram_total = 0;
     for (size_t g = 0; g < o->n_pool; g++)
@@ -761,6 +835,7 @@ static int sim_brief(const struct trace *tr, const struct sim_opts *o, const str
         rs[i].wait_since = -1;
     char victims[64][64];
     for (size_t k = 0; k < steps; k++) {
+        step_progress(pg, o, k, steps);
         int64_t t = tr->t0 + (int64_t)k * tr->step_s;
         int64_t real = 0;
         uint32_t evs = 0;
@@ -992,18 +1067,35 @@ int sim_run(const struct trace *tr, const struct sim_opts *o, const struct sim_b
         snprintf(err, errlen, "nothing to simulate");
         return -1;
     }
+    struct progress pg;
+    progress_begin(&pg);
+    int rc;
     switch (o->policy) {
     case POL_STATIC:
     case POL_OVERSUB:
-        return sim_engine(tr, o, b, r, err, errlen);
+        rc = sim_engine(tr, o, b, r, &pg, err, errlen);
+        break;
     case POL_BRIEF:
-        return sim_brief(tr, o, b, r, err, errlen);
+        rc = sim_brief(tr, o, b, r, &pg, err, errlen);
+        break;
     case POL_HINDSIGHT:
-        return sim_hindsight(tr, o, b, r, err, errlen);
+        rc = sim_hindsight(tr, o, b, r, err, errlen);
+        break;
     default:
         snprintf(err, errlen, "unknown policy");
         return -1;
     }
+    /* a run long enough to have said how it went says how it ended */
+    if (rc == 0 && pg.said && progress_file() != NULL) {
+        double dt = progress_elapsed(&pg);
+        fprintf(progress_file(),
+                "simulate: %s at %d.%03d on %zu GPUs: %lld steps, %lld samples in %.1f s "
+                "(%.2fM samples/s); peak RSS %.0f MiB\n",
+                sim_policy_name(o->policy), r->ratio_milli / 1000, r->ratio_milli % 1000, o->n_pool,
+                (long long)r->steps, (long long)r->samples, dt,
+                dt > 0 ? (double)r->samples / dt / 1e6 : 0.0, peak_rss_mib());
+    }
+    return rc;
 }
 
 int32_t sim_min_gpus(const struct trace *tr, enum sim_policy p, int32_t ratio_milli,
