@@ -75,8 +75,11 @@ int csv_next(struct csv *c, char *err, size_t errlen)
         if (n > CSV_LINE_MAX)
             return csv_errf(err, errlen, "%s: line %zu: line too long", c->path, c->line);
         c->beg += n + (nl != NULL);
-        if (memchr(p, '\0', n) != NULL)
+        const char *nul = memchr(p, '\0', n);
+        if (nul != NULL && nl != NULL)
             return csv_errf(err, errlen, "%s: line %zu: malformed line", c->path, c->line);
+        if (nul != NULL) /* the last line, without its newline, ends there (as fgets read it) */
+            n = (size_t)(nul - p);
         while (n > 0 && (p[n - 1] == '\r' || p[n - 1] == '\n'))
             n--;
         if (n == 0)

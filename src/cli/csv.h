@@ -31,7 +31,8 @@ struct csv {
 int csv_open(struct csv *c, const char *path, const char *header, char *err, size_t errlen);
 /* Reads the next non-empty line into fields. Returns 1, 0 at the end, -1 with err (naming the
  * file and line) on a read error, a line longer than CSV_LINE_MAX, a NUL byte or more than
- * CSV_FIELDS_MAX fields. */
+ * CSV_FIELDS_MAX fields. A last line without its newline ends at a NUL byte in it instead
+ * (as the fgets reader before it had it: its figures stay the same). */
 int csv_next(struct csv *c, char *err, size_t errlen);
 /* Closes c; NULL-safe on a closed or zeroed struct. */
 void csv_close(struct csv *c);
