@@ -2,6 +2,8 @@
 # run-gateway.sh - oversub's gateway against nginx and haproxy in one run, same backend
 # (bench_backend), one worker each, keep-alive on both sides; the proxy on core 0, wrk and the
 # backend on core 1 (when there are two). Then the rejection path: every request answered 429.
+# Besides requests/s: each proxy's own CPU time per request (/proc/PID/stat over its runs), which
+# still tells the proxies apart when the client and the backend's core is what limits the rate.
 # Usage: bench/run-gateway.sh [BUILD_DIR]   (make bench-gateway)
 set -euo pipefail
 build=$(realpath "${1:-build}")
@@ -68,6 +70,7 @@ http {
 NG
 $P0 nginx -c "$tmp/nginx.conf" -p "$tmp" &
 procs+=($!)
+npid=$!
 hport=$(free_port)
 cat >"$tmp/haproxy.cfg" <<HA
 global
@@ -87,6 +90,7 @@ backend be
 HA
 $P0 haproxy -f "$tmp/haproxy.cfg" -q &
 procs+=($!)
+hpid=$!
 sleep 0.5
 for p in "$gw" "$nport" "$hport"; do
     c=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$p/bench/x")
@@ -97,20 +101,33 @@ echo "machine: $(nproc) CPUs; proxies on core 0, wrk and the backend on core 1; 
 for name in oversub:$gw nginx:$nport haproxy:$hport; do
     : >"$tmp/rps.${name%%:*}"
     : >"$tmp/lat.${name%%:*}"
+    : >"$tmp/cpu.${name%%:*}"
 done
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 for r in $(seq 1 "$runs"); do
-    for name in oversub:$gw nginx:$nport haproxy:$hport; do
-        $P1 wrk -t1 -c64 -d"${dur}s" --latency "http://127.0.0.1:${name#*:}/bench/x" >"$tmp/w"
-        awk '/^Requests\/sec:/ {print $2}' "$tmp/w" >>"$tmp/rps.${name%%:*}"
-        awk '/^ +50%/ {p50=$2} /^ +99%/ {p99=$2} END {print p50, p99}' "$tmp/w" >>"$tmp/lat.${name%%:*}"
+    for name in oversub:$gw:${procs[1]} nginx:$nport:$npid haproxy:$hport:$hpid; do
+        IFS=: read -r who port pid <<<"$name"
+        c0=$(cpu_ticks "$pid")
+        $P1 wrk -t1 -c64 -d"${dur}s" --latency "http://127.0.0.1:$port/bench/x" >"$tmp/w"
+        c1=$(cpu_ticks "$pid")
+        awk '/^Requests\/sec:/ {print $2}' "$tmp/w" >>"$tmp/rps.$who"
+        awk '/^ +50%/ {p50=$2} /^ +99%/ {p99=$2} END {print p50, p99}' "$tmp/w" >>"$tmp/lat.$who"
+        # microseconds of the proxy's CPU per request answered
+        awk -v t=$((c1 - c0)) -v hz="$(getconf CLK_TCK)" '/requests in/ {printf "%.2f\n", t / hz * 1e6 / $1}' "$tmp/w" >>"$tmp/cpu.$who"
     done
 done
 ours=$(median <"$tmp/rps.oversub")
+ours_cpu=$(median <"$tmp/cpu.oversub")
 for name in oversub nginx haproxy; do
     m=$(median <"$tmp/rps.$name")
     printf '%-8s %s -> median %s req/s; p50 p99 of the runs: %s; ours/%s %.2f\n' "$name" \
         "$(tr '\n' ' ' <"$tmp/rps.$name")" "$m" "$(tr '\n' ';' <"$tmp/lat.$name")" "$name" \
         "$(awk -v a="$ours" -v b="$m" 'BEGIN {print a/b}')"
+done
+for name in oversub nginx haproxy; do
+    m=$(median <"$tmp/cpu.$name")
+    printf '%-8s proxy CPU per request: %s us -> median %s us; %s/oversub %.2f\n' "$name" \
+        "$(tr '\n' ' ' <"$tmp/cpu.$name")" "$m" "$name" "$(awk -v a="$m" -v b="$ours_cpu" 'BEGIN {print a/b}')"
 done
 
 # the rejection path: the only slot is held by a request that never ends, the queue is 0

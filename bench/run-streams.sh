@@ -4,12 +4,17 @@
 # (proxy_buffering off, keep-alive upstream), side by side in one run on the same backend; and
 # straight to the backend, for the latency the proxies add. Streams completed per second, time
 # to the first byte (p50, p99) and what the proxy adds to it, the proxy's peak RSS.
+# Then HELD (10,000) streams at once through each proxy, each 6 s long, spread over three
+# services (a route runs at most 4,096 at once): how many were held open together, how many
+# ended well, the peak RSS after it (each proxy holds two descriptors a stream: when the hard
+# RLIMIT_NOFILE cannot give 2 x HELD, the most that fits is run and said).
 # Usage: bench/run-streams.sh [BUILD_DIR]   (make bench-streams)
 set -euo pipefail
 build=$(realpath "${1:-build}")
 runs=${RUNS:-3}
 dur=${DURATION:-6}
 conns=${CONNS:-1000}
+held=${HELD:-10000}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/oversub-st.XXXXXX")
 procs=()
 cleanup() { for p in "${procs[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
@@ -24,7 +29,8 @@ post() {
     *) echo "$(basename "$0"): POST $url answered $code: $(cat "$tmp/post.out")" >&2; exit 1 ;;
     esac
 }
-ulimit -n 16384
+ulimit -n "$(ulimit -Hn)"
+nofile=$(ulimit -n)
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 if [ "$(nproc)" -ge 2 ]; then P0="taskset -c 0"; P1="taskset -c 1"; else P0=""; P1=""; fi
@@ -51,13 +57,18 @@ gw=$(grep -o 'gateway on http://127.0.0.1:[0-9]*' "$tmp/o.out" | sed 's/.*://')
 post "http://127.0.0.1:$api/v1/services" \
     -d "{\"id\":\"llm\",\"class\":\"online\",\"vram\":\"10GiB\",\"backends\":[\"http://127.0.0.1:$bport\"],\"max_inflight\":4096,\"max_queue\":4096}"
 post "http://127.0.0.1:$api/v1/services/llm/ready"
+for id in llm2 llm3; do
+    post "http://127.0.0.1:$api/v1/services" \
+        -d "{\"id\":\"$id\",\"class\":\"online\",\"vram\":\"10GiB\",\"backends\":[\"http://127.0.0.1:$bport\"],\"max_inflight\":4096,\"max_queue\":4096}"
+    post "http://127.0.0.1:$api/v1/services/$id/ready"
+done
 
 nport=$(free_port)
 mkdir -p "$tmp/n"
 cat >"$tmp/nginx.conf" <<NG
-daemon off; master_process off; worker_processes 1; worker_rlimit_nofile 16384;
+daemon off; master_process off; worker_processes 1; worker_rlimit_nofile $nofile;
 error_log $tmp/nginx.err; pid $tmp/nginx.pid;
-events { worker_connections 8192; }
+events { worker_connections $nofile; multi_accept on; }
 http {
     access_log off;
     client_body_temp_path $tmp/n/b; proxy_temp_path $tmp/n/p; fastcgi_temp_path $tmp/n/f;
@@ -66,6 +77,18 @@ http {
     server {
         listen 127.0.0.1:$nport backlog=4096;
         location /llm/ {
+            proxy_pass http://backend/;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }
+        location /llm2/ {
+            proxy_pass http://backend/;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }
+        location /llm3/ {
             proxy_pass http://backend/;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
@@ -98,5 +121,28 @@ for who in direct oversub nginx; do
 done
 echo "added to the first byte's p99 (proxy - direct): oversub $(python3 -c "print(round($t99_oversub - $t99_direct, 1))") ms, nginx $(python3 -c "print(round($t99_nginx - $t99_direct, 1))") ms"
 echo "streams/s oversub/nginx: $(python3 -c "print(round($sps_oversub / $sps_nginx, 2))")"
-nw=$(pgrep -P "$npid" nginx | head -1 || true)
-echo "peak RSS: oversubd $(hwm "$opid") KiB (the whole daemon), nginx $(hwm "${nw:-$npid}") KiB"
+echo "peak RSS: oversubd $(hwm "$opid") KiB (the whole daemon), nginx $(hwm "$npid") KiB"
+
+# ---- HELD streams at once ----
+fit=$(((nofile - 100) / 2))
+if [ "$held" -gt "$fit" ]; then
+    echo "note: RLIMIT_NOFILE is $nofile here (hard): a proxy holds 2 descriptors a stream, so $fit streams at once, not $held"
+    held=$fit
+fi
+hpath="stream?n=60&ms=100"
+echo
+echo "$held streams at once (60 events 100 ms apart each, over /llm, /llm2, /llm3), one round each"
+for who in oversub:$gw nginx:$nport; do
+    $P1 "$build/bench/bench_streams" 127.0.0.1 "${who#*:}" "/llm/$hpath,/llm2/$hpath,/llm3/$hpath" "$held" 1 >"$tmp/held.${who%%:*}"
+done
+for who in oversub nginx; do
+    python3 - "$tmp/held.$who" "$who" "$held" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print("%-8s held at once %6d of %s   ended well %6d   errors %5d   first byte p50 %6.1f ms p99 %7.1f ms"
+      % (sys.argv[2], d["held_peak"], sys.argv[3], d["streams"], d["errors"], d["ttfb_p50_ms"], d["ttfb_p99_ms"]))
+PY
+done
+ho=$(hwm "$opid")
+hn=$(hwm "$npid")
+echo "peak RSS after: oversubd $ho KiB (the whole daemon), nginx $hn KiB: oversub/nginx $(python3 -c "print(round($ho / max(1, $hn), 2))")"

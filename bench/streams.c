@@ -1,8 +1,10 @@
 /* streams.c - concurrent server-sent-event streams through a proxy: C connections, each asking
  * for one stream after another (keep-alive) for a duration; the time to the first byte of each
  * answer (its head) and to its end, the events received, the streams completed.
- * Usage: bench_streams HOST PORT PATH CONNS SECONDS
- * Prints one JSON line: streams, events, errors, ttfb p50/p99 ms, stream p50/p99 ms. */
+ * Usage: bench_streams HOST PORT PATH[,PATH...] CONNS SECONDS   (connection i asks the i-th
+ * path, round robin: several services behind one proxy)
+ * Prints one JSON line: streams, events, errors, ttfb p50/p99 ms, stream p50/p99 ms, and
+ * held_peak: the most streams open at once (their head in, their end not yet). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdbool.h>
 #include <stdint.h>
@@ -18,7 +20,10 @@
 #define LAT_SLOTS 100000 /* 0.1 ms buckets up to 10 s */
 
 static struct event_base *base;
-static const char *host, *path;
+#define PATHS_MAX 16
+static const char *host, *paths[PATHS_MAX];
+static int n_paths;
+static int open_now, held_peak; /* streams whose head came and whose end did not yet */
 static int port;
 static double t_end;
 static uint64_t streams, events, errors;
@@ -27,6 +32,7 @@ static uint64_t ttfb_h[LAT_SLOTS + 1], total_h[LAT_SLOTS + 1];
 
 struct conn {
     struct evhttp_connection *ec;
+    const char *path;
     double t0;
     bool got_head;
 };
@@ -65,6 +71,8 @@ static int on_head(struct evhttp_request *req, void *arg)
     (void)req;
     if (!c->got_head) {
         c->got_head = true;
+        if (++open_now > held_peak)
+            held_peak = open_now;
         observe(ttfb_h, now() - c->t0);
     }
     return 0;
@@ -89,6 +97,8 @@ static void on_chunk(struct evhttp_request *req, void *arg)
 static void on_done(struct evhttp_request *req, void *arg)
 {
     struct conn *c = arg;
+    if (c->got_head)
+        open_now--;
     if (req == NULL || evhttp_request_get_response_code(req) != 200) {
         errors++;
     } else {
@@ -110,7 +120,7 @@ static void ask(struct conn *c)
     evhttp_add_header(evhttp_request_get_output_headers(req), "Accept", "text/event-stream");
     c->t0 = now();
     c->got_head = false;
-    if (evhttp_make_request(c->ec, req, EVHTTP_REQ_GET, path) != 0)
+    if (evhttp_make_request(c->ec, req, EVHTTP_REQ_GET, c->path) != 0)
         errors++;
 }
 
@@ -125,12 +135,18 @@ static void on_stop(evutil_socket_t fd, short what, void *arg)
 int main(int argc, char **argv)
 {
     if (argc != 6) {
-        fprintf(stderr, "usage: bench_streams HOST PORT PATH CONNS SECONDS\n");
+        fprintf(stderr, "usage: bench_streams HOST PORT PATH[,PATH...] CONNS SECONDS\n");
         return 2;
     }
     host = argv[1];
     port = atoi(argv[2]);
-    path = argv[3];
+    for (char *p = argv[3], *save = NULL, *t; n_paths < PATHS_MAX && (t = strtok_r(p, ",", &save));
+         p = NULL)
+        paths[n_paths++] = t;
+    if (n_paths == 0) {
+        fprintf(stderr, "bench_streams: no path\n");
+        return 2;
+    }
     int nconn = atoi(argv[4]);
     double secs = atof(argv[5]);
     base = event_base_new();
@@ -139,6 +155,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < nconn; i++) {
         cs[i].ec = evhttp_connection_base_new(base, NULL, host, (uint16_t)port);
         evhttp_connection_set_timeout(cs[i].ec, 30);
+        cs[i].path = paths[i % n_paths];
         ask(&cs[i]);
         active++;
     }
@@ -148,9 +165,9 @@ int main(int argc, char **argv)
     event_base_dispatch(base);
     printf("{\"streams\": %llu, \"events\": %llu, \"errors\": %llu, \"streams_per_s\": %.1f, "
            "\"ttfb_p50_ms\": %.1f, \"ttfb_p99_ms\": %.1f, \"stream_p50_ms\": %.1f, "
-           "\"stream_p99_ms\": %.1f}\n",
+           "\"stream_p99_ms\": %.1f, \"held_peak\": %d}\n",
            (unsigned long long)streams, (unsigned long long)events, (unsigned long long)errors,
            (double)streams / secs, pct(ttfb_h, 0.5), pct(ttfb_h, 0.99), pct(total_h, 0.5),
-           pct(total_h, 0.99));
+           pct(total_h, 0.99), held_peak);
     return 0;
 }

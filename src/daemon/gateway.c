@@ -127,6 +127,25 @@ int osubd__gw_read_into(struct evbuffer *b, int fd)
     return (int)n;
 }
 
+/* A timer's duration for event_add: libevent's common timeout for ms (made the first time, for
+ * the first 32 durations asked for), else *plain set to it. */
+const struct timeval *osubd__gw_tv(struct osubd_gateway *g, long ms, struct timeval *plain)
+{
+    for (int i = 0; i < g->n_ct; i++)
+        if (g->ct[i].ms == ms)
+            return g->ct[i].tv;
+    plain->tv_sec = ms / 1000;
+    plain->tv_usec = (ms % 1000) * 1000;
+    if (g->n_ct == (int)(sizeof(g->ct) / sizeof(g->ct[0])))
+        return plain;
+    const struct timeval *tv = event_base_init_common_timeout(g->base, plain);
+    if (tv == NULL)
+        return plain;
+    g->ct[g->n_ct].ms = ms;
+    g->ct[g->n_ct++].tv = tv;
+    return tv;
+}
+
 void osubd__gw_set_nodelay(int fd)
 {
     int one = 1;
@@ -402,8 +421,8 @@ void osubd__gw_admit(struct osubd_gateway *g, struct gw_req *r)
     s->n_queued++;
     d->n_queued++;
     r->timer = evtimer_new(d->base, osubd__gw_on_deadline, r);
-    struct timeval tv = {deadline / 1000, (deadline % 1000) * 1000};
-    evtimer_add(r->timer, &tv);
+    struct timeval tv;
+    evtimer_add(r->timer, osubd__gw_tv(d, deadline, &tv));
     /* queued behind requests that wait for their streaming share: it may go before them */
     if (s->v_serving && s->inflight < osubd__gw_eff_lim(s))
         osubd__gw_kick(s);
@@ -433,6 +452,13 @@ struct osubd_gateway *osubd_gateway_new(struct osubd_core *c, const struct osubd
 static int gateway_listen(struct osubd_gateway *g, char *err, size_t errlen)
 {
     struct osubd_gateway *d = g;
+    /* two descriptors a stream (its client, its backend): the soft limit up to the hard one
+     * (the API does so too when it starts first; the gateway may be made without it) */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
     g->scratch = evbuffer_new();
     if (d->cfg->gateway_access_log[0] != '\0') {
         g->access = fopen(d->cfg->gateway_access_log, "ae");
@@ -451,10 +477,12 @@ static int gateway_listen(struct osubd_gateway *g, char *err, size_t errlen)
                  d->cfg->gateway_port);
         return -1;
     }
+    /* thousands of streams connect at once (an SDK's retry storm, a load balancer's failover):
+     * the kernel caps the backlog at net.core.somaxconn */
     g->lis =
         evconnlistener_new_bind(d->base, osubd__gw_on_accept, g,
                                 LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC,
-                                1024, ai->ai_addr, (int)ai->ai_addrlen);
+                                GW_BACKLOG, ai->ai_addr, (int)ai->ai_addrlen);
     freeaddrinfo(ai);
     if (g->lis == NULL) {
         snprintf(err, errlen, "--gateway %s:%d: cannot listen there (%s)", d->cfg->gateway_host,

@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -66,6 +67,7 @@
 #define CONNS_PER_CLIENT 256       /* connections one client address may hold */
 #define OUT_HIGH (4 * 1024 * 1024) /* a client's unsent bytes that pause its backend */
 #define IDLE_PER_BACKEND 1024      /* kept-alive backend connections (as many as streams at once) */
+#define GW_BACKLOG 65535           /* the listener's (the kernel caps it at net.core.somaxconn) */
 
 struct gw_svc;
 struct gw_client;
@@ -247,8 +249,45 @@ struct osubd_gateway {
     bool stopping, draining;
     FILE *access; /* the access log (NULL: none) */
     int n_free;
-    char rbuf[65536]; /* a backend's read lands here: a stream's bytes go on from it */
+    /* libevent's common timeouts, one per duration in use (a queue each: adding and removing a
+     * timer of a duration shared by many is O(1), not the heap's O(log n)) */
+    struct {
+        long ms;
+        const struct timeval *tv;
+    } ct[32];
+    int n_ct;
+    char rbuf[65536];           /* a backend's read lands here: a stream's bytes go on from it */
+    char hbuf[2 * H1_HEAD_MAX]; /* a head written for a backend or a client (gw_flat) */
 };
+
+/* A head written into a flat buffer (one copy a piece, one send) rather than an evbuffer a
+ * piece: `over` once a piece did not fit, and nothing more is written. A head out is at most
+ * the head in (H1_HEAD_MAX) and a few fields of ours: it fits in hbuf. */
+struct gw_flat {
+    char *p;
+    size_t n, cap;
+    bool over;
+};
+
+static inline void flat_put(struct gw_flat *f, const char *s, size_t len)
+{
+    if (f->over || len > f->cap - f->n) {
+        f->over = true;
+        return;
+    }
+    memcpy(f->p + f->n, s, len);
+    f->n += len;
+}
+
+/* A header field, "name: value" and its CRLF. */
+static inline void flat_field(struct gw_flat *f, const char *name, size_t nlen, const char *value,
+                              size_t vlen)
+{
+    flat_put(f, name, nlen);
+    flat_put(f, ": ", 2);
+    flat_put(f, value, vlen);
+    flat_put(f, "\r\n", 2);
+}
 
 static inline double now_s(void)
 {
@@ -266,6 +305,8 @@ bool osubd__gw_serving(const osub_service_info_t *si);
 int osubd__gw_read_into(struct evbuffer *b, int fd);
 
 void osubd__gw_set_nodelay(int fd);
+
+const struct timeval *osubd__gw_tv(struct osubd_gateway *g, long ms, struct timeval *plain);
 
 bool osubd__gw_send_bytes(int fd, struct evbuffer *out, struct event *wev, const char *p, size_t n);
 

@@ -120,8 +120,8 @@ static long bc_timeout_ms(const struct gw_bconn *bc)
 
 static void bc_arm_ms(struct gw_bconn *bc, long ms)
 {
-    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    event_add(bc->timer, &tv);
+    struct timeval tv;
+    event_add(bc->timer, osubd__gw_tv(bc->svc->g, ms, &tv));
 }
 
 /* The answer's timer, from now. A read that brings bytes only notes its time (io_at): the
@@ -147,7 +147,8 @@ static void bc_on_timer(evutil_socket_t fd, short what, void *arg)
     if (!bc->broken) {
         long left = bc_timeout_ms(bc) - (long)((now_s() - bc->io_at) * 1000.0);
         if (left > 0) {
-            bc_arm_ms(bc, left); /* bytes came since it was armed */
+            struct timeval tv = {left / 1000, (left % 1000) * 1000}; /* bytes came since */
+            event_add(bc->timer, &tv);
             return;
         }
     }
@@ -172,8 +173,7 @@ static void bc_done(struct gw_bconn *bc)
         bc->next = s->idle[b];
         s->idle[b] = bc;
         s->n_idle[b]++;
-        struct timeval tv = {IDLE_TIMEOUT_S, 0};
-        event_add(bc->timer, &tv);
+        bc_arm_ms(bc, IDLE_TIMEOUT_S * 1000L);
         event_add(bc->rev, NULL); /* a close while idle is noticed */
     } else {
         osubd__gw_bc_close(bc);
@@ -256,27 +256,26 @@ static int bc_head(struct gw_bconn *bc)
         rend--;
     while (reason < rend && *reason == ' ')
         reason++;
-    struct evbuffer *out = c->g->scratch;
-    evbuffer_add(out, "HTTP/1.1 ", 9);
-    evbuffer_add(out, h + 9, 3);
-    evbuffer_add(out, " ", 1);
-    evbuffer_add(out, reason, (size_t)(rend - reason));
-    evbuffer_add(out, "\r\n", 2);
+    struct gw_flat o = {.p = c->g->hbuf, .cap = sizeof(c->g->hbuf)};
+    flat_put(&o, "HTTP/1.1 ", 9);
+    flat_put(&o, h + 9, 3);
+    flat_put(&o, " ", 1);
+    flat_put(&o, reason, (size_t)(rend - reason));
+    flat_put(&o, "\r\n", 2);
     for (int i = 0; i < hd->nh; i++) {
         const struct h1_header *f = &hd->h[i];
         bool te = f->nlen == 17 && strncasecmp(f->name, "Transfer-Encoding", 17) == 0;
-        if (!h1_hop_by_hop(f->name, f->nlen, conn) || (te && bc->st == 2 && !r->http10)) {
-            evbuffer_add(out, f->name, f->nlen);
-            evbuffer_add(out, ": ", 2);
-            evbuffer_add(out, f->value, f->vlen);
-            evbuffer_add(out, "\r\n", 2);
-        }
+        if (!h1_hop_by_hop(f->name, f->nlen, conn) || (te && bc->st == 2 && !r->http10))
+            flat_field(&o, f->name, f->nlen, f->value, f->vlen);
     }
     if (!r->keepalive)
-        evbuffer_add(out, "Connection: close\r\n", 19);
+        flat_put(&o, "Connection: close\r\n", 19);
     else if (r->http10)
-        evbuffer_add(out, "Connection: keep-alive\r\n", 24);
-    evbuffer_add(out, "\r\n", 2);
+        flat_put(&o, "Connection: keep-alive\r\n", 24);
+    flat_put(&o, "\r\n", 2);
+    if (o.over)
+        return -1; /* cannot be (hbuf holds the largest head and ours): 502 */
+    evbuffer_add(c->g->scratch, o.p, o.n);
     evbuffer_drain(bc->in, hl);
     r->started = true;
     return 1; /* the head stays staged in out (the scratch buffer) with the body that follows */
@@ -495,6 +494,35 @@ static void bc_send(struct gw_bconn *bc, struct evbuffer *b)
         bc_broken(bc);
 }
 
+/* bc_send of n bytes at p (copied only when the socket does not take them all). */
+static void bc_send_bytes(struct gw_bconn *bc, const char *p, size_t n)
+{
+    if (bc->broken)
+        return;
+    if (!bc->connected && evbuffer_get_length(bc->out) == 0) {
+        ssize_t w = send(bc->fd, p, n, MSG_NOSIGNAL);
+        if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            bc_broken(bc); /* refused: failed from the loop, 502 */
+            return;
+        }
+        if (w > 0) {
+            bc->connected = true;
+            event_add(bc->rev, NULL);
+            p += w;
+            n -= (size_t)w;
+        }
+        if (n == 0)
+            return;
+    }
+    if (!bc->connected) {
+        evbuffer_add(bc->out, p, n);
+        event_add(bc->wev, NULL); /* the handshake's end */
+        return;
+    }
+    if (!osubd__gw_send_bytes(bc->fd, bc->out, bc->wev, p, n))
+        bc_broken(bc);
+}
+
 /* The backend's address, resolved once per URL. */
 static int backend_addr(struct gw_svc *s, int b, const char *url)
 {
@@ -652,8 +680,7 @@ void osubd__gw_forward_body(struct gw_req *r)
         osubd__gw_kick(r->svc); /* a streaming share came free */
     }
     if (!r->body_done) {
-        struct timeval tv = {BODY_TIMEOUT_S, 0};
-        event_add(c->timer, &tv);
+        osubd__gw_cl_arm(c, BODY_TIMEOUT_S);
     }
 }
 
@@ -705,22 +732,21 @@ void osubd__gw_dispatch(struct osubd_gateway *g, struct gw_req *r)
     struct gw_client *c = r->cl;
     /* the head: the path without the service's prefix (by Host: whole), headers but the
      * hop-by-hop ones, Host for the backend, X-Forwarded-For with the client */
-    struct evbuffer *out = g->scratch;
+    struct gw_flat o = {.p = g->hbuf, .cap = sizeof(g->hbuf)};
     const char *rest = r->by_host ? r->uri : memchr(r->uri + 1, '/', r->ulen - 1);
     const char *q = memchr(r->uri, '?', r->ulen);
-    evbuffer_add(out, r->method, r->mlen);
-    evbuffer_add(out, " ", 1);
+    flat_put(&o, r->method, r->mlen);
+    flat_put(&o, " ", 1);
     const char *uend = r->uri + r->ulen;
     if (rest == NULL || (q != NULL && q < rest)) {
-        evbuffer_add(out, "/", 1);
+        flat_put(&o, "/", 1);
         if (q != NULL)
-            evbuffer_add(out, q, (size_t)(uend - q));
+            flat_put(&o, q, (size_t)(uend - q));
     } else {
-        evbuffer_add(out, rest, (size_t)(uend - rest));
+        flat_put(&o, rest, (size_t)(uend - rest));
     }
-    evbuffer_add(out, " HTTP/1.1\r\nHost: ", 17);
-    evbuffer_add(out, s->bhost[b], strlen(s->bhost[b]));
-    evbuffer_add(out, "\r\n", 2);
+    flat_put(&o, " HTTP/1.1\r\n", 11);
+    flat_field(&o, "Host", 4, s->bhost[b], strlen(s->bhost[b]));
     const struct h1_header *conn = h1_find(&r->hd, "Connection");
     const struct h1_header *xff = NULL;
     bool expect100 = false;
@@ -737,24 +763,21 @@ void osubd__gw_dispatch(struct osubd_gateway *g, struct gw_req *r)
             expect100 = true; /* answered here, once the request goes to a backend */
             continue;
         }
-        evbuffer_add(out, h->name, h->nlen);
-        evbuffer_add(out, ": ", 2);
-        evbuffer_add(out, h->value, h->vlen);
-        evbuffer_add(out, "\r\n", 2);
+        flat_field(&o, h->name, h->nlen, h->value, h->vlen);
     }
     if (r->chunked_body)
-        evbuffer_add(out, "Transfer-Encoding: chunked\r\n", 28);
+        flat_put(&o, "Transfer-Encoding: chunked\r\n", 28);
+    flat_put(&o, "X-Forwarded-For: ", 17);
     if (xff != NULL) {
-        evbuffer_add(out, "X-Forwarded-For: ", 17);
-        evbuffer_add(out, xff->value, xff->vlen);
-        evbuffer_add(out, ", ", 2);
-    } else {
-        evbuffer_add(out, "X-Forwarded-For: ", 17);
+        flat_put(&o, xff->value, xff->vlen);
+        flat_put(&o, ", ", 2);
     }
-    evbuffer_add(out, c->peer, strlen(c->peer));
-    evbuffer_add(out, "\r\n\r\n", 4);
-    bc_send(bc, out);
-    evbuffer_drain(out, evbuffer_get_length(out));
+    flat_put(&o, c->peer, strlen(c->peer));
+    flat_put(&o, "\r\n\r\n", 4);
+    if (o.over) /* cannot be (hbuf holds the largest head and ours): failed from the loop */
+        bc_broken(bc);
+    else
+        bc_send_bytes(bc, o.p, o.n);
     if (r->bc != bc)
         return; /* the send failed: answered already, or sent again on another connection */
     bc_arm(bc);

@@ -320,8 +320,8 @@ static void reply_bad(struct gw_client *c, int code, const char *phrase, const c
 
 void osubd__gw_cl_arm(struct gw_client *c, int seconds)
 {
-    struct timeval tv = {seconds, 0};
-    event_add(c->timer, &tv);
+    struct timeval tv;
+    event_add(c->timer, osubd__gw_tv(c->g, seconds * 1000L, &tv));
 }
 
 static void cl_on_timer(evutil_socket_t fd, short what, void *arg)
