@@ -346,13 +346,31 @@ struct succ {
     int32_t prev; /* the previous row's service, -1 before the first */
 };
 
+/* "pod-" and at most max characters of pod, lowercased when lower (ASCII, as tolower in the C
+ * locale the CLI runs in). */
+static void pod_id(char *id, const char *pod, size_t max, bool lower)
+{
+    size_t n = strnlen(pod, max);
+    memcpy(id, "pod-", 4);
+    memcpy(id + 4, pod, n);
+    id[4 + n] = '\0';
+    for (size_t j = 4; lower && j < 4 + n; j++)
+        if (id[j] >= 'A' && id[j] <= 'Z')
+            id[j] = (char)(id[j] - 'A' + 'a');
+}
+
+/* The service of a row naming pod, whose id is pod_id(pod, max, lower), or -1. The guess is
+ * checked on pod itself: every id of a GenAI import is "pod-" and a pod id of at most 59
+ * characters (max is more), and a pod id equal to a lowercased one is its own lowercasing.
+ * On a miss the id is built into id (the caller's, 80 bytes) and looked up. */
 static int32_t succ_find(struct succ *q, const struct idx *x, const struct trace *tr,
-                         const char *id)
+                         const char *pod, size_t max, bool lower, char *id)
 {
     size_t k = (size_t)(q->prev + 1);
     if (k < q->cap && q->next[k] >= 0 && (size_t)q->next[k] < tr->n &&
-        strcmp(tr->svcs[q->next[k]].spec.id, id) == 0)
+        strcmp(tr->svcs[q->next[k]].spec.id + 4, pod) == 0)
         return q->next[k];
+    pod_id(id, pod, max, lower);
     return idx_get(x, tr, id);
 }
 
@@ -396,17 +414,6 @@ static int parse_time(struct tscache *c, const char *s, int64_t *t)
         c->t = *t;
     }
     return 0;
-}
-
-/* "pod-" and at most max characters of pod, lowercased when lower (ASCII, as tolower in the C
- * locale the CLI runs in). */
-static void pod_id(char *id, const char *pod, size_t max, bool lower)
-{
-    size_t n = strnlen(pod, max);
-    memcpy(id, "pod-", 4);
-    for (size_t j = 0; j < n; j++)
-        id[4 + j] = lower && pod[j] >= 'A' && pod[j] <= 'Z' ? (char)(pod[j] - 'A' + 'a') : pod[j];
-    id[4 + n] = '\0';
 }
 
 /* Progress of a long read: "simulate: reading FILE: 1.2 of 2.8 GB (43%)". Reads the clock
@@ -543,8 +550,7 @@ static int read_vram(const char *path, const struct genai_opts *o, struct trace 
         /* pod ids are hex hashes; a service id must start with a letter */
         if (!in_part(o, c.fields[1]))
             continue;
-        pod_id(id, c.fields[1], 58, true);
-        int32_t i = succ_find(&q, x, tr, id);
+        int32_t i = succ_find(&q, x, tr, c.fields[1], 58, true, id);
         if (i < 0 && !osub_id_valid(id)) { /* a service already there has a valid id */
             rc = errf(err, errlen, "%s: line %zu: pod '%s' cannot be a service id", path, c.line,
                       c.fields[1]);
@@ -624,8 +630,8 @@ static int read_util(const char *path, struct trace *tr, struct idx *x, char *er
                       c.line);
             break;
         }
-        pod_id(id, c.fields[1], sizeof(id) - 5, false); /* as snprintf cut it */
-        int32_t i = succ_find(&q, x, tr, id);
+        /* the id as snprintf cut it in id[80] */
+        int32_t i = succ_find(&q, x, tr, c.fields[1], sizeof(id) - 5, false, id);
         if (i < 0)
             continue;
         if (succ_note(&q, i) != 0) {
