@@ -33,16 +33,29 @@ procs+=($!)
 waitfor "$tmp/backend.out" "port " || { echo "backend did not start"; exit 1; }
 bport=$(awk '{print $2}' "$tmp/backend.out")
 
-# oversub: one event loop (its writer thread sleeps: no commands during the run)
-$P0 "$build/oversubd" --listen 127.0.0.1:0 --gateway 127.0.0.1:0 --socket "" \
-    --state "$tmp/state.db" --gpus sim:8x81920 --ratio 1.5 --tick-ms 1000 >"$tmp/o.out" 2>"$tmp/o.err" &
-procs+=($!)
-waitfor "$tmp/o.out" "gateway on" || { echo "oversubd did not start: $(cat "$tmp/o.err")"; exit 1; }
-api=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$tmp/o.out" | head -1 | sed 's/.*://')
-gw=$(grep -o 'gateway on http://127.0.0.1:[0-9]*' "$tmp/o.out" | sed 's/.*://')
-post "http://127.0.0.1:$api/v1/services" \
-    -d "{\"id\":\"bench\",\"class\":\"online\",\"vram\":\"10GiB\",\"backends\":[\"http://127.0.0.1:$bport\"],\"max_inflight\":64,\"max_queue\":1024}"
-post "http://127.0.0.1:$api/v1/services/bench/ready"
+# oversub: one event loop (its writer thread sleeps: no commands during the run). BEFORE=DIR
+# runs DIR/oversubd too (an earlier build), as "before", in the same rounds.
+start_oversub() { # BINARY TAG: sets api, gw, opid
+    $P0 "$1" --listen 127.0.0.1:0 --gateway 127.0.0.1:0 --socket "" \
+        --state "$tmp/state.$2.db" --gpus sim:8x81920 --ratio 1.5 --tick-ms 1000 >"$tmp/o.$2.out" 2>"$tmp/o.$2.err" &
+    opid=$!
+    procs+=($opid)
+    waitfor "$tmp/o.$2.out" "gateway on" && waitfor "$tmp/o.$2.out" "listening on" ||
+        { echo "oversubd did not start: $(cat "$tmp/o.$2.err")"; exit 1; }
+    api=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$tmp/o.$2.out" | head -1 | sed 's/.*://')
+    gw=$(grep -o 'gateway on http://127.0.0.1:[0-9]*' "$tmp/o.$2.out" | sed 's/.*://')
+    post "http://127.0.0.1:$api/v1/services" \
+        -d "{\"id\":\"bench\",\"class\":\"online\",\"vram\":\"10GiB\",\"backends\":[\"http://127.0.0.1:$bport\"],\"max_inflight\":64,\"max_queue\":1024}"
+    post "http://127.0.0.1:$api/v1/services/bench/ready"
+}
+proxies=""
+if [ -n "${BEFORE:-}" ]; then
+    start_oversub "$(realpath "$BEFORE")/oversubd" before
+    proxies="before:$gw:$opid"
+fi
+start_oversub "$build/oversubd" now
+proxies="oversub:$gw:$opid $proxies"
+ourpid=$opid
 post "http://127.0.0.1:$api/v1/services" \
     -d "{\"id\":\"full\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"http://127.0.0.1:$bport\"],\"max_inflight\":1,\"max_queue\":0}"
 post "http://127.0.0.1:$api/v1/services/full/ready"
@@ -92,20 +105,22 @@ $P0 haproxy -f "$tmp/haproxy.cfg" -q &
 procs+=($!)
 hpid=$!
 sleep 0.5
-for p in "$gw" "$nport" "$hport"; do
+proxies="$proxies nginx:$nport:$npid haproxy:$hport:$hpid"
+names=$(for p in $proxies; do printf '%s ' "${p%%:*}"; done)
+for p in $(for p in $proxies; do p=${p#*:}; printf '%s ' "${p%%:*}"; done); do
     c=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$p/bench/x")
     [ "$c" = 200 ] || { echo "proxy on $p answers $c"; exit 1; }
 done
 
 echo "machine: $(nproc) CPUs; proxies on core 0, wrk and the backend on core 1; $runs runs x ${dur}s; wrk -t1 -c64"
-for name in oversub:$gw nginx:$nport haproxy:$hport; do
-    : >"$tmp/rps.${name%%:*}"
-    : >"$tmp/lat.${name%%:*}"
-    : >"$tmp/cpu.${name%%:*}"
+for name in $names; do
+    : >"$tmp/rps.$name"
+    : >"$tmp/lat.$name"
+    : >"$tmp/cpu.$name"
 done
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 for r in $(seq 1 "$runs"); do
-    for name in oversub:$gw:${procs[1]} nginx:$nport:$npid haproxy:$hport:$hpid; do
+    for name in $proxies; do
         IFS=: read -r who port pid <<<"$name"
         c0=$(cpu_ticks "$pid")
         $P1 wrk -t1 -c64 -d"${dur}s" --latency "http://127.0.0.1:$port/bench/x" >"$tmp/w"
@@ -118,13 +133,13 @@ for r in $(seq 1 "$runs"); do
 done
 ours=$(median <"$tmp/rps.oversub")
 ours_cpu=$(median <"$tmp/cpu.oversub")
-for name in oversub nginx haproxy; do
+for name in $names; do
     m=$(median <"$tmp/rps.$name")
     printf '%-8s %s -> median %s req/s; p50 p99 of the runs: %s; ours/%s %.2f\n' "$name" \
         "$(tr '\n' ' ' <"$tmp/rps.$name")" "$m" "$(tr '\n' ';' <"$tmp/lat.$name")" "$name" \
         "$(awk -v a="$ours" -v b="$m" 'BEGIN {print a/b}')"
 done
-for name in oversub nginx haproxy; do
+for name in $names; do
     m=$(median <"$tmp/cpu.$name")
     printf '%-8s proxy CPU per request: %s us -> median %s us; %s/oversub %.2f\n' "$name" \
         "$(tr '\n' ' ' <"$tmp/cpu.$name")" "$m" "$name" "$(awk -v a="$m" -v b="$ours_cpu" 'BEGIN {print a/b}')"
@@ -155,7 +170,7 @@ for sv in on:online:64 ba:batch:8 ex:experiment:8; do
         -d "{\"id\":\"$id\",\"class\":\"$cls\",\"vram\":\"10GiB\",\"backends\":[\"http://127.0.0.1:$bport\"],\"max_inflight\":$lim,\"max_queue\":$((2 * lim)),\"queue_timeout_ms\":2000}"
     post "http://127.0.0.1:$api/v1/services/$id/ready"
 done
-opid=${procs[1]} # oversubd (taskset execs it in place)
+opid=$ourpid # oversubd (taskset execs it in place)
 $P1 "$build/bench/bench_openloop" 127.0.0.1 "$gw" 4000 "$secs" \
     "/on/sleep?ms=100:2" "/ba/sleep?ms=100:9" "/ex/sleep?ms=100:9" >"$tmp/ol" &
 olp=$!

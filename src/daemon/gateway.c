@@ -175,6 +175,34 @@ bool osubd__gw_send_bytes(int fd, struct evbuffer *out, struct event *wev, const
     return true;
 }
 
+/* osubd__gw_send_bytes of the n pieces of v, in one writev. */
+bool osubd__gw_send_iov(int fd, struct evbuffer *out, struct event *wev, struct iovec *v, int n)
+{
+    if (evbuffer_get_length(out) == 0) {
+        ssize_t w = writev(fd, v, n);
+        if (w < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+                return false;
+            w = 0;
+        }
+        for (int i = 0; i < n && w > 0; i++) {
+            size_t k = (size_t)w < v[i].iov_len ? (size_t)w : v[i].iov_len;
+            v[i].iov_base = (char *)v[i].iov_base + k;
+            v[i].iov_len -= k;
+            w -= (ssize_t)k;
+        }
+    }
+    bool left = false;
+    for (int i = 0; i < n; i++)
+        if (v[i].iov_len > 0) {
+            evbuffer_add(out, v[i].iov_base, v[i].iov_len);
+            left = true;
+        }
+    if (left)
+        event_add(wev, NULL);
+    return true;
+}
+
 bool osubd__gw_send_buffer(int fd, struct evbuffer *out, struct event *wev, struct evbuffer *b)
 {
     if (evbuffer_get_length(out) == 0) {

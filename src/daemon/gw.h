@@ -310,6 +310,8 @@ const struct timeval *osubd__gw_tv(struct osubd_gateway *g, long ms, struct time
 
 bool osubd__gw_send_bytes(int fd, struct evbuffer *out, struct event *wev, const char *p, size_t n);
 
+bool osubd__gw_send_iov(int fd, struct evbuffer *out, struct event *wev, struct iovec *v, int n);
+
 bool osubd__gw_send_buffer(int fd, struct evbuffer *out, struct event *wev, struct evbuffer *b);
 
 void osubd__gw_req_free(struct gw_req *r);

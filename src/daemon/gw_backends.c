@@ -209,14 +209,15 @@ static void stage_flush(struct gw_bconn *bc)
     }
 }
 
-/* The answer's head: status and headers passed on, hop-by-hop ones dropped, the framing kept. */
-static int bc_head(struct gw_bconn *bc)
+/* The answer's head at h (len bytes, up to H1_HEAD_MAX looked at): status and headers passed on,
+ * hop-by-hop ones dropped, the framing kept. 0: not all of it yet; -1: bad (502); 1: an
+ * informational answer (1xx), *hl bytes, not passed on; 2: the head, *hl bytes, and the
+ * client's head written in g->hbuf, *out bytes. */
+static int bc_head_at(struct gw_bconn *bc, const char *h, size_t len, size_t *hl, size_t *out)
 {
-    size_t len = evbuffer_get_length(bc->in);
     if (len == 0)
         return 0;
     size_t look = len < H1_HEAD_MAX ? len : H1_HEAD_MAX;
-    const char *h = (const char *)evbuffer_pullup(bc->in, (ssize_t)look);
     struct gw_req *r = bc->r;
     struct h1_head *hd = &bc->svc->g->resp;
     int prc = h1_parse_response(h, look, r->is_head, hd);
@@ -224,23 +225,19 @@ static int bc_head(struct gw_bconn *bc)
         return 0;
     if (prc == H1_BAD)
         return -1;
-    size_t hl = hd->len;
+    *hl = hd->len;
     int code = hd->status;
     if (code == 101)
         return -1; /* an upgrade (WebSocket): the gateway does not tunnel; 502 */
-    if (code < 200) {
-        evbuffer_drain(bc->in, hl); /* 100 Continue and the like: not passed on */
-        return 1;
-    }
+    if (code < 200)
+        return 1; /* 100 Continue and the like: not passed on */
     struct gw_svc *s = bc->svc;
     s->answers[code / 100 < 6 ? code / 100 : 5]++;
     r->status = code;
     observe(&s->ttfb, now_s() - r->t_sent);
     const struct h1_header *conn = h1_find(hd, "Connection");
     bc->keepalive = hd->keepalive;
-    struct gw_client *c = r->cl;
-    bool nobody = hd->no_body;
-    if (nobody)
+    if (hd->no_body)
         bc->st = 4;
     else if (hd->chunked)
         bc->st = 2, h1_chunked_init(&bc->cs, 0, hd->lf_only);
@@ -251,12 +248,13 @@ static int bc_head(struct gw_bconn *bc)
     if (r->http10 && bc->st == 2)
         r->keepalive = false;
     /* the client's head */
-    const char *reason = h + 12, *rend = memchr(h, '\n', hl);
+    const char *reason = h + 12, *rend = memchr(h, '\n', *hl);
     if (rend > h && rend[-1] == '\r')
         rend--;
     while (reason < rend && *reason == ' ')
         reason++;
-    struct gw_flat o = {.p = c->g->hbuf, .cap = sizeof(c->g->hbuf)};
+    struct osubd_gateway *g = s->g;
+    struct gw_flat o = {.p = g->hbuf, .cap = sizeof(g->hbuf)};
     flat_put(&o, "HTTP/1.1 ", 9);
     flat_put(&o, h + 9, 3);
     flat_put(&o, " ", 1);
@@ -275,10 +273,26 @@ static int bc_head(struct gw_bconn *bc)
     flat_put(&o, "\r\n", 2);
     if (o.over)
         return -1; /* cannot be (hbuf holds the largest head and ours): 502 */
-    evbuffer_add(c->g->scratch, o.p, o.n);
-    evbuffer_drain(bc->in, hl);
     r->started = true;
-    return 1; /* the head stays staged in out (the scratch buffer) with the body that follows */
+    *out = o.n;
+    return 2;
+}
+
+/* The head from bc->in: 0, -1 as bc_head_at; 1 when one was taken (the client's staged in the
+ * scratch buffer, with the body that follows). */
+static int bc_head(struct gw_bconn *bc)
+{
+    size_t len = evbuffer_get_length(bc->in);
+    size_t look = len < H1_HEAD_MAX ? len : H1_HEAD_MAX;
+    const char *h = len ? (const char *)evbuffer_pullup(bc->in, (ssize_t)look) : NULL;
+    size_t hl = 0, out = 0;
+    int rc = bc_head_at(bc, h, len, &hl, &out);
+    if (rc <= 0)
+        return rc;
+    if (rc == 2)
+        evbuffer_add(bc->svc->g->scratch, bc->svc->g->hbuf, out);
+    evbuffer_drain(bc->in, hl);
+    return 1;
 }
 
 static void add_data(void *arg, const char *p, size_t n)
@@ -340,35 +354,75 @@ static int bc_parse(struct gw_bconn *bc)
 static bool bc_passes(const struct gw_bconn *bc)
 {
     return evbuffer_get_length(bc->in) == 0 &&
-           (bc->st == 1 || bc->st == 3 || (bc->st == 2 && !bc->r->http10));
+           (bc->st == 1 || bc->st == 3 || bc->st == 4 || (bc->st == 2 && !bc->r->http10));
 }
 
-/* One read of the body, from p to the client: what its framing takes goes (one send, the
- * rest kept in the client's out), what is past the answer's end stays in bc->in. -1: the
- * framing is broken. */
-static int bc_pass(struct gw_bconn *bc, const char *p, size_t n)
+/* One read of the answer, from p to the client, after hn bytes of the client's head at hp (none:
+ * 0): what the body's framing takes goes with the head in one write (the rest kept in the
+ * client's out), what is past the answer's end stays in bc->in. -1: the framing is broken. */
+static int bc_pass(struct gw_bconn *bc, const char *hp, size_t hn, const char *p, size_t n)
 {
     size_t k = n;
-    if (bc->st == 1) {
+    if (bc->st == 4) {
+        k = 0;
+    } else if (bc->st == 1) {
         k = n < (size_t)bc->left ? n : (size_t)bc->left;
         bc->left -= (int64_t)k;
         if (bc->left == 0)
             bc->st = 4;
     } else if (bc->st == 2) {
         k = h1_chunked_feed(&bc->cs, p, n, NULL, NULL);
-        if (bc->cs.st == H1C_BAD)
+        if (bc->cs.st == H1C_BAD) {
+            if (hn > 0) /* the head went out, then the answer stops short */
+                osubd__gw_cl_send(bc->r->cl, hp, hn);
             return -1;
+        }
         if (bc->cs.st == H1C_DONE)
             bc->st = 4;
     }
     struct gw_client *c = bc->r->cl;
-    if (k > 0 && !osubd__gw_send_bytes(c->fd, c->out, c->wev, p, k))
+    struct iovec v[2] = {{(void *)hp, hn}, {(void *)p, k}};
+    if (hn + k > 0 && !osubd__gw_send_iov(c->fd, c->out, c->wev, v, 2))
         c->closing = c->gone = true;
     if (k < n)
         evbuffer_add(bc->in, p + k, n - k);
     if (evbuffer_get_length(c->out) > OUT_HIGH) {
         c->paused_bc = true;
         event_del(bc->rev);
+    }
+    return 0;
+}
+
+/* A read that starts an answer (bc->in empty), parsed where it landed: its head and as much of
+ * its body as it holds leave in one write, nothing copied into an evbuffer. -1: failed (bc is
+ * gone). */
+static int bc_first(struct gw_bconn *bc, const char *p, size_t n)
+{
+    size_t hl = 0, out = 0;
+    int rc;
+    while ((rc = bc_head_at(bc, p, n, &hl, &out)) == 1) {
+        p += hl; /* an informational answer: not passed on */
+        n -= hl;
+    }
+    if (rc < 0) {
+        bc_fail(bc, false);
+        return -1;
+    }
+    struct osubd_gateway *g = bc->svc->g;
+    if (rc == 0) {
+        evbuffer_add(bc->in, p, n); /* a head in pieces: bc_parse has it from bc->in */
+        return 0;
+    }
+    p += hl;
+    n -= hl;
+    if (!bc_passes(bc)) { /* dechunked for HTTP/1.0: staged */
+        evbuffer_add(g->scratch, g->hbuf, out);
+        evbuffer_add(bc->in, p, n);
+        return bc_parse(bc);
+    }
+    if (bc_pass(bc, g->hbuf, out, p, n) != 0) {
+        bc_fail(bc, false);
+        return -1;
     }
     return 0;
 }
@@ -391,8 +445,11 @@ static void bc_on_read(evutil_socket_t fd, short what, void *arg)
     if (n > 0) {
         bc->got_bytes = true;
         bc->io_at = now_s(); /* the timer waits from here (bc_on_timer) */
-        if (bc_passes(bc)) { /* a stream's next bytes: no copy, no buffer */
-            if (bc_pass(bc, buf, (size_t)n) != 0) {
+        if (bc->st == 0 && evbuffer_get_length(bc->in) == 0) {
+            if (bc_first(bc, buf, (size_t)n) != 0)
+                return;
+        } else if (bc_passes(bc)) { /* a stream's next bytes: no copy, no buffer */
+            if (bc_pass(bc, NULL, 0, buf, (size_t)n) != 0) {
                 bc_fail(bc, false);
                 return;
             }
