@@ -59,6 +59,11 @@ typedef struct {
                                      in a service's predicted peak (1 h) */
     int64_t floor_start_after_ms; /* a degradable service that has waited this long may start
                                      at its floor (2 min; -1: never) */
+    /* suspend (DESIGN.md "Suspend: preemption without a reload") */
+    int64_t suspend_host_mib;       /* host memory suspended services may fill (0: no suspend) */
+    int64_t suspend_mib_per_s;      /* default resume cost: grant at this rate + 1 s (4096) */
+    int64_t suspend_timeout_ms;     /* a suspend not done by then escalates to eviction (30 s) */
+    int64_t suspend_min_runtime_ms; /* a resumed service is not suspended again before (60 s) */
 } osub_pool_config_t;
 
 /* One priority class. level 0 is the highest priority. */
@@ -74,6 +79,28 @@ typedef enum {
     OSUB_ON_EVICT_REQUEUE,
     OSUB_ON_EVICT_RELEASE,
 } osub_on_evict_t;
+
+/* How a suspendable service is suspended and resumed (the daemon's mechanisms; the engine only
+ * stores it and knows the service may be suspended). */
+typedef enum {
+    OSUB_SUSPEND_NONE = 0, /* not suspendable */
+    OSUB_SUSPEND_CUDA,     /* the CUDA driver's process checkpoint API, every process */
+    OSUB_SUSPEND_VLLM,     /* POST url/sleep?level=1, POST url/wake_up */
+    OSUB_SUSPEND_SGLANG,   /* url/release_memory_occupation, url/resume_memory_occupation */
+    OSUB_SUSPEND_HTTP,     /* POST url + suspend_path, POST url + resume_path */
+} osub_suspend_method_t;
+
+#define OSUB_SUSPEND_URL_MAX 255
+#define OSUB_SUSPEND_PATH_MAX 127
+
+typedef struct {
+    osub_suspend_method_t method;
+    char url[OSUB_SUSPEND_URL_MAX + 1];           /* vllm, sglang, http: the base URL */
+    char suspend_path[OSUB_SUSPEND_PATH_MAX + 1]; /* http: the path that suspends */
+    char resume_path[OSUB_SUSPEND_PATH_MAX + 1];  /* http: the path that resumes */
+    int64_t residual_mib; /* what is expected to stay on its GPUs once suspended (total; 0 =
+                             nothing known: the last measured residual replaces it) */
+} osub_suspend_spec_t;
 
 typedef enum {
     OSUB_TRI_DEFAULT = -1,
@@ -95,9 +122,11 @@ typedef struct {
     osub_tri_t preemptible; /* default: the class's */
     bool resumable;
     osub_on_evict_t on_evict;
-    int64_t restart_cost_ms; /* -1: the pool's default */
-    osub_tri_t queue;        /* default: queue if preemptible, else reject */
-    int64_t grace_ms;        /* -1: the class's */
+    int64_t restart_cost_ms;     /* -1: the pool's default */
+    osub_tri_t queue;            /* default: queue if preemptible, else reject */
+    int64_t grace_ms;            /* -1: the class's */
+    osub_suspend_spec_t suspend; /* method NONE: never suspended; backed services may not */
+    int64_t resume_cost_ms;      /* -1: its request at the pool's suspend_mib_per_s, plus 1 s */
 } osub_spec_t;
 
 typedef enum {
@@ -110,6 +139,12 @@ typedef enum {
     OSUB_STATE_OVERDUE,
     OSUB_STATE_FAILED,
     OSUB_STATE_RELEASED,
+    /* suspend (appended: the numbers above are stored in snapshots) */
+    OSUB_STATE_SUSPENDING, /* told to suspend; holds its memory until it is seen free */
+    OSUB_STATE_SUSPENDED,  /* its GPU memory is in host memory; keeps its logical grant and
+                              holds only its measured residual */
+    OSUB_STATE_RESUMING,   /* given its GPUs back; holds like loading until resumed */
+    OSUB_STATE__COUNT
 } osub_state_t;
 
 /* Event kinds: decisions (admit ... resume) and the events around them. */
@@ -136,7 +171,11 @@ typedef enum {
     XX(CORDON, "cordon")                                                                           \
     XX(UNCORDON, "uncordon")                                                                       \
     XX(GPU_LOST, "gpu_lost")                                                                       \
-    XX(FAIL, "fail")
+    XX(FAIL, "fail")                                                                               \
+    XX(SUSPEND, "suspend")     /* decision: suspend it (its memory to the host) */                 \
+    XX(SUSPENDED, "suspended") /* its mechanism is done and its memory seen free */                \
+    XX(WAKE, "wake")           /* decision: resume a suspended service on its GPUs */              \
+    XX(RESUMED, "resumed")     /* its memory is back: it runs again */
 
 typedef enum {
 #define OSUB__EV_ENUM(name, str) OSUB_EV_##name,
@@ -166,7 +205,10 @@ typedef enum {
     XX(GPU_LOST, "gpu_lost")                   /* a GPU disappeared */                             \
     XX(EVICTED, "evicted")                     /* an eviction completed */                         \
     XX(COMPUTE, "compute")                     /* compute contention */                            \
-    XX(START_FLOOR, "start_floor")             /* admitted at its floor: no room for more yet */
+    XX(START_FLOOR, "start_floor")             /* admitted at its floor: no room for more yet */   \
+    XX(IDLE, "idle")                           /* suspended for want of requests */                \
+    XX(SUSPEND_TIMEOUT, "suspend_timeout")     /* a suspend was not done in time */                \
+    XX(SUSPEND_FAILED, "suspend_failed")       /* its mechanism failed to suspend or resume it */
 
 typedef enum {
 #define OSUB__RS_ENUM(name, str) OSUB_R_##name,
@@ -215,7 +257,8 @@ typedef enum {
 
 typedef struct {
     char service[OSUB_ID_MAX + 1];
-    bool evict; /* false: degrade */
+    bool evict;   /* false: degrade, or suspend when `suspend` */
+    bool suspend; /* suspend (never with evict) */
     int64_t deadline_ms;
 } osub_victim_t;
 
@@ -254,6 +297,11 @@ typedef struct {
     bool overcommitted;
     uint64_t admissions, rejections, degrades, evictions, restores, resumes;
     uint64_t events_lost; /* events not recorded for want of memory (the decisions stand) */
+    /* suspend: decisions and wakes (counted apart from evictions), services suspended now,
+     * and the host memory their suspends count against the budget */
+    uint64_t suspends, wakes;
+    int32_t n_suspended;
+    int64_t host_used_mib, host_budget_mib;
 } osub_pool_info_t;
 
 typedef struct {
@@ -285,6 +333,13 @@ typedef struct {
     const osub_victim_t *waits;
     uint32_t evictions, degrades;
     char checkpoint[128];
+    /* suspend */
+    bool suspendable;  /* its spec declares a method */
+    bool suspend_hold; /* suspended by an operator or for idleness: stays until resumed */
+    uint32_t suspends; /* times it was suspended */
+    int64_t host_mib;  /* what its suspend counts against the host budget (0: none) */
+    int64_t resume_cost_ms;
+    int64_t residual_mib; /* what planning expects to stay on its GPUs when suspended */
 } osub_service_info_t;
 
 /* Fills the defaults of DESIGN.md (ratio 1.3, margin 0, ...). */
@@ -356,6 +411,44 @@ OSUB_API int osub_engine_cordon(osub_engine_t *e, int32_t gpu, bool cordon, int6
 /* Evicts (with grace) every preemptible service on a cordoned GPU. */
 OSUB_API int osub_engine_drain_gpu(osub_engine_t *e, int32_t gpu, int64_t now_ms);
 OSUB_API int osub_engine_gpu_lost(osub_engine_t *e, int32_t gpu, int64_t now_ms);
+/*
+ * Suspend (DESIGN.md "Suspend: preemption without a reload"). The engine decides; the daemon's
+ * mechanisms carry out and report:
+ *   - a SUSPEND event (decision, a victim's or an operator's): run the service's suspend
+ *     mechanism; when it is done and its memory is seen to fall, osub_engine_suspended() with
+ *     what is still measured on its GPUs; when it fails, osub_engine_suspend_failed(). Not done
+ *     within suspend_timeout_ms: the engine escalates to an eviction with grace (ESCALATE,
+ *     reason suspend_timeout), as for an ignored degrade.
+ *   - a WAKE event (decision): run its resume mechanism (restore + unlock, wake_up, ...); when
+ *     its memory is back, osub_engine_resumed() (or osub_engine_ready()); when it fails,
+ *     osub_engine_suspend_failed() (evicted with grace). Not reported within its resume cost,
+ *     it is taken as resumed (a READY event), as a loading period ends.
+ */
+/* Operator or idle suspend (flags: OSUB_SUSPEND_IDLE for reason idle, else user): a running or
+ * degraded suspendable service is told to suspend and stays suspended, held, until
+ * osub_engine_resume(). Already suspending or suspended: it is held (0). Errors:
+ * OSUB_ENOT_SUSPENDABLE (no method in its spec), OSUB_EBAD_STATE (not running or degraded, or a
+ * degrade not yet acknowledged), OSUB_EHOST_FULL (its memory would exceed suspend_host_mib). */
+#define OSUB_SUSPEND_IDLE 1u
+OSUB_API int osub_engine_suspend(osub_engine_t *e, const char *id, unsigned flags, int64_t now_ms);
+/* Lets a held suspended (or suspending) service come back: at once when its GPUs have room
+ * (a WAKE event, reason user), else as soon as they do. Resuming already: 0. Other states:
+ * OSUB_EBAD_STATE. */
+OSUB_API int osub_engine_resume(osub_engine_t *e, const char *id, int64_t now_ms);
+/* Report: the suspend of a suspending service is done; residual_mib (total, >= 0) is what is
+ * still measured on its GPUs (a CUDA context, engine buffers): it holds that, keeps its logical
+ * grant, and planning counts that residual for its next suspend. OSUB_EBAD_STATE when it is
+ * not suspending. */
+OSUB_API int osub_engine_suspended(osub_engine_t *e, const char *id, int64_t residual_mib,
+                                   int64_t now_ms);
+/* Report: its resume is done; it runs again (running, or degraded if it was). OSUB_EBAD_STATE
+ * when it is not resuming. */
+OSUB_API int osub_engine_resumed(osub_engine_t *e, const char *id, int64_t now_ms);
+/* Report: its mechanism failed to suspend or to resume it (why may be NULL): evicted with its
+ * grace (ESCALATE, reason suspend_failed). OSUB_EBAD_STATE when neither suspending nor
+ * resuming. */
+OSUB_API int osub_engine_suspend_failed(osub_engine_t *e, const char *id, const char *why,
+                                        int64_t now_ms);
 /* Periodic: timers, pressure, restores, queue. */
 OSUB_API int osub_engine_tick(osub_engine_t *e, int64_t now_ms);
 
@@ -393,7 +486,10 @@ OSUB_API int osub_engine_load(const char *text, osub_engine_t **out, size_t *err
 /* A full textual dump of the state (malloc'd, owned by the caller), for comparisons. */
 OSUB_API char *osub_engine_dump(const osub_engine_t *e);
 /* Checks DESIGN.md's state invariants (3, 4, 5; exclusive services included) and that no
- * service's share on a GPU exceeds that GPU's usable VRAM. Returns 0, or OSUB_EINVAL with a
+ * service's share on a GPU exceeds that GPU's usable VRAM; for suspend: a suspended service
+ * holds only its measured residual and keeps its logical grant, only preemptible suspendable
+ * services are ever suspending, suspended or resuming, and the host memory counted for them
+ * equals the sum of theirs and stays within suspend_host_mib. Returns 0, or OSUB_EINVAL with a
  * sentence in `why`. */
 OSUB_API int osub_engine_check(const osub_engine_t *e, char *why, size_t why_len);
 

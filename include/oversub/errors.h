@@ -50,7 +50,15 @@
     XX(BAD_TIME, -1032, "invalid_time", "a time must be between 0 and 2^53 ms")                    \
     XX(NO_SHRINK_BELOW_MIN, -1033, "below_min", "a resize cannot put vram_mib below min_vram_mib") \
     XX(BAD_SNAPSHOT, -1034, "invalid_snapshot",                                                    \
-       "the engine snapshot is corrupt or of another version")
+       "the engine snapshot is corrupt or of another version")                                     \
+    XX(BACKED_SUSPEND, -1035, "backed_suspend",                                                    \
+       "a backed (non-preemptible) service cannot declare suspend: it is never preempted")         \
+    XX(BAD_SUSPEND, -1036, "invalid_suspend",                                                      \
+       "suspend.method is cuda, vllm, sglang or http; vllm, sglang and http need a url, http "     \
+       "its suspend and resume paths")                                                             \
+    XX(NOT_SUSPENDABLE, -1037, "not_suspendable", "the service declares no suspend method")        \
+    XX(HOST_FULL, -1038, "host_budget",                                                            \
+       "suspending it would exceed the pool's host memory budget for suspended services")
 
 typedef enum {
     OSUB_OK = 0,

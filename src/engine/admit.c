@@ -104,6 +104,9 @@ int osub__resolve_spec(const osub_engine_t *e, const osub_spec_t *in, osub_spec_
     if (in->queue != OSUB_TRI_DEFAULT && in->queue != OSUB_TRI_NO && in->queue != OSUB_TRI_YES)
         return OSUB_EINVAL;
     s.queue = in->queue == OSUB_TRI_DEFAULT ? (pre ? OSUB_TRI_YES : OSUB_TRI_NO) : in->queue;
+    int rc = osub__resolve_suspend(e, in, pre, &s);
+    if (rc != 0)
+        return rc;
 
     /* GPU count */
     int64_t lu = e->largest_usable;
@@ -240,8 +243,10 @@ void osub__fill_victims(const osub_engine_t *e, const struct plan *p, osub_submi
         osub_victim_t *v = &res->victims[res->n_victims++];
         snprintf(v->service, sizeof(v->service), "%s", p->victims[i]->spec.id);
         v->evict = p->acts[i] == ACT_EVICT;
-        v->deadline_ms =
-            v->evict ? e->now + p->victims[i]->grace_ms : e->now + e->cfg.ack_timeout_ms;
+        v->suspend = p->acts[i] == ACT_SUSPEND;
+        v->deadline_ms = v->evict     ? e->now + p->victims[i]->grace_ms
+                         : v->suspend ? e->now + e->cfg.suspend_timeout_ms
+                                      : e->now + e->cfg.ack_timeout_ms;
     }
 }
 
@@ -338,20 +343,25 @@ void osub__admit_apply(osub_engine_t *e, struct svc *s, const struct plan *p, os
         struct svc *v = p->victims[i];
         if (p->acts[i] == ACT_EVICT)
             osub__svc_evict(e, v, s->spec.id, s->level, OSUB_R_PREEMPTION);
+        else if (p->acts[i] == ACT_SUSPEND)
+            osub__svc_suspend(e, v, s->spec.id, s->level, OSUB_R_PREEMPTION);
         else
             osub__svc_degrade(e, v, s->spec.id, s->level, OSUB_R_PREEMPTION);
         osub_victim_t *w = &s->waits[s->n_waits++];
         snprintf(w->service, sizeof(w->service), "%s", v->spec.id);
         w->evict = p->acts[i] == ACT_EVICT;
+        w->suspend = p->acts[i] == ACT_SUSPEND;
         w->deadline_ms = v->deadline_ms;
     }
     char vb[200];
     size_t off = 0;
     vb[0] = '\0';
     for (int32_t i = 0; i < s->n_waits && off + 70 < sizeof(vb); i++)
-        off +=
-            (size_t)snprintf(vb + off, sizeof(vb) - off, "%s%s %s", i ? ", " : "",
-                             s->waits[i].evict ? "eviction of" : "degrade of", s->waits[i].service);
+        off += (size_t)snprintf(vb + off, sizeof(vb) - off, "%s%s %s", i ? ", " : "",
+                                s->waits[i].evict     ? "eviction of"
+                                : s->waits[i].suspend ? "suspend of"
+                                                      : "degrade of",
+                                s->waits[i].service);
     ev = osub__emit(e, OSUB_EV_PEND, OSUB_R_WAIT_VICTIMS,
                     "%s is pending on %s until the %s frees memory", s->spec.id, gb, vb);
     osub__ev_svc(ev, s);

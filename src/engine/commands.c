@@ -109,6 +109,7 @@ static struct svc *svc_new(const osub_engine_t *e, const osub_spec_t *s, const o
     sv->state = OSUB_STATE_QUEUED;
     sv->adopted = (flags & OSUB_SUBMIT_RUNNING) != 0;
     osub__pred_init(&sv->pred);
+    osub__susp_derive(sv);
     return sv;
 }
 
@@ -117,6 +118,8 @@ static void live_append(osub_engine_t *e, struct svc *sv)
 {
     osub__tab_insert_raw(e->tab, e->tab_cap, sv);
     e->n_live++;
+    if (sv->suspendable)
+        e->n_suspendable++;
     sv->prev = e->tail;
     if (e->tail)
         e->tail->next = sv;
@@ -545,8 +548,8 @@ int osub_engine_resize(osub_engine_t *e, const char *id, int64_t vram_mib, int64
         return vram_mib ? OSUB_ENO_SHRINK_BELOW_MIN : OSUB_EBAD_MIN_VRAM;
     if (nm < s->k)
         return OSUB_EBAD_MIN_VRAM;
-    if (s->spec.exclusive && vram_mib)
-        return OSUB_EBAD_STATE;
+    if ((s->spec.exclusive && vram_mib) || osub__in_suspend(s))
+        return OSUB_EBAD_STATE; /* a suspended service keeps the grant it left with */
     int32_t nb = batch_size ? batch_size : s->full_batch;
     if (s->floor_batch > nb)
         return OSUB_EBAD_BATCH;

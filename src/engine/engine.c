@@ -40,6 +40,10 @@ void osub_pool_config_default(osub_pool_config_t *cfg)
     cfg->queue_aging_ms = 300000;
     cfg->prediction_trust_ms = 3600000;
     cfg->floor_start_after_ms = 120000;
+    cfg->suspend_host_mib = 0;
+    cfg->suspend_mib_per_s = 4096;
+    cfg->suspend_timeout_ms = 30000;
+    cfg->suspend_min_runtime_ms = 60000;
 }
 
 void osub_spec_init(osub_spec_t *spec, const char *id, const char *class_name)
@@ -54,6 +58,7 @@ void osub_spec_init(osub_spec_t *spec, const char *id, const char *class_name)
     spec->on_evict = OSUB_ON_EVICT_DEFAULT;
     spec->restart_cost_ms = -1;
     spec->grace_ms = -1;
+    spec->resume_cost_ms = -1;
 }
 
 bool osub_id_valid(const char *id)
@@ -69,8 +74,9 @@ bool osub_id_valid(const char *id)
     return n >= 1 && n <= OSUB_ID_MAX;
 }
 
-static const char *const state_names[] = {"queued",   "pending", "loading", "running", "degraded",
-                                          "draining", "overdue", "failed",  "released"};
+static const char *const state_names[] = {"queued",   "pending",    "loading",   "running",
+                                          "degraded", "draining",   "overdue",   "failed",
+                                          "released", "suspending", "suspended", "resuming"};
 
 const char *osub_state_name(osub_state_t s)
 {
@@ -554,6 +560,7 @@ static void svc_unplace(osub_engine_t *e, struct svc *s)
         gpu_list_remove(e, g, s);
         osub__hist_reset(e, g); /* its peaks are not the GPU's any more */
     }
+    osub__susp_clear(e, s);
     s->n_slots = 0;
     s->compute_used = 0;
     s->batch_degraded = false;
@@ -665,6 +672,10 @@ void osub__svc_destroy(osub_engine_t *e, struct svc *s)
     if (s->state == OSUB_STATE_PENDING)
         osub__vec_remove(e->pending, &e->n_pending, s);
     svc_unlink(e, s);
+    if (s->suspendable)
+        e->n_suspendable--;
+    if (s->state == OSUB_STATE_SUSPENDED)
+        e->n_suspended--;
     osub_svc_free(s);
 }
 
@@ -682,6 +693,7 @@ void osub__set_state(osub_engine_t *e, struct svc *s, osub_state_t st)
             e->gpus[s->slots[i].gpu].n_pending++;
         e->pending_check = true;
     }
+    e->n_suspended += (st == OSUB_STATE_SUSPENDED) - (s->state == OSUB_STATE_SUSPENDED);
     s->state = st;
     s->since_ms = e->now;
     for (int32_t i = 0; i < s->n_slots; i++)
@@ -706,6 +718,10 @@ void osub__end_loading(osub_engine_t *e, struct svc *s)
     s->loading = false;
     if (s->state == OSUB_STATE_LOADING)
         osub__set_state(e, s, OSUB_STATE_RUNNING);
+    if (s->state == OSUB_STATE_RESUMING) {
+        osub__set_state(e, s, s->susp_from); /* its memory is back: the host's copy goes */
+        osub__susp_clear(e, s);
+    }
     osub__svc_sync(e, s);
     for (int32_t i = 0; i < s->n_slots; i++)
         osub__hist_reset(e, &e->gpus[s->slots[i].gpu]);
@@ -799,6 +815,7 @@ void osub__svc_evict(osub_engine_t *e, struct svc *s, const char *cause, int32_t
 {
     int64_t from = osub__grant_total(s);
     s->ack_pending = false;
+    osub__susp_clear(e, s); /* killed: its host copy goes with its processes */
     for (int32_t i = 0; i < s->n_slots; i++)
         osub__slot_set_grant(e, s, &s->slots[i], 0);
     osub__set_state(e, s, OSUB_STATE_DRAINING);
@@ -814,6 +831,10 @@ void osub__svc_evict(osub_engine_t *e, struct svc *s, const char *cause, int32_t
     osub__fmt_gpus(s, gb, sizeof(gb));
     if (reason == OSUB_R_ACK_TIMEOUT)
         snprintf(why, sizeof(why), "because it did not acknowledge its degrade in time");
+    else if (reason == OSUB_R_SUSPEND_TIMEOUT)
+        snprintf(why, sizeof(why), "because it did not finish suspending in time");
+    else if (reason == OSUB_R_SUSPEND_FAILED)
+        snprintf(why, sizeof(why), "because its suspend mechanism failed");
     else if (cause && cause[0])
         snprintf(why, sizeof(why), "to make room for %s (level %d)", cause, cause_level);
     else if (reason == OSUB_R_USER)
@@ -871,6 +892,11 @@ static int validate_config(const osub_pool_config_t *c)
         c->restart_cost_ms < 0 || c->queue_aging_ms < 0 || c->prediction_trust_ms < 1 ||
         c->prediction_trust_ms > 30 * 86400000LL || c->floor_start_after_ms < -1 ||
         c->floor_start_after_ms > 30 * 86400000LL)
+        return OSUB_EBAD_CONFIG;
+    if (c->suspend_host_mib < 0 || c->suspend_host_mib > (INT64_C(1) << 40) ||
+        c->suspend_mib_per_s < 1 || c->suspend_mib_per_s > (INT64_C(1) << 30) ||
+        c->suspend_timeout_ms < 0 || c->suspend_timeout_ms > 86400000LL ||
+        c->suspend_min_runtime_ms < 0 || c->suspend_min_runtime_ms > 30 * 86400000LL)
         return OSUB_EBAD_CONFIG;
     return 0;
 }

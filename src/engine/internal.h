@@ -71,6 +71,18 @@ struct svc {
     osub_victim_t *waits; /* pending: the victims it waits for */
     int32_t n_waits;
 
+    /* suspend (suspend.c). Invariant: host_mib > 0 exactly while suspending, suspended or
+     * resuming, and the engine's host_used is the sum of them. */
+    bool suspendable;       /* preemptible and its spec names a method */
+    bool susp_hold;         /* suspended by an operator or for idleness: no wake by the pass */
+    bool woke;              /* resumed from a suspend at least once (wake_ms then) */
+    osub_state_t susp_from; /* running or degraded: what it returns to */
+    int64_t resume_cost_ms;
+    int64_t host_mib;     /* what its suspend counts against the host budget */
+    int64_t residual_est; /* what planning expects to stay on its GPUs once suspended (total) */
+    int64_t wake_ms;      /* when it last woke */
+    uint32_t n_suspends;
+
     int32_t heap_pos[T__KINDS];
     int64_t timer_at[T__KINDS];
     uint64_t plan_stamp;
@@ -90,6 +102,10 @@ struct vinfo {
     int64_t rg_e, rh_e; /* grant and held an eviction frees */
     int64_t rf_e;       /* floor room an eviction frees (a degrade frees none) */
     int64_t restart_ms;
+    bool suspendable;  /* may be suspended, its minimum runtime and the host budget aside */
+    int64_t rh_s;      /* held a suspend frees (its grant stays; its floor goes) */
+    int64_t host;      /* what its suspend would count against the host budget */
+    int64_t resume_ms; /* its resume cost (a suspend's restart cost) */
 };
 
 /* What victims on one GPU could give back, per level (recomputed lazily by gpu_agg()). */
@@ -102,6 +118,7 @@ struct gpu_aggs {
     int64_t ev_floor[OSUB_MAX_LEVEL + 1];       /* floor room evictions free */
     int64_t ex_max_floor[OSUB_MAX_LEVEL + 1];   /* the most one eviction frees of it */
     int64_t ev_min_restart[OSUB_MAX_LEVEL + 1]; /* the cheapest eviction's restart cost */
+    int32_t sp_cnt[OSUB_MAX_LEVEL + 1];         /* victims that may be suspended */
 };
 
 struct gpu {
@@ -229,6 +246,11 @@ struct osub_engine {
     char verify_last[256];
     uint64_t admissions, rejections, degrades, evictions, restores, resumes;
     uint64_t events_lost; /* events not recorded for want of memory (decisions stand) */
+    /* suspend: counters, services suspended and not held (the wake pass looks only when
+     * there are some), the host memory counted for suspends */
+    uint64_t suspends, wakes;
+    int32_t n_suspended, n_suspendable;
+    int64_t host_used;
 };
 
 /* plan.c: admission planning */
@@ -236,7 +258,7 @@ struct cand {
     uint64_t khi, klo; /* the key packed for comparison (cand_pack) */
     int32_t gpu;
     bool victims;
-    int32_t top_level, n_evict, n_degrade;
+    int32_t top_level, n_evict, n_suspend, n_degrade;
     int64_t restart_sum, score;
 };
 
@@ -261,7 +283,7 @@ struct req {
                                request's, for a start at its floor); 0: the first share */
 };
 
-enum act { ACT_NONE = 0, ACT_DEGRADE = 1, ACT_EVICT = 2 };
+enum act { ACT_NONE = 0, ACT_DEGRADE = 1, ACT_EVICT = 2, ACT_SUSPEND = 3 };
 
 struct plan {
     bool ok;
@@ -275,8 +297,8 @@ struct plan {
     uint8_t acts[OSUB_PLAN_MAX_VICTIMS];
     /* key */
     int32_t top_level; /* highest priority (lowest level) touched, INT32_MAX if none */
-    int32_t n_evict, n_degrade;
-    int64_t restart_sum;
+    int32_t n_evict, n_suspend, n_degrade;
+    int64_t restart_sum; /* restart costs of evictions plus resume costs of suspends */
     int64_t score;
     /* failure detail */ osub_check_t check;
     int32_t check_gpu;
@@ -464,6 +486,42 @@ OSUB__HIDDEN int osub__check_time(const osub_engine_t *e, int64_t now_ms);
 OSUB__HIDDEN void osub__clear_events(osub_engine_t *e);
 OSUB__HIDDEN void osub__finish(osub_engine_t *e);
 OSUB__HIDDEN int osub__get_svc(osub_engine_t *e, const char *id, struct svc **out);
+
+/* suspend.c: suspend and wake */
+/* Whether v may be suspended now as a victim (its host memory aside): suspendable, running or
+ * degraded with no directive outstanding, and (unless under pressure) not within its
+ * suspend_min_runtime_ms after a wake. */
+OSUB__HIDDEN bool osub__suspendable_now(const osub_engine_t *e, const struct svc *v, bool pressure);
+/* Whether v's state lets it be suspended at all (running or degraded, loaded, nothing
+ * outstanding). */
+static inline bool osub__susp_state_ok(const struct svc *v)
+{
+    return v->suspendable && !v->ack_pending && !v->loading &&
+           (v->state == OSUB_STATE_RUNNING || v->state == OSUB_STATE_DEGRADED);
+}
+static inline bool osub__in_suspend(const struct svc *s)
+{
+    return s->state == OSUB_STATE_SUSPENDING || s->state == OSUB_STATE_SUSPENDED ||
+           s->state == OSUB_STATE_RESUMING;
+}
+/* Resolves and checks the suspend part of spec `in` into o (preemptible `pre`): 0,
+ * OSUB_EBACKED_SUSPEND, OSUB_EBAD_SUSPEND or OSUB_EBAD_TIME. */
+OSUB__HIDDEN int osub__resolve_suspend(const osub_engine_t *e, const osub_spec_t *in, bool pre,
+                                       osub_spec_t *o);
+/* Sets the derived suspend fields of a service from its (resolved) spec. */
+OSUB__HIDDEN void osub__susp_derive(struct svc *s);
+/* What a suspend of s counts against the host budget: what it holds or is granted, the more. */
+OSUB__HIDDEN int64_t osub__host_need(const struct svc *s);
+/* What slot i of s is expected to keep on its GPU once suspended. */
+OSUB__HIDDEN int64_t osub__residual_share(const struct svc *s, int32_t i);
+OSUB__HIDDEN void osub__svc_suspend(osub_engine_t *e, struct svc *s, const char *cause,
+                                    int32_t cause_level, osub_reason_t reason);
+/* Frees what s counted against the host budget (it left the suspend states). */
+OSUB__HIDDEN void osub__susp_clear(osub_engine_t *e, struct svc *s);
+/* A suspending service's deadline passed: evicted with grace. */
+OSUB__HIDDEN void osub__suspend_timeout(osub_engine_t *e, struct svc *s);
+/* The wake pass: suspended services back on their GPUs, by level then submit time. */
+OSUB__HIDDEN void osub__process_wakes(osub_engine_t *e);
 
 /* passes.c: timers and passes */
 OSUB__HIDDEN void osub__check_compute(osub_engine_t *e, int32_t gi);

@@ -15,6 +15,10 @@ static void on_deadline(osub_engine_t *e, struct svc *s)
 {
     s->heap_pos[T_DEADLINE] = -1;
     s->timer_at[T_DEADLINE] = 0;
+    if (s->state == OSUB_STATE_SUSPENDING) {
+        osub__suspend_timeout(e, s);
+        return;
+    }
     if (s->state == OSUB_STATE_DEGRADED && s->ack_pending) {
         osub_event_t *ev =
             osub__emit(e, OSUB_EV_ESCALATE, OSUB_R_ACK_TIMEOUT,
@@ -75,10 +79,12 @@ static void on_load(osub_engine_t *e, struct svc *s)
      * is only unreported, not free) */
     if (s->state == OSUB_STATE_DRAINING || s->state == OSUB_STATE_OVERDUE)
         return;
+    bool waking = s->state == OSUB_STATE_RESUMING;
     osub__end_loading(e, s);
     osub_event_t *ev = osub__emit(e, OSUB_EV_READY, OSUB_R_LOADED,
-                                  "%s is taken as loaded after %lld ms; held now follows its usage",
-                                  s->spec.id, (long long)s->restart_cost_ms);
+                                  "%s is taken as %s after %lld ms; held now follows its usage",
+                                  s->spec.id, waking ? "resumed" : "loaded",
+                                  (long long)(waking ? s->resume_cost_ms : s->restart_cost_ms));
     osub__ev_svc(ev, s);
 }
 
@@ -189,6 +195,8 @@ void osub__check_pressure(osub_engine_t *e, int32_t gi)
     for (int32_t i = 0; i < p.n_victims; i++) {
         if (p.acts[i] == ACT_EVICT)
             osub__svc_evict(e, p.victims[i], "", -1, OSUB_R_PRESSURE);
+        else if (p.acts[i] == ACT_SUSPEND)
+            osub__svc_suspend(e, p.victims[i], "", -1, OSUB_R_PRESSURE);
         else
             osub__svc_degrade(e, p.victims[i], "", -1, OSUB_R_PRESSURE);
     }
@@ -204,7 +212,8 @@ void osub__check_compute(osub_engine_t *e, int32_t gi)
         return;
     for (int32_t i = 0; i < g->nsvc; i++) {
         struct svc *v = g->svcs[i]; /* victim order already */
-        if (!osub__svc_victim_eligible(v) || v->batch_degraded || v->batch <= v->floor_batch)
+        if (!osub__svc_victim_eligible(v) || osub__in_suspend(v) || v->batch_degraded ||
+            v->batch <= v->floor_batch)
             continue;
         int32_t from = v->batch;
         v->batch = v->floor_batch;
@@ -268,6 +277,8 @@ void osub__process(osub_engine_t *e)
         e->dirty = false;
         check_overcommit(e);
         process_pending(e);
+        if (e->n_suspended > 0)
+            osub__process_wakes(e); /* ahead of the queued services of their level */
         process_queue(e);
     }
 }

@@ -22,9 +22,11 @@ int64_t osub__floor_share(const struct svc *s, int32_t i)
 
 bool osub__svc_victim_eligible(const struct svc *s)
 {
+    /* a suspended or resuming service may still be evicted (never degraded or suspended) */
     return s->preemptible && s->n_slots > 0 &&
            (s->state == OSUB_STATE_LOADING || s->state == OSUB_STATE_RUNNING ||
-            s->state == OSUB_STATE_DEGRADED);
+            s->state == OSUB_STATE_DEGRADED || s->state == OSUB_STATE_SUSPENDED ||
+            s->state == OSUB_STATE_RESUMING);
 }
 
 /* The held a slot will have once its service complies with `act`. */
@@ -40,6 +42,8 @@ int64_t osub__slot_held_after(const osub_engine_t *e, const struct svc *s, const
             return sl->used > fl ? sl->used : fl;
         return sl->used < fl ? sl->used : fl;
     }
+    if (act == ACT_SUSPEND) /* what it is expected to keep there: its residual */
+        return osub__min64(sl->held, osub__residual_share(s, (int32_t)(sl - s->slots)));
     return sl->held;
 }
 
@@ -175,6 +179,8 @@ static int key_cmp(const struct plan *a, const struct plan *b)
         return a->top_level > b->top_level ? -1 : 1;
     if (a->n_evict != b->n_evict)
         return a->n_evict < b->n_evict ? -1 : 1;
+    if (a->n_suspend != b->n_suspend)
+        return a->n_suspend < b->n_suspend ? -1 : 1;
     if (a->n_degrade != b->n_degrade)
         return a->n_degrade < b->n_degrade ? -1 : 1;
     if (a->restart_sum != b->restart_sum)
@@ -186,8 +192,8 @@ static int key_cmp(const struct plan *a, const struct plan *b)
     return 0;
 }
 
-/* Packs DESIGN.md's key into two integers: (victims, top level inverted, evictions, degrades,
- * restart cost) and (placement score, GPU index). Lower is better. */
+/* Packs DESIGN.md's key into two integers: (victims, top level inverted, evictions, suspends,
+ * degrades, restart cost) and (placement score, GPU index). Lower is better. */
 static void cand_pack(struct cand *c)
 {
     uint64_t hi = 0;
@@ -195,11 +201,12 @@ static void cand_pack(struct cand *c)
         uint64_t lvl = (uint64_t)(OSUB_MAX_LEVEL -
                                   (c->top_level > OSUB_MAX_LEVEL ? OSUB_MAX_LEVEL : c->top_level));
         uint64_t ev = (uint64_t)(c->n_evict > 127 ? 127 : c->n_evict);
+        uint64_t sp = (uint64_t)(c->n_suspend > 127 ? 127 : c->n_suspend);
         uint64_t dg = (uint64_t)(c->n_degrade > 127 ? 127 : c->n_degrade);
         uint64_t rs = (uint64_t)c->restart_sum;
-        if (rs > (UINT64_C(1) << 34) - 1)
-            rs = (UINT64_C(1) << 34) - 1;
-        hi = (UINT64_C(1) << 62) | (lvl << 58) | (ev << 51) | (dg << 44) | (rs << 10);
+        if (rs > (UINT64_C(1) << 37) - 1)
+            rs = (UINT64_C(1) << 37) - 1; /* 4 years of restarts */
+        hi = (UINT64_C(1) << 62) | (lvl << 58) | (ev << 51) | (sp << 44) | (dg << 37) | rs;
     }
     c->khi = hi;
     c->klo = ((uint64_t)c->score << 12) | (uint64_t)c->gpu;
@@ -248,6 +255,8 @@ void osub__gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
     memset(g->a->ev_cnt, 0, sizeof(g->a->ev_cnt));
     memset(g->a->ev_floor, 0, sizeof(g->a->ev_floor));
     memset(g->a->ex_max_floor, 0, sizeof(g->a->ex_max_floor));
+    memset(g->a->sp_cnt, 0, sizeof(g->a->sp_cnt));
+    bool susp_on = e->cfg.suspend_host_mib > 0;
     for (int32_t L = 0; L <= OSUB_MAX_LEVEL; L++)
         g->a->ev_min_restart[L] = INT64_MAX;
     g->nvic = 0;
@@ -276,8 +285,15 @@ void osub__gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
             vi->rg_d = vi->degradable ? sl->grant - osub__slot_grant_after(v, sl, ACT_DEGRADE) : 0;
             vi->rh_d = vi->degradable ? sl->held - osub__slot_held_after(e, v, sl, ACT_DEGRADE) : 0;
             vi->restart_ms = v->restart_cost_ms;
+            vi->suspendable = susp_on && osub__susp_state_ok(v);
+            vi->rh_s =
+                vi->suspendable ? sl->held - osub__slot_held_after(e, v, sl, ACT_SUSPEND) : 0;
+            vi->resume_ms = v->resume_cost_ms;
+            if (vi->suspendable)
+                g->a->sp_cnt[L]++;
             /* ev_*: the most each victim can give: all of it if it may be evicted, else
-             * what a degrade frees (protected work may still be degraded) */
+             * what a degrade or a suspend frees (protected work may still be degraded or
+             * suspended) */
             if (can_evict) {
                 g->a->ev_held[L] += sl->held;
                 g->a->ev_grant[L] += sl->grant;
@@ -298,6 +314,10 @@ void osub__gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
                     g->a->ex_max_held[L] = xh;
                 if (xg > g->a->ex_max_grant[L])
                     g->a->ex_max_grant[L] = xg;
+            } else if (vi->suspendable) {
+                g->a->ev_held[L] += osub__max64(vi->rh_s, vi->rh_d);
+                g->a->ev_grant[L] += vi->rg_d;
+                g->a->ev_floor[L] += vi->rf_e;
             } else if (osub__degradable_now(v)) {
                 g->a->ev_held[L] += sl->held - osub__slot_held_after(e, v, sl, ACT_DEGRADE);
                 g->a->ev_grant[L] += sl->grant - osub__slot_grant_after(v, sl, ACT_DEGRADE);
@@ -340,7 +360,9 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
                                     osub__req_held_limit(g, r, share);
     int64_t eh = 0, eg = 0, dgh = 0, dgg = 0, mh = 0, mg = 0, xh = 0, xg = 0;
     int64_t ec = 0, cnt = 0, ef = 0, xf = 0, rmin = INT64_MAX;
+    int32_t spc = 0;
     for (int32_t L = e->max_level; L > r->level; L--) {
+        spc += g->a->sp_cnt[L];
         eh += g->a->ev_held[L];
         eg += g->a->ev_grant[L];
         ec += g->a->ev_comp[L];
@@ -370,8 +392,17 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
         /* lower bounds: no eviction only if degrading everything would do; one degrade only
          * if some single victim frees enough of both */
         bool deg_ok = !r->exclusive && dgg >= dl && dgh >= dh && dc <= 0 && df <= 0;
-        int32_t nev = 0;
-        if (!deg_ok) {
+        int32_t nev = 0, nsp = 0;
+        if (!deg_ok && spc > 0 && !r->exclusive) {
+            /* suspends may free held and floor room, never grants or compute: only those
+             * need evictions; with none needed, at least one suspend */
+            int64_t rgr = dl - dgg;
+            if (rgr > 0 && xg > 0)
+                nev = (int32_t)((rgr + xg - 1) / xg);
+            if (dc > 0 && nev < 1)
+                nev = 1;
+            nsp = nev == 0 ? 1 : 0;
+        } else if (!deg_ok) {
             /* each eviction frees at most the largest extra beyond its degrade */
             nev = 1;
             if (!r->exclusive) {
@@ -387,6 +418,7 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
             }
         }
         c->n_evict = nev;
+        c->n_suspend = nsp;
         c->n_degrade = deg_ok ? ((mh >= dh && mg >= dl) ? 1 : 2) : 0;
         /* a plan touching no level above L evicts at least nev of the victims there, each
          * costing at least the cheapest restart among them */
@@ -413,6 +445,134 @@ static void heap_sift(struct cand *h, int32_t n, int32_t i)
     }
 }
 
+/* plan_single()'s running sums: what the victims chosen so far free of each check's shortfall
+ * (logical, held, compute, floors; evictions for an exclusive request), and the host memory
+ * their suspends count. */
+struct sgl {
+    int64_t rg, rh, rc, nev, rf, host;
+    int64_t dl0, dh0, dc0, df0;
+    bool excl;
+    int32_t nsvc;
+};
+
+static inline bool sgl_pass(const struct sgl *x)
+{
+    return x->excl ? (x->nsvc - x->nev == 0)
+                   : (x->rg >= x->dl0 && x->rh >= x->dh0 && x->rc >= x->dc0 && x->rf >= x->df0);
+}
+
+/* Adds (sign 1) or takes back (sign -1) what victim v frees by act. */
+static inline void sgl_add(struct sgl *x, const struct vinfo *v, int act, int64_t sign)
+{
+    if (act == ACT_DEGRADE) {
+        x->rg += sign * v->rg_d;
+        x->rh += sign * v->rh_d;
+    } else if (act == ACT_SUSPEND) {
+        x->rh += sign * v->rh_s;
+        x->rf += sign * v->rf_e;
+    } else if (act == ACT_EVICT) {
+        x->rg += sign * v->rg_e;
+        x->rh += sign * v->rh_e;
+        x->rc += sign * v->comp;
+        x->rf += sign * v->rf_e;
+        x->nev += sign;
+    }
+}
+
+/* Moves victim v from act a0 to a1 and says whether the checks pass. */
+static inline bool sgl_move(struct sgl *x, const struct vinfo *v, int a0, int a1)
+{
+    sgl_add(x, v, a0, -1);
+    sgl_add(x, v, a1, 1);
+    return sgl_pass(x);
+}
+
+/* Whether victim v may be suspended now with `host` MiB already counted by the plan. */
+static inline bool sgl_can_suspend(const osub_engine_t *e, const struct vinfo *v,
+                                   const struct req *r, int64_t host, int64_t *need)
+{
+    if (!v->suspendable || !osub__suspendable_now(e, v->s, r->pressure))
+        return false;
+    *need = osub__host_need(v->s);
+    return e->host_used + host + *need <= e->cfg.suspend_host_mib;
+}
+
+/* The walk of plan_single(): level by level, degrades, then suspends, then evictions. */
+static bool sgl_walk(const osub_engine_t *e, const struct req *r, const struct vinfo *V, int32_t n,
+                     uint8_t *A, struct sgl *x)
+{
+    bool ok = false;
+    for (int32_t i = 0; i < n && !ok;) {
+        int32_t lvl = V[i].level, end = i;
+        bool susp = false;
+        for (; end < n && V[end].level == lvl; end++)
+            susp |= V[end].suspendable;
+        for (int32_t t = i; t < end && !ok; t++) {
+            if (V[t].degradable) {
+                ok = sgl_move(x, &V[t], A[t], ACT_DEGRADE);
+                A[t] = ACT_DEGRADE;
+            }
+        }
+        for (int32_t t = i; t < end && !ok && susp; t++) {
+            int64_t need;
+            if (sgl_can_suspend(e, &V[t], r, x->host, &need)) {
+                ok = sgl_move(x, &V[t], A[t], ACT_SUSPEND);
+                A[t] = ACT_SUSPEND;
+                x->host += need;
+            }
+        }
+        for (int32_t t = i; t < end && !ok; t++) {
+            if (osub__evictable(e, V[t].s, r->pressure)) {
+                if (A[t] == ACT_SUSPEND)
+                    x->host -= osub__host_need(V[t].s);
+                ok = sgl_move(x, &V[t], A[t], ACT_EVICT);
+                A[t] = ACT_EVICT;
+            }
+        }
+        i = end;
+    }
+    return ok;
+}
+
+/* The give-back of plan_single(), highest priority and oldest first: an eviction becomes a
+ * degrade or a suspend where that suffices, a suspend a degrade, anything nothing. */
+static void sgl_give_back(const osub_engine_t *e, const struct req *r, const struct vinfo *V,
+                          int32_t n, uint8_t *A, struct sgl *x)
+{
+    for (int32_t t = n - 1; t >= 0; t--) {
+        int a = A[t];
+        if (a == ACT_NONE)
+            continue;
+        if (a == ACT_SUSPEND)
+            x->host -= osub__host_need(V[t].s);
+        if (sgl_move(x, &V[t], a, ACT_NONE)) {
+            A[t] = ACT_NONE;
+            continue;
+        }
+        int cur = ACT_NONE;
+        if (a != ACT_DEGRADE && V[t].degradable) {
+            cur = ACT_DEGRADE;
+            if (sgl_move(x, &V[t], ACT_NONE, ACT_DEGRADE)) {
+                A[t] = ACT_DEGRADE;
+                continue;
+            }
+        }
+        int64_t need;
+        if (a == ACT_EVICT && sgl_can_suspend(e, &V[t], r, x->host, &need)) {
+            bool pass = sgl_move(x, &V[t], cur, ACT_SUSPEND);
+            cur = ACT_SUSPEND;
+            if (pass) {
+                A[t] = ACT_SUSPEND;
+                x->host += need;
+                continue;
+            }
+        }
+        sgl_move(x, &V[t], cur, a);
+        if (a == ACT_SUSPEND)
+            x->host += osub__host_need(V[t].s);
+    }
+}
+
 /* The exact victim plan of DESIGN.md step 4 on one GPU, on the GPU's cached victim list:
  * the same walk and give-back as osub__plan_victims(), in scalar arithmetic. Fills the key of c;
  * returns false when no plan works. (osub__plan_victims() stays the reference: the chosen set is
@@ -422,12 +582,13 @@ static bool plan_single(const osub_engine_t *e, const struct gpu *g, const struc
 {
     int64_t climit = (int64_t)100 * e->cfg.compute_ratio_milli / 1000;
     int64_t ch = osub__req_charge(r, share);
-    int64_t dl0 = g->granted + share - g->logical,
-            dh0 = g->held + ch - osub__req_held_limit(g, r, ch);
-    int64_t df0 = r->exclusive ? INT64_MIN / 4
-                               : osub__gpu_floors(e, g) + osub__req_floor(r, share) -
-                                     osub__req_held_limit(g, r, share);
-    int64_t dc0 = r->compute > 0 ? g->compute_all + r->compute - climit : 0;
+    struct sgl x = {.excl = r->exclusive, .nsvc = g->nsvc};
+    x.dl0 = g->granted + share - g->logical;
+    x.dh0 = g->held + ch - osub__req_held_limit(g, r, ch);
+    x.df0 = r->exclusive ? INT64_MIN / 4
+                         : osub__gpu_floors(e, g) + osub__req_floor(r, share) -
+                               osub__req_held_limit(g, r, share);
+    x.dc0 = r->compute > 0 ? g->compute_all + r->compute - climit : 0;
     if (r->backed &&
         (g->backed + share > g->usable || (r->compute > 0 && g->compute_backed + r->compute > 100)))
         return false;
@@ -436,82 +597,15 @@ static bool plan_single(const osub_engine_t *e, const struct gpu *g, const struc
         n++;
     uint8_t A[OSUB_PLAN_MAX_VICTIMS];
     memset(A, 0, (size_t)n);
-    int64_t rg = 0, rh = 0, rc = 0, nev = 0, rf = 0;
     const struct vinfo *V = g->vic;
-#define OSUB__PASS()                                                                               \
-    (r->exclusive ? (g->nsvc - nev == 0) : (rg >= dl0 && rh >= dh0 && rc >= dc0 && rf >= df0))
-    bool ok = OSUB__PASS();
-    if (ok)
+    if (sgl_pass(&x))
         return false; /* not a victim case: the caller handles fits */
-    for (int32_t i = 0; i < n && !ok;) {
-        int32_t lvl = V[i].level, end = i;
-        while (end < n && V[end].level == lvl)
-            end++;
-        for (int32_t t = i; t < end && !ok; t++) {
-            if (V[t].degradable) {
-                rg += V[t].rg_d;
-                rh += V[t].rh_d;
-                A[t] = ACT_DEGRADE;
-                ok = OSUB__PASS();
-            }
-        }
-        for (int32_t t = i; t < end && !ok; t++) {
-            if (osub__evictable(e, V[t].s, r->pressure)) {
-                if (A[t] == ACT_DEGRADE) {
-                    rg -= V[t].rg_d;
-                    rh -= V[t].rh_d;
-                }
-                rg += V[t].rg_e;
-                rh += V[t].rh_e;
-                rc += V[t].comp;
-                rf += V[t].rf_e;
-                nev++;
-                A[t] = ACT_EVICT;
-                ok = OSUB__PASS();
-            }
-        }
-        i = end;
-    }
-    if (!ok)
+    if (!sgl_walk(e, r, V, n, A, &x))
         return false;
-    for (int32_t t = n - 1; t >= 0; t--) {
-        if (A[t] == ACT_NONE)
-            continue;
-        /* take it back entirely */
-        int64_t g0 = A[t] == ACT_EVICT ? V[t].rg_e : V[t].rg_d;
-        int64_t h0 = A[t] == ACT_EVICT ? V[t].rh_e : V[t].rh_d;
-        int64_t c0 = A[t] == ACT_EVICT ? V[t].comp : 0;
-        int64_t n0 = A[t] == ACT_EVICT ? 1 : 0;
-        int64_t f0 = A[t] == ACT_EVICT ? V[t].rf_e : 0;
-        rg -= g0;
-        rh -= h0;
-        rc -= c0;
-        rf -= f0;
-        nev -= n0;
-        if (OSUB__PASS()) {
-            A[t] = ACT_NONE;
-            continue;
-        }
-        if (A[t] == ACT_EVICT && V[t].degradable) {
-            rg += V[t].rg_d;
-            rh += V[t].rh_d;
-            if (OSUB__PASS()) {
-                A[t] = ACT_DEGRADE;
-                continue;
-            }
-            rg -= V[t].rg_d;
-            rh -= V[t].rh_d;
-        }
-        rg += g0;
-        rh += h0;
-        rc += c0;
-        rf += f0;
-        nev += n0;
-    }
-#undef OSUB__PASS
+    sgl_give_back(e, r, V, n, A, &x);
     c->victims = true;
     c->top_level = INT32_MAX;
-    c->n_evict = c->n_degrade = 0;
+    c->n_evict = c->n_suspend = c->n_degrade = 0;
     c->restart_sum = 0;
     for (int32_t t = 0; t < n; t++) {
         if (A[t] == ACT_NONE)
@@ -521,6 +615,9 @@ static bool plan_single(const osub_engine_t *e, const struct gpu *g, const struc
         if (A[t] == ACT_EVICT) {
             c->n_evict++;
             c->restart_sum += V[t].restart_ms;
+        } else if (A[t] == ACT_SUSPEND) {
+            c->n_suspend++;
+            c->restart_sum += V[t].resume_ms;
         } else {
             c->n_degrade++;
         }
@@ -745,8 +842,9 @@ static void plan_with_victims(osub_engine_t *e, struct size_plan *sp)
         /* phase 0: GPUs where degrades alone could do (no eviction); phase 1: the rest */
         for (int phase = r->exclusive ? 1 : 0; phase < 2; phase++) {
             if (phase == 1 && sp->nb == k && best[k - 1].victims && best[k - 1].top_level == L &&
-                best[k - 1].n_evict == 0)
-                break; /* the rest needs an eviction at level L, or touches more: cannot beat */
+                best[k - 1].n_evict == 0 && best[k - 1].n_suspend == 0)
+                break; /* the rest needs an eviction or a suspend at level L, or touches more:
+                          it cannot beat the k best */
             victims_phase(e, sp, L, phase, opt, &nopt);
         }
     }
@@ -804,6 +902,7 @@ static bool plan_size_reference(osub_engine_t *e, const struct req *r, int64_t s
             c.victims = true;
             c.top_level = tmp.top_level;
             c.n_evict = tmp.n_evict;
+            c.n_suspend = tmp.n_suspend;
             c.n_degrade = tmp.n_degrade;
             c.restart_sum = tmp.restart_sum;
         }

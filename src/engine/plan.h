@@ -17,7 +17,7 @@ static inline int64_t osub__slot_grant_after(const struct svc *s, const struct s
         return 0;
     if (act == ACT_DEGRADE)
         return osub__floor_share(s, (int32_t)(sl - s->slots));
-    return sl->grant;
+    return sl->grant; /* none, or a suspend: it keeps its logical grant */
 }
 
 /* What the held checks count for a share of the request: the share itself for backed and
@@ -46,8 +46,8 @@ static inline int64_t osub__slot_floor(const struct svc *s, int32_t i)
 {
     if (s->backed)
         return s->slots[i].grant;
-    if (!s->degradable)
-        return 0;
+    if (!s->degradable || s->state == OSUB_STATE_SUSPENDING || s->state == OSUB_STATE_SUSPENDED)
+        return 0; /* a suspended service's residual is in held; pressure cannot shrink it */
     return osub__floor_share(s, i);
 }
 
@@ -125,7 +125,7 @@ static inline bool osub__evictable(const osub_engine_t *e, const struct svc *v, 
 
 static inline bool osub__degradable_now(const struct svc *v)
 {
-    return v->degradable && v->state != OSUB_STATE_DEGRADED;
+    return v->degradable && (v->state == OSUB_STATE_RUNNING || v->state == OSUB_STATE_LOADING);
 }
 
 /* Whether GPU g may take a share of r at all: of its size, in service, not another's whole. */

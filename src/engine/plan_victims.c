@@ -115,8 +115,9 @@ static void ws_apply(const osub_engine_t *e, struct ws *w, const struct svc *v, 
         struct ws_gpu *x = &w->g[j];
         x->dg += osub__slot_grant_after(v, sl, a0) - osub__slot_grant_after(v, sl, a1);
         x->dh += osub__slot_held_after(e, v, sl, a0) - osub__slot_held_after(e, v, sl, a1);
-        x->df += (a1 == ACT_EVICT ? osub__slot_floor(v, i) : 0) -
-                 (a0 == ACT_EVICT ? osub__slot_floor(v, i) : 0);
+        /* an eviction or a suspend frees the victim's floor there; a degrade does not */
+        x->df += (a1 == ACT_EVICT || a1 == ACT_SUSPEND ? osub__slot_floor(v, i) : 0) -
+                 (a0 == ACT_EVICT || a0 == ACT_SUSPEND ? osub__slot_floor(v, i) : 0);
         if (a0 == ACT_EVICT) {
             x->dc -= v->spec.compute_pct;
             x->nev--;
@@ -142,13 +143,96 @@ static int victim_cmp(const void *a, const void *b)
     return 0;
 }
 
+/* Whether v may be suspended now with `host` MiB already counted by the plan; *need is what its
+ * suspend would add. */
+static bool can_suspend(const osub_engine_t *e, const struct svc *v, bool pressure, int64_t host,
+                        int64_t *need)
+{
+    if (!osub__suspendable_now(e, v, pressure))
+        return false;
+    *need = osub__host_need(v);
+    return e->host_used + host + *need <= e->cfg.suspend_host_mib;
+}
+
+/* Moves V[t] to act a1 (from A[t]) and says whether the checks pass. */
+static bool ws_move(const osub_engine_t *e, struct ws *w, struct svc *const *V, uint8_t *A,
+                    int32_t t, int a1)
+{
+    ws_apply(e, w, V[t], A[t], a1);
+    A[t] = (uint8_t)a1;
+    return w->n_fail == 0;
+}
+
+/* The walk: level by level, lowest priority first (under pressure every level at once), the
+ * degrades, then the suspends, then the evictions, each replacing the one before. */
+static bool victims_walk(osub_engine_t *e, struct ws *w, struct svc **V, uint8_t *A, int32_t nv,
+                         int64_t *host)
+{
+    const struct req *r = w->r;
+    bool ok = false;
+    int32_t i = 0;
+    while (i < nv && !ok) {
+        int32_t lvl = V[i]->level, end = i;
+        bool susp = false;
+        for (; end < nv && (r->pressure || V[end]->level == lvl); end++)
+            susp |= V[end]->suspendable; /* pressure: every level's degrades first */
+        for (int32_t t = i; t < end && !ok; t++)
+            if (osub__degradable_now(V[t]))
+                ok = ws_move(e, w, V, A, t, ACT_DEGRADE);
+        for (int32_t t = i; t < end && !ok && susp; t++) {
+            int64_t need;
+            if (can_suspend(e, V[t], r->pressure, *host, &need)) {
+                *host += need;
+                ok = ws_move(e, w, V, A, t, ACT_SUSPEND);
+            }
+        }
+        for (int32_t t = i; t < end && !ok; t++) {
+            if (osub__evictable(e, V[t], r->pressure)) {
+                if (A[t] == ACT_SUSPEND)
+                    *host -= osub__host_need(V[t]);
+                ok = ws_move(e, w, V, A, t, ACT_EVICT);
+            }
+        }
+        i = end;
+    }
+    return ok;
+}
+
+/* Gives back every victim that is not needed, highest priority and oldest first: an eviction
+ * becomes a degrade or a suspend where that suffices, a suspend a degrade, anything nothing. */
+static void victims_give_back(osub_engine_t *e, struct ws *w, struct svc **V, uint8_t *A,
+                              int32_t nv, int64_t *host)
+{
+    for (int32_t t = nv - 1; t >= 0; t--) {
+        int a = A[t];
+        if (a == ACT_NONE)
+            continue;
+        if (a == ACT_SUSPEND)
+            *host -= osub__host_need(V[t]);
+        if (ws_move(e, w, V, A, t, ACT_NONE))
+            continue;
+        if (a != ACT_DEGRADE && osub__degradable_now(V[t]) && ws_move(e, w, V, A, t, ACT_DEGRADE))
+            continue;
+        int64_t need;
+        if (a == ACT_EVICT && can_suspend(e, V[t], w->r->pressure, *host, &need)) {
+            if (ws_move(e, w, V, A, t, ACT_SUSPEND)) {
+                *host += need;
+                continue;
+            }
+        }
+        ws_move(e, w, V, A, t, a);
+        if (a == ACT_SUSPEND)
+            *host += osub__host_need(V[t]);
+    }
+}
+
 /* Plans victims on the workspace's GPUs. Returns true when the checks pass afterwards. */
 bool osub__plan_victims(osub_engine_t *e, struct ws *w, struct plan *p)
 {
     const struct req *r = w->r;
     p->n_victims = 0;
     p->top_level = INT32_MAX;
-    p->n_evict = p->n_degrade = 0;
+    p->n_evict = p->n_suspend = p->n_degrade = 0;
     p->restart_sum = 0;
     if (w->n_fail == 0)
         return true;
@@ -174,53 +258,13 @@ bool osub__plan_victims(osub_engine_t *e, struct ws *w, struct plan *p)
     uint8_t *A = p->acts;
     memset(A, 0, (size_t)nv);
 
-    bool ok = false;
-    int32_t i = 0;
-    while (i < nv && !ok) {
-        int32_t lvl = V[i]->level, end = i;
-        while (end < nv && (r->pressure || V[end]->level == lvl))
-            end++; /* pressure: every level's degrades before any eviction */
-        for (int32_t t = i; t < end && !ok; t++) {
-            if (osub__degradable_now(V[t])) {
-                ws_apply(e, w, V[t], A[t], ACT_DEGRADE);
-                A[t] = ACT_DEGRADE;
-                ok = w->n_fail == 0;
-            }
-        }
-        for (int32_t t = i; t < end && !ok; t++) {
-            if (osub__evictable(e, V[t], r->pressure)) {
-                ws_apply(e, w, V[t], A[t], ACT_EVICT);
-                A[t] = ACT_EVICT;
-                ok = w->n_fail == 0;
-            }
-        }
-        i = end;
-    }
+    int64_t host = 0; /* host memory this plan's suspends count */
+    bool ok = victims_walk(e, w, V, A, nv, &host);
     if (!ok && !r->pressure) {
         p->n_victims = 0;
         return false;
     }
-    /* give back what is not needed, highest priority and oldest first */
-    for (int32_t t = nv - 1; t >= 0; t--) {
-        if (A[t] == ACT_NONE)
-            continue;
-        int a = A[t];
-        ws_apply(e, w, V[t], a, ACT_NONE);
-        if (w->n_fail == 0) {
-            A[t] = ACT_NONE;
-            continue;
-        }
-        if (a == ACT_EVICT && osub__degradable_now(V[t])) {
-            ws_apply(e, w, V[t], ACT_NONE, ACT_DEGRADE);
-            if (w->n_fail == 0) {
-                A[t] = ACT_DEGRADE;
-                continue;
-            }
-            ws_apply(e, w, V[t], ACT_DEGRADE, a);
-        } else {
-            ws_apply(e, w, V[t], ACT_NONE, a);
-        }
-    }
+    victims_give_back(e, w, V, A, nv, &host);
     /* compact */
     int32_t n = 0;
     for (int32_t t = 0; t < nv; t++) {
@@ -234,6 +278,9 @@ bool osub__plan_victims(osub_engine_t *e, struct ws *w, struct plan *p)
         if (A[t] == ACT_EVICT) {
             p->n_evict++;
             p->restart_sum += V[t]->restart_cost_ms;
+        } else if (A[t] == ACT_SUSPEND) {
+            p->n_suspend++;
+            p->restart_sum += V[t]->resume_cost_ms;
         } else {
             p->n_degrade++;
         }
@@ -395,6 +442,8 @@ int osub__plan_pressure(osub_engine_t *e, int32_t gpu, struct plan *out)
                 continue;
             if (s->state == OSUB_STATE_DRAINING || s->state == OSUB_STATE_OVERDUE)
                 relief += sl->held;
+            else if (s->state == OSUB_STATE_SUSPENDING)
+                relief += sl->held - osub__min64(sl->held, osub__residual_share(s, t));
             else if (s->ack_pending) {
                 int64_t after = sl->used < sl->grant ? sl->used : sl->grant;
                 if (s->loading)

@@ -93,6 +93,11 @@ void osub_engine_pool_info(const osub_engine_t *e, osub_pool_info_t *out)
     out->restores = e->restores;
     out->resumes = e->resumes;
     out->events_lost = e->events_lost;
+    out->suspends = e->suspends;
+    out->wakes = e->wakes;
+    out->n_suspended = e->n_suspended;
+    out->host_used_mib = e->host_used;
+    out->host_budget_mib = e->cfg.suspend_host_mib;
 }
 
 size_t osub_engine_service_count(const osub_engine_t *e)
@@ -159,6 +164,12 @@ int osub_engine_service_info(osub_engine_t *e, const char *id, osub_service_info
     out->evictions = s->n_evictions;
     out->degrades = s->n_degrades;
     snprintf(out->checkpoint, sizeof(out->checkpoint), "%s", s->checkpoint);
+    out->suspendable = s->suspendable;
+    out->suspend_hold = s->susp_hold;
+    out->suspends = s->n_suspends;
+    out->host_mib = s->host_mib;
+    out->resume_cost_ms = s->resume_cost_ms;
+    out->residual_mib = s->residual_est;
     return 0;
 }
 
@@ -213,10 +224,15 @@ char *osub_engine_dump(const osub_engine_t *e)
                    (long long)e->now, c->ratio_milli, c->compute_ratio_milli,
                    (long long)c->margin_mib, c->high_watermark_pct, c->low_watermark_pct,
                    e->overcommitted, (unsigned long long)e->next_seq);
-    osub_sb_printf(&b, "counters adm %llu rej %llu deg %llu evi %llu res %llu rsm %llu\n",
+    osub_sb_printf(&b, "counters adm %llu rej %llu deg %llu evi %llu res %llu rsm %llu",
                    (unsigned long long)e->admissions, (unsigned long long)e->rejections,
                    (unsigned long long)e->degrades, (unsigned long long)e->evictions,
                    (unsigned long long)e->restores, (unsigned long long)e->resumes);
+    if (e->suspends > 0 || e->host_used > 0 || c->suspend_host_mib > 0)
+        osub_sb_printf(&b, " sus %llu wak %llu host %lld/%lld n %d",
+                       (unsigned long long)e->suspends, (unsigned long long)e->wakes,
+                       (long long)e->host_used, (long long)c->suspend_host_mib, e->n_suspended);
+    osub_sb_printf(&b, "\n");
     for (int32_t i = 0; i < e->n_gpus; i++) {
         const struct gpu *g = &e->gpus[i];
         osub_sb_printf(
@@ -256,8 +272,17 @@ char *osub_engine_dump(const osub_engine_t *e)
                            (long long)s->slots[i].used, (long long)s->slots[i].held);
         if (s->state == OSUB_STATE_PENDING)
             for (int32_t i = 0; i < s->n_waits; i++)
-                osub_sb_printf(&b, " wait(%s,%d,%lld)", s->waits[i].service, s->waits[i].evict,
-                               (long long)s->waits[i].deadline_ms);
+                osub_sb_printf(&b, " wait(%s,%d%s,%lld)", s->waits[i].service, s->waits[i].evict,
+                               s->waits[i].suspend ? "s" : "", (long long)s->waits[i].deadline_ms);
+        if (s->suspendable || s->n_suspends > 0)
+            osub_sb_printf(&b,
+                           " susp(%d '%s' '%s' '%s' res %lld/%lld rc %lld hold %d woke %d/%lld "
+                           "from %d host %lld n %u)",
+                           (int)p->suspend.method, p->suspend.url, p->suspend.suspend_path,
+                           p->suspend.resume_path, (long long)p->suspend.residual_mib,
+                           (long long)s->residual_est, (long long)s->resume_cost_ms, s->susp_hold,
+                           s->woke, (long long)s->wake_ms, (int)s->susp_from,
+                           (long long)s->host_mib, s->n_suspends);
         osub_sb_printf(&b, "\n");
     }
     osub_sb_printf(&b, "queue");
@@ -284,6 +309,54 @@ static int fail_why(char *why, size_t len, const char *fmt, ...)
         va_end(ap);
     }
     return OSUB_EINVAL;
+}
+
+/* The suspend invariants: only preemptible suspendable services suspend; a suspended one holds
+ * only its measured residual and keeps its logical grant; the host memory counted is the sum of
+ * the services' and never above the budget; the counters match. */
+static int check_suspend(const osub_engine_t *e, char *why, size_t why_len)
+{
+    int64_t host = 0;
+    int32_t nsus = 0, nsusp = 0;
+    for (const struct svc *s = e->head; s; s = s->next) {
+        bool in = osub__in_suspend(s);
+        host += s->host_mib;
+        nsus += s->state == OSUB_STATE_SUSPENDED;
+        nsusp += s->suspendable;
+        if (in && (s->backed || !s->suspendable))
+            return fail_why(why, why_len, "invariant 1: %s is %s but %s", s->spec.id,
+                            osub_state_name(s->state),
+                            s->backed ? "backed" : "declares no suspend method");
+        if (in != (s->host_mib > 0))
+            return fail_why(why, why_len, "%s is %s with %lld MiB counted in host memory",
+                            s->spec.id, osub_state_name(s->state), (long long)s->host_mib);
+        if (in && s->n_slots != s->k)
+            return fail_why(why, why_len, "%s is %s on %d GPUs, not its %d", s->spec.id,
+                            osub_state_name(s->state), s->n_slots, s->k);
+        if (in && osub__grant_total(s) < s->floor_total)
+            return fail_why(why, why_len, "%s is %s without its logical grant (%lld < %lld)",
+                            s->spec.id, osub_state_name(s->state), (long long)osub__grant_total(s),
+                            (long long)s->floor_total);
+        if (in && s->loading != (s->state == OSUB_STATE_RESUMING))
+            return fail_why(why, why_len, "%s is %s with loading %d", s->spec.id,
+                            osub_state_name(s->state), s->loading);
+        for (int32_t i = 0; i < s->n_slots && s->state == OSUB_STATE_SUSPENDED; i++)
+            if (s->slots[i].held != s->slots[i].used)
+                return fail_why(why, why_len,
+                                "suspended %s holds %lld MiB on GPU %d, not its measured %lld",
+                                s->spec.id, (long long)s->slots[i].held, s->slots[i].gpu,
+                                (long long)s->slots[i].used);
+    }
+    if (host != e->host_used)
+        return fail_why(why, why_len, "host memory counted %lld != %lld, the services' sum",
+                        (long long)e->host_used, (long long)host);
+    if (e->host_used > e->cfg.suspend_host_mib)
+        return fail_why(why, why_len, "host memory %lld MiB above the suspend budget %lld",
+                        (long long)e->host_used, (long long)e->cfg.suspend_host_mib);
+    if (nsus != e->n_suspended || nsusp != e->n_suspendable)
+        return fail_why(why, why_len, "suspended %d/%d, suspendable %d/%d", e->n_suspended, nsus,
+                        e->n_suspendable, nsusp);
+    return 0;
 }
 
 int osub_engine_check(const osub_engine_t *e, char *why, size_t why_len)
@@ -389,6 +462,8 @@ int osub_engine_check(const osub_engine_t *e, char *why, size_t why_len)
     free(cnt);
     free(pend);
     free(comp);
+    if (rc == 0)
+        rc = check_suspend(e, why, why_len);
     return rc;
 }
 
@@ -443,6 +518,8 @@ int osub__restore_service(osub_engine_t *e, struct svc *s)
             g->n_pending++;
         osub__gpu_list_add(e, g, s);
     }
+    if (s->state == OSUB_STATE_SUSPENDED)
+        e->n_suspended++;
     s->heap_pos[0] = s->heap_pos[1] = -1;
     for (int kind = 0; kind < T__KINDS; kind++) {
         int64_t at = s->timer_at[kind];

@@ -27,6 +27,27 @@ static void put_str(struct osub_sbuf *o, const char *key, const char *s)
     }
 }
 
+/* A service's suspend spec and state, on a line of its own after its "svc" line (snapshots made
+ * before suspend have none: not suspendable). Only for services that have any. */
+static void save_susp(struct osub_sbuf *o, const struct svc *s)
+{
+    const osub_suspend_spec_t *x = &s->spec.suspend;
+    if (x->method == OSUB_SUSPEND_NONE && s->n_suspends == 0 && !s->woke && s->host_mib == 0)
+        return;
+    osub_sb_printf(o, "susp");
+    put_str(o, "of", s->spec.id);
+    osub_sb_printf(o, " method=%d", (int)x->method);
+    put_str(o, "url", x->url);
+    put_str(o, "spath", x->suspend_path);
+    put_str(o, "rpath", x->resume_path);
+    osub_sb_printf(o,
+                   " residual_spec=%lld resume_cost=%lld hold=%d woke=%d from=%d host=%lld "
+                   "residual=%lld wake=%lld n=%u\n",
+                   (long long)x->residual_mib, (long long)s->spec.resume_cost_ms, s->susp_hold,
+                   s->woke, (int)s->susp_from, (long long)s->host_mib, (long long)s->residual_est,
+                   (long long)s->wake_ms, s->n_suspends);
+}
+
 char *osub_engine_save(const osub_engine_t *e)
 {
     struct osub_sbuf o = {.p = malloc(8192), .cap = 8192};
@@ -39,12 +60,15 @@ char *osub_engine_save(const osub_engine_t *e)
         &o,
         "config ratio=%d compute_ratio=%d margin=%lld high=%d low=%d hysteresis=%lld ack=%lld "
         "grace=%lld min_runtime=%lld window=%lld restart=%lld aging=%lld trust=%lld "
-        "floor_start=%lld\n",
+        "floor_start=%lld suspend_host=%lld suspend_rate=%lld suspend_timeout=%lld "
+        "suspend_min_runtime=%lld\n",
         c->ratio_milli, c->compute_ratio_milli, (long long)c->margin_mib, c->high_watermark_pct,
         c->low_watermark_pct, (long long)c->hysteresis_ms, (long long)c->ack_timeout_ms,
         (long long)c->grace_ms, (long long)c->min_runtime_ms, (long long)c->history_window_ms,
         (long long)c->restart_cost_ms, (long long)c->queue_aging_ms,
-        (long long)c->prediction_trust_ms, (long long)c->floor_start_after_ms);
+        (long long)c->prediction_trust_ms, (long long)c->floor_start_after_ms,
+        (long long)c->suspend_host_mib, (long long)c->suspend_mib_per_s,
+        (long long)c->suspend_timeout_ms, (long long)c->suspend_min_runtime_ms);
     for (size_t i = 0; i < e->n_classes; i++) {
         osub_sb_printf(&o, "class");
         put_str(&o, "name", e->classes[i].name);
@@ -66,12 +90,13 @@ char *osub_engine_save(const osub_engine_t *e)
     osub_sb_printf(&o,
                    "engine now=%lld next_seq=%llu overcommitted=%d dirty=%d pending_check=%d "
                    "admissions=%llu rejections=%llu degrades=%llu evictions=%llu restores=%llu "
-                   "resumes=%llu\n",
+                   "resumes=%llu suspends=%llu wakes=%llu\n",
                    (long long)e->now, (unsigned long long)e->next_seq, e->overcommitted, e->dirty,
                    e->pending_check, (unsigned long long)e->admissions,
                    (unsigned long long)e->rejections, (unsigned long long)e->degrades,
                    (unsigned long long)e->evictions, (unsigned long long)e->restores,
-                   (unsigned long long)e->resumes);
+                   (unsigned long long)e->resumes, (unsigned long long)e->suspends,
+                   (unsigned long long)e->wakes);
     for (const struct svc *s = e->head; s; s = s->next) {
         const osub_spec_t *p = &s->spec;
         osub_sb_printf(&o, "svc");
@@ -115,12 +140,13 @@ char *osub_engine_save(const osub_engine_t *e)
         if (s->n_slots == 0)
             osub_sb_printf(&o, "-");
         osub_sb_printf(&o, "\n");
+        save_susp(&o, s);
         for (int32_t i = 0; i < s->n_waits && s->state == OSUB_STATE_PENDING; i++) {
             osub_sb_printf(&o, "wait");
             put_str(&o, "of", s->spec.id);
             put_str(&o, "victim", s->waits[i].service);
-            osub_sb_printf(&o, " evict=%d deadline=%lld\n", s->waits[i].evict,
-                           (long long)s->waits[i].deadline_ms);
+            osub_sb_printf(&o, " evict=%d suspend=%d deadline=%lld\n", s->waits[i].evict,
+                           s->waits[i].suspend, (long long)s->waits[i].deadline_ms);
         }
     }
     for (size_t i = 0; i < e->n_queue; i++) {
@@ -278,6 +304,7 @@ static bool derive(const osub_engine_t *e, struct svc *s)
     s->grace_ms = s->spec.grace_ms;
     s->restart_cost_ms = s->spec.restart_cost_ms;
     s->k = s->spec.gpus;
+    osub__susp_derive(s);
     return true;
 }
 
@@ -347,7 +374,7 @@ static struct svc *read_svc(const osub_engine_t *e, const struct line *l, bool *
     int64_t nev, ndg;
     ok = ok && get_i64(l, "n_evictions", &nev) && get_i64(l, "n_degrades", &ndg) && nev >= 0 &&
          ndg >= 0 && pre >= -1 && pre <= 1 && q >= -1 && q <= 1 && onev >= 0 && onev <= 2 &&
-         state >= 0 && state <= (int32_t)OSUB_STATE_RELEASED && seq > 0;
+         state >= 0 && state < (int32_t)OSUB_STATE__COUNT && seq > 0;
     if (!ok) {
         osub_svc_free(s);
         return NULL;
@@ -359,6 +386,7 @@ static struct svc *read_svc(const osub_engine_t *e, const struct line *l, bool *
     s->seq = (uint64_t)seq;
     s->n_evictions = (uint32_t)nev;
     s->n_degrades = (uint32_t)ndg;
+    p->resume_cost_ms = -1;
     if (!derive(e, s)) {
         osub_svc_free(s);
         return NULL;
@@ -438,6 +466,14 @@ static int load_config(struct loader *ld, const struct line *l)
     if ((get(l, "trust") != NULL && !get_i64(l, "trust", &cfg->prediction_trust_ms)) ||
         (get(l, "floor_start") != NULL && !get_i64(l, "floor_start", &cfg->floor_start_after_ms)))
         return OSUB_EBAD_SNAPSHOT;
+    /* absent in snapshots made before suspend: the defaults (suspend off) */
+    if ((get(l, "suspend_host") != NULL && !get_i64(l, "suspend_host", &cfg->suspend_host_mib)) ||
+        (get(l, "suspend_rate") != NULL && !get_i64(l, "suspend_rate", &cfg->suspend_mib_per_s)) ||
+        (get(l, "suspend_timeout") != NULL &&
+         !get_i64(l, "suspend_timeout", &cfg->suspend_timeout_ms)) ||
+        (get(l, "suspend_min_runtime") != NULL &&
+         !get_i64(l, "suspend_min_runtime", &cfg->suspend_min_runtime_ms)))
+        return OSUB_EBAD_SNAPSHOT;
     return 0;
 }
 
@@ -507,6 +543,12 @@ static int load_engine(struct loader *ld, const struct line *l)
     e->evictions = (uint64_t)ev;
     e->restores = (uint64_t)rs;
     e->resumes = (uint64_t)rm;
+    int64_t sus = 0, wk = 0;
+    if ((get(l, "suspends") != NULL && (!get_i64(l, "suspends", &sus) || sus < 0)) ||
+        (get(l, "wakes") != NULL && (!get_i64(l, "wakes", &wk) || wk < 0)))
+        return OSUB_EBAD_SNAPSHOT;
+    e->suspends = (uint64_t)sus;
+    e->wakes = (uint64_t)wk;
     e->trees_minute = now / 60000;
     for (size_t i = 0; i < ld->n_gpus; i++) {
         struct gpu *g = &e->gpus[i];
@@ -566,11 +608,13 @@ static int load_wait(struct loader *ld, const struct line *l)
 {
     char of[OSUB_ID_MAX + 1];
     osub_victim_t w;
-    int64_t ev;
+    int64_t ev, sp = 0;
     if (!ld->seen_engine || !get_str(l, "of", of, sizeof(of)) ||
         !get_str(l, "victim", w.service, sizeof(w.service)) || !get_i64(l, "evict", &ev) ||
-        !get_i64(l, "deadline", &w.deadline_ms))
+        !get_i64(l, "deadline", &w.deadline_ms) ||
+        (get(l, "suspend") != NULL && !get_i64(l, "suspend", &sp)))
         return OSUB_EBAD_SNAPSHOT;
+    w.suspend = sp != 0;
     struct svc *s = osub__lookup(ld->e, of);
     if (s == NULL || s->n_waits >= OSUB_PLAN_MAX_VICTIMS)
         return OSUB_EBAD_SNAPSHOT;
@@ -603,6 +647,47 @@ static int load_listed(struct loader *ld, const struct line *l)
     return 0;
 }
 
+/* A service's suspend line: its spec's suspend part and its suspend state. The service was
+ * read without it (in_suspend states refused there) and is wired into the engine already. */
+static int load_susp(struct loader *ld, const struct line *l)
+{
+    char of[OSUB_ID_MAX + 1];
+    int32_t method, from;
+    int64_t n;
+    if (!ld->seen_engine || !get_str(l, "of", of, sizeof(of)))
+        return OSUB_EBAD_SNAPSHOT;
+    struct svc *s = osub__lookup(ld->e, of);
+    if (s == NULL || s->spec.suspend.method != OSUB_SUSPEND_NONE || s->n_suspends != 0)
+        return OSUB_EBAD_SNAPSHOT;
+    osub_suspend_spec_t *x = &s->spec.suspend;
+    bool hold, woke;
+    if (!get_i32(l, "method", &method) || method < 0 || method > OSUB_SUSPEND_HTTP ||
+        !get_str(l, "url", x->url, sizeof(x->url)) ||
+        !get_str(l, "spath", x->suspend_path, sizeof(x->suspend_path)) ||
+        !get_str(l, "rpath", x->resume_path, sizeof(x->resume_path)) ||
+        !get_i64(l, "residual_spec", &x->residual_mib) ||
+        !get_i64(l, "resume_cost", &s->spec.resume_cost_ms) || !get_bool(l, "hold", &hold) ||
+        !get_bool(l, "woke", &woke) || !get_i32(l, "from", &from) ||
+        !get_i64(l, "host", &s->host_mib) || !get_i64(l, "residual", &s->residual_est) ||
+        !get_i64(l, "wake", &s->wake_ms) || !get_i64(l, "n", &n) || n < 0 || n > UINT32_MAX ||
+        x->residual_mib < 0 || s->host_mib < 0 || s->residual_est < 0 ||
+        s->spec.resume_cost_ms < -1 ||
+        (from != OSUB_STATE_RUNNING && from != OSUB_STATE_DEGRADED && from != 0))
+        return OSUB_EBAD_SNAPSHOT;
+    x->method = (osub_suspend_method_t)method;
+    int64_t est = s->residual_est;
+    osub__susp_derive(s);
+    s->residual_est = est;
+    s->susp_hold = hold;
+    s->woke = woke;
+    s->susp_from = (osub_state_t)from;
+    s->n_suspends = (uint32_t)n;
+    if (s->suspendable)
+        ld->e->n_suspendable++;
+    ld->e->host_used += s->host_mib;
+    return 0;
+}
+
 static int load_line(struct loader *ld, const struct line *l)
 {
     if (strcmp(l->kind, "config") == 0)
@@ -617,6 +702,8 @@ static int load_line(struct loader *ld, const struct line *l)
         return load_svc(ld, l);
     if (strcmp(l->kind, "wait") == 0)
         return load_wait(ld, l);
+    if (strcmp(l->kind, "susp") == 0)
+        return load_susp(ld, l);
     if (strcmp(l->kind, "queued") == 0 || strcmp(l->kind, "pending") == 0)
         return load_listed(ld, l);
     return OSUB_EBAD_SNAPSHOT;

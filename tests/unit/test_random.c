@@ -40,6 +40,11 @@ static osub_engine_t *random_pool(void)
     cfg.min_runtime_ms = rr(0, 600000);
     cfg.restart_cost_ms = rr(0, 90000);
     cfg.queue_aging_ms = rr(0, 600000);
+    /* suspend: off in a third of the pools, else a host budget from tight to ample */
+    cfg.suspend_host_mib = rr(0, 2) == 0 ? 0 : rr(20000, 600000);
+    cfg.suspend_mib_per_s = rr(512, 8192);
+    cfg.suspend_timeout_ms = rr(1000, 40000);
+    cfg.suspend_min_runtime_ms = rr(0, 120000);
     int n = (int)rr(1, pool_max);
     int64_t v[512];
     static const int64_t sizes[] = {81920, 40960, 24576, 143771};
@@ -62,6 +67,73 @@ static void random_id(osub_engine_t *e, char *buf, size_t len)
         return;
     }
     snprintf(buf, len, "s%d", (int)rr(0, pool_max * 3));
+}
+
+/* Mostly a live service in state st (when there is one), else random_id()'s pick. */
+static void id_in_state(osub_engine_t *e, osub_state_t st, char *buf, size_t len)
+{
+    size_t n = osub_engine_service_count(e), found = 0;
+    const char *pick = NULL;
+    for (size_t i = 0; i < n; i++) {
+        const char *id = osub_engine_service_id(e, i);
+        osub_service_info_t si;
+        if (osub_engine_service_info(e, id, &si) == 0 && si.state == st &&
+            rr(0, (int64_t)found++) == 0)
+            pick = id;
+    }
+    if (pick != NULL && rr(0, 9) < 9)
+        snprintf(buf, len, "%s", pick);
+    else
+        random_id(e, buf, len);
+}
+
+/* A random suspend part for a spec: a third of them suspendable, by each method. */
+static void random_suspend(osub_spec_t *sp)
+{
+    if (rr(0, 2) != 0)
+        return;
+    sp->suspend.method = (osub_suspend_method_t)rr(1, 4);
+    if (sp->suspend.method != OSUB_SUSPEND_CUDA || rr(0, 9) == 0)
+        snprintf(sp->suspend.url, sizeof(sp->suspend.url), "http://127.0.0.1:%d", (int)rr(1, 9));
+    if (sp->suspend.method == OSUB_SUSPEND_HTTP && rr(0, 9) != 0) {
+        snprintf(sp->suspend.suspend_path, sizeof(sp->suspend.suspend_path), "/sleep");
+        snprintf(sp->suspend.resume_path, sizeof(sp->suspend.resume_path), "/wake");
+    }
+    sp->suspend.residual_mib = rr(0, 3) == 0 ? rr(0, sp->vram_mib > 0 ? sp->vram_mib / 4 : 1) : 0;
+    sp->resume_cost_ms = rr(0, 3) == 0 ? rr(-1, 60000) : -1;
+}
+
+/* The suspend commands: the mechanisms' reports and the operator's suspend and resume. */
+static int random_suspend_cmd(osub_engine_t *e, int64_t now, const char **what)
+{
+    char id[16];
+    int k = (int)rr(0, 9);
+    if (k < 4) {
+        *what = "suspended";
+        id_in_state(e, OSUB_STATE_SUSPENDING, id, sizeof(id));
+        osub_service_info_t si;
+        int64_t used = osub_engine_service_info(e, id, &si) == 0 ? si.used_mib : 1000;
+        return osub_engine_suspended(e, id, rr(0, 9) == 0 ? rr(-1, 200000) : rr(0, used / 3 + 1),
+                                     now);
+    }
+    if (k < 7) {
+        *what = "resumed";
+        id_in_state(e, OSUB_STATE_RESUMING, id, sizeof(id));
+        return osub_engine_resumed(e, id, now);
+    }
+    if (k < 8) {
+        *what = "suspend_failed";
+        id_in_state(e, rr(0, 1) ? OSUB_STATE_SUSPENDING : OSUB_STATE_RESUMING, id, sizeof(id));
+        return osub_engine_suspend_failed(e, id, "random", now);
+    }
+    if (k < 9) {
+        *what = "op_suspend";
+        id_in_state(e, OSUB_STATE_RUNNING, id, sizeof(id));
+        return osub_engine_suspend(e, id, rr(0, 1) ? OSUB_SUSPEND_IDLE : 0, now);
+    }
+    *what = "op_resume";
+    id_in_state(e, OSUB_STATE_SUSPENDED, id, sizeof(id));
+    return osub_engine_resume(e, id, now);
 }
 
 static void check_all(osub_engine_t *e, const char *what)
@@ -88,7 +160,7 @@ static void check_all(osub_engine_t *e, const char *what)
         if (x->msg[0] == '\0' || (unsigned)x->reason >= OSUB_R__COUNT ||
             (unsigned)x->kind >= OSUB_EV__COUNT)
             fail_msg("seed %" PRIu64 " command %ld: event without reason", seed, cmd_no);
-        if (x->kind == OSUB_EV_DEGRADE || x->kind == OSUB_EV_EVICT) {
+        if (x->kind == OSUB_EV_DEGRADE || x->kind == OSUB_EV_EVICT || x->kind == OSUB_EV_SUSPEND) {
             /* 2: a victim's priority is strictly lower than its preemptor's */
             if (x->cause_level >= 0 && x->level <= x->cause_level)
                 fail_msg("seed %" PRIu64 " command %ld: %s (level %d) preempted for %s "
@@ -180,7 +252,7 @@ static uint64_t run(uint64_t s, long n, bool check)
         char id[16];
         random_id(e, id, sizeof(id));
         int ngpu = (int)osub_engine_gpu_count(e);
-        int kind = (int)rr(0, 99);
+        int kind = (int)rr(0, 115);
         const char *what;
         int rc = 0;
         if (kind < 25) {
@@ -200,6 +272,7 @@ static uint64_t run(uint64_t s, long n, bool check)
             sp.batch_size = (int32_t)rr(0, 64);
             sp.min_batch_size = sp.batch_size ? (int32_t)rr(1, sp.batch_size) : 0;
             sp.restart_cost_ms = rr(0, 3) == 0 ? rr(0, 120000) : -1;
+            random_suspend(&sp);
             osub_submit_result_t r;
             rc = osub_engine_submit(e, &sp, now, rr(0, 20) == 0 ? OSUB_SUBMIT_DRY_RUN : 0, &r);
         } else if (kind < 32) {
@@ -247,10 +320,12 @@ static uint64_t run(uint64_t s, long n, bool check)
                 rc = osub_engine_gpu_lost(e, (int32_t)rr(0, ngpu - 1), now);
             else
                 rc = osub_engine_fail(e, id, "random", now);
-        } else {
+        } else if (kind < 100) {
             what = "tick";
             now += rr(0, 5000);
             rc = osub_engine_tick(e, now);
+        } else {
+            rc = random_suspend_cmd(e, now, &what);
         }
         counts[rc == 0 ? 0 : 1]++;
         if (rc && getenv("DBG"))

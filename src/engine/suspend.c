@@ -1,0 +1,414 @@
+/* suspend.c - suspend, the rung between degrade and evict: the spec's method, the decision, the
+ * reports of the daemon's mechanisms, the timeout, the wake pass and the operator's commands */
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* ---- spec and derived fields -------------------------------------------------------------- */
+
+static bool str_ok(const char *s, size_t cap)
+{
+    return memchr(s, '\0', cap) != NULL;
+}
+
+int osub__resolve_suspend(const osub_engine_t *e, const osub_spec_t *in, bool pre, osub_spec_t *o)
+{
+    const osub_suspend_spec_t *x = &in->suspend;
+    osub_suspend_spec_t *y = &o->suspend;
+    memset(y, 0, sizeof(*y));
+    if ((unsigned)x->method > OSUB_SUSPEND_HTTP)
+        return OSUB_EBAD_SUSPEND;
+    if (in->resume_cost_ms < -1 || in->resume_cost_ms > 86400000LL)
+        return OSUB_EBAD_TIME;
+    if (x->method == OSUB_SUSPEND_NONE) {
+        o->resume_cost_ms = -1; /* nothing to resume: one spelling of "not suspendable" */
+        return 0;
+    }
+    if (!pre)
+        return OSUB_EBACKED_SUSPEND;
+    if (!str_ok(x->url, sizeof(x->url)) || !str_ok(x->suspend_path, sizeof(x->suspend_path)) ||
+        !str_ok(x->resume_path, sizeof(x->resume_path)) || x->residual_mib < 0 ||
+        x->residual_mib > in->vram_mib)
+        return OSUB_EBAD_SUSPEND;
+    bool http = x->method == OSUB_SUSPEND_HTTP;
+    if ((x->method != OSUB_SUSPEND_CUDA && x->url[0] == '\0') ||
+        (http && (x->suspend_path[0] == '\0' || x->resume_path[0] == '\0')))
+        return OSUB_EBAD_SUSPEND;
+    y->method = x->method;
+    y->residual_mib = x->residual_mib;
+    if (x->method != OSUB_SUSPEND_CUDA)
+        snprintf(y->url, sizeof(y->url), "%s", x->url);
+    if (http) {
+        snprintf(y->suspend_path, sizeof(y->suspend_path), "%s", x->suspend_path);
+        snprintf(y->resume_path, sizeof(y->resume_path), "%s", x->resume_path);
+    }
+    /* DESIGN.md: its grant at the pool's suspend_mib_per_s, plus 1 s */
+    o->resume_cost_ms = in->resume_cost_ms >= 0
+                            ? in->resume_cost_ms
+                            : o->vram_mib * 1000 / e->cfg.suspend_mib_per_s + 1000;
+    return 0;
+}
+
+void osub__susp_derive(struct svc *s)
+{
+    s->suspendable = s->preemptible && s->spec.suspend.method != OSUB_SUSPEND_NONE;
+    s->resume_cost_ms = s->spec.resume_cost_ms > 0 ? s->spec.resume_cost_ms : 0;
+    s->residual_est = s->spec.suspend.residual_mib;
+}
+
+/* ---- planning's view ----------------------------------------------------------------------- */
+
+bool osub__suspendable_now(const osub_engine_t *e, const struct svc *v, bool pressure)
+{
+    if (e->cfg.suspend_host_mib <= 0 || !osub__susp_state_ok(v))
+        return false;
+    return pressure || !v->woke || e->now - v->wake_ms >= e->cfg.suspend_min_runtime_ms;
+}
+
+int64_t osub__host_need(const struct svc *s)
+{
+    return osub__max64(osub__used_total(s), osub__grant_total(s));
+}
+
+int64_t osub__residual_share(const struct svc *s, int32_t i)
+{
+    return osub__share(s->residual_est, s->k, i);
+}
+
+/* ---- transitions ------------------------------------------------------------------------- */
+
+void osub__susp_clear(osub_engine_t *e, struct svc *s)
+{
+    if (s->host_mib == 0)
+        return;
+    e->host_used -= s->host_mib;
+    s->host_mib = 0;
+    s->susp_hold = false;
+    assert(e->host_used >= 0);
+}
+
+void osub__svc_suspend(osub_engine_t *e, struct svc *s, const char *cause, int32_t cause_level,
+                       osub_reason_t reason)
+{
+    assert(osub__susp_state_ok(s));
+    s->susp_from = s->state;
+    s->host_mib = osub__host_need(s);
+    e->host_used += s->host_mib;
+    osub__set_state(e, s, OSUB_STATE_SUSPENDING);
+    s->room_since_ms = -1;
+    s->n_suspends++;
+    e->suspends++;
+    s->deadline_ms = e->now + e->cfg.suspend_timeout_ms;
+    snprintf(s->preemptor, sizeof(s->preemptor), "%s", cause ? cause : "");
+    s->preemptor_level = cause_level;
+    osub__timer_set(e, s, T_DEADLINE, s->deadline_ms);
+    osub__svc_sync(e, s);
+    char gb[96], why[200];
+    osub__fmt_gpus(s, gb, sizeof(gb));
+    if (cause && cause[0])
+        snprintf(why, sizeof(why), "to make room for %s (level %d)", cause, cause_level);
+    else if (reason == OSUB_R_PRESSURE)
+        snprintf(why, sizeof(why), "because %s is above its high watermark", gb);
+    else if (reason == OSUB_R_IDLE)
+        snprintf(why, sizeof(why), "because it is idle: it lends its memory until a request");
+    else
+        snprintf(why, sizeof(why), "as an operator asked: it stays suspended until resumed");
+    osub_event_t *ev = osub__emit(
+        e, OSUB_EV_SUSPEND, reason,
+        "suspending %s (%s, %lld MiB held) on %s %s; its memory goes to the host (%lld of %lld "
+        "MiB counted), its %lld MiB grant stays; done within %lld ms or it is evicted",
+        s->spec.id, osub__class_of(e, s), (long long)osub__held_total(s), gb, why,
+        (long long)e->host_used, (long long)e->cfg.suspend_host_mib,
+        (long long)osub__grant_total(s), (long long)e->cfg.suspend_timeout_ms);
+    osub__ev_svc(ev, s);
+    snprintf(ev->cause, sizeof(ev->cause), "%s", cause ? cause : "");
+    ev->cause_level = cause_level;
+    ev->vram_mib = osub__grant_total(s);
+    ev->deadline_ms = s->deadline_ms;
+}
+
+/* Escalation of a suspend that did not happen: evicted with its grace, as an ignored degrade. */
+static void suspend_escalate(osub_engine_t *e, struct svc *s, osub_reason_t reason,
+                             const char *what)
+{
+    osub_event_t *ev =
+        osub__emit(e, OSUB_EV_ESCALATE, reason, "%s %s: evicting it", s->spec.id, what);
+    osub__ev_svc(ev, s);
+    char cause[OSUB_ID_MAX + 1];
+    snprintf(cause, sizeof(cause), "%s", s->preemptor);
+    /* a failed resume stays counted as loading: what it was restoring is held until it exits */
+    osub__svc_evict(e, s, cause, s->preemptor_level, reason);
+}
+
+void osub__suspend_timeout(osub_engine_t *e, struct svc *s)
+{
+    char what[96];
+    snprintf(what, sizeof(what), "did not finish suspending within %lld ms",
+             (long long)e->cfg.suspend_timeout_ms);
+    suspend_escalate(e, s, OSUB_R_SUSPEND_TIMEOUT, what);
+}
+
+/* Gives s its GPUs back: resuming, held like a loading service until it reports or its resume
+ * cost has passed. The caller reserved a timer. */
+static void svc_wake(osub_engine_t *e, struct svc *s, osub_reason_t reason)
+{
+    osub__set_state(e, s, OSUB_STATE_RESUMING);
+    s->loading = true;
+    s->woke = true;
+    s->wake_ms = e->now;
+    s->start_ms = e->now;
+    e->wakes++;
+    osub__timer_set(e, s, T_LOAD, e->now + s->resume_cost_ms);
+    osub__svc_sync(e, s);
+    char gb[96];
+    osub__fmt_gpus(s, gb, sizeof(gb));
+    osub_event_t *ev = osub__emit(
+        e, OSUB_EV_WAKE, reason,
+        "resuming %s (%s) on %s with its %lld MiB grant: %s; resumed within %lld ms, then not "
+        "suspended again for %lld ms",
+        s->spec.id, osub__class_of(e, s), gb, (long long)osub__grant_total(s),
+        reason == OSUB_R_USER ? "an operator asked" : "its GPUs have room again",
+        (long long)s->resume_cost_ms, (long long)e->cfg.suspend_min_runtime_ms);
+    osub__ev_svc(ev, s);
+    ev->vram_mib = osub__grant_total(s);
+    ev->batch_size = s->batch;
+    ev->deadline_ms = e->now + s->resume_cost_ms;
+}
+
+/* Room to wake s: on every GPU it left, what is held there without it plus its grant stays under
+ * the high watermark. */
+static bool wake_room(const osub_engine_t *e, const struct svc *s)
+{
+    for (int32_t i = 0; i < s->n_slots; i++) {
+        const struct slot *sl = &s->slots[i];
+        const struct gpu *g = &e->gpus[sl->gpu];
+        if (g->lost || g->held - sl->held + osub__max64(sl->grant, sl->used) > g->hw_lim)
+            return false;
+    }
+    return true;
+}
+
+/* Whether waking s may go ahead of the queue: the queue head is of its level or lower priority,
+ * or its wake delays nothing the head waits for (the backfill rule). */
+static bool wake_before_queue(osub_engine_t *e, const struct svc *s)
+{
+    if (e->n_queue == 0 || s->level <= e->queue[0]->level)
+        return true;
+    struct plan p;
+    memset(&p, 0, sizeof(p));
+    p.k = s->n_slots;
+    for (int32_t i = 0; i < s->n_slots; i++)
+        p.gpus[i] = s->slots[i].gpu;
+    return osub__backfill_ok(e, &p, s->level);
+}
+
+static int cmp_wake(const void *a, const void *b)
+{
+    const struct svc *x = *(const struct svc *const *)a, *y = *(const struct svc *const *)b;
+    if (x->level != y->level)
+        return x->level < y->level ? -1 : 1;
+    if (x->submit_ms != y->submit_ms)
+        return x->submit_ms < y->submit_ms ? -1 : 1;
+    return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+void osub__process_wakes(osub_engine_t *e)
+{
+    enum { BATCH = 64 };
+    struct svc *c[BATCH];
+    int32_t n = 0;
+    /* the first BATCH suspended services in wake order (by level, then submit time); more
+     * are looked at as these leave */
+    for (struct svc *s = e->head; s; s = s->next) {
+        if (s->state != OSUB_STATE_SUSPENDED || s->susp_hold)
+            continue;
+        if (n < BATCH) {
+            c[n++] = s;
+            continue;
+        }
+        int32_t worst = 0;
+        for (int32_t i = 1; i < n; i++)
+            if (cmp_wake(&c[i], &c[worst]) > 0)
+                worst = i;
+        if (cmp_wake(&s, &c[worst]) < 0)
+            c[worst] = s;
+    }
+    qsort(c, (size_t)n, sizeof(c[0]), cmp_wake);
+    for (int32_t i = 0; i < n; i++) {
+        struct svc *s = c[i];
+        if (!wake_room(e, s) || !wake_before_queue(e, s) || osub__timer_reserve(e, 1) != 0)
+            continue;
+        svc_wake(e, s, OSUB_R_ROOM_FREED);
+    }
+}
+
+/* ---- commands ---------------------------------------------------------------------------- */
+
+int osub_engine_suspend(osub_engine_t *e, const char *id, unsigned flags, int64_t now_ms)
+{
+    osub__clear_events(e);
+    struct svc *s;
+    int rc = osub__get_svc(e, id, &s);
+    if (rc != 0)
+        return rc;
+    if (!s->suspendable)
+        return OSUB_ENOT_SUSPENDABLE;
+    bool already = s->state == OSUB_STATE_SUSPENDING || s->state == OSUB_STATE_SUSPENDED;
+    if (!already && !osub__susp_state_ok(s))
+        return OSUB_EBAD_STATE;
+    if (!already && e->host_used + osub__host_need(s) > e->cfg.suspend_host_mib)
+        return OSUB_EHOST_FULL;
+    if (osub__timer_reserve(e, 1) != 0)
+        return OSUB_ENOMEM;
+    rc = osub__check_time(e, now_ms);
+    if (rc != 0)
+        return rc;
+    osub__advance(e, now_ms);
+    /* the timers that ran keep it placed and add no held memory: what was checked stands, but
+     * a degrade of it may have escalated meanwhile */
+    if (osub__in_suspend(s) || osub__susp_state_ok(s))
+        s->susp_hold = true;
+    if (!already && osub__susp_state_ok(s))
+        osub__svc_suspend(e, s, "", -1,
+                          (flags & OSUB_SUSPEND_IDLE) != 0 ? OSUB_R_IDLE : OSUB_R_USER);
+    osub__finish(e);
+    return 0;
+}
+
+int osub_engine_resume(osub_engine_t *e, const char *id, int64_t now_ms)
+{
+    osub__clear_events(e);
+    struct svc *s;
+    int rc = osub__get_svc(e, id, &s);
+    if (rc != 0)
+        return rc;
+    if (!osub__in_suspend(s))
+        return OSUB_EBAD_STATE;
+    if (osub__timer_reserve(e, 1) != 0)
+        return OSUB_ENOMEM;
+    rc = osub__check_time(e, now_ms);
+    if (rc != 0)
+        return rc;
+    osub__advance(e, now_ms);
+    s->susp_hold = false;
+    if (s->state == OSUB_STATE_SUSPENDED && wake_room(e, s))
+        svc_wake(e, s, OSUB_R_USER);
+    e->dirty = true;
+    osub__finish(e);
+    return 0;
+}
+
+int osub_engine_suspended(osub_engine_t *e, const char *id, int64_t residual_mib, int64_t now_ms)
+{
+    osub__clear_events(e);
+    struct svc *s;
+    int rc = osub__get_svc(e, id, &s);
+    if (rc != 0)
+        return rc;
+    if (s->state != OSUB_STATE_SUSPENDING)
+        return OSUB_EBAD_STATE;
+    if (residual_mib < 0)
+        return OSUB_ENEGATIVE_USAGE;
+    int64_t cap = 0;
+    for (int32_t i = 0; i < s->n_slots; i++)
+        cap += e->gpus[s->slots[i].gpu].vram;
+    if (residual_mib > cap)
+        return OSUB_EINVAL;
+    rc = osub__check_time(e, now_ms);
+    if (rc != 0)
+        return rc;
+    osub__advance(e, now_ms);
+    if (s->state != OSUB_STATE_SUSPENDING) { /* its timeout ran first: it is being evicted */
+        osub__finish(e);
+        return 0;
+    }
+    /* the residual, split as usage is: in proportion to the grants */
+    int64_t basis = osub__grant_total(s), assigned = 0;
+    for (int32_t i = 0; i < s->n_slots; i++) {
+        int64_t per = basis > 0 ? (int64_t)((osub_i128)residual_mib * s->slots[i].grant / basis)
+                                : residual_mib / s->n_slots;
+        if (i == s->n_slots - 1)
+            per = residual_mib - assigned;
+        per = osub__min64(per, e->gpus[s->slots[i].gpu].vram);
+        assigned += per;
+        osub__slot_set_used(e, &s->slots[i], per);
+    }
+    s->used_capped = false;
+    s->residual_est = residual_mib;
+    osub__timer_cancel(e, s, T_DEADLINE);
+    s->deadline_ms = 0;
+    osub__set_state(e, s, OSUB_STATE_SUSPENDED);
+    osub__svc_sync(e, s);
+    e->dirty = true;
+    char gb[96];
+    osub__fmt_gpus(s, gb, sizeof(gb));
+    osub_event_t *ev = osub__emit(
+        e, OSUB_EV_SUSPENDED, OSUB_R_ACKNOWLEDGED,
+        "%s is suspended: %lld MiB counted in host memory, %lld MiB still measured on %s (its "
+        "residual); it keeps its %lld MiB grant%s",
+        s->spec.id, (long long)s->host_mib, (long long)osub__held_total(s), gb,
+        (long long)osub__grant_total(s),
+        s->susp_hold ? " and stays suspended until resumed" : " and resumes when room frees");
+    osub__ev_svc(ev, s);
+    ev->vram_mib = osub__grant_total(s);
+    osub__finish(e);
+    return 0;
+}
+
+int osub_engine_resumed(osub_engine_t *e, const char *id, int64_t now_ms)
+{
+    osub__clear_events(e);
+    struct svc *s;
+    int rc = osub__get_svc(e, id, &s);
+    if (rc != 0)
+        return rc;
+    if (s->state != OSUB_STATE_RESUMING)
+        return OSUB_EBAD_STATE;
+    rc = osub__check_time(e, now_ms);
+    if (rc != 0)
+        return rc;
+    osub__advance(e, now_ms);
+    if (s->state == OSUB_STATE_RESUMING) { /* its resume cost may have run out first */
+        osub__timer_cancel(e, s, T_LOAD);
+        osub__end_loading(e, s);
+        char gb[96];
+        osub__fmt_gpus(s, gb, sizeof(gb));
+        osub_event_t *ev = osub__emit(
+            e, OSUB_EV_RESUMED, OSUB_R_ACKNOWLEDGED,
+            "%s resumed on %s: its memory is back, held now follows its usage (%lld MiB)",
+            s->spec.id, gb, (long long)osub__held_total(s));
+        osub__ev_svc(ev, s);
+        ev->vram_mib = osub__grant_total(s);
+    }
+    osub__finish(e);
+    return 0;
+}
+
+int osub_engine_suspend_failed(osub_engine_t *e, const char *id, const char *why, int64_t now_ms)
+{
+    osub__clear_events(e);
+    struct svc *s;
+    int rc = osub__get_svc(e, id, &s);
+    if (rc != 0)
+        return rc;
+    if (s->state != OSUB_STATE_SUSPENDING && s->state != OSUB_STATE_RESUMING)
+        return OSUB_EBAD_STATE;
+    if (osub__timer_reserve(e, 1) != 0)
+        return OSUB_ENOMEM;
+    rc = osub__check_time(e, now_ms);
+    if (rc != 0)
+        return rc;
+    osub__advance(e, now_ms);
+    if (s->state == OSUB_STATE_SUSPENDING || s->state == OSUB_STATE_RESUMING) {
+        char what[200];
+        snprintf(what, sizeof(what), "could not be %s (%s)",
+                 s->state == OSUB_STATE_SUSPENDING ? "suspended" : "resumed",
+                 why ? why : "no reason given");
+        suspend_escalate(e, s, OSUB_R_SUSPEND_FAILED, what);
+    }
+    osub__finish(e);
+    return 0;
+}
