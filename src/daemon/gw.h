@@ -124,6 +124,9 @@ struct gw_client {
     int64_t discard; /* bytes still to read and discard before closing (a refused body) */
     bool paused_bc;  /* its backend's reads wait for out to drain */
     bool in_head;    /* a head is arriving */
+    /* its timer (head, idle, body, linger), lazily as a backend's: `deadline` 0 when none is
+     * due; `due` when the timer event fires (0: not pending) */
+    double deadline, due;
 };
 
 struct gw_bconn {
@@ -143,7 +146,11 @@ struct gw_bconn {
     bool reused;    /* taken from the pool: the backend may have closed it meanwhile */
     bool broken;    /* a send failed: failed from the loop (the timer at once), not from the
                      * sender, whose caller still holds the client */
-    double io_at;   /* the last read that brought bytes: the answer's timeout runs from it */
+    /* its timer, lazily: what is due (the answer's timeout from its last read, or the pool's
+     * idle timeout) is `deadline`; the timer event, pending until `due` (0: not pending), is
+     * added again only when it would fire too late, and when it fires early it waits for the
+     * rest: no event_add or event_del per request or per read */
+    double deadline, due;
     char url[OSUBD_ROUTE_URL_MAX + 1]; /* the backend URL it was opened for: pooled and taken
                                         * again only while the route still names it there */
 };
@@ -334,6 +341,10 @@ void osubd__gw_reply(struct gw_req *r, int code, const char *phrase, const char 
                      const char *reason, const char *msg, int osubd__gw_retry_after);
 
 void osubd__gw_cl_arm(struct gw_client *c, int seconds);
+
+void osubd__gw_cl_disarm(struct gw_client *c);
+
+void osubd__gw_cl_fire(struct gw_client *c);
 
 void osubd__gw_cl_process_inner(struct gw_client *c);
 

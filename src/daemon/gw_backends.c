@@ -118,19 +118,22 @@ static long bc_timeout_ms(const struct gw_bconn *bc)
     return bc->svc->v_upstream_ms > 0 ? bc->svc->v_upstream_ms : BACKEND_TIMEOUT_S * 1000L;
 }
 
+/* bc's timer is due in ms (its event added only when it would fire later: see gw_bconn). */
 static void bc_arm_ms(struct gw_bconn *bc, long ms)
 {
-    struct timeval tv;
-    event_add(bc->timer, osubd__gw_tv(bc->svc->g, ms, &tv));
+    bc->deadline = now_s() + (double)ms / 1000.0;
+    if (bc->due == 0 || bc->due > bc->deadline) {
+        struct timeval tv;
+        event_add(bc->timer, osubd__gw_tv(bc->svc->g, ms, &tv));
+        bc->due = bc->deadline;
+    }
 }
 
-/* The answer's timer, from now. A read that brings bytes only notes its time (io_at): the
- * timer, when it fires early, waits for the rest from there (no event_add per read). */
+/* The answer's timeout, from now. */
 static void bc_arm(struct gw_bconn *bc)
 {
     if (bc->broken)
         return; /* its timer is due at once: a send failed */
-    bc->io_at = now_s();
     bc_arm_ms(bc, bc_timeout_ms(bc));
 }
 
@@ -139,18 +142,20 @@ static void bc_on_timer(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     struct gw_bconn *bc = arg;
+    bc->due = 0;
+    if (!bc->broken) {
+        double left = bc->deadline - now_s();
+        if (left > 0.005) { /* bytes came, or it was armed again, since: the rest */
+            struct timeval tv = {(time_t)left, (suseconds_t)((left - (double)(time_t)left) * 1e6)};
+            event_add(bc->timer, &tv);
+            bc->due = bc->deadline;
+            return;
+        }
+    }
     if (bc->r == NULL) {
         bc_unidle(bc);
         osubd__gw_bc_close(bc);
         return;
-    }
-    if (!bc->broken) {
-        long left = bc_timeout_ms(bc) - (long)((now_s() - bc->io_at) * 1000.0);
-        if (left > 0) {
-            struct timeval tv = {left / 1000, (left % 1000) * 1000}; /* bytes came since */
-            event_add(bc->timer, &tv);
-            return;
-        }
     }
     bc_fail(bc, !bc->broken);
 }
@@ -444,7 +449,7 @@ static void bc_on_read(evutil_socket_t fd, short what, void *arg)
     bool eof = n <= 0;
     if (n > 0) {
         bc->got_bytes = true;
-        bc->io_at = now_s(); /* the timer waits from here (bc_on_timer) */
+        bc->deadline = now_s() + (double)bc_timeout_ms(bc) / 1000.0; /* bc_on_timer */
         if (bc->st == 0 && evbuffer_get_length(bc->in) == 0) {
             if (bc_first(bc, buf, (size_t)n) != 0)
                 return;
@@ -519,6 +524,7 @@ static void bc_broken(struct gw_bconn *bc)
     bc->broken = true;
     struct timeval now = {0, 0};
     event_add(bc->timer, &now);
+    bc->due = now_s();
 }
 
 /* Sends b on bc. A connection still connecting is written to at once all the same: on loopback
@@ -622,8 +628,7 @@ static struct gw_bconn *bc_get(struct gw_svc *s, int b, const char *url, const c
             osubd__gw_bc_close(bc); /* opened for a backend the route no longer names here */
             continue;
         }
-        event_del(bc->timer);
-        bc->reused = true;
+        bc->reused = true; /* its idle timer stays: dispatch makes the answer's due */
         return bc;
     }
     if (backend_addr(s, b, url) != 0)
@@ -699,8 +704,7 @@ void osubd__gw_forward_body(struct gw_req *r)
              * request, not a client that left */
             c->g->bad_requests++;
             c->closing = c->gone = c->bad_framing = true;
-            struct timeval now = {0, 0};
-            event_add(c->timer, &now);
+            osubd__gw_cl_fire(c);
             return;
         }
         if (r->cs.st == H1C_DONE)
@@ -727,8 +731,7 @@ void osubd__gw_forward_body(struct gw_req *r)
         /* holding a slot while trickling: cut (from the loop: the callers still hold c) */
         c->g->bad_requests++;
         c->closing = c->gone = c->bad_framing = true;
-        struct timeval now = {0, 0};
-        event_add(c->timer, &now);
+        osubd__gw_cl_fire(c);
         return;
     }
     if (r->body_done && r->streams) {

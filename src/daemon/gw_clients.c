@@ -318,10 +318,30 @@ static void reply_bad(struct gw_client *c, int code, const char *phrase, const c
     osubd__gw_cl_send(c, buf, (size_t)n);
 }
 
+/* The client's timer is due in seconds (its event added only when it would fire later). */
 void osubd__gw_cl_arm(struct gw_client *c, int seconds)
 {
-    struct timeval tv;
-    event_add(c->timer, osubd__gw_tv(c->g, seconds * 1000L, &tv));
+    c->deadline = now_s() + seconds;
+    if (c->due == 0 || c->due > c->deadline) {
+        struct timeval tv;
+        event_add(c->timer, osubd__gw_tv(c->g, seconds * 1000L, &tv));
+        c->due = c->deadline;
+    }
+}
+
+/* Nothing is due on the client (its request is being answered): the event, when it fires,
+ * does nothing. */
+void osubd__gw_cl_disarm(struct gw_client *c)
+{
+    c->deadline = 0;
+}
+
+/* The timer at once: the client is closed from the loop (c->gone says why). */
+void osubd__gw_cl_fire(struct gw_client *c)
+{
+    struct timeval now = {0, 0};
+    event_add(c->timer, &now);
+    c->due = now_s();
 }
 
 static void cl_on_timer(evutil_socket_t fd, short what, void *arg)
@@ -329,6 +349,18 @@ static void cl_on_timer(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     struct gw_client *c = arg;
+    c->due = 0;
+    if (!c->gone) {
+        if (c->deadline == 0)
+            return; /* disarmed meanwhile */
+        double left = c->deadline - now_s();
+        if (left > 0.005) { /* armed again meanwhile: the rest */
+            struct timeval tv = {(time_t)left, (suseconds_t)((left - (double)(time_t)left) * 1e6)};
+            event_add(c->timer, &tv);
+            c->due = c->deadline;
+            return;
+        }
+    }
     if (c->gone) {
         if (c->bad_framing)
             osubd__gw_cl_close(c);
@@ -458,7 +490,7 @@ void osubd__gw_cl_process_inner(struct gw_client *c)
                 if (!osubd__gw_body_arrived(c, c->cur))
                     return;
                 c->cur->awaiting_body = false;
-                event_del(c->timer);
+                osubd__gw_cl_disarm(c);
                 osubd__gw_admit(c->g, c->cur);
                 continue; /* answered at once, dispatched, or queued */
             }
@@ -524,7 +556,7 @@ void osubd__gw_cl_process_inner(struct gw_client *c)
         }
         size_t hl = r->hd.len;
         c->in_head = false;
-        event_del(c->timer);
+        osubd__gw_cl_disarm(c);
         if (req_reserve(r, hl) != 0) {
             reply_bad(c, 503, "Service Unavailable", "out of memory");
             return;
