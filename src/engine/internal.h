@@ -118,7 +118,7 @@ struct gpu_aggs {
     int64_t ev_floor[OSUB_MAX_LEVEL + 1];       /* floor room evictions free */
     int64_t ex_max_floor[OSUB_MAX_LEVEL + 1];   /* the most one eviction frees of it */
     int64_t ev_min_restart[OSUB_MAX_LEVEL + 1]; /* the cheapest eviction's restart cost */
-    int32_t sp_cnt[OSUB_MAX_LEVEL + 1];         /* victims that may be suspended */
+    uint32_t sp_mask;                           /* bit L: a victim of level L may be suspended */
 };
 
 struct gpu {

@@ -255,7 +255,7 @@ void osub__gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
     memset(g->a->ev_cnt, 0, sizeof(g->a->ev_cnt));
     memset(g->a->ev_floor, 0, sizeof(g->a->ev_floor));
     memset(g->a->ex_max_floor, 0, sizeof(g->a->ex_max_floor));
-    memset(g->a->sp_cnt, 0, sizeof(g->a->sp_cnt));
+    g->a->sp_mask = 0;
     bool susp_on = e->cfg.suspend_host_mib > 0;
     for (int32_t L = 0; L <= OSUB_MAX_LEVEL; L++)
         g->a->ev_min_restart[L] = INT64_MAX;
@@ -290,7 +290,7 @@ void osub__gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
                 vi->suspendable ? sl->held - osub__slot_held_after(e, v, sl, ACT_SUSPEND) : 0;
             vi->resume_ms = v->resume_cost_ms;
             if (vi->suspendable)
-                g->a->sp_cnt[L]++;
+                g->a->sp_mask |= 1u << L;
             /* ev_*: the most each victim can give: all of it if it may be evicted, else
              * what a degrade or a suspend frees (protected work may still be degraded or
              * suspended) */
@@ -360,9 +360,7 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
                                     osub__req_held_limit(g, r, share);
     int64_t eh = 0, eg = 0, dgh = 0, dgg = 0, mh = 0, mg = 0, xh = 0, xg = 0;
     int64_t ec = 0, cnt = 0, ef = 0, xf = 0, rmin = INT64_MAX;
-    int32_t spc = 0;
     for (int32_t L = e->max_level; L > r->level; L--) {
-        spc += g->a->sp_cnt[L];
         eh += g->a->ev_held[L];
         eg += g->a->ev_grant[L];
         ec += g->a->ev_comp[L];
@@ -382,8 +380,9 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
             xf = g->a->ex_max_floor[L];
         if (g->a->ev_min_restart[L] < rmin)
             rmin = g->a->ev_min_restart[L];
-        if (g->a->ev_held[L] == 0 && g->a->ev_grant[L] == 0 && g->a->ev_cnt[L] == 0)
-            continue;
+        if (g->a->ev_held[L] == 0 && g->a->ev_grant[L] == 0 && g->a->ev_cnt[L] == 0 &&
+            g->a->ev_floor[L] == 0)
+            continue; /* (a protected victim's suspend may free floor room alone) */
         bool ok = r->exclusive ? cnt >= g->nsvc : (eg >= dl && eh >= dh && ec >= dc && ef >= df);
         if (!ok)
             continue;
@@ -393,7 +392,7 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
          * if some single victim frees enough of both */
         bool deg_ok = !r->exclusive && dgg >= dl && dgh >= dh && dc <= 0 && df <= 0;
         int32_t nev = 0, nsp = 0;
-        if (!deg_ok && spc > 0 && !r->exclusive) {
+        if (!deg_ok && (g->a->sp_mask >> L) != 0 && !r->exclusive) {
             /* suspends may free held and floor room, never grants or compute: only those
              * need evictions; with none needed, at least one suspend */
             int64_t rgr = dl - dgg;
@@ -499,18 +498,20 @@ static inline bool sgl_can_suspend(const osub_engine_t *e, const struct vinfo *v
 
 /* The walk of plan_single(): level by level, degrades, then suspends, then evictions. */
 static bool sgl_walk(const osub_engine_t *e, const struct req *r, const struct vinfo *V, int32_t n,
-                     uint8_t *A, struct sgl *x)
+                     uint32_t sp_mask, uint8_t *A, struct sgl *x)
 {
     bool ok = false;
     for (int32_t i = 0; i < n && !ok;) {
         int32_t lvl = V[i].level, end = i;
-        bool susp = false;
-        for (; end < n && V[end].level == lvl; end++)
-            susp |= V[end].suspendable;
+        while (end < n && V[end].level == lvl)
+            end++;
+        bool susp = (sp_mask >> lvl) & 1u;
         for (int32_t t = i; t < end && !ok; t++) {
-            if (V[t].degradable) {
-                ok = sgl_move(x, &V[t], A[t], ACT_DEGRADE);
+            if (V[t].degradable) { /* the level's first action: nothing to take back */
+                x->rg += V[t].rg_d;
+                x->rh += V[t].rh_d;
                 A[t] = ACT_DEGRADE;
+                ok = sgl_pass(x);
             }
         }
         for (int32_t t = i; t < end && !ok && susp; t++) {
@@ -600,7 +601,7 @@ static bool plan_single(const osub_engine_t *e, const struct gpu *g, const struc
     const struct vinfo *V = g->vic;
     if (sgl_pass(&x))
         return false; /* not a victim case: the caller handles fits */
-    if (!sgl_walk(e, r, V, n, A, &x))
+    if (!sgl_walk(e, r, V, n, g->a->sp_mask, A, &x))
         return false;
     sgl_give_back(e, r, V, n, A, &x);
     c->victims = true;
