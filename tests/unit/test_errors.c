@@ -175,6 +175,34 @@ static int c_resize_negative(osub_engine_t *e)
 {
     return osub_engine_resize(e, "bat", -1, 0, 0, T2);
 }
+SPEC_CASE(c_backed_suspend, snprintf(s.class_name, sizeof(s.class_name), "online");
+          s.suspend.method = OSUB_SUSPEND_CUDA)
+SPEC_CASE(c_suspend_no_url, s.suspend.method = OSUB_SUSPEND_VLLM)
+SPEC_CASE(c_suspend_bad_method, s.suspend.method = (osub_suspend_method_t)9)
+static int c_suspend_unsuspendable(osub_engine_t *e)
+{
+    return osub_engine_suspend(e, "calm", 0, T2);
+}
+static int c_suspend_unknown(osub_engine_t *e)
+{
+    return osub_engine_suspend(e, "nobody", 0, T2);
+}
+static int c_resume_running(osub_engine_t *e)
+{
+    return osub_engine_resume(e, "calm", T2);
+}
+static int c_suspended_running(osub_engine_t *e)
+{
+    return osub_engine_suspended(e, "calm", 0, T2);
+}
+static int c_resumed_running(osub_engine_t *e)
+{
+    return osub_engine_resumed(e, "calm", T2);
+}
+static int c_suspend_failed_running(osub_engine_t *e)
+{
+    return osub_engine_suspend_failed(e, "bat", "x", T2);
+}
 static int c_tick_backwards(osub_engine_t *e)
 {
     return osub_engine_tick(e, T - 5);
@@ -234,6 +262,15 @@ static const struct {
     {"resize, no room", c_resize_grow_no_room, OSUB_ENO_ROOM},
     {"resize unknown", c_resize_unknown, OSUB_EUNKNOWN_SERVICE},
     {"resize negative", c_resize_negative, OSUB_EBAD_VRAM},
+    {"backed service declares suspend", c_backed_suspend, OSUB_EBACKED_SUSPEND},
+    {"vllm suspend without a url", c_suspend_no_url, OSUB_EBAD_SUSPEND},
+    {"unknown suspend method", c_suspend_bad_method, OSUB_EBAD_SUSPEND},
+    {"suspend, no method", c_suspend_unsuspendable, OSUB_ENOT_SUSPENDABLE},
+    {"suspend unknown", c_suspend_unknown, OSUB_EUNKNOWN_SERVICE},
+    {"resume a running service", c_resume_running, OSUB_EBAD_STATE},
+    {"suspended report, not suspending", c_suspended_running, OSUB_EBAD_STATE},
+    {"resumed report, not resuming", c_resumed_running, OSUB_EBAD_STATE},
+    {"suspend failed, neither", c_suspend_failed_running, OSUB_EBAD_STATE},
     {"tick backwards", c_tick_backwards, OSUB_ETIME_BACKWARDS},
     {"negative time", c_time_negative, OSUB_EBAD_TIME},
 };

@@ -172,11 +172,12 @@ static void check_all(osub_engine_t *e, const char *what)
                 fail_msg("seed %" PRIu64 " command %ld: backed %s was a victim (%s)", seed, cmd_no,
                          x->service, x->msg);
         }
-        if (x->kind == OSUB_EV_START || x->kind == OSUB_EV_RESUME) {
-            /* 3: a service starts only when held + its grant <= usable */
+        if (x->kind == OSUB_EV_START || x->kind == OSUB_EV_RESUME || x->kind == OSUB_EV_WAKE) {
+            /* 3: a service starts (or wakes) only when held + its grant <= usable */
             osub_service_info_t si;
+            osub_state_t want = x->kind == OSUB_EV_WAKE ? OSUB_STATE_RESUMING : OSUB_STATE_LOADING;
             if (osub_engine_service_info(e, x->service, &si) != 0 || si.spec->exclusive ||
-                si.state != OSUB_STATE_LOADING || si.since_ms != x->time_ms)
+                si.state != want || si.since_ms != x->time_ms)
                 continue;
             for (int32_t g = 0; g < si.n_slots; g++) {
                 osub_gpu_info_t gi = ginfo(e, si.slots[g].gpu);
