@@ -9,7 +9,28 @@
  * were made since the last call */
 long osub__alloc_fail_at(long n);
 
-enum op { SUB, USE, READY, ACK, EXIT, TICK, REL, RESIZE, RATIO, CORDON, DRAIN, LOST, SYS, ROUND };
+enum op {
+    SUB,
+    USE,
+    READY,
+    ACK,
+    EXIT,
+    TICK,
+    REL,
+    RESIZE,
+    RATIO,
+    CORDON,
+    DRAIN,
+    LOST,
+    SYS,
+    ROUND,
+    SUSPSUB, /* a submit of a service that may be suspended (cuda) */
+    SUSPENDED,
+    RESUMED,
+    OPSUSPEND,
+    OPRESUME,
+    SUSPFAIL
+};
 
 struct step {
     enum op op;
@@ -52,12 +73,55 @@ static const struct step stream[] = {
 };
 static const size_t n_stream = sizeof(stream) / sizeof(stream[0]);
 
+/* Suspend: a victim suspended for an online arrival, its report, the wake once the arrival
+ * leaves, the operator's suspend and resume, a failed mechanism, a snapshot with all of it. */
+static const struct step susp_stream[] = {
+    {SUSPSUB, "exp", "experiment", 61440, 51200, 1, 0},
+    {SUSPSUB, "bat", "batch", 40960, 0, 1, 10},
+    {USE, "exp", NULL, 60000, 0, 0, 100},
+    {USE, "bat", NULL, 40000, 0, 0, 100},
+    {SUB, "web", "online", 30000, 0, 1, 200},
+    {SUB, "web2", "online", 50000, 0, 1, 250},
+    {ROUND, NULL, NULL, 0, 0, 0, 0},
+    {SUSPENDED, "exp", NULL, 2048, 0, 0, 300},
+    {SUSPENDED, "bat", NULL, 1024, 0, 0, 310},
+    {ROUND, NULL, NULL, 0, 0, 0, 0},
+    {REL, "web", NULL, 0, 0, 0, 400},
+    {REL, "web2", NULL, 0, 0, 0, 410},
+    {RESUMED, "exp", NULL, 0, 0, 0, 500},
+    {OPSUSPEND, "exp", NULL, 0, 0, 0, 600},
+    {SUSPENDED, "exp", NULL, 2048, 0, 0, 700},
+    {OPRESUME, "exp", NULL, 0, 0, 0, 800},
+    {SUSPFAIL, "exp", NULL, 0, 0, 0, 900},
+    {TICK, NULL, NULL, 0, 0, 0, 100000},
+    {ROUND, NULL, NULL, 0, 0, 0, 0},
+};
+static const size_t n_susp_stream = sizeof(susp_stream) / sizeof(susp_stream[0]);
+
 /* ROUND: a snapshot round trip of the whole engine (save and load allocate). */
-static int run_step(osub_engine_t **ep, size_t i)
+static int run_step(osub_engine_t **ep, const struct step *s)
 {
-    const struct step *s = &stream[i];
     osub_engine_t *e = *ep;
     switch (s->op) {
+    case SUSPSUB: {
+        osub_spec_t sp = spec(s->id, s->cls, s->a, s->gpus, s->b);
+        sp.suspend.method = OSUB_SUSPEND_CUDA;
+        osub_submit_result_t r;
+        int rc = osub_engine_submit(e, &sp, s->at, 0, &r);
+        if (rc == 0)
+            rc = osub_engine_ready(e, s->id, s->at);
+        return rc;
+    }
+    case SUSPENDED:
+        return osub_engine_suspended(e, s->id, s->a, s->at);
+    case RESUMED:
+        return osub_engine_resumed(e, s->id, s->at);
+    case OPSUSPEND:
+        return osub_engine_suspend(e, s->id, 0, s->at);
+    case OPRESUME:
+        return osub_engine_resume(e, s->id, s->at);
+    case SUSPFAIL:
+        return osub_engine_suspend_failed(e, s->id, "test", s->at);
     case SUB: {
         osub_spec_t sp = spec(s->id, s->cls, s->a, s->gpus, s->b);
         osub_submit_result_t r;
@@ -138,19 +202,20 @@ static void consistent(const osub_engine_t *e, size_t step, long n)
         fail_msg("step %zu, allocation %ld failed: inconsistent: %s", step, n, why);
 }
 
-static void test_every_allocation_may_fail(void **state)
+/* Runs the stream, failing each allocation of each step in turn; counts the points tried and
+ * the refusals for memory. */
+static void every_allocation(osub_engine_t **ep, const struct step *st, size_t n_st,
+                             long *points_out, long *enomem_out)
 {
-    (void)state;
-    osub__alloc_fail_at(-1);
-    osub_engine_t *e = mk_engine(4, 81920, 1500);
     long points = 0, enomem = 0;
-    for (size_t i = 0; i < n_stream; i++) {
+    osub_engine_t *e = *ep;
+    for (size_t i = 0; i < n_st; i++) {
         for (long n = 0;; n++) {
             osub_engine_t *c = copy_of(e);
             char *before = osub_engine_dump(c);
             assert_non_null(before);
             osub__alloc_fail_at(n);
-            int rc = run_step(&c, i);
+            int rc = run_step(&c, &st[i]);
             long made = osub__alloc_fail_at(-1);
             if (made <= n) { /* the command made fewer allocations: nothing failed */
                 free(before);
@@ -165,15 +230,15 @@ static void test_every_allocation_may_fail(void **state)
                 enomem++;
                 /* refused before its time: nothing changed; refused after it (the timers due
                  * ran): no service of its own was added */
-                if (stream[i].op == SUB) {
+                if (st[i].op == SUB) {
                     osub_service_info_t si;
-                    assert_int_not_equal(osub_engine_service_info(c, stream[i].id, &si), 0);
+                    assert_int_not_equal(osub_engine_service_info(c, st[i].id, &si), 0);
                 }
             }
             consistent(c, i, n);
             /* the engine stays usable: the rest of the stream runs without error */
-            for (size_t j = i + 1; j < n_stream; j++) {
-                int r2 = run_step(&c, j);
+            for (size_t j = i + 1; j < n_st; j++) {
+                int r2 = run_step(&c, &st[j]);
                 if (!benign(r2))
                     fail_msg("after step %zu failed at allocation %ld, step %zu: %s", i, n, j,
                              osub_strerror(r2));
@@ -182,11 +247,23 @@ static void test_every_allocation_may_fail(void **state)
             free(before);
             osub_engine_free(c);
         }
-        int rc = run_step(&e, i);
+        int rc = run_step(&e, &st[i]);
         if (!benign(rc))
             fail_msg("step %zu without failures: %s", i, osub_strerror(rc));
         consistent(e, i, -1);
     }
+    *ep = e;
+    *points_out = points;
+    *enomem_out = enomem;
+}
+
+static void test_every_allocation_may_fail(void **state)
+{
+    (void)state;
+    osub__alloc_fail_at(-1);
+    osub_engine_t *e = mk_engine(4, 81920, 1500);
+    long points = 0, enomem = 0;
+    every_allocation(&e, stream, n_stream, &points, &enomem);
     osub_pool_info_t pi;
     osub_engine_pool_info(e, &pi);
     assert_true(pi.admissions >= 5);
@@ -198,10 +275,32 @@ static void test_every_allocation_may_fail(void **state)
     osub_engine_free(e);
 }
 
+static void test_every_allocation_may_fail_suspend(void **state)
+{
+    (void)state;
+    osub__alloc_fail_at(-1);
+    osub_pool_config_t cfg;
+    osub_pool_config_default(&cfg);
+    cfg.ratio_milli = 2000;
+    cfg.suspend_host_mib = 200000;
+    int64_t v[2] = {81920, 81920};
+    osub_engine_t *e = mk_engine_cfg(2, v, &cfg);
+    long points = 0, enomem = 0;
+    every_allocation(&e, susp_stream, n_susp_stream, &points, &enomem);
+    osub_pool_info_t pi;
+    osub_engine_pool_info(e, &pi);
+    assert_true(pi.suspends >= 2);
+    assert_true(pi.wakes >= 2);
+    printf("suspend stream: allocation failures tried: %ld, refused with out of memory: %ld\n",
+           points, enomem);
+    osub_engine_free(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_allocation_may_fail),
+        cmocka_unit_test(test_every_allocation_may_fail_suspend),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
