@@ -208,7 +208,8 @@ typedef enum {
     XX(START_FLOOR, "start_floor")             /* admitted at its floor: no room for more yet */   \
     XX(IDLE, "idle")                           /* suspended for want of requests */                \
     XX(SUSPEND_TIMEOUT, "suspend_timeout")     /* a suspend was not done in time */                \
-    XX(SUSPEND_FAILED, "suspend_failed")       /* its mechanism failed to suspend or resume it */
+    XX(SUSPEND_FAILED, "suspend_failed")       /* its mechanism failed to suspend or resume it */  \
+    XX(RESIDUAL, "residual")                   /* a suspended victim kept more than planned */
 
 typedef enum {
 #define OSUB__RS_ENUM(name, str) OSUB_R_##name,

@@ -301,6 +301,41 @@ int osub_engine_resume(osub_engine_t *e, const char *id, int64_t now_ms)
     return 0;
 }
 
+/* Whether victim v of a pending service has done all it will do: nothing outstanding. */
+static bool victim_settled(const osub_engine_t *e, const char *id)
+{
+    const struct svc *v = osub__e_lookup(e, id);
+    return v == NULL || (!v->ack_pending && v->state != OSUB_STATE_SUSPENDING &&
+                         v->state != OSUB_STATE_DRAINING && v->state != OSUB_STATE_OVERDUE);
+}
+
+/* A pending service that waited for s's suspend, whose victims have all done what they will,
+ * and that still cannot start (s kept more than its planned residual) goes back to the queue,
+ * where it is planned again with the residual as measured, at its place. */
+static void requeue_stuck_waiters(osub_engine_t *e, const struct svc *s)
+{
+    for (size_t i = 0; i < e->n_pending;) {
+        struct svc *p = e->pending[i];
+        bool waits = false, settled = true;
+        for (int32_t w = 0; w < p->n_waits; w++) {
+            waits = waits || strcmp(p->waits[w].service, s->spec.id) == 0;
+            settled = settled && victim_settled(e, p->waits[w].service);
+        }
+        if (!waits || !settled || osub__pending_can_start(e, p) ||
+            osub__vec_reserve(&e->queue, &e->cap_queue, e->n_queue + 1) != 0) {
+            i++;
+            continue;
+        }
+        osub__svc_to_queue(e, p);
+        osub_event_t *ev = osub__emit(
+            e, OSUB_EV_REQUEUE, OSUB_R_RESIDUAL,
+            "%s still has no room after %s's suspend (it kept %lld MiB on its GPUs, more than "
+            "planned): back in the queue at position %zu, to be planned again",
+            p->spec.id, s->spec.id, (long long)osub__held_total(s), osub__queue_pos(e, p));
+        osub__ev_svc(ev, p);
+    }
+}
+
 int osub_engine_suspended(osub_engine_t *e, const char *id, int64_t residual_mib, int64_t now_ms)
 {
     osub__clear_events(e);
@@ -354,6 +389,7 @@ int osub_engine_suspended(osub_engine_t *e, const char *id, int64_t residual_mib
         s->susp_hold ? " and stays suspended until resumed" : " and resumes when room frees");
     osub__ev_svc(ev, s);
     ev->vram_mib = osub__grant_total(s);
+    requeue_stuck_waiters(e, s);
     osub__finish(e);
     return 0;
 }

@@ -221,6 +221,27 @@ static void test_timeout_and_failure_escalate_to_eviction(void **state)
     osub_engine_free(e);
 }
 
+/* A victim that keeps more than planned once suspended: the pending service is planned again
+ * with the residual as measured (here: the suspended victim is evicted). */
+static void test_residual_above_plan_replans(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_pool(1, 200000);
+    running(e, susp_spec("exp", "experiment", 61440, 51200, 0), 60000, 0);
+    assert_int_equal(sub(e, spec("web", "online", 30000, 1, 0), 10), OSUB_SUBMIT_PENDING);
+    assert_int_equal(osub_engine_suspended(e, "exp", 50000, 20), 0);
+    const osub_event_t *ev = find_ev(e, OSUB_EV_REQUEUE, "web");
+    assert_non_null(ev);
+    assert_int_equal(ev->reason, OSUB_R_RESIDUAL);
+    assert_int_equal(info(e, "exp").state, OSUB_STATE_DRAINING);
+    assert_int_equal(info(e, "web").state, OSUB_STATE_PENDING);
+    assert_int_equal(info(e, "exp").residual_mib, 50000);
+    assert_int_equal(osub_engine_exited(e, "exp", NULL, 30), 0);
+    assert_int_equal(info(e, "web").state, OSUB_STATE_LOADING);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
 /* Suspends exp for web, with q (same level, later) queued behind: web is released at 100. */
 static osub_engine_t *suspended_with_queue(void)
 {
@@ -447,6 +468,7 @@ int main(void)
         cmocka_unit_test(test_key_suspend_beats_evict_priority_first),
         cmocka_unit_test(test_host_budget_refuses_suspend_next_rung),
         cmocka_unit_test(test_timeout_and_failure_escalate_to_eviction),
+        cmocka_unit_test(test_residual_above_plan_replans),
         cmocka_unit_test(test_wake_ahead_of_the_queue),
         cmocka_unit_test(test_min_runtime_after_wake),
         cmocka_unit_test(test_pressure_degrades_before_suspending),
