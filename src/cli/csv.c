@@ -54,6 +54,9 @@ static int refill(struct csv *c)
         if (c->end - c->beg > CSV_LINE_MAX + 2)
             break; /* a whole line's worth at least */
     }
+    /* a NUL byte is looked for once a block, not once a line */
+    const char *z = memchr(c->buf + c->beg, '\0', c->end - c->beg);
+    c->nul = z != NULL ? (size_t)(z - c->buf) : c->end;
     return 0;
 }
 
@@ -74,8 +77,9 @@ int csv_next(struct csv *c, char *err, size_t errlen)
         c->line++;
         if (n > CSV_LINE_MAX)
             return csv_errf(err, errlen, "%s: line %zu: line too long", c->path, c->line);
+        size_t at = c->beg;
         c->beg += n + (nl != NULL);
-        const char *nul = memchr(p, '\0', n);
+        const char *nul = c->nul < at + n ? c->buf + c->nul : NULL;
         if (nul != NULL && nl != NULL)
             return csv_errf(err, errlen, "%s: line %zu: malformed line", c->path, c->line);
         if (nul != NULL) /* the last line, without its newline, ends there (as fgets read it) */
@@ -154,6 +158,9 @@ int csv_parse_ceil(const char *s, int64_t div, int64_t *out)
     if (!is_digit(*p))
         return -1;
     int64_t ip = 0;
+    /* before its 17th digit a number is below 10^16 < 2^55: the check starts after it */
+    for (const char *d0 = p; is_digit(*p) && p - d0 < 17; p++)
+        ip = ip * 10 + (*p - '0');
     while (is_digit(*p)) {
         if (ip > (INT64_C(1) << 55))
             return -1;

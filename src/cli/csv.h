@@ -21,6 +21,7 @@ struct csv {
     uint64_t size;
     char *buf; /* CSV_BUF bytes, owned */
     size_t beg, end;
+    size_t nul; /* where the first NUL byte at or past beg is, end if none */
     bool eof;
     char *fields[CSV_FIELDS_MAX]; /* into buf, valid until the next csv_next */
     int nf;
