@@ -80,8 +80,10 @@ typedef enum {
     OSUB_ON_EVICT_RELEASE,
 } osub_on_evict_t;
 
-/* How a suspendable service is suspended and resumed (the daemon's mechanisms; the engine only
- * stores it and knows the service may be suspended). */
+/* How a suspendable service is suspended and resumed. The mechanisms are the daemon's; so are
+ * their details (a vllm, sglang or http method's URL and paths live with the daemon's other
+ * per-service settings, as a managed command or backends do, and are checked there): the
+ * engine knows the method, so that the service may be suspended, and the residual expected. */
 typedef enum {
     OSUB_SUSPEND_NONE = 0, /* not suspendable */
     OSUB_SUSPEND_CUDA,     /* the CUDA driver's process checkpoint API, every process */
@@ -90,14 +92,8 @@ typedef enum {
     OSUB_SUSPEND_HTTP,     /* POST url + suspend_path, POST url + resume_path */
 } osub_suspend_method_t;
 
-#define OSUB_SUSPEND_URL_MAX 255
-#define OSUB_SUSPEND_PATH_MAX 127
-
 typedef struct {
     osub_suspend_method_t method;
-    char url[OSUB_SUSPEND_URL_MAX + 1];           /* vllm, sglang, http: the base URL */
-    char suspend_path[OSUB_SUSPEND_PATH_MAX + 1]; /* http: the path that suspends */
-    char resume_path[OSUB_SUSPEND_PATH_MAX + 1];  /* http: the path that resumes */
     int64_t residual_mib; /* what is expected to stay on its GPUs once suspended (total; 0 =
                              nothing known: the last measured residual replaces it) */
 } osub_suspend_spec_t;

@@ -55,7 +55,7 @@
        "a backed (non-preemptible) service cannot declare suspend: it is never preempted")         \
     XX(BAD_SUSPEND, -1036, "invalid_suspend",                                                      \
        "suspend.method is cuda, vllm, sglang or http; vllm, sglang and http need a url, http "     \
-       "its suspend and resume paths")                                                             \
+       "its suspend and resume paths; residual_mib is at most the request")                        \
     XX(NOT_SUSPENDABLE, -1037, "not_suspendable", "the service declares no suspend method")        \
     XX(HOST_FULL, -1038, "host_budget",                                                            \
        "suspending it would exceed the pool's host memory budget for suspended services")

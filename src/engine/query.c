@@ -276,10 +276,9 @@ char *osub_engine_dump(const osub_engine_t *e)
                                s->waits[i].suspend ? "s" : "", (long long)s->waits[i].deadline_ms);
         if (s->suspendable || s->n_suspends > 0)
             osub_sb_printf(&b,
-                           " susp(%d '%s' '%s' '%s' res %lld/%lld rc %lld hold %d woke %d/%lld "
-                           "from %d host %lld n %u)",
-                           (int)p->suspend.method, p->suspend.url, p->suspend.suspend_path,
-                           p->suspend.resume_path, (long long)p->suspend.residual_mib,
+                           " susp(%d res %lld/%lld rc %lld hold %d woke %d/%lld from %d host "
+                           "%lld n %u)",
+                           (int)p->suspend.method, (long long)p->suspend.residual_mib,
                            (long long)s->residual_est, (long long)s->resume_cost_ms, s->susp_hold,
                            s->woke, (long long)s->wake_ms, (int)s->susp_from,
                            (long long)s->host_mib, s->n_suspends);

@@ -37,9 +37,6 @@ static void save_susp(struct osub_sbuf *o, const struct svc *s)
     osub_sb_printf(o, "susp");
     put_str(o, "of", s->spec.id);
     osub_sb_printf(o, " method=%d", (int)x->method);
-    put_str(o, "url", x->url);
-    put_str(o, "spath", x->suspend_path);
-    put_str(o, "rpath", x->resume_path);
     osub_sb_printf(o,
                    " residual_spec=%lld resume_cost=%lld hold=%d woke=%d from=%d host=%lld "
                    "residual=%lld wake=%lld n=%u\n",
@@ -662,9 +659,6 @@ static int load_susp(struct loader *ld, const struct line *l)
     osub_suspend_spec_t *x = &s->spec.suspend;
     bool hold, woke;
     if (!get_i32(l, "method", &method) || method < 0 || method > OSUB_SUSPEND_HTTP ||
-        !get_str(l, "url", x->url, sizeof(x->url)) ||
-        !get_str(l, "spath", x->suspend_path, sizeof(x->suspend_path)) ||
-        !get_str(l, "rpath", x->resume_path, sizeof(x->resume_path)) ||
         !get_i64(l, "residual_spec", &x->residual_mib) ||
         !get_i64(l, "resume_cost", &s->spec.resume_cost_ms) || !get_bool(l, "hold", &hold) ||
         !get_bool(l, "woke", &woke) || !get_i32(l, "from", &from) ||

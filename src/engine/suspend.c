@@ -9,11 +9,6 @@
 
 /* ---- spec and derived fields -------------------------------------------------------------- */
 
-static bool str_ok(const char *s, size_t cap)
-{
-    return memchr(s, '\0', cap) != NULL;
-}
-
 int osub__resolve_suspend(const osub_engine_t *e, const osub_spec_t *in, bool pre, osub_spec_t *o)
 {
     const osub_suspend_spec_t *x = &in->suspend;
@@ -29,22 +24,10 @@ int osub__resolve_suspend(const osub_engine_t *e, const osub_spec_t *in, bool pr
     }
     if (!pre)
         return OSUB_EBACKED_SUSPEND;
-    if (!str_ok(x->url, sizeof(x->url)) || !str_ok(x->suspend_path, sizeof(x->suspend_path)) ||
-        !str_ok(x->resume_path, sizeof(x->resume_path)) || x->residual_mib < 0 ||
-        x->residual_mib > in->vram_mib)
-        return OSUB_EBAD_SUSPEND;
-    bool http = x->method == OSUB_SUSPEND_HTTP;
-    if ((x->method != OSUB_SUSPEND_CUDA && x->url[0] == '\0') ||
-        (http && (x->suspend_path[0] == '\0' || x->resume_path[0] == '\0')))
+    if (x->residual_mib < 0 || x->residual_mib > in->vram_mib)
         return OSUB_EBAD_SUSPEND;
     y->method = x->method;
     y->residual_mib = x->residual_mib;
-    if (x->method != OSUB_SUSPEND_CUDA)
-        snprintf(y->url, sizeof(y->url), "%s", x->url);
-    if (http) {
-        snprintf(y->suspend_path, sizeof(y->suspend_path), "%s", x->suspend_path);
-        snprintf(y->resume_path, sizeof(y->resume_path), "%s", x->resume_path);
-    }
     /* DESIGN.md: its grant at the pool's suspend_mib_per_s, plus 1 s */
     o->resume_cost_ms = in->resume_cost_ms >= 0
                             ? in->resume_cost_ms

@@ -177,7 +177,8 @@ static int c_resize_negative(osub_engine_t *e)
 }
 SPEC_CASE(c_backed_suspend, snprintf(s.class_name, sizeof(s.class_name), "online");
           s.suspend.method = OSUB_SUSPEND_CUDA)
-SPEC_CASE(c_suspend_no_url, s.suspend.method = OSUB_SUSPEND_VLLM)
+SPEC_CASE(c_suspend_residual_too_big, s.suspend.method = OSUB_SUSPEND_VLLM;
+          s.suspend.residual_mib = 4096)
 SPEC_CASE(c_suspend_bad_method, s.suspend.method = (osub_suspend_method_t)9)
 static int c_suspend_unsuspendable(osub_engine_t *e)
 {
@@ -263,7 +264,7 @@ static const struct {
     {"resize unknown", c_resize_unknown, OSUB_EUNKNOWN_SERVICE},
     {"resize negative", c_resize_negative, OSUB_EBAD_VRAM},
     {"backed service declares suspend", c_backed_suspend, OSUB_EBACKED_SUSPEND},
-    {"vllm suspend without a url", c_suspend_no_url, OSUB_EBAD_SUSPEND},
+    {"suspend residual above the request", c_suspend_residual_too_big, OSUB_EBAD_SUSPEND},
     {"unknown suspend method", c_suspend_bad_method, OSUB_EBAD_SUSPEND},
     {"suspend, no method", c_suspend_unsuspendable, OSUB_ENOT_SUSPENDABLE},
     {"suspend unknown", c_suspend_unknown, OSUB_EUNKNOWN_SERVICE},

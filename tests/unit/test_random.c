@@ -92,13 +92,7 @@ static void random_suspend(osub_spec_t *sp)
 {
     if (rr(0, 2) != 0)
         return;
-    sp->suspend.method = (osub_suspend_method_t)rr(1, 4);
-    if (sp->suspend.method != OSUB_SUSPEND_CUDA || rr(0, 9) == 0)
-        snprintf(sp->suspend.url, sizeof(sp->suspend.url), "http://127.0.0.1:%d", (int)rr(1, 9));
-    if (sp->suspend.method == OSUB_SUSPEND_HTTP && rr(0, 9) != 0) {
-        snprintf(sp->suspend.suspend_path, sizeof(sp->suspend.suspend_path), "/sleep");
-        snprintf(sp->suspend.resume_path, sizeof(sp->suspend.resume_path), "/wake");
-    }
+    sp->suspend.method = (osub_suspend_method_t)rr(1, rr(0, 20) == 0 ? 5 : 4); /* 5: refused */
     sp->suspend.residual_mib = rr(0, 3) == 0 ? rr(0, sp->vram_mib > 0 ? sp->vram_mib / 4 : 1) : 0;
     sp->resume_cost_ms = rr(0, 3) == 0 ? rr(-1, 60000) : -1;
 }

@@ -42,17 +42,15 @@ static void test_spec_checks(void **state)
     osub_submit_result_t r;
     osub_spec_t on = susp_spec("web", "online", 1000, 0, 0);
     assert_int_equal(osub_engine_submit(e, &on, 0, 0, &r), OSUB_EBACKED_SUSPEND);
-    osub_spec_t h = susp_spec("h", "batch", 1000, 0, 0);
+    osub_spec_t h = susp_spec("h", "batch", 1000, 0, 2000); /* residual above the request */
     h.suspend.method = OSUB_SUSPEND_HTTP;
-    snprintf(h.suspend.url, sizeof(h.suspend.url), "http://127.0.0.1:9000");
-    assert_int_equal(osub_engine_submit(e, &h, 0, 0, &r), OSUB_EBAD_SUSPEND); /* no paths */
-    snprintf(h.suspend.suspend_path, sizeof(h.suspend.suspend_path), "/sleep");
-    snprintf(h.suspend.resume_path, sizeof(h.suspend.resume_path), "/wake");
+    assert_int_equal(osub_engine_submit(e, &h, 0, 0, &r), OSUB_EBAD_SUSPEND);
+    h.suspend.residual_mib = 100;
     assert_int_equal(osub_engine_submit(e, &h, 0, 0, &r), 0);
     osub_spec_t v = susp_spec("v", "batch", 8192, 0, 0);
-    v.suspend.method = OSUB_SUSPEND_VLLM; /* no url */
+    v.suspend.method = (osub_suspend_method_t)7;
     assert_int_equal(osub_engine_submit(e, &v, 0, 0, &r), OSUB_EBAD_SUSPEND);
-    snprintf(v.suspend.url, sizeof(v.suspend.url), "http://127.0.0.1:8000");
+    v.suspend.method = OSUB_SUSPEND_VLLM;
     assert_int_equal(osub_engine_submit(e, &v, 0, 0, &r), 0);
     /* the resume cost: its request at 4096 MiB/s, plus 1 s */
     assert_int_equal(info(e, "v").resume_cost_ms, 8192 * 1000 / 4096 + 1000);
@@ -391,13 +389,14 @@ static void test_snapshot_round_trip(void **state)
     osub_engine_t *e = suspended_with_queue();
     assert_int_equal(osub_engine_suspend(e, "exp", 0, 50), 0); /* held too */
     osub_spec_t h = spec("h", "batch", 2000, 1, 0);
-    h.suspend.method = OSUB_SUSPEND_HTTP;
-    snprintf(h.suspend.url, sizeof(h.suspend.url), "http://127.0.0.1:9000/a b%%");
-    snprintf(h.suspend.suspend_path, sizeof(h.suspend.suspend_path), "/sleep?level=1");
-    snprintf(h.suspend.resume_path, sizeof(h.suspend.resume_path), "/wake_up");
+    h.suspend.method = OSUB_SUSPEND_SGLANG;
+    h.suspend.residual_mib = 512;
+    h.resume_cost_ms = 1234;
     assert_int_equal(sub(e, h, 60), OSUB_SUBMIT_STARTED);
     osub_engine_t *e2 = round_trip(e);
-    assert_string_equal(info(e2, "h").spec->suspend.url, "http://127.0.0.1:9000/a b%");
+    assert_int_equal(info(e2, "h").spec->suspend.method, OSUB_SUSPEND_SGLANG);
+    assert_int_equal(info(e2, "h").residual_mib, 512);
+    assert_int_equal(info(e2, "h").resume_cost_ms, 1234);
     assert_true(info(e2, "exp").suspend_hold);
     osub_pool_info_t p;
     osub_engine_pool_info(e2, &p);
