@@ -46,22 +46,32 @@ bport=$(awk '{print $2}' "$tmp/backend.out")
 cat >"$tmp/oversub.yaml" <<EOF
 gateway_conns_per_client: 16384
 EOF
-$P0 "$build/oversubd" --config "$tmp/oversub.yaml" --listen 127.0.0.1:0 --gateway 127.0.0.1:0 \
-    --socket "" --state "$tmp/state.db" --gpus sim:8x81920 --ratio 1.5 --tick-ms 1000 \
-    >"$tmp/o.out" 2>"$tmp/o.err" &
-opid=$!
-procs+=($opid)
-waitfor "$tmp/o.out" "gateway on" || { echo "oversubd did not start: $(cat "$tmp/o.err")"; exit 1; }
-api=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$tmp/o.out" | head -1 | sed 's/.*://')
-gw=$(grep -o 'gateway on http://127.0.0.1:[0-9]*' "$tmp/o.out" | sed 's/.*://')
-post "http://127.0.0.1:$api/v1/services" \
-    -d "{\"id\":\"llm\",\"class\":\"online\",\"vram\":\"10GiB\",\"backends\":[\"http://127.0.0.1:$bport\"],\"max_inflight\":4096,\"max_queue\":4096}"
-post "http://127.0.0.1:$api/v1/services/llm/ready"
-for id in llm2 llm3; do
-    post "http://127.0.0.1:$api/v1/services" \
-        -d "{\"id\":\"$id\",\"class\":\"online\",\"vram\":\"10GiB\",\"backends\":[\"http://127.0.0.1:$bport\"],\"max_inflight\":4096,\"max_queue\":4096}"
-    post "http://127.0.0.1:$api/v1/services/$id/ready"
-done
+start_oversub() { # BINARY TAG: sets gw and opid; services llm, llm2, llm3 on the backend
+    $P0 "$1" --config "$tmp/oversub.yaml" --listen 127.0.0.1:0 --gateway 127.0.0.1:0 \
+        --socket "" --state "$tmp/state.$2.db" --gpus sim:8x81920 --ratio 1.5 --tick-ms 1000 \
+        >"$tmp/o.$2.out" 2>"$tmp/o.$2.err" &
+    opid=$!
+    procs+=($opid)
+    waitfor "$tmp/o.$2.out" "gateway on" && waitfor "$tmp/o.$2.out" "listening on" ||
+        { echo "oversubd did not start: $(cat "$tmp/o.$2.err")"; exit 1; }
+    local api
+    api=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$tmp/o.$2.out" | head -1 | sed 's/.*://')
+    gw=$(grep -o 'gateway on http://127.0.0.1:[0-9]*' "$tmp/o.$2.out" | sed 's/.*://')
+    for id in llm llm2 llm3; do
+        post "http://127.0.0.1:$api/v1/services" \
+            -d "{\"id\":\"$id\",\"class\":\"online\",\"vram\":\"10GiB\",\"backends\":[\"http://127.0.0.1:$bport\"],\"max_inflight\":4096,\"max_queue\":4096}"
+        post "http://127.0.0.1:$api/v1/services/$id/ready"
+    done
+}
+# BEFORE=DIR: DIR/oversubd (an earlier build) too, as "before", in the same rounds
+targets="direct:$bport:"
+if [ -n "${BEFORE:-}" ]; then
+    start_oversub "$(realpath "$BEFORE")/oversubd" before
+    bpid=$opid
+    targets="$targets before:$gw:$opid"
+fi
+start_oversub "$build/oversubd" now
+targets="$targets oversub:$gw:$opid"
 
 nport=$(free_port)
 mkdir -p "$tmp/n"
@@ -100,17 +110,22 @@ NG
 $P0 nginx -c "$tmp/nginx.conf" -p "$tmp" &
 npid=$!
 procs+=($npid)
+targets="$targets nginx:$nport:$npid"
 sleep 0.5
 
 path="stream?n=20&ms=50"
 echo "machine: $(nproc) CPUs; proxies on core 0, the client and the backend on core 1"
 echo "$conns concurrent streams (20 events 50 ms apart each, the first at once), ${dur}s x $runs runs"
+names=$(for t in $targets; do printf '%s ' "${t%%:*}"; done)
 for r in $(seq 1 "$runs"); do
-    $P1 "$build/bench/bench_streams" 127.0.0.1 "$bport" "/$path" "$conns" "$dur" >"$tmp/direct.$r"
-    $P1 "$build/bench/bench_streams" 127.0.0.1 "$gw" "/llm/$path" "$conns" "$dur" >"$tmp/oversub.$r"
-    $P1 "$build/bench/bench_streams" 127.0.0.1 "$nport" "/llm/$path" "$conns" "$dur" >"$tmp/nginx.$r"
+    for t in $targets; do
+        IFS=: read -r who port _ <<<"$t"
+        pre=/llm
+        [ "$who" = direct ] && pre=""
+        $P1 "$build/bench/bench_streams" 127.0.0.1 "$port" "$pre/$path" "$conns" "$dur" >"$tmp/$who.$r"
+    done
 done
-for who in direct oversub nginx; do
+for who in $names; do
     sps=$(for r in $(seq 1 "$runs"); do field "$tmp/$who.$r" streams_per_s; done | median)
     t50=$(for r in $(seq 1 "$runs"); do field "$tmp/$who.$r" ttfb_p50_ms; done | median)
     t99=$(for r in $(seq 1 "$runs"); do field "$tmp/$who.$r" ttfb_p99_ms; done | median)
@@ -119,9 +134,22 @@ for who in direct oversub nginx; do
         "$who" "$sps" "$t50" "$t99" "$err"
     eval "sps_$who=$sps t99_$who=$t99 t50_$who=$t50"
 done
-echo "added to the first byte's p99 (proxy - direct): oversub $(python3 -c "print(round($t99_oversub - $t99_direct, 1))") ms, nginx $(python3 -c "print(round($t99_nginx - $t99_direct, 1))") ms"
+added() { # WHO: the median over the rounds of (its p99 - direct's p99 in the same round)
+    for r in $(seq 1 "$runs"); do
+        python3 -c "print(round($(field "$tmp/$1.$r" ttfb_p99_ms) - $(field "$tmp/direct.$r" ttfb_p99_ms), 1))"
+    done | median
+}
+for who in $names; do
+    [ "$who" = direct ] && continue
+    eval "t99=\$t99_$who"
+    echo "added to the first byte's p99 (proxy - direct): $who $(python3 -c "print(round($t99 - $t99_direct, 1))") ms (median of the rounds' differences: $(added "$who") ms)"
+done
 echo "streams/s oversub/nginx: $(python3 -c "print(round($sps_oversub / $sps_nginx, 2))")"
-echo "peak RSS: oversubd $(hwm "$opid") KiB (the whole daemon), nginx $(hwm "$npid") KiB"
+for t in $targets; do
+    IFS=: read -r who _ pid <<<"$t"
+    [ -n "$pid" ] && printf 'peak RSS: %s %s KiB\n' "$who" "$(hwm "$pid")"
+done
+echo "(oversubd: the whole daemon; nginx: its one worker)"
 
 # ---- HELD streams at once ----
 fit=$(((nofile - 100) / 2))
@@ -132,10 +160,13 @@ fi
 hpath="stream?n=60&ms=100"
 echo
 echo "$held streams at once (60 events 100 ms apart each, over /llm, /llm2, /llm3), one round each"
-for who in oversub:$gw nginx:$nport; do
-    $P1 "$build/bench/bench_streams" 127.0.0.1 "${who#*:}" "/llm/$hpath,/llm2/$hpath,/llm3/$hpath" "$held" 1 >"$tmp/held.${who%%:*}"
+for t in $targets; do
+    IFS=: read -r who port _ <<<"$t"
+    [ "$who" = direct ] && continue
+    $P1 "$build/bench/bench_streams" 127.0.0.1 "$port" "/llm/$hpath,/llm2/$hpath,/llm3/$hpath" "$held" 1 >"$tmp/held.$who"
 done
-for who in oversub nginx; do
+for who in $names; do
+    [ "$who" = direct ] && continue
     python3 - "$tmp/held.$who" "$who" "$held" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -145,4 +176,5 @@ PY
 done
 ho=$(hwm "$opid")
 hn=$(hwm "$npid")
+[ -n "${bpid:-}" ] && echo "peak RSS after: before $(hwm "$bpid") KiB"
 echo "peak RSS after: oversubd $ho KiB (the whole daemon), nginx $hn KiB: oversub/nginx $(python3 -c "print(round($ho / max(1, $hn), 2))")"
