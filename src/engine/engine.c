@@ -675,7 +675,7 @@ void osub__svc_destroy(osub_engine_t *e, struct svc *s)
     if (s->suspendable)
         e->n_suspendable--;
     if (s->state == OSUB_STATE_SUSPENDED)
-        e->n_suspended--;
+        osub__susp_list_remove(e, s);
     osub_svc_free(s);
 }
 
@@ -693,7 +693,10 @@ void osub__set_state(osub_engine_t *e, struct svc *s, osub_state_t st)
             e->gpus[s->slots[i].gpu].n_pending++;
         e->pending_check = true;
     }
-    e->n_suspended += (st == OSUB_STATE_SUSPENDED) - (s->state == OSUB_STATE_SUSPENDED);
+    if (s->state == OSUB_STATE_SUSPENDED)
+        osub__susp_list_remove(e, s);
+    if (st == OSUB_STATE_SUSPENDED)
+        osub__susp_list_add(e, s);
     s->state = st;
     s->since_ms = e->now;
     for (int32_t i = 0; i < s->n_slots; i++)

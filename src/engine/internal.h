@@ -82,6 +82,7 @@ struct svc {
     int64_t residual_est; /* what planning expects to stay on its GPUs once suspended (total) */
     int64_t wake_ms;      /* when it last woke */
     uint32_t n_suspends;
+    struct svc *sprev, *snext; /* the engine's list of suspended services, while suspended */
 
     int32_t heap_pos[T__KINDS];
     int64_t timer_at[T__KINDS];
@@ -250,6 +251,7 @@ struct osub_engine {
      * there are some), the host memory counted for suspends */
     uint64_t suspends, wakes;
     int32_t n_suspended, n_suspendable;
+    struct svc *suspended; /* the services in state suspended (any order; n_suspended) */
     int64_t host_used;
 };
 
@@ -516,6 +518,10 @@ OSUB__HIDDEN int64_t osub__host_need(const struct svc *s);
 OSUB__HIDDEN int64_t osub__residual_share(const struct svc *s, int32_t i);
 OSUB__HIDDEN void osub__svc_suspend(osub_engine_t *e, struct svc *s, const char *cause,
                                     int32_t cause_level, osub_reason_t reason);
+/* Files s in the engine's list of suspended services, or takes it out (engine.c calls these
+ * as s enters or leaves the suspended state). */
+OSUB__HIDDEN void osub__susp_list_add(osub_engine_t *e, struct svc *s);
+OSUB__HIDDEN void osub__susp_list_remove(osub_engine_t *e, struct svc *s);
 /* Frees what s counted against the host budget (it left the suspend states). */
 OSUB__HIDDEN void osub__susp_clear(osub_engine_t *e, struct svc *s);
 /* A suspending service's deadline passed: evicted with grace. */

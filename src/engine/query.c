@@ -352,9 +352,12 @@ static int check_suspend(const osub_engine_t *e, char *why, size_t why_len)
     if (e->host_used > e->cfg.suspend_host_mib)
         return fail_why(why, why_len, "host memory %lld MiB above the suspend budget %lld",
                         (long long)e->host_used, (long long)e->cfg.suspend_host_mib);
-    if (nsus != e->n_suspended || nsusp != e->n_suspendable)
-        return fail_why(why, why_len, "suspended %d/%d, suspendable %d/%d", e->n_suspended, nsus,
-                        e->n_suspendable, nsusp);
+    int32_t listed = 0;
+    for (const struct svc *s = e->suspended; s && listed <= nsus; s = s->snext)
+        listed += s->state == OSUB_STATE_SUSPENDED ? 1 : 1000;
+    if (nsus != e->n_suspended || nsusp != e->n_suspendable || listed != nsus)
+        return fail_why(why, why_len, "suspended %d/%d (%d listed), suspendable %d/%d",
+                        e->n_suspended, nsus, listed, e->n_suspendable, nsusp);
     return 0;
 }
 
@@ -518,7 +521,7 @@ int osub__restore_service(osub_engine_t *e, struct svc *s)
         osub__gpu_list_add(e, g, s);
     }
     if (s->state == OSUB_STATE_SUSPENDED)
-        e->n_suspended++;
+        osub__susp_list_add(e, s);
     s->heap_pos[0] = s->heap_pos[1] = -1;
     for (int kind = 0; kind < T__KINDS; kind++) {
         int64_t at = s->timer_at[kind];

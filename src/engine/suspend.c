@@ -63,6 +63,28 @@ int64_t osub__residual_share(const struct svc *s, int32_t i)
 
 /* ---- transitions ------------------------------------------------------------------------- */
 
+void osub__susp_list_add(osub_engine_t *e, struct svc *s)
+{
+    s->sprev = NULL;
+    s->snext = e->suspended;
+    if (e->suspended)
+        e->suspended->sprev = s;
+    e->suspended = s;
+    e->n_suspended++;
+}
+
+void osub__susp_list_remove(osub_engine_t *e, struct svc *s)
+{
+    if (s->sprev)
+        s->sprev->snext = s->snext;
+    else
+        e->suspended = s->snext;
+    if (s->snext)
+        s->snext->sprev = s->sprev;
+    s->sprev = s->snext = NULL;
+    e->n_suspended--;
+}
+
 void osub__susp_clear(osub_engine_t *e, struct svc *s)
 {
     if (s->host_mib == 0)
@@ -205,8 +227,8 @@ void osub__process_wakes(osub_engine_t *e)
     int32_t n = 0;
     /* the first BATCH suspended services in wake order (by level, then submit time); more
      * are looked at as these leave */
-    for (struct svc *s = e->head; s; s = s->next) {
-        if (s->state != OSUB_STATE_SUSPENDED || s->susp_hold)
+    for (struct svc *s = e->suspended; s; s = s->snext) {
+        if (s->susp_hold)
             continue;
         if (n < BATCH) {
             c[n++] = s;
