@@ -240,6 +240,37 @@ static void test_residual_above_plan_replans(void **state)
     osub_engine_free(e);
 }
 
+/* A multi-GPU victim is suspended as a whole: on all its GPUs, its residual split as usage is,
+ * and it wakes on the same GPUs. */
+static void test_multi_gpu_victim_suspended_everywhere(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_pool(2, 300000);
+    osub_spec_t big = susp_spec("big", "batch", 2 * 61440, 0, 0);
+    big.gpus = 2;
+    running(e, big, 2 * 60000, 0);
+    osub_submit_result_t r;
+    osub_spec_t web = spec("web", "online", 30000, 1, 0);
+    assert_int_equal(osub_engine_submit(e, &web, 10, 0, &r), 0);
+    assert_int_equal(r.n_victims, 1);
+    assert_true(r.victims[0].suspend);
+    assert_int_equal(info(e, "big").host_mib, 2 * 61440);
+    assert_int_equal(osub_engine_suspended(e, "big", 3000, 20), 0);
+    osub_service_info_t x = info(e, "big");
+    assert_int_equal(x.n_slots, 2);
+    assert_int_equal(x.slots[0].held_mib + x.slots[1].held_mib, 3000);
+    assert_int_equal(x.slots[0].grant_mib, 61440);
+    assert_int_equal(x.slots[1].grant_mib, 61440);
+    assert_int_equal(info(e, "web").state, OSUB_STATE_LOADING);
+    assert_int_equal(osub_engine_release(e, "web", 30), 0);
+    x = info(e, "big");
+    assert_int_equal(x.state, OSUB_STATE_RESUMING);
+    assert_int_equal(x.slots[0].gpu, 0);
+    assert_int_equal(x.slots[1].gpu, 1);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
 /* Suspends exp for web, with q (same level, later) queued behind: web is released at 100. */
 static osub_engine_t *suspended_with_queue(void)
 {
@@ -468,6 +499,7 @@ int main(void)
         cmocka_unit_test(test_host_budget_refuses_suspend_next_rung),
         cmocka_unit_test(test_timeout_and_failure_escalate_to_eviction),
         cmocka_unit_test(test_residual_above_plan_replans),
+        cmocka_unit_test(test_multi_gpu_victim_suspended_everywhere),
         cmocka_unit_test(test_wake_ahead_of_the_queue),
         cmocka_unit_test(test_min_runtime_after_wake),
         cmocka_unit_test(test_pressure_degrades_before_suspending),
