@@ -445,6 +445,43 @@ static int32_t load_row_svc(const struct idx *x, const struct trace *tr, const c
     return a < 0 ? b : b < 0 ? a : a < b ? a : b;
 }
 
+/* The value of rank k (0-based) of v[0..n), as v[k] after sorting it (v is reordered):
+ * quickselect, handing over to a sort should it meet a bad run of pivots. */
+static int64_t select_i64(int64_t *v, size_t n, size_t k)
+{
+    size_t lo = 0, hi = n; /* the rank k lies in [lo, hi) */
+    for (int round = 0; hi - lo > 16; round++) {
+        if (round == 64) {
+            qsort(v + lo, hi - lo, sizeof(*v), cmp_i64);
+            return v[k];
+        }
+        int64_t a = v[lo], b = v[lo + (hi - lo) / 2], c = v[hi - 1];
+        int64_t pivot = a < b ? (b < c ? b : a < c ? c : a) : (a < c ? a : b < c ? c : b);
+        /* three ways: [lo, lt) below the pivot, [lt, gt) equal, [gt, hi) above */
+        size_t lt = lo, i = lo, gt = hi;
+        while (i < gt) {
+            int64_t x = v[i];
+            if (x < pivot) {
+                v[i++] = v[lt];
+                v[lt++] = x;
+            } else if (x > pivot) {
+                v[i] = v[--gt];
+                v[gt] = x;
+            } else {
+                i++;
+            }
+        }
+        if (k < lt)
+            hi = lt;
+        else if (k >= gt)
+            lo = gt;
+        else
+            return pivot;
+    }
+    qsort(v + lo, hi - lo, sizeof(*v), cmp_i64);
+    return v[k];
+}
+
 /* Per service, its median load time (0: none) in *per_svc (returned owned), and the whole
  * trace's in *trace_median (60 s without any). The file is optional. */
 static int load_ms_medians(const char *path, struct trace *tr, const struct idx *x,
@@ -506,13 +543,11 @@ static int load_ms_medians(const char *path, struct trace *tr, const struct idx 
     if (r < 0)
         rc = -1;
     if (rc == 0 && na > 0) {
-        qsort(all, na, sizeof(*all), cmp_i64);
-        *trace_median = all[na / 2];
+        *trace_median = select_i64(all, na, na / 2);
     }
     for (size_t i = 0; i < tr->n && lists != NULL && ln != NULL; i++) {
         if (ln[i] > 0) {
-            qsort(lists[i], ln[i], sizeof(int64_t), cmp_i64);
-            (*per_svc)[i] = lists[i][ln[i] / 2];
+            (*per_svc)[i] = select_i64(lists[i], ln[i], ln[i] / 2);
         }
         free(lists[i]);
     }
@@ -648,43 +683,6 @@ static int read_util(const char *path, struct trace *tr, struct idx *x, char *er
     free(sorted);
     free(cur);
     return r < 0 || rc != 0 ? -1 : 0;
-}
-
-/* The value of rank k (0-based) of v[0..n), as v[k] after sorting it (v is reordered):
- * quickselect, handing over to a sort should it meet a bad run of pivots. */
-static int64_t select_i64(int64_t *v, size_t n, size_t k)
-{
-    size_t lo = 0, hi = n; /* the rank k lies in [lo, hi) */
-    for (int round = 0; hi - lo > 16; round++) {
-        if (round == 64) {
-            qsort(v + lo, hi - lo, sizeof(*v), cmp_i64);
-            return v[k];
-        }
-        int64_t a = v[lo], b = v[lo + (hi - lo) / 2], c = v[hi - 1];
-        int64_t pivot = a < b ? (b < c ? b : a < c ? c : a) : (a < c ? a : b < c ? c : b);
-        /* three ways: [lo, lt) below the pivot, [lt, gt) equal, [gt, hi) above */
-        size_t lt = lo, i = lo, gt = hi;
-        while (i < gt) {
-            int64_t x = v[i];
-            if (x < pivot) {
-                v[i++] = v[lt];
-                v[lt++] = x;
-            } else if (x > pivot) {
-                v[i] = v[--gt];
-                v[gt] = x;
-            } else {
-                i++;
-            }
-        }
-        if (k < lt)
-            hi = lt;
-        else if (k >= gt)
-            lo = gt;
-        else
-            return pivot;
-    }
-    qsort(v + lo, hi - lo, sizeof(*v), cmp_i64);
-    return v[k];
 }
 
 /* The engine's spec of each pod with samples (pods using no memory are skipped with a
