@@ -17,6 +17,14 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* This process's CPU time: on a shared machine the wall clock also counts the others. */
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 static uint64_t rng = 7;
 static uint64_t rnd(void)
 {
@@ -111,19 +119,20 @@ int main(int argc, char **argv)
     for (int i = 0; i < gpus; i++)
         pool[i] = 81920;
     struct sim_budget b = {.evict_budget_per_week = 5, .unmet_budget_milli = 10, .max_wait_s = 300};
-    double rates[50];
+    double rates[50], cpu_rates[50];
     struct sim_result r;
     char err[256];
     for (int k = 0; k < runs; k++) {
         struct sim_opts o = {
             .policy = POL_OVERSUB, .ratio_milli = 1300, .pool = pool, .n_pool = (size_t)gpus};
-        double t0 = now_s();
+        double t0 = now_s(), c0 = cpu_s();
         if (sim_run(&tr, &o, &b, &r, err, sizeof(err)) != 0) {
             fprintf(stderr, "bench_sim: %s\n", err);
             return 1;
         }
-        double dt = now_s() - t0;
+        double dt = now_s() - t0, dc = cpu_s() - c0;
         rates[k] = (double)r.samples / dt;
+        cpu_rates[k] = (double)r.samples / dc;
         if (k == runs - 1)
             printf("synthetic week: %zu services x %zu one-minute steps = %lld samples on %d "
                    "GPUs at 1.3x: %.2f s; mean used %.1f%%, %llu degrades, %llu evictions, "
@@ -135,7 +144,9 @@ int main(int argc, char **argv)
         sim_result_free(&r);
     }
     qsort(rates, (size_t)runs, sizeof(rates[0]), cmp_d);
+    qsort(cpu_rates, (size_t)runs, sizeof(cpu_rates[0]), cmp_d);
     printf("samples/s median: %.0f\n", rates[runs / 2]);
+    printf("samples/s median on CPU time: %.0f\n", cpu_rates[runs / 2]);
     trace_free(&tr);
     if (genai != NULL) {
         struct genai_opts g;
