@@ -11,7 +11,7 @@
 # Usage: bench/run-streams.sh [BUILD_DIR]   (make bench-streams)
 set -euo pipefail
 build=$(realpath "${1:-build}")
-runs=${RUNS:-3}
+runs=${RUNS:-5}
 dur=${DURATION:-6}
 conns=${CONNS:-1000}
 held=${HELD:-10000}
