@@ -33,12 +33,20 @@ start_d() {
     restart_d "$pool" "$ratio"
 }
 restart_d() {
+    # out and err are appended to: this daemon's port is on a "listening on" line after the last
+    # one's (the socket can answer before the line is written)
+    local seen
+    seen=$(grep -c "listening on http" "$D/out" 2>/dev/null)
     "$bin" --config "$D/c.yaml" --listen 127.0.0.1:0 --gateway 127.0.0.1:0 --socket "$D/s.sock" \
         --state "$D/st/db" --gpus "sim:$1" --ratio "$2" --tick-ms 100 >>"$D/out" 2>>"$D/err" &
     DPID=$!
     pids+=($DPID)
     S=$D/s.sock
-    for _ in $(seq 1 1200); do [ -S "$S" ] && curl -s --unix-socket "$S" http://x/healthz >/dev/null && break; sleep 0.05; done
+    for _ in $(seq 1 1200); do
+        [ -S "$S" ] && curl -s --unix-socket "$S" http://x/healthz >/dev/null &&
+            [ "$(grep -c "listening on http" "$D/out" 2>/dev/null)" -gt "${seen:-0}" ] && break
+        sleep 0.05
+    done
     PORT=$(grep -o "listening on http://127.0.0.1:[0-9]*" "$D/out" | tail -1 | sed 's/.*://')
     GWP=$(grep -o "gateway on http://127.0.0.1:[0-9]*" "$D/out" | tail -1 | sed 's/.*://')
 }

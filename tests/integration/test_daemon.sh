@@ -37,6 +37,7 @@ start() { # dir, extra args... ; sets PORT and PID
     local dir=$1
     shift
     mkdir -p "$dir"
+    rm -f "$dir/out" "$dir/err" # the last daemon's lines are not this one's
     (cd "$dir" && exec "$bin" --listen 127.0.0.1:0 --state "$dir/state.db" --socket "$dir/d.sock" \
         --gpus sim:8x81920 --ratio 1.5 --tick-ms 200 "$@" >"$dir/out" 2>"$dir/err") &
     PID=$!

@@ -12,6 +12,9 @@ export FAKE_NVML_FILE=$tmp/gpus
 printf 'poll_ms: 100\ntick_ms: 100\n' >"$tmp/conf.yaml"
 
 start() { # extra args...; sets PORT and PID
+    # the last daemon's lines are not this one's: the new files are made by the subshell, maybe
+    # after the loop below first looks (a loaded machine), so the old ones go first
+    rm -f "$tmp/out" "$tmp/err"
     ("$bin" --config "$tmp/conf.yaml" --listen 127.0.0.1:0 --state "$tmp/state.db" --socket "" \
         --ratio 1.5 "$@" >"$tmp/out" 2>"$tmp/err") &
     PID=$!

@@ -25,6 +25,8 @@ start_d() {
 }
 restart_d() {
     exec 7<"$0" # a descriptor oversubd inherits (it must not pass it on)
+    local seen # out is appended to: this daemon's line comes after the last one's
+    seen=$(grep -c "listening on http" "$D/out" 2>/dev/null)
     ${NOFILE:+prlimit --nofile=$NOFILE:$NOFILE} env SECRET_OF_OVERSUBD=leaked "$bin" ${NEWSTATE:-} --config "$D/c.yaml" --listen 127.0.0.1:0 --socket "$D/s.sock" \
         --state "$D/st/db" --gpus sim:1x81920 --ratio 1.0 --tick-ms 100 >>"$D/out" 2>>"$D/err" &
     DPID=$!
@@ -34,7 +36,7 @@ restart_d() {
     # take long: the cap is generous, and a daemon that never came up is said so)
     for _ in $(seq 1 1200); do
         [ -S "$S" ] && curl -s --unix-socket "$S" http://x/healthz >/dev/null &&
-            grep -q "listening on http://127.0.0.1:" "$D/out" && break
+            [ "$(grep -c "listening on http" "$D/out" 2>/dev/null)" -gt "${seen:-0}" ] && break
         kill -0 "$DPID" 2>/dev/null || break
         sleep 0.05
     done

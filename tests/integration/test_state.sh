@@ -12,6 +12,7 @@ start() { # dir, extra args... ; sets PORT and PID (env FAKE=1: under libfaketim
     local dir=$1
     shift
     mkdir -p "$dir"
+    rm -f "$dir/out" "$dir/err" # the last daemon's lines are not this one's
     (
         cd "$dir" || exit 1
         if [ "${FAKE:-0}" = 1 ]; then
