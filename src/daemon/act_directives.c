@@ -71,7 +71,7 @@ static void hook_send(struct hook *h)
                                 .body = h->body,
                                 .signature = sig,
                                 .timeout_s = HOOK_TIMEOUT_S};
-    if (osubd_httpc_send(h->d->base, &h->d->dns, &r, hook_done, h) != 0) {
+    if (osubd_httpc_send(h->d->base, &h->d->dns, &r, hook_done, h, NULL) != 0) {
         h->attempt = HOOK_ATTEMPTS - 1; /* it cannot be sent: no retries */
         hook_done(h, 0, "");
     }

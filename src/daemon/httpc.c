@@ -14,14 +14,25 @@
 #include <event2/event.h>
 #include <event2/http.h>
 
-struct call {
+struct osubd_httpc {
     osubd_httpc_fn fn;
     void *arg;
+    struct evhttp_connection *conn; /* ours: freed after the answer, or by a cancel */
+    struct evhttp_request *req;
+    struct event_base *base;
 };
+
+/* A connection is not freed from inside its own request's callback: after it returns. */
+static void conn_free(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    evhttp_connection_free(arg);
+}
 
 static void call_done(struct evhttp_request *req, void *arg)
 {
-    struct call *c = arg;
+    struct osubd_httpc *c = arg;
     int code = req != NULL ? evhttp_request_get_response_code(req) : 0;
     char body[OSUBD_HTTPC_BODY_MAX + 1];
     size_t n = 0;
@@ -33,13 +44,19 @@ static void call_done(struct evhttp_request *req, void *arg)
             n = 0;
     }
     body[n] = '\0';
+    struct timeval now = {0, 0};
+    if (event_base_once(c->base, -1, EV_TIMEOUT, conn_free, c->conn, &now) != 0)
+        evhttp_connection_free_on_completion(c->conn); /* no timer: libevent frees it after */
     c->fn(c->arg, code, body);
     free(c);
 }
 
 int osubd_httpc_send(struct event_base *base, struct evdns_base **dns,
-                     const struct osubd_httpc_req *r, osubd_httpc_fn fn, void *arg)
+                     const struct osubd_httpc_req *r, osubd_httpc_fn fn, void *arg,
+                     struct osubd_httpc **call)
 {
+    if (call != NULL)
+        *call = NULL;
     bool post = strcmp(r->method, "POST") == 0;
     if (!post && strcmp(r->method, "GET") != 0)
         return -1;
@@ -57,7 +74,7 @@ int osubd_httpc_send(struct event_base *base, struct evdns_base **dns,
     bool literal = inet_pton(AF_INET, host, &a4) == 1 || inet_pton(AF_INET6, host, &a6) == 1;
     if (!literal && *dns == NULL)
         *dns = evdns_base_new(base, EVDNS_BASE_INITIALIZE_NAMESERVERS);
-    struct call *c = calloc(1, sizeof(*c));
+    struct osubd_httpc *c = calloc(1, sizeof(*c));
     struct evhttp_connection *conn =
         c == NULL || (!literal && *dns == NULL)
             ? NULL
@@ -73,8 +90,10 @@ int osubd_httpc_send(struct event_base *base, struct evdns_base **dns,
     }
     c->fn = fn;
     c->arg = arg;
+    c->conn = conn;
+    c->req = req;
+    c->base = base;
     evhttp_connection_set_timeout(conn, r->timeout_s > 0 ? r->timeout_s : 1);
-    evhttp_connection_free_on_completion(conn);
     char hv[300];
     snprintf(hv, sizeof(hv), port > 0 ? "%s:%d" : "%s", host, port);
     struct evkeyvalq *hd = evhttp_request_get_output_headers(req);
@@ -98,5 +117,16 @@ int osubd_httpc_send(struct event_base *base, struct evdns_base **dns,
         free(c);
         return -1;
     }
+    if (call != NULL)
+        *call = c;
     return 0;
+}
+
+void osubd_httpc_cancel(struct osubd_httpc *c)
+{
+    if (c == NULL)
+        return;
+    evhttp_cancel_request(c->req); /* the request freed, its callback not run */
+    evhttp_connection_free(c->conn);
+    free(c);
 }

@@ -24,11 +24,17 @@ struct osubd_httpc_req {
     int timeout_s;         /* the whole exchange; at least 1 */
 };
 
+struct osubd_httpc;
+
 /* Sends r (its strings copied); fn is called exactly once, later, on the loop (never from
- * within this call). *dns is made when a host name first needs it (free it with
- * evdns_base_free after the last answer). 0, or -1 when nothing could be sent (out of memory,
- * a URL that does not parse): fn is then not called. */
+ * within this call), unless the call is cancelled. *dns is made when a host name first needs
+ * it (free it with evdns_base_free after the last answer). 0, with *call (when not NULL) the
+ * call's handle until fn runs; or -1 when nothing could be sent (out of memory, a URL that does
+ * not parse): fn is then not called. */
 int osubd_httpc_send(struct event_base *base, struct evdns_base **dns,
-                     const struct osubd_httpc_req *r, osubd_httpc_fn fn, void *arg);
+                     const struct osubd_httpc_req *r, osubd_httpc_fn fn, void *arg,
+                     struct osubd_httpc **call);
+/* Drops a call under way (its connection closed): fn is never called. */
+void osubd_httpc_cancel(struct osubd_httpc *call);
 
 #endif

@@ -14,6 +14,7 @@
 
 struct event;
 struct evdns_base;
+struct osubd_httpc;
 struct osubd__sus_cuda;
 
 struct sus_job {
@@ -28,6 +29,7 @@ struct sus_job {
     /* HTTP: the step under way, a request in flight */
     int step;
     bool inflight;
+    struct osubd_httpc *call; /* while inflight */
     /* cuda: the worker and what it found */
     pid_t pids[OSUBD_SUS_PIDS_MAX];
     int npids;

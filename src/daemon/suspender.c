@@ -203,6 +203,7 @@ static void http_answer(void *arg, int code, const char *body)
 {
     struct sus_job *j = arg;
     j->inflight = false;
+    j->call = NULL;
     if (j->reported) { /* timed out meanwhile */
         osubd__sus_finish(j, false, NULL);
         return;
@@ -239,7 +240,7 @@ static void http_next(struct sus_job *j)
     int64_t left = j->deadline_ms - osubd__sus_now_ms();
     struct osubd_httpc_req r = {
         .method = st.method, .url = url, .body = st.body, .timeout_s = (int)(left / 1000) + 1};
-    if (osubd_httpc_send(j->s->base, &j->s->dns, &r, http_answer, j) != 0) {
+    if (osubd_httpc_send(j->s->base, &j->s->dns, &r, http_answer, j, &j->call) != 0) {
         /* reported from the loop, as an answer would be (never from within osubd_sus_start) */
         snprintf(j->why, sizeof(j->why), "%s %.300s: cannot be sent", st.method, url);
         struct timeval now = {0, 0};
@@ -277,6 +278,10 @@ void osubd__sus_finish(struct sus_job *j, bool ok, const char *why)
         job_free(j);
 }
 
+/* Jobs whose worker was left in a driver call that does not return, with what it uses: kept
+ * here, never freed (the worker may wake at any time and write its answer). */
+static struct sus_job *hung_jobs;
+
 static void on_deadline(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -285,6 +290,11 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
     char why[300];
     snprintf(why, sizeof(why), "%s did not finish within its time (%s)",
              j->resume ? "the resume" : "the suspend", osubd_sus_method_name(j->spec.method));
+    if (j->inflight) { /* the request under way is given up: its answer would come too late */
+        osubd_httpc_cancel(j->call);
+        j->call = NULL;
+        j->inflight = false;
+    }
     osubd__sus_finish(j, false, j->spec.method != OSUBD_SUS_CUDA && j->why[0] ? j->why : why);
 }
 
@@ -341,6 +351,8 @@ void osubd_sus_free(struct osubd_sus *s)
             if (j->timer != NULL)
                 event_free(j->timer);
             j->timer = NULL;
+            j->next = hung_jobs;
+            hung_jobs = j;
             continue;
         }
         if (j->has_thread)
@@ -348,7 +360,8 @@ void osubd_sus_free(struct osubd_sus *s)
         j->next = NULL;
         if (j->timer != NULL)
             event_free(j->timer);
-        free(j); /* an HTTP request under way is dropped with its connection's base */
+        osubd_httpc_cancel(j->call); /* a request under way: dropped, never answered */
+        free(j);
     }
     if (s->wake_ev != NULL)
         event_free(s->wake_ev);
