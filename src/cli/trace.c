@@ -677,8 +677,7 @@ static int read_util(const char *path, struct trace *tr, struct idx *x, char *er
         if (sm != NULL)
             sm->compute_pct = (int16_t)(pct > 100 ? 100 : pct);
     }
-    if (rc == 0)
-        csv_close(&c);
+    csv_close(&c); /* closed already when csv_open failed */
     free(q.next);
     free(sorted);
     free(cur);

@@ -701,6 +701,11 @@ static void test_csv_reader_edges(void **state)
     assert_int_equal(tr.svcs[0].spec.restart_cost_ms, 1000);
     assert_int_equal(tr.svcs[1].spec.restart_cost_ms, 5000); /* median of 3000 and 5000 */
     trace_free(&tr);
+    /* a bad number in the utilisation file: its line named, the file closed (regression: the
+     * sanitizer build found its buffer leaked on this path) */
+    write_file("csvg/genai_pod_gpu_util.csv", "timestamp_s,pod,gpu_util_pct\n60,a,20\n60,b,x\n");
+    assert_int_equal(import_csvg(&tr, err), -1);
+    assert_non_null(strstr(err, "genai_pod_gpu_util.csv: line 3: expected"));
     free(big);
 }
 
