@@ -49,18 +49,20 @@ if(OSUB_CLANG)
   # function of its rules) and the leaves it checks against: the destinations (netpolicy.c, with
   # sha256.c for its signatures) and Kubernetes names (src/k8s/pod.c)
   set(OSUB_FUZZ_EXEC_SRC src/daemon/act_take.c src/daemon/netpolicy.c src/daemon/sha256.c
-                         src/k8s/pod.c)
+                         src/k8s/pod.c src/daemon/suspender.c src/daemon/sus_cuda.c
+                         src/daemon/httpc.c)
   list(TRANSFORM OSUB_FUZZ_EXEC_SRC PREPEND ${CMAKE_SOURCE_DIR}/)
   add_custom_command(
     OUTPUT ${CMAKE_CURRENT_BINARY_DIR}/fuzz_exec
     COMMAND ${OSUB_CLANG} -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
             -I${CMAKE_SOURCE_DIR}/src/daemon -I${CMAKE_SOURCE_DIR}/include
             -I${CMAKE_SOURCE_DIR}/src/k8s -I${CMAKE_SOURCE_DIR}/src/shim ${OSUB_FUZZ_EXEC_SRC}
-            ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/fuzz_exec.c -ljansson -levent
+            ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/fuzz_exec.c -ljansson -levent -lpthread -ldl
             -o ${CMAKE_CURRENT_BINARY_DIR}/fuzz_exec
     DEPENDS ${OSUB_FUZZ_EXEC_SRC} ${CMAKE_SOURCE_DIR}/src/daemon/act.h
             ${CMAKE_SOURCE_DIR}/src/daemon/actuator.h ${CMAKE_SOURCE_DIR}/src/daemon/netpolicy.h
-            ${CMAKE_SOURCE_DIR}/src/k8s/pod.h ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/fuzz_exec.c
+            ${CMAKE_SOURCE_DIR}/src/k8s/pod.h ${CMAKE_SOURCE_DIR}/src/daemon/suspender.h
+            ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/fuzz_exec.c
     COMMENT "libFuzzer target fuzz_exec (clang)")
   add_custom_target(fuzz_exec_bin ALL DEPENDS ${CMAKE_CURRENT_BINARY_DIR}/fuzz_exec)
   add_test(NAME fuzz_exec COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/run_fuzz.sh exec

@@ -59,6 +59,47 @@ static int get_tri(const json_t *v, const char *key, osub_tri_t *out, char *err,
     return 0;
 }
 
+/* The spec's "suspend" object, as far as the engine knows it: the method and the residual
+ * expected once suspended; the mechanism's url and paths are type-checked here and kept by the
+ * daemon (its suspender checks them against where it may connect). */
+static int get_suspend(const json_t *v, osub_suspend_spec_t *out, char *err, size_t len)
+{
+    static const char *const methods[] = {"cuda", "vllm", "sglang", "http"};
+    if (!json_is_object(v))
+        return fail(err, len,
+                    "field 'suspend' must be an object: {\"method\": \"cuda\"}, "
+                    "{\"method\": \"vllm\", \"url\": U}, ...");
+    const char *m = json_string_value(json_object_get(v, "method"));
+    out->method = OSUB_SUSPEND_NONE;
+    for (int i = 0; m != NULL && i < 4; i++)
+        if (strcmp(m, methods[i]) == 0)
+            out->method = (osub_suspend_method_t)(OSUB_SUSPEND_CUDA + i);
+    if (out->method == OSUB_SUSPEND_NONE)
+        return fail(err, len, "field 'suspend.method' must be cuda, vllm, sglang or http");
+    const char *key;
+    json_t *x;
+    json_object_foreach((json_t *)v, key, x)
+    {
+        if (strcmp(key, "method") == 0)
+            continue;
+        if (strcmp(key, "url") == 0 || strcmp(key, "suspend") == 0 || strcmp(key, "resume") == 0) {
+            if (!json_is_string(x))
+                return fail(err, len, "field 'suspend.%s' must be a string", key);
+        } else if (strcmp(key, "residual_mib") == 0 || strcmp(key, "residual") == 0) {
+            int64_t r;
+            if (get_size(x, "suspend.residual", &r, err, len) != 0)
+                return -1;
+            out->residual_mib = r;
+        } else {
+            return fail(err, len,
+                        "field 'suspend.%.40s' is unknown (method, url, suspend, resume, "
+                        "residual)",
+                        key);
+        }
+    }
+    return 0;
+}
+
 int osub_spec_from_json(const json_t *obj, osub_spec_t *spec, char *err, size_t errlen)
 {
     if (!json_is_object(obj))
@@ -137,6 +178,13 @@ int osub_spec_from_json(const json_t *obj, osub_spec_t *spec, char *err, size_t 
             if (get_int(v, key, 0, 86400000, &x, err, errlen) != 0)
                 return -1;
             spec->grace_ms = x;
+        } else if (strcmp(key, "suspend") == 0) {
+            if (get_suspend(v, &spec->suspend, err, errlen) != 0)
+                return -1;
+        } else if (strcmp(key, "resume_cost_ms") == 0) {
+            if (get_int(v, key, 0, 86400000, &x, err, errlen) != 0)
+                return -1;
+            spec->resume_cost_ms = x;
         } else {
             fail(err, errlen, "unknown field '%s'", key);
             return OSUB_SPEC_UNKNOWN_FIELD;
@@ -159,6 +207,14 @@ json_t *osub_spec_to_json(const osub_spec_t *s)
                           "on_evict", s->on_evict == OSUB_ON_EVICT_REQUEUE ? "requeue" : "release",
                           "restart_cost_ms", (json_int_t)s->restart_cost_ms, "queue",
                           s->queue == OSUB_TRI_YES, "grace_ms", (json_int_t)s->grace_ms);
+    if (o != NULL && s->suspend.method != OSUB_SUSPEND_NONE) {
+        static const char *const methods[] = {"none", "cuda", "vllm", "sglang", "http"};
+        json_object_set_new(o, "suspend",
+                            json_pack("{s:s, s:I}", "method", methods[s->suspend.method],
+                                      "residual_mib", (json_int_t)s->suspend.residual_mib));
+        if (s->resume_cost_ms >= 0)
+            json_object_set_new(o, "resume_cost_ms", json_integer(s->resume_cost_ms));
+    }
     return o;
 }
 

@@ -78,8 +78,11 @@ struct osub_proc {
 };
 
 /* The actuators' own state: nobody else reads or writes it (actuator.h is the way in). */
+struct osubd_sus;
+
 struct osubd_act {
     struct osubd_core *core;
+    struct osubd_sus *sus; /* the suspend mechanisms (borrowed; NULL: none) */
     const struct osubd_config *cfg;
     struct event_base *base;
     osub_engine_t *e;
@@ -167,6 +170,11 @@ int osubd__act_child_dir(const char *path);
 void osubd__act_save_proc(struct osubd_act *d, struct osub_proc *p);
 
 void osubd__act_apply(struct osubd_act *d, json_t *cmd);
+/* act_suspend.c: a suspend (resume false) or wake run by the service's mechanism; the ones under
+ * way when oversubd stopped, again; why cuda cannot be used (NULL: it can) */
+void osubd__act_suspend_start(struct osubd_act *d, const char *id, bool resume, int64_t timeout_ms);
+void osubd__act_suspend_restart(struct osubd_act *d);
+const char *osubd__act_cuda_unusable(const struct osubd_act *d, char *why, size_t whylen);
 
 void osubd__act_apply_fail(struct osubd_act *d, struct osub_proc *p, const char *why);
 

@@ -2,6 +2,7 @@
  * control_url, kubernetes) taken and checked */
 #define _GNU_SOURCE
 #include "act.h"
+#include "suspender.h"
 
 static bool is_http_url(const char *s)
 {
@@ -185,6 +186,17 @@ int osubd_exec_take(const struct osubd_take_rules *d, json_t *spec, bool trusted
             FAIL("field 'max_restarts' must be an integer from 0 to 100");
         json_object_set(x, "max_restarts", v);
     }
+    if ((v = json_object_get(spec, "suspend")) != NULL) {
+        /* the mechanism's own fields, checked here (where it may connect); the spec keeps the
+         * field for the engine (the method and the residual) */
+        struct osubd_sus_spec sp;
+        char why[500];
+        if (osubd_sus_parse(v, d->dest, &sp, why, sizeof(why)) != 0)
+            FAIL("%s", why);
+        if (sp.method == OSUBD_SUS_CUDA && d->cuda_unusable != NULL)
+            FAIL("field 'suspend': %s", d->cuda_unusable);
+        json_object_set_new(x, "suspend", osubd_sus_spec_json(&sp));
+    }
     if ((v = json_object_get(spec, "kubernetes")) != NULL) {
         char why[300];
         json_t *k = kube_record(v, why, sizeof(why));
@@ -210,7 +222,8 @@ int osubd_exec_take(const struct osubd_take_rules *d, json_t *spec, bool trusted
     if (runs && json_object_get(x, "kubernetes") != NULL)
         FAIL("a pod ('kubernetes') is run by its kubelet, not by oversubd: drop 'command'");
     if (!runs && json_object_size(x) > (json_object_get(x, "control_url") ? 1u : 0u) +
-                                           (json_object_get(x, "kubernetes") ? 1u : 0u))
+                                           (json_object_get(x, "kubernetes") ? 1u : 0u) +
+                                           (json_object_get(x, "suspend") ? 1u : 0u))
         FAIL("fields env, workdir, user, checkpoint_dir, restart, max_restarts and cuda_shim need "
              "'command'");
     if (runs && !trusted) {

@@ -385,6 +385,17 @@ static void on_act(evutil_socket_t fd, short what, void *arg)
             if (!managed)
                 osubd__act_post_directive(d, &ev, "resume");
             break;
+        case OSUB_EV_SUSPEND:
+            osubd__act_suspend_start(d, ev.service, false,
+                                     ev.deadline_ms - osubd_engine_now(d->core));
+            break;
+        case OSUB_EV_WAKE: {
+            osub_service_info_t si;
+            int64_t cost =
+                osub_engine_service_info(d->e, ev.service, &si) == 0 ? si.resume_cost_ms : 0;
+            osubd__act_suspend_start(d, ev.service, true, cost + 30000);
+            break;
+        }
         default:
             break;
         }
@@ -404,7 +415,7 @@ void osubd_act_events(struct osubd_act *d, const osub_event_t *ev, size_t n)
         osub_event_kind_t k = ev[i].kind;
         if (k != OSUB_EV_DEGRADE && k != OSUB_EV_RESTORE && k != OSUB_EV_EVICT &&
             k != OSUB_EV_RESUME && k != OSUB_EV_START && k != OSUB_EV_RELEASE &&
-            k != OSUB_EV_REQUEUE && k != OSUB_EV_FAIL)
+            k != OSUB_EV_REQUEUE && k != OSUB_EV_FAIL && k != OSUB_EV_SUSPEND && k != OSUB_EV_WAKE)
             continue;
         if (d->act_n == d->act_cap) {
             size_t cap = d->act_cap ? d->act_cap * 2 : 16;
@@ -1051,6 +1062,7 @@ int osubd_act_start(struct osubd_act *d, char *err, size_t errlen)
         }
     }
     json_decref(saved);
+    osubd__act_suspend_restart(d); /* suspends and wakes under way when we stopped */
     osubd__act_reconcile(d);
     return 0;
 }

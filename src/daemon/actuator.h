@@ -42,6 +42,7 @@ struct osubd_take_rules {
     const char *kube_node;
     bool allow_root_services;
     const struct osubd_destinations *dest;
+    const char *cuda_unusable; /* why suspend method cuda cannot be used here; NULL: it can */
 };
 int osubd_exec_take(const struct osubd_take_rules *r, json_t *spec, bool trusted, json_t **exec,
                     char *err, size_t errlen);
@@ -49,6 +50,12 @@ int osubd_exec_take(const struct osubd_take_rules *r, json_t *spec, bool trusted
 #define OSUBD_DP_RESOURCE "oversub.io/vram-mib"
 int osubd_act_take(const struct osubd_act *a, json_t *spec, bool trusted, int64_t pod_cut_mib,
                    json_t **exec, char *err, size_t errlen);
+
+/* The suspend mechanisms the actuators run on SUSPEND and WAKE events (borrowed; set before
+ * osubd_act_start), and the suspender's report back (its done callback, arg: the actuators). */
+struct osubd_sus;
+void osubd_act_set_suspender(struct osubd_act *a, struct osubd_sus *s);
+void osubd_act_sus_done(void *arg, const char *id, bool resume, bool ok, const char *why);
 
 /* The actuators' settings that can be checked before anything is touched (cuda_shim a
  * readable file, an absolute cgroup inside a cgroup v2 hierarchy): 0, or -1 with a sentence. */

@@ -281,7 +281,7 @@ void osubd__api_h_metrics(struct osubd_api *d, struct evhttp_request *req, const
     evbuffer_add_printf(b, "# HELP oversub_services Services by class and state.\n"
                            "# TYPE oversub_services gauge\n");
     /* one pass over the services (a scrape of 10,000 stays cheap) */
-    enum { MAXC = 16, NST = (int)OSUB_STATE_RELEASED + 1 };
+    enum { MAXC = 16, NST = (int)OSUB_STATE__COUNT };
     int counts[MAXC][NST];
     memset(counts, 0, sizeof(counts));
     for (size_t i = 0; i < osub_engine_service_count(d->e); i++) {

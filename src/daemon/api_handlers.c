@@ -323,6 +323,8 @@ static void h_service_cmd(struct osubd_api *d, const struct osubd_caller *who,
                                  : strcmp(op, "resize") == 0  ? f_resize
                                  : strcmp(op, "ready") == 0   ? f_ready
                                  : strcmp(op, "release") == 0 ? f_none
+                                 : strcmp(op, "suspend") == 0 ? f_none
+                                 : strcmp(op, "resume") == 0  ? f_none
                                                               : f_ck;
     if (!osubd__api_only_fields(d, req, j, allowed)) {
         json_decref(j);
@@ -570,7 +572,8 @@ void osubd__api_h_services(struct osubd_api *d, const struct osubd_caller *who,
     else if (strcmp(action, "usage") == 0 && m == EVHTTP_REQ_PUT)
         h_service_cmd(d, who, req, id, "usage");
     else if ((strcmp(action, "ready") == 0 || strcmp(action, "ack") == 0 ||
-              strcmp(action, "exited") == 0) &&
+              strcmp(action, "exited") == 0 || strcmp(action, "suspend") == 0 ||
+              strcmp(action, "resume") == 0) &&
              m == EVHTTP_REQ_POST)
         h_service_cmd(d, who, req, id, action);
     else

@@ -84,6 +84,21 @@ int osubd__cmd_apply(osub_engine_t *e, const json_t *cmd, int64_t now_ms, osub_s
         return osub_engine_exited(e, id, str_of(cmd, "checkpoint"), now_ms);
     if (strcmp(op, "fail") == 0)
         return osub_engine_fail(e, id, str_of(cmd, "why"), now_ms);
+    /* suspend: an operator's (or the gateway's idle) suspend and resume, the mechanisms' reports */
+    if (strcmp(op, "suspend") == 0)
+        return osub_engine_suspend(
+            e, id, json_is_true(json_object_get(cmd, "idle")) ? OSUB_SUSPEND_IDLE : 0, now_ms);
+    if (strcmp(op, "resume") == 0)
+        return osub_engine_resume(e, id, now_ms);
+    if (strcmp(op, "suspended") == 0) {
+        if (!int_of(cmd, "residual_mib", &x) || x < 0)
+            return bad(err, errlen, "\"residual_mib\" must be an integer >= 0", op);
+        return osub_engine_suspended(e, id, x, now_ms);
+    }
+    if (strcmp(op, "resumed") == 0)
+        return osub_engine_resumed(e, id, now_ms);
+    if (strcmp(op, "suspend_failed") == 0)
+        return osub_engine_suspend_failed(e, id, str_of(cmd, "why"), now_ms);
     if (strcmp(op, "resize") == 0) {
         x = y = z = 0;
         if ((json_object_get(cmd, "vram_mib") && !int_of(cmd, "vram_mib", &x)) ||

@@ -31,6 +31,7 @@ void osubd_config_default(struct osubd_config *c)
     c->api_conns_per_client = 64;
     c->api_conns_max = 1024;
     osub_pool_config_default(&c->engine);
+    c->suspend_host_auto = true;
 }
 
 int64_t osubd_unix_ms(void)

@@ -25,10 +25,13 @@ struct osubd_config {
     int64_t tick_ms;
     int64_t snapshot_every; /* commands between snapshots */
     int64_t events_keep;
-    int64_t events_days; /* 0: no age limit */
-    char nvml_lib[512];  /* "" = libnvidia-ml.so.1 or $OSUB_NVML_LIB */
-    char cuda_shim[512]; /* liboversub-cuda.so: "" = next to oversubd, "none" = never preload */
-    char cgroup[512];    /* "" or "auto": a cgroup v2 folder per service; "none"; or a folder */
+    int64_t events_days;    /* 0: no age limit */
+    char nvml_lib[512];     /* "" = libnvidia-ml.so.1 or $OSUB_NVML_LIB */
+    char cuda_shim[512];    /* liboversub-cuda.so: "" = next to oversubd, "none" = never preload */
+    char cuda_lib[512];     /* the CUDA driver the cuda suspend method loads: "" = libcuda.so.1 */
+    bool suspend_host_auto; /* suspend_host_mib not given: half the host's memory under NVML,
+                               0 (suspend off) on a simulated pool (a new state's setting) */
+    char cgroup[512];       /* "" or "auto": a cgroup v2 folder per service; "none"; or a folder */
     char allowed_destinations[1024]; /* where webhooks and the gateway may connect: CIDRs, names */
     char api_hostnames[512]; /* names the API may be reached by (Host), besides its addresses */
     int64_t poll_ms;

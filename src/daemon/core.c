@@ -521,6 +521,12 @@ static int new_state(struct osubd_core *c, const struct osubd_pool *pool, char *
     cfg.ratio_milli = c->cfg->ratio_milli;
     if (pool->nvml)
         cfg.margin_mib = 1024; /* DESIGN.md: the driver's own memory under NVML */
+    if (c->cfg->suspend_host_auto) {
+        /* DESIGN.md: under NVML half of the host's memory; a simulated pool: suspend off */
+        long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+        cfg.suspend_host_mib =
+            pool->nvml && pages > 0 && size > 0 ? (int64_t)pages / 2 * size / (1 << 20) : 0;
+    }
     if (osubd__store_meta_set(c->store, "engine_config", osubd_state_engine_text(&cfg)) != 0) {
         snprintf(err, errlen, "%s: %s", path, osubd__store_error(c->store));
         return -1;

@@ -20,6 +20,7 @@
 #include "netpolicy.h"
 #include "oversub/units.h"
 #include "spec_json.h"
+#include "suspender.h"
 
 #ifndef OSUB_VERSION
 #define OSUB_VERSION "0.1.0"
@@ -144,7 +145,7 @@ struct engine_key {
 
 static const struct engine_key *engine_key(const char *name, struct osubd_config *c)
 {
-    static struct engine_key keys[16];
+    static struct engine_key keys[24];
     const struct engine_key all[] = {
         {"ack_timeout_ms", &c->engine.ack_timeout_ms, NULL, 100, 3600000},
         {"grace_ms", &c->engine.grace_ms, NULL, 0, 86400000},
@@ -153,6 +154,9 @@ static const struct engine_key *engine_key(const char *name, struct osubd_config
         {"restart_cost_ms", &c->engine.restart_cost_ms, NULL, 0, 86400000},
         {"prediction_trust_ms", &c->engine.prediction_trust_ms, NULL, 1, 30LL * 86400000},
         {"floor_start_after_ms", &c->engine.floor_start_after_ms, NULL, -1, 30LL * 86400000},
+        {"suspend_mib_per_s", &c->engine.suspend_mib_per_s, NULL, 1, 1LL << 30},
+        {"suspend_timeout_ms", &c->engine.suspend_timeout_ms, NULL, 100, 3600000},
+        {"suspend_min_runtime_ms", &c->engine.suspend_min_runtime_ms, NULL, 0, 86400000},
         {"high_watermark_pct", NULL, &c->engine.high_watermark_pct, 1, 100},
         {"low_watermark_pct", NULL, &c->engine.low_watermark_pct, 1, 100},
         {"service_log_max", &c->service_log_max, NULL, 4096, 1LL << 40},
@@ -206,6 +210,17 @@ static int config_number(struct osubd_config *c, const char *key, const char *sv
             *k->i64 = t;
         } else {
             *k->i32 = (int32_t)t;
+        }
+    } else if (strcmp(key, "suspend_host_mib") == 0) {
+        int64_t mib;
+        if (osub_parse_size_mib(sv, 0, &mib) != 0 || mib > (INT64_C(1) << 40)) {
+            osubd_log(OSUBD_LOG_ERROR,
+                      "%s: key 'suspend_host_mib' must be a size (MiB, or 64GiB; 0: suspend off)",
+                      where);
+            rc = -1;
+        } else {
+            c->engine.suspend_host_mib = mib;
+            c->suspend_host_auto = false;
         }
     } else if (strcmp(key, "shutdown_grace_ms") == 0) {
         char *end;
@@ -334,6 +349,8 @@ static int config_text(struct osubd_config *c, const char *key, const char *sv, 
         snprintf(c->kube_ca_file, sizeof(c->kube_ca_file), "%.511s", sv);
     } else if (strcmp(key, "cuda_shim") == 0) {
         snprintf(c->cuda_shim, sizeof(c->cuda_shim), "%.511s", sv);
+    } else if (strcmp(key, "cuda_lib") == 0) {
+        snprintf(c->cuda_lib, sizeof(c->cuda_lib), "%.511s", sv);
     } else if (strcmp(key, "nvml_lib") == 0) {
         snprintf(c->nvml_lib, sizeof(c->nvml_lib), "%.511s", sv);
     } else if (strcmp(key, "token_file") == 0) {
@@ -428,6 +445,7 @@ struct daemon {
     struct osubd_gateway *gw;
     struct osubd_api *api;
     struct osubd_dp *dp;
+    struct osubd_sus *sus; /* the suspend mechanisms, run by the actuators */
     struct event *sigint_ev, *sigterm_ev, *sighup_ev;
     struct event *drain_ev; /* while stopping gracefully: checks the gateway has drained */
     int64_t drain_until_ms; /* engine time the grace ends */
@@ -533,6 +551,12 @@ static int daemon_modules(struct daemon *d, char *err, size_t errlen)
         snprintf(err, errlen, "%.100s: %.300s", d->cfg.state_path, e2);
         return -1;
     }
+    d->sus = osubd_sus_new(osubd_core_base(d->core), d->cfg.cuda_lib, osubd_act_sus_done, d->act);
+    if (d->sus == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    osubd_act_set_suspender(d->act, d->sus);
     struct osubd_module mods[3] = {osubd_routes_module(d->routes), osubd_act_module(d->act)};
     size_t n = 2;
     if (d->cfg.device_plugin[0] != '\0') {
@@ -631,6 +655,7 @@ static void daemon_stop(struct daemon *d)
         osubd_core_stop(d->core); /* what was handed over is durable, its replies sent */
     osubd_gateway_free(d->gw);
     osubd_act_free(d->act);
+    osubd_sus_free(d->sus); /* after the actuators: nothing is started any more */
     osubd_pods_free(d->pods);
     osubd_destinations_free(d->dest);
     osubd_routes_free(d->routes);

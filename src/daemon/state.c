@@ -222,13 +222,16 @@ void osubd_marker_write(int fd, const char *id, int64_t seq)
 const char *osubd_state_engine_text(const osub_pool_config_t *c)
 {
     static char t[400];
-    snprintf(t, sizeof(t), "%d %d %lld %d %d %lld %lld %lld %lld %lld %lld %lld %lld %lld",
+    snprintf(t, sizeof(t),
+             "%d %d %lld %d %d %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld",
              c->ratio_milli, c->compute_ratio_milli, (long long)c->margin_mib,
              c->high_watermark_pct, c->low_watermark_pct, (long long)c->hysteresis_ms,
              (long long)c->ack_timeout_ms, (long long)c->grace_ms, (long long)c->min_runtime_ms,
              (long long)c->history_window_ms, (long long)c->restart_cost_ms,
              (long long)c->queue_aging_ms, (long long)c->prediction_trust_ms,
-             (long long)c->floor_start_after_ms);
+             (long long)c->floor_start_after_ms, (long long)c->suspend_host_mib,
+             (long long)c->suspend_mib_per_s, (long long)c->suspend_timeout_ms,
+             (long long)c->suspend_min_runtime_ms);
     return t;
 }
 
@@ -240,14 +243,16 @@ int osubd_state_engine_config(osubd__store_t *st, const char *state_path, int32_
     char *t = NULL;
     if (osubd_state_meta(st, state_path, "engine_config", &t, err, errlen) != 0)
         return -1;
-    long long v[14];
-    int nv =
-        t == NULL
-            ? 0
-            : sscanf(t, "%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld",
-                     &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10],
-                     &v[11], &v[12], &v[13]);
-    if (nv == 12 || nv == 14) { /* 12: a state made before the predictor (its defaults) */
+    long long v[18];
+    int nv = t == NULL
+                 ? 0
+                 : sscanf(t,
+                          "%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld "
+                          "%lld %lld %lld %lld %lld",
+                          &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9],
+                          &v[10], &v[11], &v[12], &v[13], &v[14], &v[15], &v[16], &v[17]);
+    /* 12: a state made before the predictor, 14: before suspend (their defaults: suspend off) */
+    if (nv == 12 || nv == 14 || nv == 18) {
         c->ratio_milli = (int32_t)v[0];
         c->compute_ratio_milli = (int32_t)v[1];
         c->margin_mib = v[2];
@@ -260,9 +265,15 @@ int osubd_state_engine_config(osubd__store_t *st, const char *state_path, int32_
         c->history_window_ms = v[9];
         c->restart_cost_ms = v[10];
         c->queue_aging_ms = v[11];
-        if (nv == 14) {
+        if (nv >= 14) {
             c->prediction_trust_ms = v[12];
             c->floor_start_after_ms = v[13];
+        }
+        if (nv == 18) {
+            c->suspend_host_mib = v[14];
+            c->suspend_mib_per_s = v[15];
+            c->suspend_timeout_ms = v[16];
+            c->suspend_min_runtime_ms = v[17];
         }
     } else if (t != NULL) {
         snprintf(err, errlen,

@@ -81,7 +81,8 @@ int osubd_sus_parse(const json_t *v, const struct osubd_destinations *dest,
     const json_t *x;
     json_object_foreach((json_t *)v, k, x)
     {
-        bool known = strcmp(k, "method") == 0 ||
+        bool known = strcmp(k, "method") == 0 || strcmp(k, "residual") == 0 ||
+                     strcmp(k, "residual_mib") == 0 || /* the engine's (spec_json.c) */
                      (out->method != OSUBD_SUS_CUDA && strcmp(k, "url") == 0) ||
                      (out->method == OSUBD_SUS_HTTP &&
                       (strcmp(k, "suspend") == 0 || strcmp(k, "resume") == 0));

@@ -19,6 +19,7 @@
 #include "actuator.h"
 #include "netpolicy.h"
 #include "pod.h"
+#include "suspender.h"
 
 static void check(bool ok)
 {
@@ -41,6 +42,8 @@ static bool is_field(const char *k)
 
 static bool any_field(const json_t *spec)
 {
+    if (json_object_get(spec, "suspend") != NULL)
+        return true;
     for (size_t i = 0; i < N_FIELDS; i++)
         if (json_object_get(spec, fields[i]) != NULL)
             return true;
@@ -117,6 +120,18 @@ static void check_kube(const json_t *k, const struct osubd_take_rules *r)
     }
 }
 
+/* The exec's suspend: the mechanism's spec as the suspender reads what was given (normalized:
+ * the URL without its trailing slashes), where the rules allow; the spec keeps its own. */
+static void check_suspend(const json_t *v, const json_t *given, const struct osubd_take_rules *r)
+{
+    struct osubd_sus_spec a, b;
+    char why[500];
+    check(osubd_sus_parse(given, r->dest, &a, why, sizeof(why)) == 0);
+    check(osubd_sus_parse(v, NULL, &b, why, sizeof(why)) == 0);
+    check(memcmp(&a, &b, sizeof(a)) == 0);
+    check(a.method != OSUBD_SUS_CUDA || r->cuda_unusable == NULL);
+}
+
 /* An exec osubd_exec_take returned for spec (the spec as given: orig). */
 static void check_exec(const json_t *x, const json_t *orig, const struct osubd_take_rules *r,
                        bool trusted)
@@ -126,6 +141,10 @@ static void check_exec(const json_t *x, const json_t *orig, const struct osubd_t
     json_t *v;
     json_object_foreach((json_t *)x, k, v)
     {
+        if (strcmp(k, "suspend") == 0) {
+            check_suspend(v, json_object_get(orig, k), r);
+            continue;
+        }
         check(is_field(k));
         check(json_equal(v, json_object_get(orig, k))); /* as given */
     }
@@ -147,7 +166,8 @@ static void check_exec(const json_t *x, const json_t *orig, const struct osubd_t
         /* without a program: only where to send directives and the pod record */
         json_object_foreach((json_t *)x, k, v)
         {
-            check(strcmp(k, "control_url") == 0 || strcmp(k, "kubernetes") == 0);
+            check(strcmp(k, "control_url") == 0 || strcmp(k, "kubernetes") == 0 ||
+                  strcmp(k, "suspend") == 0);
         }
     }
     const json_t *env = json_object_get(x, "env");
@@ -252,6 +272,10 @@ static void take_all(const json_t *spec, const struct osubd_destinations *dest)
         {.kube_node = "", .allow_root_services = true, .dest = NULL},
         {.kube_node = "node-a", .allow_root_services = false, .dest = dest},
         {.kube_node = "gpu-1.example", .allow_root_services = true, .dest = dest},
+        {.kube_node = "",
+         .allow_root_services = true,
+         .dest = dest,
+         .cuda_unusable = "method cuda cannot be used here: no CUDA driver"},
     };
     for (size_t i = 0; i < sizeof(rules) / sizeof(rules[0]); i++) {
         take(spec, &rules[i], false);
