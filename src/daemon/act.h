@@ -179,6 +179,8 @@ const char *osubd__act_cuda_unusable(const struct osubd_act *d, char *why, size_
 void osubd__act_apply_fail(struct osubd_act *d, struct osub_proc *p, const char *why);
 
 bool osubd__act_live_state(osub_state_t s);
+/* suspending, suspended, resuming: its processes live on, and are left alone */
+bool osubd__act_suspend_state(osub_state_t s);
 
 bool osubd__act_draining_state(osub_state_t s);
 

@@ -53,7 +53,7 @@ void osubd__act_on_exit_of(struct osubd_act *d, struct osub_proc *p, int status,
         osubd__act_exited_cmd(d, p->id);
         return;
     }
-    if (!osubd__act_live_state(si.state))
+    if (!osubd__act_live_state(si.state) && !osubd__act_suspend_state(si.state))
         return;
     if (!failure) {
         osubd__act_exited_cmd(d, p->id);

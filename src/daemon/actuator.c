@@ -285,6 +285,11 @@ bool osubd__act_live_state(osub_state_t s)
     return s == OSUB_STATE_LOADING || s == OSUB_STATE_RUNNING || s == OSUB_STATE_DEGRADED;
 }
 
+bool osubd__act_suspend_state(osub_state_t s)
+{
+    return s == OSUB_STATE_SUSPENDING || s == OSUB_STATE_SUSPENDED || s == OSUB_STATE_RESUMING;
+}
+
 bool osubd__act_draining_state(osub_state_t s)
 {
     return s == OSUB_STATE_DRAINING || s == OSUB_STATE_OVERDUE;
@@ -322,6 +327,8 @@ void osubd__act_reconcile(struct osubd_act *d)
                 osubd__act_spawn(d, p, &si);
             continue;
         }
+        if (known && osubd__act_suspend_state(si.state))
+            continue; /* its process lives on, suspended: neither started nor stopped */
         if (known && osubd__act_draining_state(si.state)) {
             if (alive && !p->term_sent)
                 osubd__act_terminate(d, p, osubd_engine_to_unix(d->core, si.deadline_ms),
@@ -1055,7 +1062,8 @@ int osubd_act_start(struct osubd_act *d, char *err, size_t errlen)
         osubd__act_save_proc(d, p);
         osub_service_info_t si;
         if (osub_engine_service_info(d->e, id, &si) == 0 &&
-            (osubd__act_live_state(si.state) || osubd__act_draining_state(si.state))) {
+            (osubd__act_live_state(si.state) || osubd__act_draining_state(si.state) ||
+             osubd__act_suspend_state(si.state))) {
             p->failed = true; /* not started again by the reconcile below */
             osubd__act_exited_cmd(d, id);
             p->failed = false;

@@ -192,6 +192,7 @@ static int status_of(int rc)
     case OSUB_ENO_DIRECTIVE:
     case OSUB_EBAD_STATE:
     case OSUB_EGPU_LOST:
+    case OSUB_EHOST_FULL: /* the host budget of suspended services: full now, maybe not later */
         return 409;
     case OSUB_ENOMEM:
     case OSUB_ETIME_BACKWARDS:
@@ -305,18 +306,29 @@ json_t *osubd__api_pool_json(struct osubd_api *d)
                             json_integer(usable * pc.low_watermark_pct / 100));
     }
     double held = osubd__api_frac(p.held_mib, p.vram_mib);
-    return json_pack("{s:f, s:s, s:o, s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:f, s:f, s:f, s:f}, "
-                     "s:b, s:i, s:i, s:{s:i, s:i, s:I}}",
-                     "ratio", (double)p.ratio_milli / 1000.0, "ratio_text", ratio, "gpus", gpus,
-                     "totals", "vram_mib", (json_int_t)p.vram_mib, "logical_mib",
-                     (json_int_t)p.logical_mib, "granted_mib", (json_int_t)p.granted_mib,
-                     "held_mib", (json_int_t)p.held_mib, "used_mib", (json_int_t)p.used_mib,
-                     "system_mib", (json_int_t)p.system_mib, "utilization", "used",
-                     osubd__api_frac(p.used_mib, p.vram_mib), "held", held, "logical",
-                     osubd__api_frac(p.granted_mib, p.logical_mib), "physical", held,
-                     "overcommitted", p.overcommitted, "queued", p.n_queued, "pending", p.n_pending,
-                     "watermarks", "high_pct", pc.high_watermark_pct, "low_pct",
-                     pc.low_watermark_pct, "margin_mib", (json_int_t)pc.margin_mib);
+    json_t *o = json_pack(
+        "{s:f, s:s, s:o, s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:f, s:f, s:f, s:f}, "
+        "s:b, s:i, s:i, s:{s:i, s:i, s:I}}",
+        "ratio", (double)p.ratio_milli / 1000.0, "ratio_text", ratio, "gpus", gpus, "totals",
+        "vram_mib", (json_int_t)p.vram_mib, "logical_mib", (json_int_t)p.logical_mib, "granted_mib",
+        (json_int_t)p.granted_mib, "held_mib", (json_int_t)p.held_mib, "used_mib",
+        (json_int_t)p.used_mib, "system_mib", (json_int_t)p.system_mib, "utilization", "used",
+        osubd__api_frac(p.used_mib, p.vram_mib), "held", held, "logical",
+        osubd__api_frac(p.granted_mib, p.logical_mib), "physical", held, "overcommitted",
+        p.overcommitted, "queued", p.n_queued, "pending", p.n_pending, "watermarks", "high_pct",
+        pc.high_watermark_pct, "low_pct", pc.low_watermark_pct, "margin_mib",
+        (json_int_t)pc.margin_mib);
+    /* decisions so far (a suspend is not an eviction), and the host memory suspends fill */
+    if (o != NULL) {
+        json_object_set_new(o, "degrades", json_integer((json_int_t)p.degrades));
+        json_object_set_new(o, "suspends", json_integer((json_int_t)p.suspends));
+        json_object_set_new(o, "evictions", json_integer((json_int_t)p.evictions));
+        json_object_set_new(o, "suspended",
+                            json_pack("{s:i, s:I, s:I}", "services", p.n_suspended, "host_mib",
+                                      (json_int_t)p.host_used_mib, "host_budget_mib",
+                                      (json_int_t)p.host_budget_mib));
+    }
+    return o;
 }
 
 json_t *osubd__api_service_json(struct osubd_api *d, const struct osubd_caller *who, const char *id)
@@ -380,6 +392,14 @@ json_t *osubd__api_service_json(struct osubd_api *d, const struct osubd_caller *
         json_object_set_new(o, "checkpoint", json_string(si.checkpoint));
     json_object_set_new(o, "degrades", json_integer(si.degrades));
     json_object_set_new(o, "evictions", json_integer(si.evictions));
+    if (si.suspendable) {
+        json_object_set_new(o, "suspends", json_integer(si.suspends));
+        json_object_set_new(o, "suspend_held", json_boolean(si.suspend_hold));
+        json_object_set_new(o, "resume_cost_ms", json_integer(si.resume_cost_ms));
+        json_object_set_new(o, "residual_mib", json_integer(si.residual_mib));
+        if (si.host_mib > 0)
+            json_object_set_new(o, "host_mib", json_integer(si.host_mib));
+    }
     return o;
 }
 

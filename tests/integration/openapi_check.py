@@ -47,6 +47,7 @@ ROUTER = {
     ("PUT", "/v1/services/{id}/backends"), ("GET", "/v1/services/{id}/directives"),
     ("PUT", "/v1/services/{id}/usage"), ("POST", "/v1/services/{id}/ready"),
     ("POST", "/v1/services/{id}/ack"), ("POST", "/v1/services/{id}/exited"),
+    ("POST", "/v1/services/{id}/suspend"), ("POST", "/v1/services/{id}/resume"),
     ("POST", "/v1/gpus/{index}/cordon"), ("POST", "/v1/gpus/{index}/uncordon"),
     ("POST", "/v1/gpus/{index}/drain"),
     ("GET", "/v1/events"),
@@ -577,6 +578,9 @@ def main():
     call(A, "GET", "/v1/services/exp/directives?after=%d&wait=0" % last, expect=200,
          what="directives after the last")
     call(A, "POST", "/v1/services/chat/ack", expect=409, what="ack without a directive")
+    call(A, "POST", "/v1/services/chat/suspend", expect=422, what="suspend without a method")
+    call(A, "POST", "/v1/services/chat/resume", expect=409, what="resume of a running service")
+    call(A, "POST", "/v1/services/nobody/suspend", expect=404, what="suspend of nobody")
     call(A, "POST", "/v1/services/nobody/ack", expect=404, what="ack of nobody")
     call(A, "POST", "/v1/services/nobody/ready", expect=404, what="ready of nobody")
     call(A, "POST", "/v1/services/Bad_Id/exited", expect=422, what="exited of a bad id")

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# test_suspend.sh - preemption without a reload (issue 25), with real processes and no GPU: a P2
+# service run by the fake vLLM (tests/fakes/fake_vllm.py, sleep mode, method vllm) and a P1
+# PyTorch-like process on the fake driver (tests/fakes/fake_torch.py, method cuda: the driver's
+# checkpoint API, as oversubd loads it with dlopen) share a GPU, oversold 2x, their memory
+# counted by the CUDA shim; a P0 arrival needs the physical room (the logical is there: a
+# suspended service keeps its logical grant).
+# Both are suspended, not killed (the same PIDs), their memory freed, and the P0 started; the P0
+# released, both resume on their GPU: the fake driver's bytes intact and the job working again,
+# the fake vLLM answering chat completions. Then: a suspend that never completes (a hung vLLM
+# sleep) is evicted after suspend_timeout_ms; kill -9 of oversubd while a service is suspended:
+# after the restart it is still suspended, once, and resumes when room frees.
+# Each wait is for the event it checks (a state, a file), bounded so a failure says so.
+# Usage: test_suspend.sh OVERSUBD FAKE_LIBCUDA_DIR
+set -u
+bin=$(realpath "$1")
+fakedir=$(realpath "$2")
+here=$(cd "$(dirname "$0")/../.." && pwd)
+. "$(dirname "$0")/lib.sh"
+py=/usr/bin/python3
+export FAKE_CUDA_STATE=$tmp/cuda.state FAKE_CUDA_MEM_MIB=40960
+D=$tmp/d
+mkdir -p "$D"
+cat >"$D/c.yaml" <<EOF
+allow_root_services: true
+cuda_lib: $fakedir/libcuda.so.1
+suspend_host_mib: 65536
+suspend_timeout_ms: 4000
+tick_ms: 100
+EOF
+start_d() {
+    local seen
+    seen=$(grep -c "listening on http" "$D/out" 2>/dev/null)
+    "$bin" --config "$D/c.yaml" --listen 127.0.0.1:0 --socket "$D/s.sock" --state "$D/st/db" \
+        --gpus sim:1x40960 --ratio 2.0 >>"$D/out" 2>>"$D/err" &
+    DPID=$!
+    pids+=($DPID)
+    for _ in $(seq 1 1200); do
+        [ -S "$D/s.sock" ] && [ "$(grep -c "listening on http" "$D/out" 2>/dev/null)" -gt "${seen:-0}" ] && break
+        sleep 0.05
+    done
+}
+api() { curl -s --unix-socket "$D/s.sock" -X "$1" "http://x$2" ${3:+-d "$3"}; }
+code() { curl -s -o "$tmp/body" -w '%{http_code}' --unix-socket "$D/s.sock" -X "$1" "http://x$2" ${3:+-d "$3"}; }
+field() { api GET "/v1/services/$1" | json "$2" 2>/dev/null; }
+wait_for() { local n=$(($1 * 20)); shift; for _ in $(seq 1 "$n"); do "$@" && return 0; sleep 0.05; done; return 1; }
+state_is() { [ "$(field "$1" 'd["state"]')" = "$2" ]; }
+free_port() { $py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+start_d
+[ -S "$D/s.sock" ] || { echo "oversubd did not start: $(cat "$D/err")"; exit 1; }
+
+# ---- the two victims ----
+VP=$(free_port)
+env_json='{"FAKE_CUDA_STATE":"'$FAKE_CUDA_STATE'","FAKE_CUDA_MEM_MIB":"40960","LD_LIBRARY_PATH":"'$fakedir'"}'
+expect "the vLLM service" 201 "$(code POST /v1/services '{"id":"chat-exp","class":"experiment","vram":"16000MiB",
+ "command":["'$py'","'$here'/tests/fakes/fake_vllm.py","--port","'$VP'","--dev-mode","--enable-sleep-mode",
+  "--vram-mib","15000","--residual-mib","1000","--cuda","--cuda-lib","'$fakedir'/libcuda.so.1"],
+ "env":'"$env_json"',"suspend":{"method":"vllm","url":"http://127.0.0.1:'$VP'","residual":"1000MiB"}}')"
+chat() { curl -s -m 10 "http://127.0.0.1:$VP/v1/chat/completions" -d '{"model":"fake-model","messages":[{"role":"user","content":"hi"}],"max_tokens":3}' | json '"ok" if d["choices"][0]["message"]["content"] else "empty"' 2>/dev/null; }
+chat_up() { [ "$(chat)" = ok ]; }
+wait_for 30 chat_up || bad "the fake vLLM did not answer: $(tail -3 "$D/err"; cat "$D"/st/logs/chat-exp* 2>/dev/null | tail -5)"
+api POST /v1/services/chat-exp/ready '{}' >/dev/null # loaded (a readiness probe's word)
+expect "the torch job" 201 "$(code POST /v1/services '{"id":"train","class":"batch","vram":"16000MiB",
+ "command":["'$py'","'$here'/tests/fakes/fake_torch.py","--mib","15000","--status","'$tmp'/torch.status",
+  "--cuda-lib","'$fakedir'/libcuda.so.1"],"env":'"$env_json"',"suspend":{"method":"cuda"}}')"
+steps() { sed -n 's/^steps=\([0-9]*\).*/\1/p' "$tmp/torch.status" 2>/dev/null; }
+torch_up() { [ -n "$(steps)" ] && [ "$(steps)" -gt 2 ]; }
+wait_for 30 torch_up || bad "the torch job did not run: $(cat "$D"/st/logs/train* 2>/dev/null | tail -5)"
+api POST /v1/services/train/ready '{}' >/dev/null
+vpid=$(field chat-exp 'd["process"]["pid"]')
+tpid=$(field train 'd["process"]["pid"]')
+expect "a spec's suspend is shown" vllm "$(field chat-exp 'd["suspend"]["method"]')"
+
+# ---- bad specs ----
+expect "a suspend URL outside allowed_destinations" 422 "$(code POST /v1/services '{"id":"x","class":"batch","vram":"1GiB","suspend":{"method":"vllm","url":"http://169.254.169.254:80"}}')"
+grep -q "suspend.url" "$tmp/body" && ok || bad "no sentence for the URL: $(cat "$tmp/body")"
+expect "a backed service cannot declare suspend" 422 "$(code POST /v1/services '{"id":"y","class":"online","vram":"1GiB","suspend":{"method":"cuda"}}')"
+expect "an unknown method" 422 "$(code POST /v1/services '{"id":"z","class":"batch","vram":"1GiB","suspend":{"method":"criu"}}')"
+
+# ---- a P0 arrival: both suspended, not killed ----
+expect "the P0 arrives" 202 "$(code POST /v1/services '{"id":"online-a","class":"online","vram":"30000MiB"}')"
+wait_for 30 state_is chat-exp suspended || bad "the vLLM service was not suspended: $(field chat-exp 'd["state"]'); $(tail -5 "$D/err")"
+wait_for 30 state_is train suspended || bad "the torch job was not suspended: $(field train 'd["state"]'); $(tail -5 "$D/err")"
+p0_up() { s=$(field online-a 'd["state"]'); [ "$s" = loading ] || [ "$s" = running ]; }
+wait_for 30 p0_up || bad "the P0 did not start: $(field online-a 'd["state"]')"
+kill -0 "$vpid" 2>/dev/null && kill -0 "$tpid" 2>/dev/null && ok || bad "a victim was killed"
+expect "the vLLM sleeps" True "$(curl -s "http://127.0.0.1:$VP/is_sleeping" | json 'd["is_sleeping"]')"
+expect "the torch job is checkpointed: its memory left the device" 0 "$($py -c "
+import ctypes; c=ctypes.CDLL('$fakedir/libcuda.so.1'); s=ctypes.c_int(-1)
+print(c.cuCheckpointProcessGetState($tpid, ctypes.byref(s)) or s.value - 2)")"
+expect "suspends are counted apart from evictions" "2 0 2" "$(api GET /v1/pool | json '"%d %d %d" % (d["suspends"], d["evictions"], d["suspended"]["services"])')"
+frozen=$(steps)
+api GET "/v1/events?since=0" | grep -q '"kind":"suspend"' && ok || bad "no suspend event"
+
+# ---- the P0 released: both back on their GPU, same processes ----
+api DELETE /v1/services/online-a >/dev/null
+wait_for 30 state_is chat-exp running || bad "the vLLM service did not resume: $(field chat-exp 'd["state"]'); $(tail -5 "$D/err")"
+wait_for 30 state_is train running || bad "the torch job did not resume: $(field train 'd["state"]'); $(tail -5 "$D/err")"
+expect "the same vLLM process" "$vpid" "$(field chat-exp 'd["process"]["pid"]')"
+expect "the same torch process" "$tpid" "$(field train 'd["process"]["pid"]')"
+wait_for 30 chat_up || bad "the fake vLLM does not answer after its wake"
+moved() { [ "$(steps)" -gt "$((frozen + 2))" ]; }
+wait_for 30 moved || bad "the torch job did not work again: $(cat "$tmp/torch.status")"
+grep -q "intact=1" "$tmp/torch.status" && ok || bad "the torch job's bytes changed: $(cat "$tmp/torch.status")"
+
+# ---- an operator's suspend and resume; kill -9 while suspended ----
+expect "operator suspend" 200 "$(code POST /v1/services/train/suspend)"
+wait_for 30 state_is train suspended || bad "the operator's suspend: $(field train 'd["state"]')"
+kill -9 "$DPID"
+wait "$DPID" 2>/dev/null
+start_d
+expect "still suspended after kill -9" suspended "$(field train 'd["state"]')"
+expect "not duplicated: the same process" "$tpid" "$(field train 'd["process"]["pid"]')"
+expect "one torch process" 1 "$(pgrep -fc "fake_torch.py --mib 15000")"
+expect "operator resume" 200 "$(code POST /v1/services/train/resume)"
+wait_for 30 state_is train running || bad "the resume after a restart: $(field train 'd["state"]'); $(tail -5 "$D/err")"
+grep -q "intact=1" "$tmp/torch.status" && ok || bad "bytes after the restart: $(cat "$tmp/torch.status")"
+
+# ---- a suspend that never completes: evicted after suspend_timeout_ms ----
+HP=$(free_port)
+$py -c "
+import http.server, sys, time
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        time.sleep(3600)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(('127.0.0.1', $HP), H).serve_forever()" &
+pids+=($!)
+api DELETE /v1/services/chat-exp >/dev/null
+expect "a service whose suspend hangs" 201 "$(code POST /v1/services '{"id":"stuck","class":"experiment","vram":"16000MiB","suspend":{"method":"http","url":"http://127.0.0.1:'$HP'","suspend":"/s","resume":"/r"}}')"
+api POST /v1/services/stuck/ready '{}' >/dev/null
+api PUT /v1/services/stuck/usage '{"vram_mib":16000}' >/dev/null # it holds its memory
+expect "the P0 again" 202 "$(code POST /v1/services '{"id":"online-b","class":"online","vram":"30000MiB"}')"
+gone() { s=$(field stuck 'd["state"]'); [ "$s" = draining ] || [ "$s" = overdue ] || [ -z "$s" ]; }
+wait_for 30 gone || bad "a suspend past its timeout was not escalated: $(field stuck 'd["state"]')"
+api GET "/v1/events?since=0" | grep -q "suspend_timeout" && ok || bad "no suspend_timeout reason in the events"
+
+echo "test_suspend: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
