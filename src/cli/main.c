@@ -527,6 +527,7 @@ static int parse_common(int argc, char **argv, struct cli *c, bool advise)
 static int load_trace(const struct cli *c, struct trace *tr)
 {
     char err[512];
+    trace_set_progress(c->quiet ? NULL : stderr); /* long imports and replays say how they go */
     int rc = c->genai ? trace_import_genai(c->genai, &c->g, tr, err, sizeof(err))
                       : trace_import_files(c->services, c->usage, tr, err, sizeof(err));
     if (rc != 0)
