@@ -132,7 +132,7 @@ def main():
             continue
         with open(os.path.join(srcdir, name), encoding="utf-8") as f:
             for ln, line in enumerate(f, 1):
-                m = re.match(r'\s*#\s*include\s+"([^"]+)\.h"', line)
+                m = re.match(r'\s*#\s*include\s*["<]([^">]+)\.h[">]', line)
                 inc = module_of(m.group(1)) if m else None
                 if m and internal(m.group(1)) and inc != mod:
                     bad.append(f"{name}:{ln} includes {m.group(1)}.h, the {inc} module's own "

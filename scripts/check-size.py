@@ -21,7 +21,7 @@ SIGNATURE = re.compile(r"^[A-Za-z_][^=;]*\(.*\)[\sA-Za-z_0-9()]*\{$")
 def functions(lines):
     start = None
     for i, line in enumerate(lines):
-        s = line.rstrip("\n")
+        s = re.sub(r"\s*/\*.*\*/\s*$|\s*//.*$", "", line.rstrip())  # its comment and spaces
         if s.endswith("{") and (i > 0 or s != "{") and not s.startswith("#"):
             j = i if s != "{" else i - 1
             # the signature: back to the line that starts at column 0 with a type or name
@@ -32,7 +32,7 @@ def functions(lines):
                 continue  # a struct, an initializer, a block inside a function: not a start
             m = re.search(r"([A-Za-z_][A-Za-z0-9_]*)\s*\(", lines[j])
             start = (j, m.group(1) if m else "?")
-        elif s == "}" and start is not None:
+        elif s in ("}", "};") and start is not None:
             yield start[1], start[0] + 1, i - start[0] + 1
             start = None
 

@@ -72,7 +72,10 @@ void osubd__act_suspend_start(struct osubd_act *d, const char *id, bool resume, 
     }
     osubd_note(d->core, id, "suspend", resume ? "wake" : "start", "%s: %s by %s%s%s", id,
                resume ? "resuming" : "suspending", osubd_sus_method_name(sp.method),
-               n > 0 ? " on its processes" : "", sp.url[0] ? sp.url : "");
+               n > 0       ? " on its processes"
+               : sp.url[0] ? " at "
+                           : "",
+               n > 0 ? "" : sp.url);
 }
 
 void osubd_act_sus_done(void *arg, const char *id, bool resume, bool ok, const char *why)

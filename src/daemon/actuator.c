@@ -712,11 +712,13 @@ struct osubd_act *osubd_act_new(struct osubd_core *c, const struct osubd_gpus *g
 int osubd_act_check_config(const struct osubd_config *cfg, char *err, size_t errlen)
 {
     const char *shim = cfg->cuda_shim;
+    struct stat st;
     if (shim[0] != '\0' && strcmp(shim, "none") != 0 &&
-        (shim[0] != '/' || access(shim, R_OK) != 0)) {
+        (shim[0] != '/' || access(shim, R_OK) != 0 || stat(shim, &st) != 0 ||
+         !S_ISREG(st.st_mode))) {
         snprintf(err, errlen,
-                 "cuda_shim: '%.400s' is not a readable absolute path (\"none\" runs services "
-                 "without it)",
+                 "cuda_shim: '%.400s' is not a readable absolute path of a file (\"none\" runs "
+                 "services without it)",
                  shim);
         return -1;
     }
