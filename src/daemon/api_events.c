@@ -275,6 +275,19 @@ void osubd__api_h_metrics(struct osubd_api *d, struct evhttp_request *req, const
                         "# HELP oversub_queue_length Services waiting in the queue.\n"
                         "# TYPE oversub_queue_length gauge\noversub_queue_length %d\n",
                         p.n_queued);
+    /* suspend: counted apart from evictions; the host memory it fills, against its budget */
+    evbuffer_add_printf(
+        b,
+        "# HELP oversub_service_suspends_total Services suspended (their GPU memory moved to host "
+        "memory; a suspend is not an eviction).\n"
+        "# TYPE oversub_service_suspends_total counter\noversub_service_suspends_total %llu\n"
+        "# HELP oversub_suspended_host_bytes Host memory the suspended services' GPU memory "
+        "fills.\n# TYPE oversub_suspended_host_bytes gauge\noversub_suspended_host_bytes %lld\n"
+        "# HELP oversub_suspend_host_budget_bytes The pool's host budget for suspended services "
+        "(0: suspend off).\n# TYPE oversub_suspend_host_budget_bytes gauge\n"
+        "oversub_suspend_host_budget_bytes %lld\n",
+        (unsigned long long)p.suspends, (long long)p.host_used_mib * 1048576LL,
+        (long long)p.host_budget_mib * 1048576LL);
     /* services by class and state */
     size_t nc;
     const osub_class_t *cls = osub_engine_classes(d->e, &nc);

@@ -90,6 +90,9 @@ import ctypes; c=ctypes.CDLL('$fakedir/libcuda.so.1'); s=ctypes.c_int(-1)
 print(c.cuCheckpointProcessGetState($tpid, ctypes.byref(s)) or s.value - 2)")"
 expect "suspends are counted apart from evictions" "2 0 2" "$(api GET /v1/pool | json '"%d %d %d" % (d["suspends"], d["evictions"], d["suspended"]["services"])')"
 frozen=$(steps)
+m=$(api GET /metrics)
+grep -q '^oversub_service_suspends_total 2$' <<<"$m" && ok || bad "no suspends counter: $(grep suspend <<<"$m" | head -5)"
+grep -q '^oversub_suspended_host_bytes [1-9]' <<<"$m" && ok || bad "no suspended host bytes: $(grep suspend <<<"$m" | head -5)"
 api GET "/v1/events?since=0" | grep -q '"kind":"suspend"' && ok || bad "no suspend event"
 
 # ---- the P0 released: both back on their GPU, same processes ----
