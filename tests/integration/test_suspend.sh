@@ -120,16 +120,20 @@ wait_for 30 state_is train running || bad "the resume after a restart: $(field t
 grep -q "intact=1" "$tmp/torch.status" && ok || bad "bytes after the restart: $(cat "$tmp/torch.status")"
 
 # ---- a suspend that never completes: evicted after suspend_timeout_ms ----
-HP=$(free_port)
 $py -c "
-import http.server, sys, time
+import http.server, os, sys, time
 class H(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         time.sleep(3600)
     def log_message(self, *a):
         pass
-http.server.ThreadingHTTPServer(('127.0.0.1', $HP), H).serve_forever()" &
+s = http.server.ThreadingHTTPServer(('127.0.0.1', 0), H)
+open('$tmp/hp.tmp', 'w').write(str(s.server_address[1]))
+os.rename('$tmp/hp.tmp', '$tmp/hp')
+s.serve_forever()" &
 pids+=($!)
+wait_for 10 test -s "$tmp/hp" || bad "the hanging server did not start"
+HP=$(cat "$tmp/hp")
 api DELETE /v1/services/chat-exp >/dev/null
 expect "a service whose suspend hangs" 201 "$(code POST /v1/services '{"id":"stuck","class":"experiment","vram":"16000MiB","suspend":{"method":"http","url":"http://127.0.0.1:'$HP'","suspend":"/s","resume":"/r"}}')"
 api POST /v1/services/stuck/ready '{}' >/dev/null
