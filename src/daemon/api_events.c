@@ -220,6 +220,55 @@ static void process_metrics(struct osubd_api *d, struct evbuffer *b)
     (void)d;
 }
 
+/* The opt-in series, one per service (?per_service=1 or metrics_per_service: true). */
+static void per_service_metrics(struct osubd_api *d, struct evbuffer *b)
+{
+    /* opt-in (?per_service=1 or metrics_per_service: true): one series per service */
+    static const char *const what[] = {"grant", "held", "used"};
+    for (int w = 0; w < 3; w++) {
+        evbuffer_add_printf(b,
+                            "# HELP oversub_service_%s_bytes %s VRAM of a service, in bytes "
+                            "(opt-in).\n"
+                            "# TYPE oversub_service_%s_bytes gauge\n",
+                            what[w], what[w], what[w]);
+        for (size_t i = 0; i < osub_engine_service_count(d->e); i++) {
+            const char *id = osub_engine_service_id(d->e, i);
+            osub_service_info_t si;
+            osub_engine_service_info(d->e, id, &si);
+            int64_t v = w == 0 ? si.grant_mib : w == 1 ? si.held_mib : si.used_mib;
+            evbuffer_add_printf(b, "oversub_service_%s_bytes{service=\"%s\",class=\"%s\"} %lld\n",
+                                what[w], id, si.spec->class_name, (long long)v * 1048576LL);
+        }
+    }
+    evbuffer_add_printf(b, "# HELP oversub_service_suspends_total Times a service was "
+                           "suspended (opt-in).\n# TYPE oversub_service_suspends_total counter\n");
+    for (size_t i = 0; i < osub_engine_service_count(d->e); i++) {
+        const char *id = osub_engine_service_id(d->e, i);
+        osub_service_info_t si;
+        osub_engine_service_info(d->e, id, &si);
+        evbuffer_add_printf(b, "oversub_service_suspends_total{service=\"%s\",class=\"%s\"} %u\n",
+                            id, si.spec->class_name, (unsigned)si.suspends);
+    }
+}
+
+/* Suspend: counted apart from evictions; the host memory it fills, against its budget (the
+ * per-service count is oversub_service_suspends_total, with the opt-in series). */
+static void suspend_metrics(struct evbuffer *b, const osub_pool_info_t *p)
+{
+    evbuffer_add_printf(
+        b,
+        "# HELP oversub_suspends_total Services suspended (their GPU memory moved to host memory; "
+        "a suspend is not an eviction).\n"
+        "# TYPE oversub_suspends_total counter\noversub_suspends_total %llu\n"
+        "# HELP oversub_suspended_host_bytes Host memory the suspended services' GPU memory "
+        "fills.\n# TYPE oversub_suspended_host_bytes gauge\noversub_suspended_host_bytes %lld\n"
+        "# HELP oversub_suspend_host_budget_bytes The pool's host budget for suspended services "
+        "(0: suspend off).\n# TYPE oversub_suspend_host_budget_bytes gauge\n"
+        "oversub_suspend_host_budget_bytes %lld\n",
+        (unsigned long long)p->suspends, (long long)p->host_used_mib * 1048576LL,
+        (long long)p->host_budget_mib * 1048576LL);
+}
+
 void osubd__api_h_metrics(struct osubd_api *d, struct evhttp_request *req, const char *query)
 {
     bool per_service =
@@ -275,19 +324,7 @@ void osubd__api_h_metrics(struct osubd_api *d, struct evhttp_request *req, const
                         "# HELP oversub_queue_length Services waiting in the queue.\n"
                         "# TYPE oversub_queue_length gauge\noversub_queue_length %d\n",
                         p.n_queued);
-    /* suspend: counted apart from evictions; the host memory it fills, against its budget */
-    evbuffer_add_printf(
-        b,
-        "# HELP oversub_service_suspends_total Services suspended (their GPU memory moved to host "
-        "memory; a suspend is not an eviction).\n"
-        "# TYPE oversub_service_suspends_total counter\noversub_service_suspends_total %llu\n"
-        "# HELP oversub_suspended_host_bytes Host memory the suspended services' GPU memory "
-        "fills.\n# TYPE oversub_suspended_host_bytes gauge\noversub_suspended_host_bytes %lld\n"
-        "# HELP oversub_suspend_host_budget_bytes The pool's host budget for suspended services "
-        "(0: suspend off).\n# TYPE oversub_suspend_host_budget_bytes gauge\n"
-        "oversub_suspend_host_budget_bytes %lld\n",
-        (unsigned long long)p.suspends, (long long)p.host_used_mib * 1048576LL,
-        (long long)p.host_budget_mib * 1048576LL);
+    suspend_metrics(b, &p);
     /* services by class and state */
     size_t nc;
     const osub_class_t *cls = osub_engine_classes(d->e, &nc);
@@ -308,26 +345,8 @@ void osubd__api_h_metrics(struct osubd_api *d, struct evhttp_request *req, const
         for (int st = 0; st < NST; st++)
             evbuffer_add_printf(b, "oversub_services{class=\"%s\",state=\"%s\"} %d\n", cls[c].name,
                                 osub_state_name((osub_state_t)st), counts[c][st]);
-    if (per_service) {
-        /* opt-in (?per_service=1 or metrics_per_service: true): one series per service */
-        static const char *const what[] = {"grant", "held", "used"};
-        for (int w = 0; w < 3; w++) {
-            evbuffer_add_printf(b,
-                                "# HELP oversub_service_%s_bytes %s VRAM of a service, in bytes "
-                                "(opt-in).\n"
-                                "# TYPE oversub_service_%s_bytes gauge\n",
-                                what[w], what[w], what[w]);
-            for (size_t i = 0; i < osub_engine_service_count(d->e); i++) {
-                const char *id = osub_engine_service_id(d->e, i);
-                osub_service_info_t si;
-                osub_engine_service_info(d->e, id, &si);
-                int64_t v = w == 0 ? si.grant_mib : w == 1 ? si.held_mib : si.used_mib;
-                evbuffer_add_printf(b,
-                                    "oversub_service_%s_bytes{service=\"%s\",class=\"%s\"} %lld\n",
-                                    what[w], id, si.spec->class_name, (long long)v * 1048576LL);
-            }
-        }
-    }
+    if (per_service)
+        per_service_metrics(d, b);
     evbuffer_add_printf(b, "# HELP oversub_http_requests_total API requests by status class.\n"
                            "# TYPE oversub_http_requests_total counter\n");
     for (int c = 1; c <= 5; c++)

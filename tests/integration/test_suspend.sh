@@ -91,7 +91,8 @@ print(c.cuCheckpointProcessGetState($tpid, ctypes.byref(s)) or s.value - 2)")"
 expect "suspends are counted apart from evictions" "2 0 2" "$(api GET /v1/pool | json '"%d %d %d" % (d["suspends"], d["evictions"], d["suspended"]["services"])')"
 frozen=$(steps)
 m=$(api GET /metrics)
-grep -q '^oversub_service_suspends_total 2$' <<<"$m" && ok || bad "no suspends counter: $(grep suspend <<<"$m" | head -5)"
+grep -q '^oversub_suspends_total 2$' <<<"$m" && ok || bad "no suspends counter: $(grep suspend <<<"$m" | head -5)"
+grep -q '^oversub_service_suspends_total{service="train",class="batch"} 1$' <<<"$(api GET '/metrics?per_service=1')" && ok || bad "no per-service suspends"
 grep -q '^oversub_suspended_host_bytes [1-9]' <<<"$m" && ok || bad "no suspended host bytes: $(grep suspend <<<"$m" | head -5)"
 api GET "/v1/events?since=0" | grep -q '"kind":"suspend"' && ok || bad "no suspend event"
 
