@@ -94,7 +94,9 @@ struct osubd_act {
     json_t *execs;         /* service id -> how to run it: the submitted fields, as osubd_act_take
                             * validated them (an exec is the user's document, shown back as given) */
     struct osubd__idmap *pids; /* service id -> struct act_pid: NVML's memory of that process */
-    json_t *saved_procs;       /* the processes saved by the last run, until adopted at start */
+    struct osubd__idmap *sus_falls; /* service id -> struct act_sus_fall: a suspend its mechanism
+                                     * says is done, until its memory is seen to fall */
+    json_t *saved_procs; /* the processes saved by the last run, until adopted at start */
     struct osubd__idmap *directives; /* service id -> struct act_ring (in memory) */
     bool dirty;                      /* execs, pids or processes changed since the last save */
     int64_t directive_seq;
@@ -136,6 +138,14 @@ struct act_pid {
     pid_t pid;
 };
 
+/* A suspend the mechanism says is done, waiting for the memory to be seen to fall. */
+struct act_sus_fall {
+    int64_t before_mib; /* measured when the suspend began (-1: nothing measured then) */
+    bool cuda;          /* a checkpoint: the shim's count does not fall (the addresses stay) */
+    bool done;          /* its mechanism said so: from then on the fall is looked for */
+    bool said;          /* "still holds N MiB" logged once */
+};
+
 struct act_waiter {
     struct act_waiter *next;
     struct osubd_act *d;
@@ -174,6 +184,10 @@ void osubd__act_apply(struct osubd_act *d, json_t *cmd);
  * way when oversubd stopped, again; why cuda cannot be used (NULL: it can) */
 void osubd__act_suspend_start(struct osubd_act *d, const char *id, bool resume, int64_t timeout_ms);
 void osubd__act_suspend_restart(struct osubd_act *d);
+/* Every watch round: suspends whose memory was waited for, seen to fall now, are reported. */
+void osubd__act_sus_falls(struct osubd_act *d);
+/* Whether the service is suspended by a CUDA checkpoint. */
+bool osubd__act_sus_cuda(struct osubd_act *d, const char *id);
 const char *osubd__act_cuda_unusable(const struct osubd_act *d, char *why, size_t whylen);
 
 void osubd__act_apply_fail(struct osubd_act *d, struct osub_proc *p, const char *why);

@@ -168,8 +168,11 @@ static void shim_sync(struct osubd_act *d, struct osub_proc *p)
     bool reported = false;
     for (uint32_t i = 0; i < v.n; i++)
         reported = reported || p->seg_reported[i] != 0;
-    if ((v.live == 0 && !reported) || v.n != (uint32_t)si.n_slots ||
-        !osubd__act_live_state(si.state))
+    /* suspended, its usage is its residual (a vLLM asleep keeps its context); a checkpoint's
+     * is not the shim's count (the allocations stay, their bytes are in host memory) */
+    bool measured = osubd__act_live_state(si.state) || si.state == OSUB_STATE_RESUMING ||
+                    (osubd__act_suspend_state(si.state) && !osubd__act_sus_cuda(d, p->id));
+    if ((v.live == 0 && !reported) || v.n != (uint32_t)si.n_slots || !measured)
         return;
     bool changed = false;
     json_t *per = json_array();
@@ -244,5 +247,6 @@ void osubd__act_on_watch(evutil_socket_t fd, short what, void *arg)
         }
     }
     free(keys);
+    osubd__act_sus_falls(d);
     osubd__act_reconcile(d);
 }

@@ -8,6 +8,8 @@
 #include "act.h"
 #include "suspender.h"
 
+#define MECHANISM_MARGIN_MS 2000
+
 void osubd_act_set_suspender(struct osubd_act *d, struct osubd_sus *s)
 {
     d->sus = s;
@@ -22,12 +24,12 @@ const char *osubd__act_cuda_unusable(const struct osubd_act *d, char *why, size_
     return osubd_sus_cuda_ok(d->sus, why, whylen) ? NULL : why;
 }
 
-/* The processes a mechanism acts on: the managed process and every other process of its cgroup,
- * or the PID an external service reported (POST .../ready {"pid"}). */
-static int service_pids(struct osubd_act *d, const char *id, pid_t *out, int max)
+int osubd_act_service_pids(struct osubd_act *d, const char *id, pid_t *out, int max)
 {
     int n = 0;
     struct osub_proc *p = osubd__act_proc_find(d, id);
+    if (max <= 0)
+        return 0;
     if (p != NULL && p->pid > 0)
         out[n++] = p->pid;
     pid_t cg[OSUBD_SUS_PIDS_MAX];
@@ -50,6 +52,20 @@ static void report_failed(struct osubd_act *d, const char *id, const char *why)
     osubd__act_apply(d, json_pack("{s:s, s:s, s:s}", "op", "suspend_failed", "id", id, "why", why));
 }
 
+static int64_t measured_mib(struct osubd_act *d, const char *id, bool cuda);
+
+/* A suspend begins: what the service holds now is what must be seen to fall. */
+static void fall_begin(struct osubd_act *d, const char *id, bool cuda)
+{
+    struct act_sus_fall *f = calloc(1, sizeof(*f));
+    if (f == NULL)
+        return; /* then the fall is judged against its residual alone */
+    f->cuda = cuda;
+    f->before_mib = measured_mib(d, id, cuda);
+    if (osubd__idmap_put(d->sus_falls, id, f) != 0)
+        free(f);
+}
+
 void osubd__act_suspend_start(struct osubd_act *d, const char *id, bool resume, int64_t timeout_ms)
 {
     struct osubd_sus_spec sp;
@@ -62,7 +78,11 @@ void osubd__act_suspend_start(struct osubd_act *d, const char *id, bool resume, 
     if (d->sus != NULL && osubd_sus_busy(d->sus, id))
         return; /* under way already (a repeat after a restart): its answer comes */
     pid_t pids[OSUBD_SUS_PIDS_MAX];
-    int n = sp.method == OSUBD_SUS_CUDA ? service_pids(d, id, pids, OSUBD_SUS_PIDS_MAX) : 0;
+    int n =
+        sp.method == OSUBD_SUS_CUDA ? osubd_act_service_pids(d, id, pids, OSUBD_SUS_PIDS_MAX) : 0;
+    /* the engine's deadline decides (reason suspend_timeout): the mechanism gives up a little
+     * after it, so that its own failure never races the engine's timer */
+    timeout_ms += MECHANISM_MARGIN_MS;
     if (timeout_ms < 1000)
         timeout_ms = 1000;
     if (d->sus == NULL || timeout_ms > INT32_MAX ||
@@ -70,6 +90,8 @@ void osubd__act_suspend_start(struct osubd_act *d, const char *id, bool resume, 
         report_failed(d, id, d->sus == NULL ? "this oversubd has no suspender" : err);
         return;
     }
+    if (!resume)
+        fall_begin(d, id, sp.method == OSUBD_SUS_CUDA);
     osubd_note(d->core, id, "suspend", resume ? "wake" : "start", "%s: %s by %s%s%s", id,
                resume ? "resuming" : "suspending", osubd_sus_method_name(sp.method),
                n > 0       ? " on its processes"
@@ -78,10 +100,104 @@ void osubd__act_suspend_start(struct osubd_act *d, const char *id, bool resume, 
                n > 0 ? "" : sp.url);
 }
 
+/* What the service is measured to hold on its GPUs now, MiB: the shim's count of its live
+ * processes (not for a checkpoint: the shim counts allocations, whose addresses stay while the
+ * driver keeps their bytes in host memory), else NVML's reading of its processes under an NVML
+ * pool (the monitor's usage reports; a process gone from the GPU reads 0); -1 when nothing
+ * measures it (a simulated pool without the shim: the mechanism's word is all there is). */
+static int64_t measured_mib(struct osubd_act *d, const char *id, bool cuda)
+{
+    struct osub_proc *p = osubd__act_proc_find(d, id);
+    struct osub_seg_view v;
+    if (!cuda && p != NULL && p->seg.s != NULL && osubd__act_seg_look(d, p, NULL, &v) &&
+        v.live > 0) {
+        uint64_t b = 0;
+        for (uint32_t i = 0; i < v.n; i++)
+            b += v.held[i];
+        return (int64_t)osubd__act_to_mib(b);
+    }
+    osub_service_info_t si;
+    if (strcmp(osubd_core_pool(d->core), "nvml") != 0 || osubd_act_pid(d, id) <= 0 ||
+        osub_engine_service_info(d->e, id, &si) != 0)
+        return -1;
+    int64_t t = 0;
+    for (int32_t i = 0; i < si.n_slots; i++)
+        t += si.slots[i].used_mib;
+    return t;
+}
+
+bool osubd__act_sus_cuda(struct osubd_act *d, const char *id)
+{
+    const json_t *v = json_object_get(json_object_get(d->execs, id), "suspend");
+    const char *m = json_string_value(json_object_get(v, "method"));
+    return m != NULL && strcmp(m, "cuda") == 0;
+}
+
+static void report_suspended(struct osubd_act *d, const char *id, int64_t residual, bool seen)
+{
+    osubd_note(d->core, id, "suspend", "suspended",
+               "%s: suspended: its GPU memory is in host memory; %lld MiB %s on its GPUs", id,
+               (long long)residual,
+               seen ? "still measured"
+                    : "expected to stay (nothing measures its memory here: no shim, no NVML)");
+    osubd__act_apply(d, json_pack("{s:s, s:s, s:I}", "op", "suspended", "id", id, "residual_mib",
+                                  (json_int_t)residual));
+}
+
+/* Done is seen, not assumed: a suspend its mechanism says is done is reported once its memory
+ * is seen to have fallen to at most what is expected to stay (the declared or last measured
+ * residual) or to half of what it held when the suspend began, whichever is more; what is
+ * measured then is its residual. A memory that never falls keeps it suspending until the
+ * engine's suspend timeout evicts it (an SGLang without --enable-memory-saver answers 200 and
+ * frees nothing). A checkpoint leaves nothing on the GPU (the driver releases every handle):
+ * without NVML its residual is 0. */
+static bool fall_seen(struct osubd_act *d, const char *id, struct act_sus_fall *f)
+{
+    osub_service_info_t si;
+    if (osub_engine_service_info(d->e, id, &si) != 0 || si.state != OSUB_STATE_SUSPENDING)
+        return true; /* released, escalated or reported meanwhile: nothing to wait for */
+    int64_t now = measured_mib(d, id, f->cuda);
+    if (now < 0) {
+        report_suspended(d, id, f->cuda ? 0 : si.residual_mib, f->cuda);
+        return true;
+    }
+    int64_t enough = si.residual_mib;
+    if (f->before_mib >= 0 && f->before_mib / 2 > enough)
+        enough = f->before_mib / 2;
+    if (now <= enough) {
+        report_suspended(d, id, now, true);
+        return true;
+    }
+    if (!f->said) {
+        f->said = true;
+        osubd_note(d->core, id, "suspend", "waiting",
+                   "%s: its mechanism says it is suspended, but %lld MiB are still measured on "
+                   "its GPUs (at most %lld expected): waiting for them to fall",
+                   id, (long long)now, (long long)enough);
+    }
+    return false;
+}
+
+void osubd__act_sus_falls(struct osubd_act *d)
+{
+    if (osubd__idmap_count(d->sus_falls) == 0)
+        return;
+    size_t nk;
+    osubd__idmap_key_t *keys = osubd__idmap_keys(d->sus_falls, &nk);
+    for (size_t k = 0; k < nk; k++) {
+        struct act_sus_fall *f = osubd__idmap_get(d->sus_falls, keys[k]);
+        if (f != NULL && f->done && fall_seen(d, keys[k], f))
+            osubd__idmap_del(d->sus_falls, keys[k]);
+    }
+    free(keys);
+}
+
 void osubd_act_sus_done(void *arg, const char *id, bool resume, bool ok, const char *why)
 {
     struct osubd_act *d = arg;
     osub_service_info_t si;
+    if (osub_engine_service_info(d->e, id, &si) != 0 || !ok || resume)
+        osubd__idmap_del(d->sus_falls, id);
     if (osub_engine_service_info(d->e, id, &si) != 0)
         return; /* released meanwhile */
     if (!ok) {
@@ -93,14 +209,26 @@ void osubd_act_sus_done(void *arg, const char *id, bool resume, bool ok, const c
         osubd__act_apply(d, json_pack("{s:s, s:s}", "op", "resumed", "id", id));
         return;
     }
-    /* what stays on its GPUs: what planning expects of it (declared, or measured at its last
-     * suspend); the usage reports that follow correct it */
-    osubd_note(d->core, id, "suspend", "suspended",
-               "%s: suspended: its GPU memory is in host memory (%lld MiB expected to stay on "
-               "its GPUs)",
-               id, (long long)si.residual_mib);
-    osubd__act_apply(d, json_pack("{s:s, s:s, s:I}", "op", "suspended", "id", id, "residual_mib",
-                                  (json_int_t)si.residual_mib));
+    struct act_sus_fall *f = osubd__idmap_get(d->sus_falls, id);
+    struct act_sus_fall one = {.before_mib = 0, .cuda = osubd__act_sus_cuda(d, id)};
+    for (int32_t i = 0; i < si.n_slots; i++)
+        one.before_mib += si.slots[i].grant_mib;
+    if (f == NULL)
+        f = &one; /* begun before a restart: what it held then is unknown, its grant bounds it */
+    f->done = true;
+    if (fall_seen(d, id, f)) {
+        osubd__idmap_del(d->sus_falls, id);
+        return;
+    }
+    if (f == &one) {
+        struct act_sus_fall *keep = malloc(sizeof(*keep));
+        if (keep == NULL || osubd__idmap_put(d->sus_falls, id, keep) != 0) {
+            free(keep);
+            report_failed(d, id, "out of memory");
+        } else {
+            *keep = one;
+        }
+    }
 }
 
 void osubd__act_suspend_restart(struct osubd_act *d)

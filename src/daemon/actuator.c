@@ -783,8 +783,9 @@ static int act_setup(struct osubd_act *a, char *err, size_t errlen)
                                       "services run without the CUDA shim (set cuda_shim)");
     }
     a->pids = osubd__idmap_new(free);
+    a->sus_falls = osubd__idmap_new(free);
     a->directives = osubd__idmap_new(free);
-    if (a->pids == NULL || a->directives == NULL) {
+    if (a->pids == NULL || a->sus_falls == NULL || a->directives == NULL) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
@@ -1108,6 +1109,7 @@ void osubd_act_free(struct osubd_act *d)
     json_decref(d->execs);
     json_decref(d->saved_procs);
     osubd__idmap_free(d->pids);
+    osubd__idmap_free(d->sus_falls);
     free(d);
     d = NULL;
 }

@@ -148,6 +148,11 @@ static void report_process_usage(struct osubd_monitor *d, const struct nvml_gpu 
         if (pid <= 0 || osub_engine_service_info(d->e, id, &si) != 0 ||
             osubd_act_shim_processes(d->act, id) > 0) /* the shim's figure is exact: it wins */
             continue;
+        /* every process of the service (vLLM's engine core is a child of its API server) */
+        pid_t pids[64];
+        int np = osubd_act_service_pids(d->act, id, pids, 64);
+        if (np == 0)
+            pids[np++] = (pid_t)pid;
         json_t *per = json_array();
         bool changed = false, seen = false;
         for (int32_t s = 0; s < si.n_slots; s++) {
@@ -157,10 +162,11 @@ static void report_process_usage(struct osubd_monitor *d, const struct nvml_gpu 
                 if (strcmp(g[j].uuid, uuid) != 0)
                     continue;
                 for (int32_t p = 0; p < g[j].n_procs; p++)
-                    if ((json_int_t)g[j].procs[p].pid == pid) {
-                        mib += g[j].procs[p].used_mib;
-                        seen = true;
-                    }
+                    for (int q = 0; q < np; q++)
+                        if (g[j].procs[p].pid == (uint32_t)pids[q]) {
+                            mib += g[j].procs[p].used_mib;
+                            seen = true;
+                        }
             }
             changed = changed || mib != si.slots[s].used_mib;
             json_array_append_new(per, json_integer(mib));
@@ -178,8 +184,10 @@ static void report_process_usage(struct osubd_monitor *d, const struct nvml_gpu 
             json_decref(cmd);
             continue;
         }
-        /* a process not (yet) on any GPU: nothing to say */
-        if (seen && changed) {
+        /* a process not (yet) on any GPU: nothing to say, unless it is being suspended (a
+         * checkpointed process leaves NVML's list: its memory fell to nothing) */
+        bool off = si.state == OSUB_STATE_SUSPENDING || si.state == OSUB_STATE_SUSPENDED;
+        if ((seen || off) && changed) {
             json_t *cmd = json_pack("{s:s, s:s, s:o}", "op", "usage", "id", id, "gpus", per);
             char err[256];
             osubd_apply(d->core, cmd, NULL, err, sizeof(err));

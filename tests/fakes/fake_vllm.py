@@ -38,6 +38,8 @@ section 1 (vLLM's sleep mode), in what a client can see:
   vLLM's CuMemAllocator does), cuMemAlloc for the residual; every generated token "launches"
   (a cuMemsetD8 on the residual), so a process locked by the CUDA checkpoint API stops
   generating. Under oversub's shim (LD_PRELOAD) the shim counts that memory, as for vLLM.
+- With --sleep-frees-nothing a sleep answers 200 and is_sleeping says true, but nothing is
+  freed (vllm#11743: with expandable_segments:True sleep freed 0 GiB).
 - It never speaks to oversub: degrade directives are never read (a webhook to it is a 404), as
   with the real server.
 Not modelled: tensor parallelism, CUDA graphs (a bigger residual is a flag), /sleep's tags, the
@@ -196,6 +198,8 @@ class Engine:
         return self.pause is not None or bool(self.sleeping_tags)
 
     def vram_used_mib(self) -> int:
+        if self.args.sleep_frees_nothing:
+            return self.args.vram_mib
         return self.args.residual_mib + sum(self.mib[t] for t in TAGS if t not in self.sleeping_tags)
 
     def sleep_state(self) -> str:
@@ -316,7 +320,7 @@ class Engine:
             try:
                 delay = self.args.sleep_ms + (self.args.first_sleep_ms if self.sleeps == 0 else 0)
                 time.sleep(delay / 1000)
-                if self.cuda:
+                if self.cuda and not self.args.sleep_frees_nothing:
                     for tag in TAGS:
                         if tag in self.handles:
                             self.cuda.release(self.handles.pop(tag))
@@ -344,7 +348,7 @@ class Engine:
                         delay += mib / self.args.wake_mib_per_s
                     time.sleep(delay)
                 for tag in want:
-                    if self.cuda and self.mib[tag] > 0:
+                    if self.cuda and self.mib[tag] > 0 and tag not in self.handles:
                         self.handles[tag] = self.cuda.create(self.mib[tag])  # CudaError: a 500
                     with self.cv:
                         self.sleeping_tags.discard(tag)
@@ -662,6 +666,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--park-racing-requests", action="store_true",
                    help="a request arriving during a sleep is never answered (vllm#45326)")
     p.add_argument("--cuda", action="store_true", help="hold the memory through libcuda.so.1")
+    p.add_argument("--sleep-frees-nothing", action="store_true",
+                   help="sleep answers 200 and frees nothing (vllm#11743, expandable_segments)")
     p.add_argument("--cuda-lib", default="libcuda.so.1")
     p.add_argument("--cuda-device", type=int, default=0)
     p.add_argument("--log", action="store_true", help="log each request on stderr")

@@ -55,7 +55,7 @@ env_json='{"FAKE_CUDA_STATE":"'$FAKE_CUDA_STATE'","FAKE_CUDA_MEM_MIB":"40960","L
 expect "the vLLM service" 201 "$(code POST /v1/services '{"id":"chat-exp","class":"experiment","vram":"16000MiB",
  "command":["'$py'","'$here'/tests/fakes/fake_vllm.py","--port","'$VP'","--dev-mode","--enable-sleep-mode",
   "--vram-mib","15000","--residual-mib","1000","--cuda","--cuda-lib","'$fakedir'/libcuda.so.1"],
- "env":'"$env_json"',"suspend":{"method":"vllm","url":"http://127.0.0.1:'$VP'","residual":"1000MiB"}}')"
+ "env":'"$env_json"',"suspend":{"method":"vllm","url":"http://127.0.0.1:'$VP'","residual":"500MiB"}}')"
 chat() { curl -s -m 10 "http://127.0.0.1:$VP/v1/chat/completions" -d '{"model":"fake-model","messages":[{"role":"user","content":"hi"}],"max_tokens":3}' | json '"ok" if d["choices"][0]["message"]["content"] else "empty"' 2>/dev/null; }
 chat_up() { [ "$(chat)" = ok ]; }
 wait_for 30 chat_up || bad "the fake vLLM did not answer: $(tail -3 "$D/err"; cat "$D"/st/logs/chat-exp* 2>/dev/null | tail -5)"
@@ -95,6 +95,11 @@ grep -q '^oversub_suspends_total 2$' <<<"$m" && ok || bad "no suspends counter: 
 grep -q '^oversub_service_suspends_total{service="train",class="batch"} 1$' <<<"$(api GET '/metrics?per_service=1')" && ok || bad "no per-service suspends"
 grep -q '^oversub_suspended_host_bytes [1-9]' <<<"$m" && ok || bad "no suspended host bytes: $(grep suspend <<<"$m" | head -5)"
 api GET "/v1/events?since=0" | grep -q '"kind":"suspend"' && ok || bad "no suspend event"
+# done is seen, not assumed: the asleep vLLM keeps 1000 MiB (its context; 500 were declared),
+# as the shim counts them; the checkpointed job nothing
+expect "the vLLM's residual as measured" 1000 "$(field chat-exp 'd["residual_mib"]')"
+expect "the checkpoint's residual" 0 "$(field train 'd["residual_mib"]')"
+api GET "/v1/events?since=0" | grep -q '1000 MiB still measured on its GPUs' && ok || bad "no measured residual in the events"
 
 # ---- the P0 released: both back on their GPU, same processes ----
 api DELETE /v1/services/online-a >/dev/null
@@ -136,13 +141,30 @@ pids+=($!)
 wait_for 10 test -s "$tmp/hp" || bad "the hanging server did not start"
 HP=$(cat "$tmp/hp")
 api DELETE /v1/services/chat-exp >/dev/null
+api DELETE /v1/services/train >/dev/null
+gone_all() { [ -z "$(field chat-exp 'd["state"]')" ] && [ -z "$(field train 'd["state"]')" ]; }
+wait_for 30 gone_all || bad "the first two did not go"
+NP=$(free_port)
+expect "a vLLM whose sleep frees nothing" 201 "$(code POST /v1/services '{"id":"nofree","class":"experiment","vram":"8000MiB",
+ "command":["'$py'","'$here'/tests/fakes/fake_vllm.py","--port","'$NP'","--dev-mode","--enable-sleep-mode",
+  "--vram-mib","7000","--residual-mib","500","--sleep-frees-nothing","--cuda","--cuda-lib","'$fakedir'/libcuda.so.1"],
+ "env":'"$env_json"',"suspend":{"method":"vllm","url":"http://127.0.0.1:'$NP'"}}')"
+nchat_up() { [ "$(curl -s -m 5 "http://127.0.0.1:$NP/is_sleeping" | json 'd["is_sleeping"]' 2>/dev/null)" = False ]; }
+wait_for 30 nchat_up || bad "the second fake vLLM did not answer"
+api POST /v1/services/nofree/ready '{}' >/dev/null
+held() { [ "$(field nofree 'd["used_mib"]')" = 7000 ]; }
+wait_for 30 held || bad "the shim did not count its memory: $(api GET /v1/services/nofree)"
 expect "a service whose suspend hangs" 201 "$(code POST /v1/services '{"id":"stuck","class":"experiment","vram":"16000MiB","suspend":{"method":"http","url":"http://127.0.0.1:'$HP'","suspend":"/s","resume":"/r"}}')"
 api POST /v1/services/stuck/ready '{}' >/dev/null
 api PUT /v1/services/stuck/usage '{"vram_mib":16000}' >/dev/null # it holds its memory
-expect "the P0 again" 202 "$(code POST /v1/services '{"id":"online-b","class":"online","vram":"30000MiB"}')"
-gone() { s=$(field stuck 'd["state"]'); [ "$s" = draining ] || [ "$s" = overdue ] || [ -z "$s" ]; }
-wait_for 30 gone || bad "a suspend past its timeout was not escalated: $(field stuck 'd["state"]')"
+expect "the P0 again" 202 "$(code POST /v1/services '{"id":"online-b","class":"online","vram":"36000MiB"}')"
+gone() { s=$(field "$1" 'd["state"]'); [ "$s" = draining ] || [ "$s" = overdue ] || [ -z "$s" ]; }
+wait_for 30 gone stuck || bad "a suspend past its timeout was not escalated: $(field stuck 'd["state"]')"
 api GET "/v1/events?since=0" | grep -q "suspend_timeout" && ok || bad "no suspend_timeout reason in the events"
+# its mechanism said done, its memory never fell: still suspending until the timeout evicts it
+api GET "/v1/events?since=0" | grep -q 'nofree: its mechanism says it is suspended, but 7000 MiB' && ok || bad "no wait for the fall: $(api GET "/v1/events?since=0" | grep -o '"message":"nofree[^"]*"' | tail -3)"
+wait_for 30 gone nofree || bad "a suspend whose memory never fell was not escalated: $(field nofree 'd["state"]')"
+expect "nofree was never suspended" 0 "$(api GET "/v1/events?since=0" | json 'sum(1 for e in d["events"] if e.get("service") == "nofree" and e.get("kind") == "suspended")')"
 
 echo "test_suspend: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
