@@ -333,6 +333,8 @@ typedef struct {
     /* suspend */
     bool suspendable;  /* its spec declares a method */
     bool suspend_hold; /* suspended by an operator or for idleness: stays until resumed */
+    bool suspend_idle; /* held for idleness: a gateway request resumes it */
+    int64_t woke_ms;   /* when it last resumed from a suspend (0: never) */
     uint32_t suspends; /* times it was suspended */
     int64_t host_mib;  /* what its suspend counts against the host budget (0: none) */
     int64_t resume_cost_ms;

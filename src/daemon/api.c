@@ -384,7 +384,10 @@ json_t *osubd__api_service_json(struct osubd_api *d, const struct osubd_caller *
         for (int32_t i = 0; i < si.n_waits; i++)
             json_array_append_new(
                 w, json_pack("{s:s, s:s, s:I}", "service", si.waits[i].service, "action",
-                             si.waits[i].evict ? "evict" : "degrade", "deadline_unix_ms",
+                             si.waits[i].evict     ? "evict"
+                             : si.waits[i].suspend ? "suspend"
+                                                   : "degrade",
+                             "deadline_unix_ms",
                              (json_int_t)osubd_engine_to_unix(d->core, si.waits[i].deadline_ms)));
         json_object_set_new(o, "waiting_for", w);
     }
@@ -395,6 +398,7 @@ json_t *osubd__api_service_json(struct osubd_api *d, const struct osubd_caller *
     if (si.suspendable) {
         json_object_set_new(o, "suspends", json_integer(si.suspends));
         json_object_set_new(o, "suspend_held", json_boolean(si.suspend_hold));
+        json_object_set_new(o, "suspend_idle", json_boolean(si.suspend_idle));
         json_object_set_new(o, "resume_cost_ms", json_integer(si.resume_cost_ms));
         json_object_set_new(o, "residual_mib", json_integer(si.residual_mib));
         if (si.host_mib > 0)

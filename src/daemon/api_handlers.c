@@ -142,6 +142,18 @@ static int route_not_self(struct osubd_api *d, const struct osubd_route *r, char
     return 0;
 }
 
+/* idle_suspend_ms suspends the service: it must say how (its "suspend"). */
+static int idle_needs_suspend(const json_t *spec, const struct osubd_route *route, char *err,
+                              size_t errlen)
+{
+    if (route == NULL || route->idle_suspend_ms == 0 || json_object_get(spec, "suspend") != NULL)
+        return 0;
+    snprintf(err, errlen,
+             "field 'idle_suspend_ms' needs 'suspend' (how the service is suspended: "
+             "{\"method\": \"cuda\"}, {\"method\": \"vllm\", \"url\": ...})");
+    return -1;
+}
+
 static void h_services_post(struct osubd_api *d, const struct osubd_caller *who,
                             struct evhttp_request *req, bool dry)
 {
@@ -154,7 +166,8 @@ static void h_services_post(struct osubd_api *d, const struct osubd_caller *who,
      * the engine accepts the submit: a refused submit changes nothing anywhere */
     struct osubd_route *route = NULL;
     if (osubd_route_take(spec, false, d->dest, &route, err, sizeof(err)) != 0 ||
-        route_not_self(d, route, err, sizeof(err)) != 0) {
+        route_not_self(d, route, err, sizeof(err)) != 0 ||
+        idle_needs_suspend(spec, route, err, sizeof(err)) != 0) {
         json_decref(spec);
         free(route);
         osubd__api_reply_error(d, req, 422, "invalid_spec", err);
@@ -224,7 +237,10 @@ static void h_services_post(struct osubd_api *d, const struct osubd_caller *who,
         for (int32_t i = 0; i < r.n_victims; i++) {
             json_t *o =
                 json_pack("{s:s, s:s, s:I}", "service", r.victims[i].service, "action",
-                          r.victims[i].evict ? "evict" : "degrade", "deadline_unix_ms",
+                          r.victims[i].evict     ? "evict"
+                          : r.victims[i].suspend ? "suspend"
+                                                 : "degrade",
+                          "deadline_unix_ms",
                           (json_int_t)osubd_engine_to_unix(d->core, r.victims[i].deadline_ms));
             /* who it is, for a scheduler ranking nodes by what they would disturb: its class,
              * its level, what a restart costs it, and the pod it is (if one) */

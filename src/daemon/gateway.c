@@ -421,6 +421,9 @@ void osubd__gw_admit(struct osubd_gateway *g, struct gw_req *r)
     int32_t prio = r->prio;
     long deadline = r->deadline_ms;
     r->t0 = now_s();
+    s->last_req = r->t0;
+    if (!s->v_serving && osubd__gw_wake(g, s, r))
+        return; /* suspended: answered 503 */
     if (s->v_serving && s->inflight < osubd__gw_eff_lim(s) && s->queue == NULL &&
         osubd__gw_stream_ok(s, r)) {
         osubd__gw_dispatch(g, r);

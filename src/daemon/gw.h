@@ -225,6 +225,10 @@ struct gw_svc {
      * come free; on the gateway's kicked list until the kick runs */
     bool kicked;
     struct gw_svc *kick_next;
+    /* idle suspend (gw_idle.c): its last request's arrival (now_s; 0: none yet), and when an
+     * idle suspend was last asked for (engine ms; 0: never) */
+    double last_req;
+    int64_t idle_tried_ms;
 };
 
 struct osubd_gateway {
@@ -304,6 +308,17 @@ static inline double now_s(void)
 }
 
 int osubd__gw_retry_after(const struct gw_svc *s);
+
+/* Idle suspend (gw_idle.c): each second, the services idle for their idle_suspend_ms are
+ * suspended; a request for a suspended service resumes it if it was suspended for idleness,
+ * and is answered 503 at once (true) when it cannot be served before its deadline; the
+ * Retry-After for a service in suspend (-1: not in suspend). */
+void osubd__gw_idle_tick(struct osubd_gateway *g);
+bool osubd__gw_wake(struct osubd_gateway *g, struct gw_svc *s, struct gw_req *r);
+/* Its queue waits while it is suspended for idleness (a request came as it was suspending):
+ * resumed. */
+void osubd__gw_wake_queued(struct osubd_gateway *g, struct gw_svc *s);
+int osubd__gw_suspend_retry_ms(struct osubd_gateway *g, const char *id);
 
 const struct osubd_route *osubd__gw_route_of(const struct osubd_gateway *d, const char *id);
 

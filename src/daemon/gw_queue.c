@@ -29,7 +29,14 @@ void osubd__gw_on_deadline(evutil_socket_t fd, short what, void *arg)
     struct gw_client *c = r->cl;
     osubd__gw_unqueue(s, r);
     osub_service_info_t si;
-    if (osub_engine_service_info(s->g->e, s->id, &si) != 0 || !osubd__gw_serving(&si)) {
+    int sus_ms = osubd__gw_suspend_retry_ms(s->g, s->id);
+    if (sus_ms > 0) {
+        s->rej_unavailable++;
+        osubd__gw_reply(r, 503, "Service Unavailable", "unavailable", "suspended",
+                        "the service is suspended (or resuming) and could not answer before the "
+                        "request's deadline",
+                        sus_ms);
+    } else if (osub_engine_service_info(s->g->e, s->id, &si) != 0 || !osubd__gw_serving(&si)) {
         s->rej_unavailable++;
         osubd__gw_reply(
             r, 503, "Service Unavailable", "unavailable", "not_running",
@@ -254,8 +261,12 @@ void osubd__gw_pump(struct osubd_gateway *g, struct gw_svc *s)
 {
     if (s->queue == NULL || g->stopping)
         return;
-    if (osubd__gw_svc_view(g, s) != 0 || !s->v_serving)
+    if (osubd__gw_svc_view(g, s) != 0)
         return;
+    if (!s->v_serving) {
+        osubd__gw_wake_queued(g, s);
+        return;
+    }
     int32_t lim = osubd__gw_eff_lim(s);
     while (s->queue != NULL && s->inflight < lim) {
         /* the first in order that may go: a body still arriving only within its share */
@@ -324,6 +335,7 @@ void osubd__gw_on_maint(evutil_socket_t fd, short what, void *arg)
     (void)what;
     struct osubd_gateway *g = arg;
     eng_poll(g); /* the engines' metrics, once a second */
+    osubd__gw_idle_tick(g);
     for (struct gw_svc **sp = &g->svcs; *sp != NULL;) {
         struct gw_svc *s = *sp;
         osubd__gw_kick(s); /* what time alone changes (an engine's limit gone stale) */

@@ -100,7 +100,8 @@ int osubd_route_take(json_t *spec, bool backends_only, const struct osubd_destin
         {"max_inflight", 1, OSUBD_ROUTE_INFLIGHT_MAX, offsetof(struct osubd_route, max_inflight)},
         {"max_queue", 0, OSUBD_ROUTE_QUEUE_MAX, offsetof(struct osubd_route, max_queue)},
         {"queue_timeout_ms", 1, 600000, offsetof(struct osubd_route, queue_timeout_ms)},
-        {"upstream_timeout_ms", 100, 600000, offsetof(struct osubd_route, upstream_timeout_ms)}};
+        {"upstream_timeout_ms", 100, 600000, offsetof(struct osubd_route, upstream_timeout_ms)},
+        {"idle_suspend_ms", 1000, 604800000, offsetof(struct osubd_route, idle_suspend_ms)}};
     for (size_t k = 0; k < sizeof(ints) / sizeof(ints[0]) && !backends_only; k++) {
         json_t *v = json_object_get(spec, ints[k].name);
         if (v == NULL)
@@ -163,6 +164,8 @@ json_t *osubd_route_json(const struct osubd_route *r)
         json_object_set_new(o, "queue_timeout_ms", json_integer(r->queue_timeout_ms));
     if (r->upstream_timeout_ms > 0)
         json_object_set_new(o, "upstream_timeout_ms", json_integer(r->upstream_timeout_ms));
+    if (r->idle_suspend_ms > 0)
+        json_object_set_new(o, "idle_suspend_ms", json_integer(r->idle_suspend_ms));
     if (r->metrics_url[0])
         json_object_set_new(o, "metrics_url", json_string(r->metrics_url));
     return o;
@@ -175,7 +178,7 @@ bool osubd_route_equal(const struct osubd_route *a, const struct osubd_route *b)
     if (a->n_backends != b->n_backends || a->max_inflight != b->max_inflight ||
         a->max_queue != b->max_queue || a->queue_timeout_ms != b->queue_timeout_ms ||
         a->upstream_timeout_ms != b->upstream_timeout_ms ||
-        strcmp(a->metrics_url, b->metrics_url) != 0)
+        a->idle_suspend_ms != b->idle_suspend_ms || strcmp(a->metrics_url, b->metrics_url) != 0)
         return false;
     for (int32_t i = 0; i < a->n_backends; i++)
         if (strcmp(a->backends[i], b->backends[i]) != 0)
@@ -226,6 +229,28 @@ void osubd_routes_forget(struct osubd_routes *t, const char *id)
 size_t osubd_routes_count(const struct osubd_routes *t)
 {
     return osubd__idmap_count(t->map);
+}
+
+osubd__idmap_key_t *osubd_routes_idle_ids(const struct osubd_routes *t, size_t *n)
+{
+    *n = 0;
+    size_t k = 0;
+    for (size_t i = 0; i < osubd__idmap_slots(t->map); i++) {
+        void *v;
+        if (osubd__idmap_at(t->map, i, &v) != NULL &&
+            ((struct osubd_route *)v)->idle_suspend_ms > 0)
+            k++;
+    }
+    if (k == 0)
+        return NULL;
+    osubd__idmap_key_t *ids = malloc(k * sizeof(*ids));
+    for (size_t i = 0; ids != NULL && i < osubd__idmap_slots(t->map) && *n < k; i++) {
+        void *v;
+        const char *id = osubd__idmap_at(t->map, i, &v);
+        if (id != NULL && ((struct osubd_route *)v)->idle_suspend_ms > 0)
+            snprintf(ids[(*n)++], sizeof(ids[0]), "%s", id);
+    }
+    return ids;
 }
 
 bool osubd_routes_dirty(const struct osubd_routes *t)

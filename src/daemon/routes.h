@@ -11,6 +11,7 @@
 #include <jansson.h>
 
 #include "core.h"
+#include "idmap.h"
 
 #define OSUBD_ROUTE_BACKENDS_MAX 16   /* backends of one service */
 #define OSUBD_ROUTE_URL_MAX 255       /* an http://HOST:PORT URL */
@@ -24,6 +25,7 @@ struct osubd_route {
     int32_t max_queue;           /* -1: not given (twice the limit) */
     int32_t queue_timeout_ms;    /* 0: not given (5 s) */
     int32_t upstream_timeout_ms; /* 0: not given (the gateway's default) */
+    int32_t idle_suspend_ms;     /* 0: never; else suspended after so long without a request */
     /* the serving engine's Prometheus endpoint (vLLM's or SGLang's /metrics), "" for none: the
      * gateway lowers the in-flight limit while the engine queues or its KV cache is full */
     char metrics_url[OSUBD_ROUTE_URL_MAX + 1];
@@ -40,9 +42,9 @@ struct osubd_destinations;
 void osubd_routes_allow(struct osubd_routes *t, const struct osubd_destinations *dest);
 
 /* Takes the gateway's fields (backends, max_inflight, max_queue, queue_timeout_ms,
- * upstream_timeout_ms, metrics_url) out of a submitted spec (or a PUT .../backends body when
- * backends_only). *out: a new record, or NULL when no field was given. Returns 0, or -1 with a
- * sentence in err naming the field. */
+ * upstream_timeout_ms, idle_suspend_ms, metrics_url) out of a submitted spec (or a PUT .../backends
+ * body when backends_only). *out: a new record, or NULL when no field was given. Returns 0, or -1
+ * with a sentence in err naming the field. */
 /* dest: where backends may be (NULL: anywhere, for routes already in the state) */
 int osubd_route_take(json_t *spec, bool backends_only, const struct osubd_destinations *dest,
                      struct osubd_route **out, char *err, size_t errlen);
@@ -58,6 +60,8 @@ int osubd_routes_set_backends(struct osubd_routes *t, const char *id, const stru
 /* Forgets a released service. */
 void osubd_routes_forget(struct osubd_routes *t, const char *id);
 size_t osubd_routes_count(const struct osubd_routes *t);
+/* The ids whose route has an idle_suspend_ms (malloc'd, *n of them; NULL when none). */
+osubd__idmap_key_t *osubd_routes_idle_ids(const struct osubd_routes *t, size_t *n);
 
 /* Saving: changed since the last save; the table as one JSON text (malloc'd); marking saved.
  * Loading: replaces the table with a saved text; -1 with a sentence in err. */

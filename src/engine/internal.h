@@ -75,6 +75,7 @@ struct svc {
      * resuming, and the engine's host_used is the sum of them. */
     bool suspendable;       /* preemptible and its spec names a method */
     bool susp_hold;         /* suspended by an operator or for idleness: no wake by the pass */
+    bool susp_idle;         /* held for idleness: a gateway request resumes it */
     bool woke;              /* resumed from a suspend at least once (wake_ms then) */
     osub_state_t susp_from; /* running or degraded: what it returns to */
     int64_t resume_cost_ms;

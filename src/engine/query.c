@@ -166,6 +166,8 @@ int osub_engine_service_info(osub_engine_t *e, const char *id, osub_service_info
     snprintf(out->checkpoint, sizeof(out->checkpoint), "%s", s->checkpoint);
     out->suspendable = s->suspendable;
     out->suspend_hold = s->susp_hold;
+    out->suspend_idle = s->susp_idle;
+    out->woke_ms = s->woke ? s->wake_ms : 0;
     out->suspends = s->n_suspends;
     out->host_mib = s->host_mib;
     out->resume_cost_ms = s->resume_cost_ms;
@@ -279,9 +281,9 @@ char *osub_engine_dump(const osub_engine_t *e)
                            " susp(%d res %lld/%lld rc %lld hold %d woke %d/%lld from %d host "
                            "%lld n %u)",
                            (int)p->suspend.method, (long long)p->suspend.residual_mib,
-                           (long long)s->residual_est, (long long)s->resume_cost_ms, s->susp_hold,
-                           s->woke, (long long)s->wake_ms, (int)s->susp_from,
-                           (long long)s->host_mib, s->n_suspends);
+                           (long long)s->residual_est, (long long)s->resume_cost_ms,
+                           s->susp_hold + s->susp_idle, s->woke, (long long)s->wake_ms,
+                           (int)s->susp_from, (long long)s->host_mib, s->n_suspends);
         osub_sb_printf(&b, "\n");
     }
     osub_sb_printf(&b, "queue");

@@ -40,9 +40,9 @@ static void save_susp(struct osub_sbuf *o, const struct svc *s)
     osub_sb_printf(o,
                    " residual_spec=%lld resume_cost=%lld hold=%d woke=%d from=%d host=%lld "
                    "residual=%lld wake=%lld n=%u\n",
-                   (long long)x->residual_mib, (long long)s->spec.resume_cost_ms, s->susp_hold,
-                   s->woke, (int)s->susp_from, (long long)s->host_mib, (long long)s->residual_est,
-                   (long long)s->wake_ms, s->n_suspends);
+                   (long long)x->residual_mib, (long long)s->spec.resume_cost_ms,
+                   s->susp_hold + s->susp_idle, s->woke, (int)s->susp_from, (long long)s->host_mib,
+                   (long long)s->residual_est, (long long)s->wake_ms, s->n_suspends);
 }
 
 char *osub_engine_save(const osub_engine_t *e)
@@ -657,11 +657,12 @@ static int load_susp(struct loader *ld, const struct line *l)
     if (s == NULL || s->spec.suspend.method != OSUB_SUSPEND_NONE || s->n_suspends != 0)
         return OSUB_EBAD_SNAPSHOT;
     osub_suspend_spec_t *x = &s->spec.suspend;
-    bool hold, woke;
+    int32_t hold;
+    bool woke;
     if (!get_i32(l, "method", &method) || method < 0 || method > OSUB_SUSPEND_HTTP ||
         !get_i64(l, "residual_spec", &x->residual_mib) ||
-        !get_i64(l, "resume_cost", &s->spec.resume_cost_ms) || !get_bool(l, "hold", &hold) ||
-        !get_bool(l, "woke", &woke) || !get_i32(l, "from", &from) ||
+        !get_i64(l, "resume_cost", &s->spec.resume_cost_ms) || !get_i32(l, "hold", &hold) ||
+        hold < 0 || hold > 2 || !get_bool(l, "woke", &woke) || !get_i32(l, "from", &from) ||
         !get_i64(l, "host", &s->host_mib) || !get_i64(l, "residual", &s->residual_est) ||
         !get_i64(l, "wake", &s->wake_ms) || !get_i64(l, "n", &n) || n < 0 || n > UINT32_MAX ||
         x->residual_mib < 0 || s->host_mib < 0 || s->residual_est < 0 ||
@@ -672,7 +673,8 @@ static int load_susp(struct loader *ld, const struct line *l)
     int64_t est = s->residual_est;
     osub__susp_derive(s);
     s->residual_est = est;
-    s->susp_hold = hold;
+    s->susp_hold = hold > 0; /* 2: held for idleness */
+    s->susp_idle = hold == 2;
     s->woke = woke;
     s->susp_from = (osub_state_t)from;
     s->n_suspends = (uint32_t)n;

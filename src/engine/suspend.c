@@ -92,6 +92,7 @@ void osub__susp_clear(osub_engine_t *e, struct svc *s)
     e->host_used -= s->host_mib;
     s->host_mib = 0;
     s->susp_hold = false;
+    s->susp_idle = false;
     assert(e->host_used >= 0);
 }
 
@@ -175,7 +176,9 @@ static void svc_wake(osub_engine_t *e, struct svc *s, osub_reason_t reason)
         "resuming %s (%s) on %s with its %lld MiB grant: %s; resumed within %lld ms, then not "
         "suspended again for %lld ms",
         s->spec.id, osub__class_of(e, s), gb, (long long)osub__grant_total(s),
-        reason == OSUB_R_USER ? "an operator asked" : "its GPUs have room again",
+        reason == OSUB_R_USER   ? "an operator asked"
+        : reason == OSUB_R_IDLE ? "a request came for it, suspended for idleness"
+                                : "its GPUs have room again",
         (long long)s->resume_cost_ms, (long long)e->cfg.suspend_min_runtime_ms);
     osub__ev_svc(ev, s);
     ev->vram_mib = osub__grant_total(s);
@@ -274,8 +277,11 @@ int osub_engine_suspend(osub_engine_t *e, const char *id, unsigned flags, int64_
     osub__advance(e, now_ms);
     /* the timers that ran keep it placed and add no held memory: what was checked stands, but
      * a degrade of it may have escalated meanwhile */
-    if (osub__in_suspend(s) || osub__susp_state_ok(s))
+    if (osub__in_suspend(s) || osub__susp_state_ok(s)) {
+        /* an operator's hold is not an idle one: only an idle one is woken by a request */
+        s->susp_idle = (flags & OSUB_SUSPEND_IDLE) != 0 && (!s->susp_hold || s->susp_idle);
         s->susp_hold = true;
+    }
     if (!already && osub__susp_state_ok(s))
         osub__svc_suspend(e, s, "", -1,
                           (flags & OSUB_SUSPEND_IDLE) != 0 ? OSUB_R_IDLE : OSUB_R_USER);
@@ -298,9 +304,11 @@ int osub_engine_resume(osub_engine_t *e, const char *id, int64_t now_ms)
     if (rc != 0)
         return rc;
     osub__advance(e, now_ms);
+    osub_reason_t why = s->susp_idle ? OSUB_R_IDLE : OSUB_R_USER;
     s->susp_hold = false;
+    s->susp_idle = false;
     if (s->state == OSUB_STATE_SUSPENDED && wake_room(e, s))
-        svc_wake(e, s, OSUB_R_USER);
+        svc_wake(e, s, why);
     e->dirty = true;
     osub__finish(e);
     return 0;

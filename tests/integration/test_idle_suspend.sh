@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# test_idle_suspend.sh - idle suspend and wake on request through the gateway (issue 25), driven
+# by the official OpenAI Node SDK (tests/sdk/idle_suspend.test.mjs): a service run by the fake
+# vLLM (tests/fakes/fake_vllm.py, sleep mode, method vllm) with idle_suspend_ms is suspended
+# when no request comes; a request resumes it and is answered by the same process; one whose
+# deadline is shorter than the resume gets 503 with Retry-After; an operator's suspend is not
+# undone by traffic.
+# Usage: test_idle_suspend.sh PATH/TO/oversubd
+set -u
+bin=$(realpath "$1")
+here=$(cd "$(dirname "$0")" && pwd)
+top=$(cd "$here/../.." && pwd)
+sdk=$here/../sdk
+. "$here/lib.sh"
+[ -d "$sdk/node_modules/openai" ] || { echo "test_idle_suspend: the SDK is not installed (scripts/install-deps.sh test runs npm ci in tests/sdk)"; exit 1; }
+cat >"$tmp/c.yaml" <<EOF
+allow_root_services: true
+suspend_host_mib: 65536
+suspend_min_runtime_ms: 3000
+tick_ms: 100
+EOF
+"$bin" --config "$tmp/c.yaml" --listen 127.0.0.1:0 --gateway 127.0.0.1:0 --socket "$tmp/s.sock" \
+    --state "$tmp/st/db" --gpus sim:1x40960 --ratio 2.0 >"$tmp/out" 2>"$tmp/err" &
+pids+=($!)
+PORT=$(waitline "$tmp/out" "listening on http://127.0.0.1:") || { echo "oversubd did not start: $(cat "$tmp/err")"; exit 1; }
+GW=$(waitline "$tmp/out" "gateway on http://127.0.0.1:") || { echo "no gateway line"; exit 1; }
+VP=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+sock() { curl -s --unix-socket "$tmp/s.sock" -X "$1" "http://x$2" ${3:+-d "$3"}; }
+code() { curl -s -o "$tmp/body" -w '%{http_code}' --unix-socket "$tmp/s.sock" -X "$1" "http://x$2" ${3:+-d "$3"}; }
+# idle_suspend_ms without a suspend method is refused with a sentence
+expect "idle_suspend_ms needs suspend" 422 "$(code POST /v1/services '{"id":"x","class":"batch","vram":"1GiB","backends":["http://127.0.0.1:9"],"idle_suspend_ms":2000}')"
+grep -q "idle_suspend_ms" "$tmp/body" && ok || bad "no sentence: $(cat "$tmp/body")"
+expect "idle_suspend_ms below 1 s" 422 "$(code POST /v1/services '{"id":"x","class":"batch","vram":"1GiB","backends":["http://127.0.0.1:9"],"idle_suspend_ms":5,"suspend":{"method":"vllm","url":"http://127.0.0.1:9"}}')"
+expect "the idle service" 201 "$(code POST /v1/services '{"id":"chat","class":"experiment","vram":"16000MiB",
+ "command":["/usr/bin/python3","'$top'/tests/fakes/fake_vllm.py","--port","'$VP'","--dev-mode","--enable-sleep-mode",
+  "--vram-mib","15000","--residual-mib","1000","--wake-ms","300"],
+ "backends":["http://127.0.0.1:'$VP'"],"idle_suspend_ms":1500,"queue_timeout_ms":30000,"resume_cost_ms":2000,
+ "suspend":{"method":"vllm","url":"http://127.0.0.1:'$VP'"}}')"
+up() { curl -s -m 2 "http://127.0.0.1:$VP/is_sleeping" | grep -q false; }
+for _ in $(seq 1 600); do up && break; sleep 0.05; done
+up || bad "the fake vLLM did not start: $(cat "$tmp"/st/logs/chat* 2>/dev/null | tail -5)"
+sock POST /v1/services/chat/ready '{}' >/dev/null
+expect "the route shows idle_suspend_ms" 1500 "$(sock GET /v1/services/chat | json 'd["idle_suspend_ms"]')"
+node "$sdk/idle_suspend.test.mjs" "http://127.0.0.1:$GW" "http://127.0.0.1:$PORT" || fail=$((fail + 1))
+# released: its process goes with it
+vpid=$(sock GET /v1/services/chat | json 'd["pid"]')
+sock DELETE /v1/services/chat >/dev/null
+for _ in $(seq 1 600); do kill -0 "$vpid" 2>/dev/null || break; sleep 0.05; done
+kill -0 "$vpid" 2>/dev/null && bad "the released service's process still runs" || ok
+echo "test_idle_suspend: $pass passed, $fail failed (shell checks; the SDK's are above)"
+[ "$fail" -eq 0 ]
