@@ -7,7 +7,7 @@
 #
 # The flag lists follow each command's --help (tests/cli/test_cli.sh checks they agree).
 
-_oversub_commands="status list deploy ready resize release usage events explain queue logs gpu
+_oversub_commands="status list deploy ready resize release suspend resume usage events explain queue logs gpu
 ratio simulate advise demo help"
 
 # A command's flags; a trailing '=' marks one that takes a value.
@@ -21,7 +21,8 @@ _oversub_flags() {
         echo "--class= --vram= --min-vram= --gpus= --compute= --exclusive --resumable --no-queue
             --dry-run --wait --timeout= --restart-cost= --batch= --min-batch= --grace= --backend=
             --max-inflight= --max-queue= --queue-timeout= --control-url= --env= --user=
-            --workdir= --checkpoint-dir= --restart= --max-restarts="
+            --workdir= --checkpoint-dir= --restart= --max-restarts= --suspend= --suspend-url=
+            --idle-suspend="
         ;;
     ready) echo "--timeout=" ;;
     resize) echo "--vram= --min-vram= --batch=" ;;
@@ -101,6 +102,10 @@ _oversub() {
         mapfile -t COMPREPLY < <(compgen -W "never on-failure" -- "$cur")
         return 0
         ;;
+    --suspend)
+        mapfile -t COMPREPLY < <(compgen -W "cuda vllm sglang" -- "$cur")
+        return 0
+        ;;
     --policy)
         mapfile -t COMPREPLY < <(compgen -W "static brief oversub hindsight" -- "$cur")
         return 0
@@ -140,7 +145,7 @@ _oversub() {
         return 0
     fi
     case $cmd in
-    ready | resize | release | usage | explain | logs)
+    ready | resize | release | suspend | resume | usage | explain | logs)
         if [ "$npos" = 0 ]; then
             mapfile -t COMPREPLY < <(compgen -W "$(_oversub_ids "$cli" "${url[@]}")" -- "$cur")
         fi

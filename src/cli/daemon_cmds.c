@@ -435,6 +435,11 @@ static const struct flag deploy_flags[] = {
     {"max-queue", 0, "N", "the gateway: requests waiting beyond that"},
     {"queue-timeout", 0, "MS", "the gateway: how long a request may wait"},
     {"control-url", 0, "URL", "a webhook for its directives"},
+    {"suspend", 0, "METHOD",
+     "preempted by a suspend rather than evicted: cuda (the CUDA\ncheckpoint API), vllm or "
+     "sglang (with --suspend-url)"},
+    {"suspend-url", 0, "URL", "the vLLM or SGLang server's http://HOST:PORT"},
+    {"idle-suspend", 0, "MS", "the gateway: suspend it after MS without a request"},
     {"env", 0, "NAME=VALUE", "managed: its environment (repeatable)"},
     {"user", 0, "USER", "managed: the user it runs as"},
     {"workdir", 0, "DIR", "managed: its working folder"},
@@ -505,6 +510,19 @@ static const struct command commands[] = {
      "Releases the service: it leaves its GPUs (a managed one is stopped).\n"
      "--json: the daemon's answer.",
      1, 1, false, no_flags, "  oversub release chat", dcmd_release},
+    {"suspend", "ID", "suspend a service: its GPU memory to the host, its processes live on",
+     "Suspends a running or degraded service that declares a suspend method (its\n"
+     "\"suspend\" in the spec: cuda, vllm, sglang or http): its GPU memory goes to host\n"
+     "memory and its GPUs are free for others; it stays suspended, held, until\n"
+     "'oversub resume ID' (traffic through the gateway gets 503 meanwhile). Refused\n"
+     "(exit 1) when it declares no method, is in no state to suspend, or its memory would\n"
+     "exceed the pool's suspend_host_mib. --json: the service.",
+     1, 1, false, no_flags, "  oversub suspend nightly && oversub explain nightly", dcmd_suspend},
+    {"resume", "ID", "let a suspended service come back",
+     "Lets a suspended service come back on the GPUs it left: at once when they have\n"
+     "room for its grant, else as soon as they do (ahead of the queue at its level).\n"
+     "--json: the service.",
+     1, 1, false, no_flags, "  oversub resume nightly", dcmd_resume},
     {"usage", "ID --vram SIZE [--compute PCT]", "report the memory a service uses now",
      "Reports a service's memory in use (what a service without the CUDA shim or\n"
      "NVML process accounting tells the daemon). --json: the service.",

@@ -117,6 +117,8 @@ int dcmd_deploy(const struct args *a);
 int dcmd_ready(const struct args *a);
 int dcmd_resize(const struct args *a);
 int dcmd_release(const struct args *a);
+int dcmd_suspend(const struct args *a);
+int dcmd_resume(const struct args *a);
 int dcmd_usage(const struct args *a);
 int dcmd_gpu(const struct args *a);
 int dcmd_ratio(const struct args *a);

@@ -202,6 +202,7 @@ static const struct {
                     {"max-inflight", "max_inflight", 1000000},
                     {"max-queue", "max_queue", 1000000},
                     {"queue-timeout", "queue_timeout_ms", 86400000},
+                    {"idle-suspend", "idle_suspend_ms", 604800000},
                     {"grace", "grace_ms", 86400000},
                     {"restart-cost", "restart_cost_ms", 86400000},
                     {"max-restarts", "max_restarts", 1000000}};
@@ -274,6 +275,40 @@ static void print_deploy(const char *id, json_t *r, bool dry, bool will_wait)
     if (hint && !will_wait)
         printf("  next: 'oversub ready %s' waits until it is running\n", id);
     fflush(stdout);
+}
+
+/* --suspend METHOD [--suspend-url URL]: the spec's "suspend" (http, with its paths, through the
+ * API's JSON). */
+static int suspend_arg(const struct args *a, json_t *spec)
+{
+    const char *m = dcmd_opt(a, "suspend"), *url = dcmd_opt(a, "suspend-url");
+    if (m == NULL) {
+        if (url == NULL)
+            return 0;
+        fprintf(stderr, "oversub deploy: --suspend-url goes with --suspend vllm or sglang\n");
+        return -1;
+    }
+    bool cuda = strcmp(m, "cuda") == 0;
+    if (!cuda && strcmp(m, "vllm") != 0 && strcmp(m, "sglang") != 0) {
+        fprintf(stderr,
+                "oversub deploy: --suspend is cuda, vllm or sglang, not '%s' (the http method, "
+                "with its paths, is given in the spec's JSON: POST /v1/services)\n",
+                m);
+        return -1;
+    }
+    if (cuda != (url == NULL)) {
+        fprintf(stderr,
+                cuda ? "oversub deploy: --suspend cuda takes no --suspend-url\n"
+                     : "oversub deploy: --suspend %s needs --suspend-url URL (the "
+                       "server's http://HOST:PORT)\n",
+                m);
+        return -1;
+    }
+    json_t *o = json_pack("{s:s}", "method", m);
+    if (url != NULL)
+        json_object_set_new(o, "url", json_string(url));
+    json_object_set_new(spec, "suspend", o);
+    return 0;
 }
 
 int dcmd_deploy(const struct args *a)
@@ -364,6 +399,8 @@ int dcmd_deploy(const struct args *a)
             json_object_set_new(env, name, json_string(eq + 1));
         }
     }
+    if (suspend_arg(a, spec) != 0)
+        goto usage;
     if (a->dashdash) {
         if (a->n_rest == 0) {
             fprintf(stderr, "oversub deploy: '--' with no program after it\n");
@@ -466,6 +503,29 @@ int dcmd_release(const struct args *a)
         return EX_USAGE;
     dcmd_svc_path(path, sizeof(path), a->pos[0], "");
     return service_cmd("DELETE", path, NULL);
+}
+
+/* oversub suspend ID / oversub resume ID: an operator's suspend (held until resumed) */
+static int suspend_cmd(const struct args *a, const char *op)
+{
+    char path[160];
+    if (dcmd_check_id(a->pos[0]) != 0)
+        return EX_USAGE;
+    dcmd_svc_path(path, sizeof(path), a->pos[0], op);
+    json_t *b = json_object();
+    int ex = service_cmd("POST", path, b);
+    json_decref(b);
+    return ex;
+}
+
+int dcmd_suspend(const struct args *a)
+{
+    return suspend_cmd(a, "/suspend");
+}
+
+int dcmd_resume(const struct args *a)
+{
+    return suspend_cmd(a, "/resume");
 }
 
 int dcmd_usage(const struct args *a)

@@ -216,7 +216,7 @@ int dcmd_status(const struct args *a)
                    json_is_true(json_object_get(g, "cordoned")) ? "cordoned " : "",
                    json_is_true(json_object_get(g, "lost")) ? "lost" : "");
         }
-        printf("\n%-24s %-10s %-9s %9s %9s %9s  %-8s %s\n", "SERVICE", "CLASS", "STATE", "grant",
+        printf("\n%-24s %-10s %-10s %9s %9s %9s  %-8s %s\n", "SERVICE", "CLASS", "STATE", "grant",
                "held", "used", "GPUs", "PROCESS");
         json_t *s;
         json_array_foreach(json_object_get(svcs, "services"), i, s)
@@ -224,7 +224,7 @@ int dcmd_status(const struct args *a)
             char gpus[128], proc[64];
             dcmd_fmt_gpus(s, gpus, sizeof(gpus));
             process_text(s, proc, sizeof(proc));
-            printf("%-24s %-10s %-9s %9lld %9lld %9lld  %-8s %s\n", dcmd_gets(s, "id"),
+            printf("%-24s %-10s %-10s %9lld %9lld %9lld  %-8s %s\n", dcmd_gets(s, "id"),
                    dcmd_gets(s, "class"), dcmd_gets(s, "state"),
                    (long long)dcmd_geti(s, "grant_mib"), (long long)dcmd_geti(s, "held_mib"),
                    (long long)dcmd_geti(s, "used_mib"), gpus[0] ? gpus : "-", proc);
@@ -252,13 +252,13 @@ int dcmd_list(const struct args *a)
     } else if (dcmd_opt(a, "ids") != NULL) {
         json_array_foreach(list, i, s) printf("%s\n", dcmd_gets(s, "id"));
     } else {
-        printf("%-24s %-10s %-9s %9s %9s  %s\n", "SERVICE", "CLASS", "STATE", "grant MiB",
+        printf("%-24s %-10s %-10s %9s %9s  %s\n", "SERVICE", "CLASS", "STATE", "grant MiB",
                "vram MiB", "GPUs");
         json_array_foreach(list, i, s)
         {
             char gpus[128];
             dcmd_fmt_gpus(s, gpus, sizeof(gpus));
-            printf("%-24s %-10s %-9s %9lld %9lld  %s\n", dcmd_gets(s, "id"), dcmd_gets(s, "class"),
+            printf("%-24s %-10s %-10s %9lld %9lld  %s\n", dcmd_gets(s, "id"), dcmd_gets(s, "class"),
                    dcmd_gets(s, "state"), (long long)dcmd_geti(s, "grant_mib"),
                    (long long)dcmd_geti(s, "vram_mib"), gpus[0] ? gpus : "-");
         }
@@ -268,6 +268,43 @@ int dcmd_list(const struct args *a)
 }
 
 /* ---- explain --------------------------------------------------------------------------- */
+
+/* A service in suspend: where its memory is, what stays, what brings it back. */
+static void explain_suspend(json_t *s, const char *st)
+{
+    const char *method = dcmd_gets(json_object_get(s, "suspend"), "method");
+    if (strcmp(st, "suspending") == 0) {
+        char when[64];
+        dcmd_fmt_time(dcmd_geti(s, "deadline_unix_ms"), false, when, sizeof(when));
+        printf(": its memory is going to host memory (method %s); it holds its %lld MiB until "
+               "its memory is seen to fall, and is evicted with its grace if that has not "
+               "happened by %s\n",
+               method, (long long)dcmd_geti(s, "held_mib"), when);
+        return;
+    }
+    if (strcmp(st, "resuming") == 0) {
+        printf(": its memory is coming back from host memory (method %s) on the GPUs it left; "
+               "it holds its %lld MiB grant, as a loading service does, within %lld ms\n",
+               method, (long long)dcmd_geti(s, "grant_mib"),
+               (long long)dcmd_geti(s, "resume_cost_ms"));
+        return;
+    }
+    printf(": its GPU memory is in host memory (%lld MiB, method %s); its processes live on; "
+           "%lld MiB stay on its GPUs (its residual); it keeps its %lld MiB grant\n",
+           (long long)dcmd_geti(s, "host_mib"), method, (long long)dcmd_geti(s, "residual_mib"),
+           (long long)dcmd_geti(s, "grant_mib"));
+    if (json_is_true(json_object_get(s, "suspend_idle")))
+        printf("  suspended for idleness (no gateway request for %lld ms): its next request "
+               "resumes it when its GPUs have room\n",
+               (long long)dcmd_geti(s, "idle_suspend_ms"));
+    else if (json_is_true(json_object_get(s, "suspend_held")))
+        printf("  suspended by an operator: it stays so until 'oversub resume %s'\n",
+               dcmd_gets(s, "id"));
+    else
+        printf("  suspended to make room: it resumes, in about %lld ms, as soon as its GPUs "
+               "have room for its grant (ahead of the queue at its level)\n",
+               (long long)dcmd_geti(s, "resume_cost_ms"));
+}
 
 int dcmd_explain(const struct args *a)
 {
@@ -318,6 +355,9 @@ int dcmd_explain(const struct args *a)
     } else if (strcmp(st, "overdue") == 0) {
         printf(": evicted and past its grace period; its memory is counted until it exits (a "
                "service waiting for it went back to the queue)\n");
+    } else if (strcmp(st, "suspending") == 0 || strcmp(st, "suspended") == 0 ||
+               strcmp(st, "resuming") == 0) {
+        explain_suspend(s, st);
     } else if (strcmp(st, "loading") == 0) {
         printf(": started; until it reports ready (or its restart cost passes) it holds its "
                "whole grant of %lld MiB ('oversub ready %s' waits for it)\n",

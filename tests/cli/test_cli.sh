@@ -145,7 +145,7 @@ contains "too big named (hindsight)" "$tmp/out" "hindsight: not feasible: a serv
 
 # ---- every command's usage: --help, -h and 'help CMD' on stdout with exit 0; an unknown flag
 # exits 2 with the usage on stderr; the top-level help lists one command a line ----
-cmds="status list deploy ready resize release usage events explain queue logs gpu ratio simulate
+cmds="status list deploy ready resize release suspend resume usage events explain queue logs gpu ratio simulate
 advise demo"
 for c in $cmds; do
     for way in "$c --help" "$c -h" "help $c"; do
@@ -347,6 +347,15 @@ else
     check "release --json: refused" 1 C --json release nobody
     jcheck "release --json: the error document" "d['error']['code'] == 'unknown_service'"
     contains "release: refused on stderr" "$tmp/err" "refused (404 unknown_service)"
+    # suspend: bad flags are usage errors; a service without a method is refused by the daemon
+    check "deploy --suspend foo" 2 C deploy s1 --class batch --vram 1GiB --suspend foo
+    contains "deploy --suspend foo (says so)" "$tmp/err" "cuda, vllm or sglang, not 'foo'"
+    check "deploy --suspend vllm without a URL" 2 C deploy s1 --class batch --vram 1GiB --suspend vllm
+    check "deploy --suspend cuda with a URL" 2 C deploy s1 --class batch --vram 1GiB --suspend cuda --suspend-url http://127.0.0.1:9
+    check "deploy --suspend-url alone" 2 C deploy s1 --class batch --vram 1GiB --suspend-url http://127.0.0.1:9
+    check "suspend: no method" 1 C suspend quick
+    contains "suspend: no method (says so)" "$tmp/err" "refused (4[0-9][0-9] "
+    check "suspend: two ids" 2 C suspend a b
     check "deploy: refused" 1 C deploy huge --class batch --vram 500GiB
     contains "deploy: refused (says why)" "$tmp/err" "too_big"
     check "ratio" 0 C ratio

@@ -42,6 +42,22 @@ up || bad "the fake vLLM did not start: $(cat "$tmp"/st/logs/chat* 2>/dev/null |
 sock POST /v1/services/chat/ready '{}' >/dev/null
 expect "the route shows idle_suspend_ms" 1500 "$(sock GET /v1/services/chat | json 'd["idle_suspend_ms"]')"
 node "$sdk/idle_suspend.test.mjs" "http://127.0.0.1:$GW" "http://127.0.0.1:$PORT" || fail=$((fail + 1))
+# the CLI: an operator's suspend, explain, resume
+cli=$(dirname "$bin")/oversub
+O() { "$cli" --url "unix:$tmp/s.sock" "$@"; }
+O suspend chat >"$tmp/cli.out" 2>&1 && ok || bad "oversub suspend: $(cat "$tmp/cli.out")"
+grep -q "^chat: suspend" "$tmp/cli.out" && ok || bad "oversub suspend says: $(cat "$tmp/cli.out")"
+for _ in $(seq 1 600); do [ "$(sock GET /v1/services/chat | json 'd["state"]')" = suspended ] && break; sleep 0.05; done
+O explain chat >"$tmp/cli.out" 2>&1
+grep -q "is suspended: its GPU memory is in host memory" "$tmp/cli.out" && ok || bad "explain: $(cat "$tmp/cli.out")"
+grep -q "suspended by an operator: it stays so until 'oversub resume chat'" "$tmp/cli.out" && ok || bad "explain (held): $(cat "$tmp/cli.out")"
+O list >"$tmp/cli.out" 2>&1
+grep -q "^chat  *experiment suspended" "$tmp/cli.out" && ok || bad "list: $(cat "$tmp/cli.out")"
+O resume chat >"$tmp/cli.out" 2>&1 && ok || bad "oversub resume: $(cat "$tmp/cli.out")"
+for _ in $(seq 1 600); do [ "$(sock GET /v1/services/chat | json 'd["state"]')" = running ] && break; sleep 0.05; done
+expect "running after oversub resume" running "$(sock GET /v1/services/chat | json 'd["state"]')"
+O resume chat >"$tmp/cli.out" 2>&1
+expect "resume of a running service: refused" 1 "$?"
 # released: its process goes with it
 vpid=$(sock GET /v1/services/chat | json 'd["pid"]')
 sock DELETE /v1/services/chat >/dev/null
