@@ -142,6 +142,25 @@ static int route_not_self(struct osubd_api *d, const struct osubd_route *r, char
     return 0;
 }
 
+/* A webhook or a suspend endpoint at oversubd's own API or gateway would have oversubd call
+ * itself (a loop, or a service's directive answered by the daemon): refused, as backends are. */
+static int urls_not_self(struct osubd_api *d, const json_t *spec, char *err, size_t errlen)
+{
+    static const char *const names[] = {"control_url", "suspend.url"};
+    const char *urls[] = {
+        json_string_value(json_object_get(spec, "control_url")),
+        json_string_value(json_object_get(json_object_get(spec, "suspend"), "url"))};
+    for (size_t i = 0; i < 2; i++) {
+        const char *w = urls[i] != NULL ? osubd_self_url(d->self, urls[i]) : NULL;
+        if (w != NULL) {
+            snprintf(err, errlen, "%s %.200s is oversubd's own %s: oversubd never calls itself",
+                     names[i], urls[i], w);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* idle_suspend_ms suspends the service: it must say how (its "suspend"). */
 static int idle_needs_suspend(const json_t *spec, const struct osubd_route *route, char *err,
                               size_t errlen)
@@ -167,6 +186,7 @@ static void h_services_post(struct osubd_api *d, const struct osubd_caller *who,
     struct osubd_route *route = NULL;
     if (osubd_route_take(spec, false, d->dest, &route, err, sizeof(err)) != 0 ||
         route_not_self(d, route, err, sizeof(err)) != 0 ||
+        urls_not_self(d, spec, err, sizeof(err)) != 0 ||
         idle_needs_suspend(spec, route, err, sizeof(err)) != 0) {
         json_decref(spec);
         free(route);
@@ -431,6 +451,15 @@ static void h_service_cmd(struct osubd_api *d, const struct osubd_caller *who,
     }
     if (err[0]) {
         osubd__api_reply_error(d, req, 422, "invalid_argument", err);
+        return;
+    }
+    osub_pool_config_t cfg;
+    osub_engine_config(d->e, &cfg);
+    if (rc == OSUB_EHOST_FULL && cfg.suspend_host_mib == 0) {
+        osubd__api_reply_error(d, req, 409, osub_errcode(rc),
+                               "suspend is off on this pool: suspend_host_mib is 0 (set "
+                               "suspend_host_mib in oversubd's configuration: the host memory "
+                               "suspended services may fill)");
         return;
     }
     if (rc != 0) {

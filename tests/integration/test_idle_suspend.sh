@@ -31,6 +31,10 @@ code() { curl -s -o "$tmp/body" -w '%{http_code}' --unix-socket "$tmp/s.sock" -X
 expect "idle_suspend_ms needs suspend" 422 "$(code POST /v1/services '{"id":"x","class":"batch","vram":"1GiB","backends":["http://127.0.0.1:9"],"idle_suspend_ms":2000}')"
 grep -q "idle_suspend_ms" "$tmp/body" && ok || bad "no sentence: $(cat "$tmp/body")"
 expect "idle_suspend_ms below 1 s" 422 "$(code POST /v1/services '{"id":"x","class":"batch","vram":"1GiB","backends":["http://127.0.0.1:9"],"idle_suspend_ms":5,"suspend":{"method":"vllm","url":"http://127.0.0.1:9"}}')"
+# oversubd never calls itself: a suspend URL or a webhook at its own API or gateway is refused
+expect "suspend.url at the gateway" 422 "$(code POST /v1/services '{"id":"x","class":"batch","vram":"1GiB","suspend":{"method":"vllm","url":"http://127.0.0.1:'$GW'"}}')"
+grep -q "suspend.url http://127.0.0.1:$GW is oversubd's own" "$tmp/body" && ok || bad "no sentence: $(cat "$tmp/body")"
+expect "control_url at the API" 422 "$(code POST /v1/services '{"id":"x","class":"batch","vram":"1GiB","control_url":"http://127.0.0.1:'$PORT'/hook"}')"
 expect "the idle service" 201 "$(code POST /v1/services '{"id":"chat","class":"experiment","vram":"16000MiB",
  "command":["/usr/bin/python3","'$top'/tests/fakes/fake_vllm.py","--port","'$VP'","--dev-mode","--enable-sleep-mode",
   "--vram-mib","15000","--residual-mib","1000","--wake-ms","300"],
