@@ -136,10 +136,11 @@ bool osubd__act_sus_cuda(struct osubd_act *d, const char *id)
 static void report_suspended(struct osubd_act *d, const char *id, int64_t residual, bool seen)
 {
     osubd_note(d->core, id, "suspend", "suspended",
-               "%s: suspended: its GPU memory is in host memory; %lld MiB %s on its GPUs", id,
+               "%s: suspended: its GPU memory is in host memory; %lld MiB %s", id,
                (long long)residual,
-               seen ? "still measured"
-                    : "expected to stay (nothing measures its memory here: no shim, no NVML)");
+               seen ? "still measured on its GPUs"
+                    : "expected to stay on its GPUs (nothing measures its memory here: no shim, "
+                      "no NVML; the mechanism's word is taken)");
     osubd__act_apply(d, json_pack("{s:s, s:s, s:I}", "op", "suspended", "id", id, "residual_mib",
                                   (json_int_t)residual));
 }

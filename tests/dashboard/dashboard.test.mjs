@@ -124,7 +124,7 @@ try {
     const state = await text(page, `${sel} [data-col="state"]`);
     const grant = await text(page, `${sel} [data-col="grant"]`);
     expect(`${s.id} class`, s.class, cls);
-    check(`${s.id} state '${state}' (API: ${s.state})`, ['loading', 'running'].includes(state) && state === (await attr(page, sel, 'data-state')));
+    check(`${s.id} state '${state}' (API: ${s.state})`, (s.id === 'exp-sus' ? ['suspended'] : ['loading', 'running']).includes(state) && state === (await attr(page, sel, 'data-state')));
     check(`${s.id} grant '${grant}' shows ${fmt(s.grant_mib)}`, grant.startsWith(fmt(s.grant_mib)));
     expect(`${s.id} grant attribute`, String(s.grant_mib), await attr(page, sel, 'data-grant-mib'));
     const gpus = await text(page, `${sel} [data-col="gpus"]`);
@@ -132,6 +132,14 @@ try {
     const chip = await page.$(`[data-gpu="${s.placement[0].gpu}"] [data-on-gpu="${s.id}"]`);
     check(`${s.id} listed under its GPU`, chip !== null);
   }
+  // the suspended service: its counts, its state's explanation, the pool's suspended box
+  expect('exp-sus degrades / suspends / evictions', '0 / 1 / 0', await text(page, '[data-service="exp-sus"] [data-col="pre"]'));
+  const why = await page.$eval('[data-service="exp-sus"] [data-col="state"]', (c) => c.title);
+  check(`exp-sus state explained: ${why}`, why.includes('host memory') && why.includes('held by an operator'));
+  const pool1 = await getJSON(URL0 + '/v1/pool');
+  const box = await text(page, '[data-stat="suspended"]');
+  check(`the pool's suspended box: ${box}`, box.startsWith(String(pool1.suspended.services)) && pool1.suspended.services === 1 &&
+    box.includes(fmt(pool1.suspended.host_budget_mib)));
   const classes = new Set(svcs.map((s) => s.class));
   check('services of every class', ['online', 'batch', 'experiment'].every((c) => classes.has(c)));
 

@@ -27,7 +27,8 @@ if grep -nE 'innerHTML|outerHTML|insertAdjacentHTML|document\.write|\beval\(' "$
 if grep -nE '(src|href)="(https?:)?//' "$page"; then bad "the page loads something from elsewhere"; else ok; fi
 
 S=$tmp/s.sock
-"$bin" --listen 127.0.0.1:0 --socket "$S" --state "$tmp/st.db" --gpus sim:4x81920 --tick-ms 100 \
+printf 'suspend_host_mib: 65536\n' >"$tmp/c.yaml"
+"$bin" --config "$tmp/c.yaml" --listen 127.0.0.1:0 --socket "$S" --state "$tmp/st.db" --gpus sim:4x81920 --tick-ms 100 \
     >"$tmp/out" 2>"$tmp/err" &
 dpid=$!
 pids+=("$dpid")
@@ -45,6 +46,28 @@ for spec in '{"id":"chat","class":"online","vram":"40GiB"}' '{"id":"chat-b","cla
     c=$(curl -s -o "$tmp/body" -w '%{http_code}' --unix-socket "$S" -X POST http://x/v1/services -d "$spec")
     expect "submit $spec" 201 "$c"
 done
+# a suspended one (an operator's suspend through an http method that answers at once)
+python3 -c "
+import http.server, os
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.send_response(200); self.send_header('Content-Length', '0'); self.end_headers()
+    def log_message(self, *a):
+        pass
+s = http.server.HTTPServer(('127.0.0.1', 0), H)
+open('$tmp/sp.tmp', 'w').write(str(s.server_address[1])); os.rename('$tmp/sp.tmp', '$tmp/sp')
+s.serve_forever()" &
+pids+=($!)
+for _ in $(seq 1 200); do [ -s "$tmp/sp" ] && break; sleep 0.05; done
+SP=$(cat "$tmp/sp")
+c=$(curl -s -o "$tmp/body" -w '%{http_code}' --unix-socket "$S" -X POST http://x/v1/services \
+    -d '{"id":"exp-sus","class":"experiment","vram":"10GiB","suspend":{"method":"http","url":"http://127.0.0.1:'"$SP"'","suspend":"/s","resume":"/r"}}')
+expect "submit a suspendable service" 201 "$c"
+curl -s -o /dev/null --unix-socket "$S" -X POST http://x/v1/services/exp-sus/ready
+expect "its operator suspend" 200 "$(curl -s -o "$tmp/body" -w '%{http_code}' --unix-socket "$S" -X POST http://x/v1/services/exp-sus/suspend)"
+sus_state() { curl -s --unix-socket "$S" http://x/v1/services/exp-sus | json 'd["state"]'; }
+for _ in $(seq 1 600); do [ "$(sus_state)" = suspended ] && break; sleep 0.05; done
+expect "exp-sus suspended" suspended "$(sus_state)"
 # some usage, so that the used bars and the chart's used line have something to show
 curl -s -o /dev/null --unix-socket "$S" -X PUT http://x/v1/services/chat/usage -d '{"vram_mib": 30000}'
 curl -s -o /dev/null --unix-socket "$S" -X PUT http://x/v1/services/batch-a/usage -d '{"vram_mib": 50000}'
