@@ -1,5 +1,5 @@
 /* sim.c - the simulator: a virtual clock over a usage trace, driving the engine (static and
- * oversub policies), the brief's algorithm, or a hindsight packing */
+ * oversub policies; the brief's algorithm and a hindsight packing are in sim_ref.c) */
 #include "sim.h"
 
 #include <math.h>
@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "brief_policy.h"
 #include "oversub/engine.h"
+#include "sim_int.h"
 
 static const char *const policy_names[] = {"static", "brief", "oversub", "hindsight"};
 
@@ -26,34 +26,7 @@ void sim_result_free(struct sim_result *r)
     r->event_series = NULL;
 }
 
-static int level_of(const char *cls)
-{
-    return strcmp(cls, "online") == 0 ? 0 : strcmp(cls, "batch") == 0 ? 1 : 2;
-}
-
-/* ---- per-service run state --------------------------------------------------------- */
-
-enum rs { RS_FUTURE = 0, RS_WAITING, RS_PLACED, RS_GONE };
-
-struct run_svc {
-    enum rs st;
-    size_t cur;         /* sample cursor */
-    int64_t wait_since; /* s, when waiting to (re)start; -1 if not */
-    bool started_once;
-    bool refused_p0;
-    /* the engine refused it as larger than any GPU, or than the pool (osub__empty_pool_fit:
-     * a check of the spec against the pool alone that changes nothing): not asked again */
-    bool never_fits;
-    size_t reported_k; /* step + 1 of its last usage report */
-};
-
-struct idmap {
-    const char **keys;
-    int32_t *vals;
-    size_t cap;
-};
-
-static int idmap_init(struct idmap *m, const struct trace *tr)
+int sim__idmap_init(struct idmap *m, const struct trace *tr)
 {
     m->cap = 64;
     while (m->cap < tr->n * 2)
@@ -72,7 +45,7 @@ static int idmap_init(struct idmap *m, const struct trace *tr)
     return 0;
 }
 
-static int32_t idmap_get(const struct idmap *m, const char *id)
+int32_t sim__idmap_get(const struct idmap *m, const char *id)
 {
     size_t h = fnv1a64(id) & (m->cap - 1);
     while (m->keys[h] != NULL) {
@@ -83,7 +56,7 @@ static int32_t idmap_get(const struct idmap *m, const char *id)
     return -1;
 }
 
-static void idmap_free(struct idmap *m)
+void sim__idmap_free(struct idmap *m)
 {
     free(m->keys);
     free(m->vals);
@@ -95,20 +68,8 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Shared bookkeeping of one run. */
-struct acc {
-    double used_sum, held_sum, logical_sum;
-    double *used; /* per step, for the p95 (and the plot) */
-    double *held;
-    uint32_t *events;
-    size_t steps;
-    int64_t demand, unmet;
-    double lost_min;
-    int64_t wait_max, wait_total, wait_n;
-};
-
-static void finish(const struct trace *tr, const struct sim_budget *b, struct acc *a,
-                   struct sim_result *r, bool keep)
+void sim__finish(const struct trace *tr, const struct sim_budget *b, struct acc *a,
+                 struct sim_result *r, bool keep)
 {
     r->steps = (int64_t)a->steps;
     double span_s = (double)(tr->t1 - tr->t0 + tr->step_s);
@@ -166,13 +127,13 @@ static void finish(const struct trace *tr, const struct sim_budget *b, struct ac
     free(a->events);
 }
 
-static size_t n_steps(const struct trace *tr)
+size_t sim__n_steps(const struct trace *tr)
 {
     return (size_t)((tr->t1 - tr->t0) / tr->step_s) + 1;
 }
 
 /* Latest sample at or before t (advances the cursor). Returns the demand, -1 if not active. */
-static int64_t demand_at(const struct trace_svc *s, struct run_svc *rs, int64_t t)
+int64_t sim__demand_at(const struct trace_svc *s, struct run_svc *rs, int64_t t)
 {
     if (t < s->samples[0].t_s || t > s->samples[s->n - 1].t_s)
         return -1;
@@ -203,7 +164,7 @@ static inline int64_t lane_demand(const struct lane *l, struct run_svc *rs, int6
 /* ---- progress ------------------------------------------------------------------------ */
 
 /* Every 64 steps: a line when one is due (trace.h's progress). */
-static void step_progress(struct progress *pg, const struct sim_opts *o, size_t k, size_t steps)
+void sim__step_progress(struct progress *pg, const struct sim_opts *o, size_t k, size_t steps)
 {
     FILE *f = progress_file();
     if (f == NULL || (k & 63) != 0 || k == 0 || !progress_due(pg))
@@ -223,7 +184,7 @@ static int cmp_arrival(const void *a, const void *b)
 {
     const struct trace_svc *x = &sort_tr->svcs[*(const size_t *)a];
     const struct trace_svc *y = &sort_tr->svcs[*(const size_t *)b];
-    int lx = level_of(x->spec.class_name), ly = level_of(y->spec.class_name);
+    int lx = sim__level_of(x->spec.class_name), ly = sim__level_of(y->spec.class_name);
     if (x->spec.vram_mib != y->spec.vram_mib)
         return x->spec.vram_mib > y->spec.vram_mib ? -1 : 1;
     if (lx != ly)
@@ -236,7 +197,7 @@ struct follow {
     bool exit;
 };
 
-static void note_wait(struct acc *a, struct run_svc *rs, int64_t t)
+void sim__note_wait(struct acc *a, struct run_svc *rs, int64_t t)
 {
     if (rs->wait_since < 0)
         return;
@@ -249,16 +210,16 @@ static void note_wait(struct acc *a, struct run_svc *rs, int64_t t)
 }
 
 /* The end of a replay: who never started, who is still waiting, then the figures. */
-static void end_run(const struct trace *tr, const struct sim_budget *b, struct acc *a,
-                    struct run_svc *rs, struct sim_result *r, bool timeline)
+void sim__end_run(const struct trace *tr, const struct sim_budget *b, struct acc *a,
+                  struct run_svc *rs, struct sim_result *r, bool timeline)
 {
     for (size_t i = 0; i < tr->n; i++) {
         if (!rs[i].started_once)
             r->never_started++;
         if (rs[i].wait_since >= 0)
-            note_wait(a, &rs[i], tr->t1 + tr->step_s);
+            sim__note_wait(a, &rs[i], tr->t1 + tr->step_s);
     }
-    finish(tr, b, a, r, timeline);
+    sim__finish(tr, b, a, r, timeline);
 }
 
 /*
@@ -411,10 +372,10 @@ static void read_events_of(struct erun *x, const osub_event_t *ev, size_t n)
 {
     struct sim_result *r = x->r;
     for (size_t i = 0; i < n; i++) {
-        int32_t svc = ev[i].service[0] != '\0' ? idmap_get(&x->m, ev[i].service) : -1;
+        int32_t svc = ev[i].service[0] != '\0' ? sim__idmap_get(&x->m, ev[i].service) : -1;
         view_touch(x, svc);
         if (ev[i].cause[0] != '\0')
-            view_touch(x, idmap_get(&x->m, ev[i].cause));
+            view_touch(x, sim__idmap_get(&x->m, ev[i].cause));
         int lvl = ev[i].level >= 0 && ev[i].level < 3 ? ev[i].level : 2;
         if (ev[i].kind == OSUB_EV_DEGRADE && ev[i].reason != OSUB_R_COMPUTE) {
             r->degrades[lvl]++;
@@ -492,7 +453,7 @@ static void report_usage(struct erun *x, size_t i, int64_t used_mib, int32_t pct
 
 static void erun_free(struct erun *x)
 {
-    idmap_free(&x->m);
+    sim__idmap_free(&x->m);
     free(x->rs);
     free(x->fq);
     free(x->a.used);
@@ -567,13 +528,13 @@ static int erun_init(struct erun *x, const struct trace *tr, const struct sim_op
     x->rs = calloc(tr->n, sizeof(*x->rs));
     x->fcap = 4096;
     x->fq = malloc(x->fcap * sizeof(*x->fq));
-    size_t steps = n_steps(tr);
+    size_t steps = sim__n_steps(tr);
     x->a.used = calloc(steps, sizeof(double));
     x->a.held = calloc(steps, sizeof(double));
     x->a.events = calloc(steps, sizeof(uint32_t));
     x->order = malloc(tr->n * sizeof(*x->order));
     x->oom_step = calloc(o->n_pool, sizeof(*x->oom_step));
-    if (idmap_init(&x->m, tr) != 0 || x->rs == NULL || x->fq == NULL || x->a.used == NULL ||
+    if (sim__idmap_init(&x->m, tr) != 0 || x->rs == NULL || x->fq == NULL || x->a.used == NULL ||
         x->a.held == NULL || x->a.events == NULL || x->order == NULL || x->oom_step == NULL ||
         view_init(x) != 0) {
         snprintf(err, errlen, "out of memory");
@@ -637,8 +598,8 @@ static bool submit_waiting(struct erun *x, size_t i, size_t k, int64_t t, int64_
         sp.preemptible = OSUB_TRI_NO; /* today's practice: every request kept */
     /* a preemptible service waits in the engine's queue (keeping its place and how long it has
      * waited); an online one is retried each step (its first refusal is a P0 disruption) */
-    sp.queue =
-        sp.preemptible == OSUB_TRI_NO || level_of(sp.class_name) == 0 ? OSUB_TRI_NO : OSUB_TRI_YES;
+    sp.queue = sp.preemptible == OSUB_TRI_NO || sim__level_of(sp.class_name) == 0 ? OSUB_TRI_NO
+                                                                                  : OSUB_TRI_YES;
     osub_submit_result_t sr;
     /* a service already there when the trace begins was running before it */
     int src = osub_engine_submit(x->e, &sp, now, k == 0 ? OSUB_SUBMIT_RUNNING : 0, &sr);
@@ -649,7 +610,7 @@ static bool submit_waiting(struct erun *x, size_t i, size_t k, int64_t t, int64_
     view_touch(x, (int32_t)i);
     erun_events(x, now);
     if (sr.outcome == OSUB_SUBMIT_REJECTED) {
-        if (rs->st == RS_FUTURE && level_of(sp.class_name) == 0) {
+        if (rs->st == RS_FUTURE && sim__level_of(sp.class_name) == 0) {
             r->p0_disruptions++;
             rs->refused_p0 = true;
         }
@@ -694,7 +655,7 @@ static void step_service(struct erun *x, size_t i, size_t k, int64_t t, int64_t 
             view_touch(x, (int32_t)i);
             erun_events(x, now);
             if (rs->st == RS_WAITING && rs->wait_since >= 0)
-                note_wait(a, rs, t);
+                sim__note_wait(a, rs, t);
             rs->st = RS_GONE;
         }
         return;
@@ -718,7 +679,7 @@ static void step_service(struct erun *x, size_t i, size_t k, int64_t t, int64_t 
         return;
     }
     if (rs->wait_since >= 0)
-        note_wait(a, rs, t);
+        sim__note_wait(a, rs, t);
     rs->started_once = true;
     if (v->loading && v->resumed)
         a->lost_min += (double)tr->step_s / 60.0; /* restarting after an eviction */
@@ -755,7 +716,7 @@ static void end_step(struct erun *x, size_t k, int64_t t, int64_t now)
             continue;
         const struct view *v = view_of(x, i);
         if (v->live && v->state != OSUB_STATE_QUEUED && v->state != OSUB_STATE_PENDING) {
-            note_wait(a, &x->rs[i], t);
+            sim__note_wait(a, &x->rs[i], t);
             x->rs[i].started_once = true;
         }
     }
@@ -786,272 +747,21 @@ static int sim_engine(const struct trace *tr, const struct sim_opts *o, const st
     struct erun x;
     if (erun_init(&x, tr, o, b, r, err, errlen) != 0)
         return -1;
-    size_t steps = n_steps(tr);
+    size_t steps = sim__n_steps(tr);
     for (size_t k = 0; k < steps; k++) {
         int64_t t = tr->t0 + (int64_t)k * tr->step_s;
         int64_t now = (t - tr->t0) * 1000;
-        step_progress(pg, o, k, steps);
+        sim__step_progress(pg, o, k, steps);
         if (k > 0)
             report_downs(&x, k, t, now);
         for (size_t oi = 0; oi < tr->n; oi++)
             step_service(&x, x.order[oi], k, t, now);
         end_step(&x, k, t, now);
     }
-    end_run(tr, b, &x.a, x.rs, r, o->timeline);
-    x.a.used = x.a.held = NULL; /* finish() took or freed them */
+    sim__end_run(tr, b, &x.a, x.rs, r, o->timeline);
+    x.a.used = x.a.held = NULL; /* sim__finish() took or freed them */
     x.a.events = NULL;
     erun_free(&x);
-    return 0;
-}
-
-/* ---- the brief's pool-level algorithm ------------------------------------------------- */
-
-static int sim_brief(const struct trace *tr, const struct sim_opts *o, const struct sim_budget *b,
-                     struct sim_result *r, struct progress *pg, char *err, size_t errlen)
-{
-    int64_t vram_total = 0;
-    for (size_t g = 0; g < o->n_pool; g++)
-        vram_total += o->pool[g];
-    double total_gb = (double)vram_total / 1024.0;
-    brief_pool_t *p = brief_new(total_gb, (double)o->ratio_milli / 1000.0);
-    struct run_svc *rs = calloc(tr->n, sizeof(*rs));
-    size_t steps = n_steps(tr);
-    struct acc a = {0};
-    a.used = calloc(steps, sizeof(double));
-    a.held = calloc(steps, sizeof(double));
-    a.events = calloc(steps, sizeof(uint32_t));
-    struct idmap m;
-    if (p == NULL || rs == NULL || a.used == NULL || a.held == NULL || a.events == NULL ||
-        idmap_init(&m, tr) != 0) {
-        snprintf(err, errlen, "out of memory");
-        brief_free(p);
-        free(rs);
-        free(a.used);
-        free(a.held);
-        free(a.events);
-        return -1;
-    }
-    for (size_t i = 0; i < tr->n; i++)
-        rs[i].wait_since = -1;
-    char victims[64][64];
-    for (size_t k = 0; k < steps; k++) {
-        step_progress(pg, o, k, steps);
-        int64_t t = tr->t0 + (int64_t)k * tr->step_s;
-        int64_t real = 0;
-        uint32_t evs = 0;
-        for (size_t i = 0; i < tr->n; i++) {
-            const struct trace_svc *s = &tr->svcs[i];
-            struct run_svc *x = &rs[i];
-            if (x->st == RS_GONE)
-                continue;
-            int64_t d = demand_at(s, x, t);
-            if (d < 0) {
-                if (x->st == RS_PLACED)
-                    brief_release(p, s->spec.id);
-                if (x->wait_since >= 0)
-                    note_wait(&a, x, t);
-                if (x->st != RS_FUTURE)
-                    x->st = RS_GONE;
-                continue;
-            }
-            a.demand += d;
-            r->service_steps++;
-            int lvl = level_of(s->spec.class_name);
-            bool pre = lvl > 0;
-            double gb = (double)s->spec.vram_mib / 1024.0;
-            if (x->st == RS_FUTURE || x->st == RS_WAITING) {
-                if (x->st == RS_FUTURE)
-                    x->wait_since = t;
-                if (!brief_can_allocate(p, lvl, gb, pre)) {
-                    if (x->st == RS_FUTURE && lvl == 0)
-                        r->p0_disruptions++;
-                    x->st = RS_WAITING;
-                    a.lost_min += (double)tr->step_s / 60.0;
-                    continue;
-                }
-                int nv = brief_allocate(p, s->spec.id, lvl, gb, pre, t, victims, 64);
-                for (int v = 0; v < nv && v < 64; v++) {
-                    int32_t vi = idmap_get(&m, victims[v]);
-                    if (vi < 0)
-                        continue;
-                    int vl = level_of(tr->svcs[vi].spec.class_name);
-                    r->evictions[vl]++;
-                    if (vl == 0)
-                        r->p0_disruptions++;
-                    evs++;
-                    rs[vi].st = RS_WAITING; /* it retries next step, from scratch */
-                    rs[vi].wait_since = t;
-                }
-                x->st = RS_PLACED;
-                x->started_once = true;
-                note_wait(&a, x, t);
-            }
-            brief_update_usage(p, s->spec.id, (double)d / 1024.0);
-            real += d;
-        }
-        /* an OOM: the pool's real demand above its VRAM */
-        if (real > vram_total)
-            r->oom_events++;
-        a.used[k] = (double)real / (double)vram_total;
-        double actual = brief_actual(p) / total_gb;
-        a.held[k] = actual;
-        a.used_sum += a.used[k];
-        a.held_sum += actual;
-        a.logical_sum += brief_allocated(p) / brief_logical(p);
-        a.events[k] = evs;
-        a.steps++;
-    }
-    end_run(tr, b, &a, rs, r, o->timeline);
-    idmap_free(&m);
-    free(rs);
-    brief_free(p);
-    return 0;
-}
-
-/* ---- hindsight: first-fit decreasing of whole usage series ---------------------------- */
-
-struct hs_item {
-    size_t svc;
-    int64_t key;
-};
-
-static int cmp_hs(const void *a, const void *b)
-{
-    const struct hs_item *x = a, *y = b;
-    if (x->key != y->key)
-        return x->key > y->key ? -1 : 1;
-    return (x->svc > y->svc) - (x->svc < y->svc);
-}
-
-/* Demand series of one service over the grid (P0 at its full request), into out[steps]. */
-static void series_of(const struct trace *tr, size_t i, int64_t *out, size_t steps)
-{
-    const struct trace_svc *s = &tr->svcs[i];
-    struct run_svc x = {0};
-    bool p0 = level_of(s->spec.class_name) == 0;
-    for (size_t k = 0; k < steps; k++) {
-        int64_t d = demand_at(s, &x, tr->t0 + (int64_t)k * tr->step_s);
-        out[k] = d < 0 ? 0 : (p0 ? s->spec.vram_mib : d);
-    }
-}
-
-int32_t sim_lower_bound(const struct trace *tr, int64_t gpu_mib)
-{
-    size_t steps = n_steps(tr);
-    int64_t *sum = calloc(steps, sizeof(*sum));
-    struct run_svc *rs = calloc(tr->n, sizeof(*rs));
-    if (sum == NULL || rs == NULL) {
-        free(sum);
-        free(rs);
-        return 1;
-    }
-    for (size_t i = 0; i < tr->n; i++)
-        for (size_t k = 0; k < steps; k++) {
-            int64_t d = demand_at(&tr->svcs[i], &rs[i], tr->t0 + (int64_t)k * tr->step_s);
-            if (d > 0)
-                sum[k] += d;
-        }
-    int64_t peak = 0;
-    for (size_t k = 0; k < steps; k++)
-        if (sum[k] > peak)
-            peak = sum[k];
-    free(sum);
-    free(rs);
-    return (int32_t)((peak + gpu_mib - 1) / gpu_mib);
-}
-
-static int sim_hindsight(const struct trace *tr, const struct sim_opts *o,
-                         const struct sim_budget *b, struct sim_result *r, char *err, size_t errlen)
-{
-    size_t steps = n_steps(tr);
-    int64_t gpu_mib = o->pool[0];
-    struct hs_item *items = calloc(tr->n, sizeof(*items));
-    int64_t *ser = calloc(steps, sizeof(*ser));
-    int64_t **gpus = calloc(tr->n, sizeof(*gpus));
-    struct acc a = {0};
-    a.used = calloc(steps, sizeof(double));
-    a.held = calloc(steps, sizeof(double));
-    a.events = calloc(steps, sizeof(uint32_t));
-    if (items == NULL || ser == NULL || gpus == NULL || a.used == NULL || a.held == NULL ||
-        a.events == NULL) {
-        snprintf(err, errlen, "out of memory");
-        free(items);
-        free(ser);
-        free(gpus);
-        free(a.used);
-        free(a.held);
-        free(a.events);
-        return -1;
-    }
-    for (size_t i = 0; i < tr->n; i++) {
-        items[i].svc = i;
-        items[i].key = level_of(tr->svcs[i].spec.class_name) == 0 ? tr->svcs[i].spec.vram_mib
-                                                                  : tr->svcs[i].peak_mib;
-    }
-    qsort(items, tr->n, sizeof(*items), cmp_hs);
-    size_t ng = 0;
-    int64_t *used_real = calloc(steps, sizeof(*used_real));
-    int64_t *held = calloc(steps, sizeof(*held));
-    struct run_svc *rs = calloc(tr->n, sizeof(*rs));
-    for (size_t it = 0; it < tr->n && used_real && held && rs; it++) {
-        size_t i = items[it].svc;
-        series_of(tr, i, ser, steps);
-        bool alone = true;
-        for (size_t k = 0; k < steps && alone; k++)
-            alone = ser[k] <= gpu_mib;
-        if (!alone) {
-            /* even an empty GPU cannot hold it: it never starts (and makes the run infeasible) */
-            r->too_big++;
-            r->never_started++;
-            continue;
-        }
-        size_t g;
-        for (g = 0; g < ng; g++) {
-            bool fits = true;
-            for (size_t k = 0; k < steps && fits; k++)
-                fits = gpus[g][k] + ser[k] <= gpu_mib;
-            if (fits)
-                break;
-        }
-        if (g == ng) {
-            gpus[ng] = calloc(steps, sizeof(int64_t));
-            if (gpus[ng] == NULL)
-                break;
-            ng++;
-        }
-        for (size_t k = 0; k < steps; k++) {
-            gpus[g][k] += ser[k];
-            held[k] += ser[k];
-        }
-        for (size_t k = 0; k < steps; k++) {
-            int64_t d = demand_at(&tr->svcs[i], &rs[i], tr->t0 + (int64_t)k * tr->step_s);
-            if (d > 0) {
-                used_real[k] += d;
-                a.demand += d;
-                r->service_steps++;
-            }
-        }
-    }
-    double cap = (double)ng * (double)gpu_mib;
-    for (size_t k = 0; k < steps && used_real && held; k++) {
-        a.used[k] = (double)used_real[k] / cap;
-        a.held[k] = (double)held[k] / cap;
-        a.used_sum += a.used[k];
-        a.held_sum += a.held[k];
-        a.logical_sum += a.held[k];
-        a.steps++;
-    }
-    r->n_gpus = (int32_t)ng;
-    for (size_t g = 0; g < ng; g++)
-        free(gpus[g]);
-    free(gpus);
-    free(items);
-    free(ser);
-    free(used_real);
-    free(held);
-    free(rs);
-    finish(tr, b, &a, r, o->timeline);
-    r->lower_bound_gpus = sim_lower_bound(tr, gpu_mib);
     return 0;
 }
 
@@ -1076,10 +786,10 @@ int sim_run(const struct trace *tr, const struct sim_opts *o, const struct sim_b
         rc = sim_engine(tr, o, b, r, &pg, err, errlen);
         break;
     case POL_BRIEF:
-        rc = sim_brief(tr, o, b, r, &pg, err, errlen);
+        rc = sim__brief(tr, o, b, r, &pg, err, errlen);
         break;
     case POL_HINDSIGHT:
-        rc = sim_hindsight(tr, o, b, r, err, errlen);
+        rc = sim__hindsight(tr, o, b, r, err, errlen);
         break;
     default:
         snprintf(err, errlen, "unknown policy");
