@@ -91,6 +91,7 @@ void sim__finish(const struct trace *tr, const struct sim_budget *b, struct acc 
     for (int l = 0; l < 3; l++) {
         r->degrades_per_week[l] = weeks > 0 ? (double)r->degrades[l] / weeks : 0;
         r->evictions_per_week[l] = weeks > 0 ? (double)r->evictions[l] / weeks : 0;
+        r->suspends_per_week[l] = weeks > 0 ? (double)r->suspends[l] / weeks : 0;
     }
     r->unmet_fraction = a->demand > 0 ? (double)a->unmet / (double)a->demand : 0;
     r->lost_service_minutes = a->lost_min;
@@ -243,6 +244,31 @@ struct view {
     int64_t grant_mib, used_mib;
 };
 
+/* A suspend of the replay (DESIGN.md, "Suspend"): the mechanism takes its used memory to the
+ * host at the pool's suspend_mib_per_s and reports it done (osub_engine_suspended, with the
+ * residual its spec expects, at most what it used), as oversubd's suspender does; a wake is
+ * reported done (osub_engine_resumed) after its resume cost. From the decision to the resume it
+ * serves nothing: that time is lost, to the millisecond. */
+struct susp {
+    int64_t since_ms;       /* the suspend decision; -1: not in suspend */
+    int64_t evict_since_ms; /* an eviction decision, until it runs again loaded; -1: none */
+    int64_t used_mib;       /* what it used then */
+    uint32_t gen;           /* a report to come is for this suspend or wake only */
+};
+
+struct stimer {
+    int64_t due_ms;
+    uint64_t seq; /* ties in the order they were made */
+    int32_t svc;
+    uint32_t gen;
+    bool resume; /* osub_engine_resumed, else osub_engine_suspended */
+};
+
+static inline bool in_suspend(osub_state_t st)
+{
+    return st == OSUB_STATE_SUSPENDING || st == OSUB_STATE_SUSPENDED || st == OSUB_STATE_RESUMING;
+}
+
 /* One replay through the engine (sim_engine()): the engine, each service's run state and
  * view, the follow-ups of the last command and the bookkeeping. */
 struct erun {
@@ -268,6 +294,13 @@ struct erun {
     size_t *dirty;     /* services to read again */
     size_t n_dirty;
     struct lane *lane; /* per service */
+    /* suspend: per service, then the mechanisms' reports to come, in time order */
+    struct susp *sus;
+    struct stimer *tq;
+    size_t nt, tcap;
+    uint64_t t_seq;
+    int64_t ev_ms;             /* the time of the last command's events */
+    int64_t suspend_mib_per_s; /* the pool's: how fast memory moves to the host and back */
 };
 
 static void view_touch(struct erun *x, int32_t i)
@@ -285,6 +318,32 @@ static void view_mismatch(struct erun *x, size_t i, const char *what)
                 x->tr->svcs[i].spec.id);
 }
 
+/* Service i left its suspend (resumed, evicted or released) at the last events' time: the time
+ * since the decision is lost. */
+static void suspend_ended(struct erun *x, size_t i, int64_t now_ms)
+{
+    struct susp *s = &x->sus[i];
+    if (s->since_ms < 0)
+        return;
+    int64_t ms = now_ms - s->since_ms;
+    x->a.lost_min += (double)ms / 60000.0;
+    x->r->suspend_lost_minutes += (double)ms / 60000.0;
+    if (ms / 1000 > x->r->max_suspended_s)
+        x->r->max_suspended_s = ms / 1000;
+    s->since_ms = -1;
+}
+
+/* Service i, evicted, runs again loaded (or is gone) at now_ms: the time since the eviction is
+ * what the eviction cost it (the figure suspends are compared with; lost_min has it per step). */
+static void evict_ended(struct erun *x, size_t i, int64_t now_ms)
+{
+    struct susp *s = &x->sus[i];
+    if (s->evict_since_ms < 0)
+        return;
+    x->r->evict_lost_minutes += (double)(now_ms - s->evict_since_ms) / 60000.0;
+    s->evict_since_ms = -1;
+}
+
 /* Reads service i again from the engine. */
 static void view_read(struct erun *x, size_t i)
 {
@@ -297,8 +356,13 @@ static void view_read(struct erun *x, size_t i)
     v->n_slots = 0;
     osub_service_info_t si;
     v->live = osub_engine_service_info(x->e, x->tr->svcs[i].spec.id, &si) == 0;
+    if (x->sus[i].since_ms >= 0 && !(v->live && in_suspend(si.state)))
+        suspend_ended(x, i, x->ev_ms);
     if (!v->live)
         return;
+    if (x->sus[i].evict_since_ms >= 0 && !si.loading &&
+        (si.state == OSUB_STATE_RUNNING || si.state == OSUB_STATE_DEGRADED))
+        evict_ended(x, i, x->ev_ms);
     v->state = si.state;
     v->loading = si.loading;
     v->resumed = si.resumed;
@@ -365,6 +429,42 @@ static inline int64_t gpu_used(struct erun *x, int32_t g)
     return x->gpu_used[g];
 }
 
+/* The mechanism's report for svc at due_ms, to come (in time order, ties in order made). */
+static void timer_add(struct erun *x, int64_t due_ms, int32_t svc, bool resume)
+{
+    if (x->nt == x->tcap) {
+        size_t cap = x->tcap ? x->tcap * 2 : 64;
+        struct stimer *q = realloc(x->tq, cap * sizeof(*q));
+        if (q == NULL)
+            return; /* never reported: the engine's timeout evicts it, or its resume cost ends */
+        x->tq = q;
+        x->tcap = cap;
+    }
+    x->tq[x->nt++] = (struct stimer){due_ms, x->t_seq++, svc, x->sus[svc].gen, resume};
+}
+
+/* A suspend decision (its mechanism starts: done when its used memory is on the host) or a
+ * wake (done after its resume cost: the event's deadline). */
+static void suspend_event(struct erun *x, const osub_event_t *ev, int32_t svc, int lvl)
+{
+    if (svc < 0)
+        return;
+    struct susp *s = &x->sus[svc];
+    s->gen++;
+    if (ev->kind == OSUB_EV_WAKE) {
+        x->r->wakes++;
+        timer_add(x, ev->deadline_ms, svc, true);
+        return;
+    }
+    x->r->suspends[lvl]++;
+    if (lvl == 0)
+        x->r->p0_disruptions++;
+    if (s->since_ms < 0)
+        s->since_ms = ev->time_ms;
+    s->used_mib = x->v[svc].used_mib > 0 ? x->v[svc].used_mib : 0; /* as of the decision */
+    timer_add(x, ev->time_ms + s->used_mib * 1000 / x->suspend_mib_per_s, svc, false);
+}
+
 /* Reads the last command's events: counts decisions, marks the services they name to be
  * read again, queues follow-ups (victims comply at once: a degraded service acknowledges, an
  * evicted one checkpoints and exits). */
@@ -385,6 +485,8 @@ static void read_events_of(struct erun *x, const osub_event_t *ev, size_t n)
                 x->fq[x->nf++] = (struct follow){svc, false};
         } else if (ev[i].kind == OSUB_EV_EVICT) {
             r->evictions[lvl]++;
+            if (svc >= 0 && x->sus[svc].evict_since_ms < 0)
+                x->sus[svc].evict_since_ms = ev[i].time_ms;
             if (lvl == 0)
                 r->p0_disruptions++;
             if (x->nf < x->fcap)
@@ -392,8 +494,12 @@ static void read_events_of(struct erun *x, const osub_event_t *ev, size_t n)
         } else if ((ev[i].kind == OSUB_EV_RELEASE || ev[i].kind == OSUB_EV_REQUEUE) &&
                    ev[i].reason == OSUB_R_GPU_LOST && lvl == 0) {
             r->p0_disruptions++;
+        } else if (ev[i].kind == OSUB_EV_SUSPEND || ev[i].kind == OSUB_EV_WAKE) {
+            suspend_event(x, &ev[i], svc, lvl);
         }
     }
+    if (n > 0)
+        x->ev_ms = ev[0].time_ms;
     view_sync(x);
 }
 
@@ -469,6 +575,8 @@ static void erun_free(struct erun *x)
     free(x->gpu_used);
     free(x->dirty);
     free(x->lane);
+    free(x->sus);
+    free(x->tq);
     osub_engine_free(x->e);
 }
 
@@ -520,6 +628,16 @@ static int erun_init(struct erun *x, const struct trace *tr, const struct sim_op
         cfg.prediction_trust_ms = b->trust_ms;
     if (b->floor_start_ms != 0)
         cfg.floor_start_after_ms = b->floor_start_ms;
+    for (size_t g = 0; g < o->n_pool; g++)
+        x->vram_total += o->pool[g];
+    /* a host budget only where a service may use it (static keeps every request: no suspend) */
+    bool suspendable = false;
+    for (size_t i = 0; i < tr->n && o->policy != POL_STATIC; i++)
+        suspendable = suspendable || tr->svcs[i].spec.suspend.method != OSUB_SUSPEND_NONE;
+    if (suspendable)
+        cfg.suspend_host_mib = b->suspend_host_mib < 0 ? x->vram_total : b->suspend_host_mib;
+    r->suspend_on = suspendable && cfg.suspend_host_mib > 0;
+    x->suspend_mib_per_s = cfg.suspend_mib_per_s > 0 ? cfg.suspend_mib_per_s : 4096;
     int rc = osub_engine_new(&cfg, o->pool, NULL, o->n_pool, NULL, 0, &x->e);
     if (rc != 0) {
         snprintf(err, errlen, "pool: %s", osub_strerror(rc));
@@ -534,17 +652,18 @@ static int erun_init(struct erun *x, const struct trace *tr, const struct sim_op
     x->a.events = calloc(steps, sizeof(uint32_t));
     x->order = malloc(tr->n * sizeof(*x->order));
     x->oom_step = calloc(o->n_pool, sizeof(*x->oom_step));
+    x->sus = calloc(tr->n, sizeof(*x->sus));
     if (sim__idmap_init(&x->m, tr) != 0 || x->rs == NULL || x->fq == NULL || x->a.used == NULL ||
         x->a.held == NULL || x->a.events == NULL || x->order == NULL || x->oom_step == NULL ||
-        view_init(x) != 0) {
+        x->sus == NULL || view_init(x) != 0) {
         snprintf(err, errlen, "out of memory");
         erun_free(x);
         return -1;
     }
-    for (size_t i = 0; i < tr->n; i++)
+    for (size_t i = 0; i < tr->n; i++) {
         x->rs[i].wait_since = -1;
-    for (size_t g = 0; g < o->n_pool; g++)
-        x->vram_total += o->pool[g];
+        x->sus[i].since_ms = x->sus[i].evict_since_ms = -1;
+    }
     for (size_t i = 0; i < tr->n; i++)
         x->order[i] = i;
     sort_tr = tr;
@@ -594,8 +713,10 @@ static bool submit_waiting(struct erun *x, size_t i, size_t k, int64_t t, int64_
     if (rs->st == RS_FUTURE)
         rs->wait_since = t;
     osub_spec_t sp = s->spec;
-    if (x->o->policy == POL_STATIC)
+    if (x->o->policy == POL_STATIC) {
         sp.preemptible = OSUB_TRI_NO; /* today's practice: every request kept */
+        sp.suspend.method = OSUB_SUSPEND_NONE;
+    }
     /* a preemptible service waits in the engine's queue (keeping its place and how long it has
      * waited); an online one is retried each step (its first refusal is a P0 disruption) */
     sp.queue = sp.preemptible == OSUB_TRI_NO || sim__level_of(sp.class_name) == 0 ? OSUB_TRI_NO
@@ -636,6 +757,82 @@ static void count_ooms(struct erun *x, size_t i, size_t k)
     }
 }
 
+/* What service i keeps on its GPUs once suspended: its spec's residual, at most what it used. */
+static int64_t residual_of(const struct erun *x, size_t i)
+{
+    int64_t r = x->tr->svcs[i].spec.suspend.residual_mib;
+    return r < x->sus[i].used_mib ? r : x->sus[i].used_mib;
+}
+
+/* The last command's events, and the services it started (from the queue, or a pending one
+ * whose victims are done) stop waiting at t (s), not at the next step. */
+static void events_and_starts(struct erun *x, int64_t t, int64_t now)
+{
+    size_t n_ev;
+    const osub_event_t *ev = osub_engine_events(x->e, &n_ev);
+    bool started = false;
+    for (size_t j = 0; j < n_ev && !started; j++)
+        started = ev[j].kind == OSUB_EV_START || ev[j].kind == OSUB_EV_RESUME;
+    erun_events(x, now);
+    for (size_t i = 0; i < x->tr->n && started; i++) {
+        if (x->rs[i].st != RS_PLACED || x->rs[i].wait_since < 0)
+            continue;
+        const struct view *v = view_of(x, i);
+        if (v->live && v->state != OSUB_STATE_QUEUED && v->state != OSUB_STATE_PENDING) {
+            sim__note_wait(&x->a, &x->rs[i], t);
+            x->rs[i].started_once = true;
+        }
+    }
+}
+
+/* The mechanisms' reports due by until_ms, in time order, each at its time (the engine acts on
+ * each: a pending service whose victim is suspended starts then). */
+static void run_timers(struct erun *x, int64_t until_ms)
+{
+    while (x->nt > 0) {
+        size_t m = 0;
+        for (size_t j = 1; j < x->nt; j++)
+            if (x->tq[j].due_ms < x->tq[m].due_ms ||
+                (x->tq[j].due_ms == x->tq[m].due_ms && x->tq[j].seq < x->tq[m].seq))
+                m = j;
+        struct stimer tm = x->tq[m];
+        if (tm.due_ms > until_ms)
+            return;
+        x->tq[m] = x->tq[--x->nt];
+        const struct view *v = view_of(x, (size_t)tm.svc);
+        if (tm.gen != x->sus[tm.svc].gen || !v->live)
+            continue; /* a report for a suspend or wake that is over */
+        const char *id = x->lane[tm.svc].id;
+        int rc;
+        if (tm.resume && v->state == OSUB_STATE_RESUMING)
+            rc = osub_engine_resumed(x->e, id, tm.due_ms);
+        else if (!tm.resume && v->state == OSUB_STATE_SUSPENDING)
+            rc = osub_engine_suspended(x->e, id, residual_of(x, (size_t)tm.svc), tm.due_ms);
+        else
+            continue;
+        if (rc != 0)
+            continue;
+        view_touch(x, tm.svc);
+        events_and_starts(x, x->tr->t0 + tm.due_ms / 1000, tm.due_ms);
+    }
+}
+
+/* Service i at step k in its suspend: suspending, its memory stays as measured while it moves;
+ * suspended, it reports its residual; resuming, its memory is back (reported, as a loading
+ * service's): it serves nothing meanwhile. */
+static void step_suspended(struct erun *x, size_t i, size_t k, int64_t d, int64_t now)
+{
+    const struct view *v = &x->v[i];
+    int64_t report = v->state == OSUB_STATE_SUSPENDED ? residual_of(x, i) : d;
+    if (v->state == OSUB_STATE_SUSPENDING || v->used_mib == report)
+        return;
+    report_usage(x, i, report, x->lane[i].samples[x->rs[i].cur].compute_pct, now);
+    x->rs[i].reported_k = k + 1;
+    read_events(x);
+    count_ooms(x, i, k);
+    run_follow_ups(x, now);
+}
+
 /* Service i at step k: released past its last sample, submitted when it arrives or waits, else
  * its use reported (and an OOM counted where a GPU is over its VRAM). */
 static void step_service(struct erun *x, size_t i, size_t k, int64_t t, int64_t now)
@@ -654,6 +851,7 @@ static void step_service(struct erun *x, size_t i, size_t k, int64_t t, int64_t 
             osub_engine_release(x->e, s->spec.id, now);
             view_touch(x, (int32_t)i);
             erun_events(x, now);
+            evict_ended(x, i, now); /* its trace ends before it was back */
             if (rs->st == RS_WAITING && rs->wait_since >= 0)
                 sim__note_wait(a, rs, t);
             rs->st = RS_GONE;
@@ -681,6 +879,10 @@ static void step_service(struct erun *x, size_t i, size_t k, int64_t t, int64_t 
     if (rs->wait_since >= 0)
         sim__note_wait(a, rs, t);
     rs->started_once = true;
+    if (in_suspend(v->state)) {
+        step_suspended(x, i, k, d, now);
+        return;
+    }
     if (v->loading && v->resumed)
         a->lost_min += (double)tr->step_s / 60.0; /* restarting after an eviction */
     int64_t report = d;
@@ -700,26 +902,10 @@ static void step_service(struct erun *x, size_t i, size_t k, int64_t t, int64_t 
 /* The end of step k: the engine's tick, who it started, the OOMs, the utilisation. */
 static void end_step(struct erun *x, size_t k, int64_t t, int64_t now)
 {
-    const struct trace *tr = x->tr;
     struct sim_result *r = x->r;
     struct acc *a = &x->a;
     osub_engine_tick(x->e, now);
-    size_t n_tick;
-    const osub_event_t *tev = osub_engine_events(x->e, &n_tick);
-    bool started = false;
-    for (size_t j = 0; j < n_tick && !started; j++)
-        started = tev[j].kind == OSUB_EV_START || tev[j].kind == OSUB_EV_RESUME;
-    erun_events(x, now);
-    /* services the tick started (from the queue) stopped waiting now, not next step */
-    for (size_t i = 0; i < tr->n && started; i++) {
-        if (x->rs[i].st != RS_PLACED || x->rs[i].wait_since < 0)
-            continue;
-        const struct view *v = view_of(x, i);
-        if (v->live && v->state != OSUB_STATE_QUEUED && v->state != OSUB_STATE_PENDING) {
-            sim__note_wait(a, &x->rs[i], t);
-            x->rs[i].started_once = true;
-        }
-    }
+    events_and_starts(x, t, now);
     /* what the GPUs really hold now */
     for (size_t g = 0; g < x->o->n_pool; g++) {
         if (gpu_used(x, (int32_t)g) > x->o->pool[g] && x->oom_step[g] != k + 1) {
@@ -735,7 +921,7 @@ static void end_step(struct erun *x, size_t k, int64_t t, int64_t now)
     a->held_sum += a->held[k];
     a->logical_sum += (double)pi.granted_mib / (double)pi.logical_mib;
     uint64_t evs = r->degrades[0] + r->degrades[1] + r->degrades[2] + r->evictions[0] +
-                   r->evictions[1] + r->evictions[2];
+                   r->evictions[1] + r->evictions[2] + r->suspends[1] + r->suspends[2];
     a->events[k] = (uint32_t)(evs - x->ev_before);
     x->ev_before = evs;
     a->steps++;
@@ -752,11 +938,17 @@ static int sim_engine(const struct trace *tr, const struct sim_opts *o, const st
         int64_t t = tr->t0 + (int64_t)k * tr->step_s;
         int64_t now = (t - tr->t0) * 1000;
         sim__step_progress(pg, o, k, steps);
+        if (x.nt > 0)
+            run_timers(&x, now);
         if (k > 0)
             report_downs(&x, k, t, now);
         for (size_t oi = 0; oi < tr->n; oi++)
             step_service(&x, x.order[oi], k, t, now);
         end_step(&x, k, t, now);
+    }
+    for (size_t i = 0; i < tr->n; i++) { /* suspended, or not back from an eviction, at the end */
+        suspend_ended(&x, i, (tr->t1 - tr->t0 + tr->step_s) * 1000);
+        evict_ended(&x, i, (tr->t1 - tr->t0 + tr->step_s) * 1000);
     }
     sim__end_run(tr, b, &x.a, x.rs, r, o->timeline);
     x.a.used = x.a.held = NULL; /* sim__finish() took or freed them */
@@ -862,4 +1054,34 @@ int32_t sim_min_gpus(const struct trace *tr, enum sim_policy p, int32_t ratio_mi
     }
     free(pool);
     return best;
+}
+
+/* ---- who may be suspended ------------------------------------------------------------ */
+
+bool sim_suspend_picked(const char *id, int32_t milli)
+{
+    if (milli >= 1000 || milli <= 0)
+        return milli >= 1000;
+    char key[96];
+    snprintf(key, sizeof(key), "suspend:%s", id);
+    return fnv1a64(key) % 1000 < (uint64_t)milli;
+}
+
+size_t sim_mark_suspend(struct trace *tr, int32_t milli, int64_t residual_mib)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < tr->n; i++) {
+        osub_spec_t *sp = &tr->svcs[i].spec;
+        bool preemptible =
+            sim__level_of(sp->class_name) > 0 && sp->preemptible != OSUB_TRI_NO && !sp->exclusive;
+        if (sp->suspend.method == OSUB_SUSPEND_NONE && preemptible &&
+            sim_suspend_picked(sp->id, milli)) {
+            int64_t r = residual_mib * (sp->gpus > 1 ? sp->gpus : 1);
+            sp->suspend.method = OSUB_SUSPEND_CUDA;
+            sp->suspend.residual_mib = r < sp->vram_mib ? r : sp->vram_mib;
+            sp->resume_cost_ms = -1; /* DESIGN.md: its grant at suspend_mib_per_s, plus 1 s */
+        }
+        n += sp->suspend.method != OSUB_SUSPEND_NONE;
+    }
+    return n;
 }
