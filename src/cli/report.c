@@ -124,6 +124,7 @@ json_t *report_json(const struct sim_result *x)
     json_object_set_new(o, "wakes", json_integer((json_int_t)x->wakes));
     json_object_set_new(o, "lost_service_minutes", json_real(x->lost_service_minutes));
     json_object_set_new(o, "suspend_lost_minutes", json_real(x->suspend_lost_minutes));
+    json_object_set_new(o, "suspend_transit_minutes", json_real(x->suspend_transit_minutes));
     json_object_set_new(o, "evict_lost_minutes", json_real(x->evict_lost_minutes));
     json_object_set_new(o, "max_suspended_s", json_integer(x->max_suspended_s));
     json_object_set_new(o, "max_wait_s", json_integer(x->max_wait_s));

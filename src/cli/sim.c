@@ -253,6 +253,7 @@ struct susp {
     int64_t since_ms;       /* the suspend decision; -1: not in suspend */
     int64_t evict_since_ms; /* an eviction decision, until it runs again loaded; -1: none */
     int64_t used_mib;       /* what it used then */
+    int64_t wake_ms;        /* its wake decision; -1: not resuming */
     uint32_t gen;           /* a report to come is for this suspend or wake only */
 };
 
@@ -326,6 +327,9 @@ static void suspend_ended(struct erun *x, size_t i, int64_t now_ms)
     if (s->since_ms < 0)
         return;
     int64_t ms = now_ms - s->since_ms;
+    if (s->wake_ms >= 0)
+        x->r->suspend_transit_minutes += (double)(now_ms - s->wake_ms) / 60000.0;
+    s->wake_ms = -1;
     x->a.lost_min += (double)ms / 60000.0;
     x->r->suspend_lost_minutes += (double)ms / 60000.0;
     if (ms / 1000 > x->r->max_suspended_s)
@@ -453,6 +457,7 @@ static void suspend_event(struct erun *x, const osub_event_t *ev, int32_t svc, i
     s->gen++;
     if (ev->kind == OSUB_EV_WAKE) {
         x->r->wakes++;
+        s->wake_ms = ev->time_ms;
         timer_add(x, ev->deadline_ms, svc, true);
         return;
     }
@@ -662,7 +667,7 @@ static int erun_init(struct erun *x, const struct trace *tr, const struct sim_op
     }
     for (size_t i = 0; i < tr->n; i++) {
         x->rs[i].wait_since = -1;
-        x->sus[i].since_ms = x->sus[i].evict_since_ms = -1;
+        x->sus[i].since_ms = x->sus[i].evict_since_ms = x->sus[i].wake_ms = -1;
     }
     for (size_t i = 0; i < tr->n; i++)
         x->order[i] = i;
@@ -812,6 +817,9 @@ static void run_timers(struct erun *x, int64_t until_ms)
             continue;
         if (rc != 0)
             continue;
+        if (!tm.resume) /* the time its memory took to move */
+            x->r->suspend_transit_minutes +=
+                (double)(tm.due_ms - x->sus[tm.svc].since_ms) / 60000.0;
         view_touch(x, tm.svc);
         events_and_starts(x, x->tr->t0 + tm.due_ms / 1000, tm.due_ms);
     }

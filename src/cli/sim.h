@@ -54,6 +54,7 @@ struct sim_result {
     uint64_t suspends[3], wakes;
     double suspends_per_week[3];
     double suspend_lost_minutes;
+    double suspend_transit_minutes; /* of which moving: suspend decision to done, wake to back */
     double evict_lost_minutes; /* from each eviction until it ran again loaded (not in lost_min) */
     int64_t max_suspended_s;
     bool suspend_on;

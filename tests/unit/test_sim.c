@@ -793,6 +793,7 @@ static void test_golden_suspend(void **state)
     assert_int_equal(r.suspends[2], 1);
     assert_int_equal(r.wakes, 1);
     assert_true(near(r.suspend_lost_minutes, 315.648 / 60.0));
+    assert_true(near(r.suspend_transit_minutes, (12.207 + 15.648) / 60.0)); /* moving, both ways */
     assert_true(near(r.lost_service_minutes, 1.0 + 315.648 / 60.0));
     assert_true(near(r.evict_lost_minutes, 0));
     assert_int_equal(r.max_suspended_s, 315);
