@@ -254,8 +254,13 @@ int report_svg(const char *path, const struct trace *tr, const struct sim_result
         for (size_t k = 0; r[i].event_series && k < r[i].n_series; k++)
             if (r[i].event_series[k] > emax)
                 emax = r[i].event_series[k];
-    frame(f, X0, y0, PW, PH, "Degrades and evictions over time (per step)", "events", (double)emax,
-          "hours since the trace began", 0.0, hours);
+    bool sus = false;
+    for (size_t i = 0; i < n; i++)
+        sus = sus || r[i].suspend_on;
+    frame(f, X0, y0, PW, PH,
+          sus ? "Degrades, suspends and evictions over time (per step)"
+              : "Degrades and evictions over time (per step)",
+          "events", (double)emax, "hours since the trace began", 0.0, hours);
     shown = 0;
     for (size_t i = 0; i < n && shown < 12; i++) {
         if (r[i].event_series == NULL || r[i].n_series == 0) {
