@@ -3,8 +3,9 @@
 
 Runs `oversub simulate --gpus min` for static, oversub (a ratio sweep; its best feasible
 ratio counts) and hindsight over a grid of settings (pod halves, time halves, class mixes,
-GPU sizes, buffers, synthetic traces) and prints one Markdown table per grid with the
-tuning half and the held-back half side by side. docs/results.md holds its output.
+GPU sizes, buffers, synthetic traces, with and without suspend) and prints one Markdown table
+per grid with the tuning half and the held-back half side by side. docs/results.md holds its
+output.
 
 usage: scripts/efficacy.py [--oversub BUILD/oversub] [--traces DIR] [--jobs N] [--quick]
        [--extra "ARGS"] [--only GRID]
@@ -59,6 +60,20 @@ def cell(res):
             s["gpus"], o["gpus"], hs, o["ratio"], 100 * fewer, util, vs)
 
 
+def suspend_cell(res):
+    """oversub's GPUs / hindsight's @ratio, lost minutes, what evictions / suspends cost, and
+    evictions, suspends, degrades a week (batch + experiment)."""
+    o, h = res.get("oversub"), res.get("hindsight")
+    if o is None:
+        return "none / %s | | | | | " % (h["gpus"] if h and h["feasible"] else "-")
+    def wk(k):
+        return o[k]["batch"] + o[k]["experiment"]
+    return "%d / %s @%.1f | %.0f | %.0f / %.0f | %.1f | %.1f | %.1f" % (
+        o["gpus"], h["gpus"] if h and h["feasible"] else "-", o["ratio"],
+        o["lost_service_minutes"], o["evict_lost_minutes"], o["suspend_lost_minutes"],
+        wk("evictions_per_week"), wk("suspends_per_week"), wk("degrades_per_week"))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--oversub", default=os.path.join(ROOT, "build", "oversub"))
@@ -68,7 +83,8 @@ def main():
     ap.add_argument("--ratios", default="1.3:2.0:0.1")
     ap.add_argument("--extra", default="", help="more simulate options, e.g. '--floor-start never'")
     ap.add_argument("--tune-only", action="store_true", help="the tuning halves only (for tuning)")
-    ap.add_argument("--only", default="", help="comma-separated grids: pods,time,mix,size,buffer,synthetic")
+    ap.add_argument("--only", default="",
+                    help="comma-separated grids: pods,time,mix,size,buffer,suspend,synthetic")
     args = ap.parse_args()
     if not os.path.exists(os.path.join(args.traces, "genai_pod_vram.csv")):
         sys.exit("efficacy: %s has no genai_pod_vram.csv" % args.traces)
@@ -82,6 +98,7 @@ def main():
         "mix": [("classes %s" % m, {"--classes": m}) for m in ("20:40:40", "40:30:30", "10:45:45")],
         "size": [("GPU %s MiB" % g, {"gpus": "min:%s" % g}) for g in ("81920", "98304", "143360")],
         "buffer": [("buffer %s" % b, {"--buffer": b}) for b in ("0", "0.1", "0.3")],
+        "suspend": [("evictions only", {}), ("--suspend all", {"--suspend": "all"})],
     }
     if args.tune_only:
         halves = halves[:1]
@@ -124,11 +141,21 @@ def main():
           "hindsight's.\n")
     for g, rows in table.items():
         heads = [hl for hl, _, _ in next(iter(rows.values()))]
-        print("| %s | %s |" % (g, " | ".join("%s: GPUs | fewer | used | vs hindsight" % h
-                                               for h in heads)))
-        print("|---|" + "---|---|---|---|" * len(heads))
+        if g == "suspend":
+            print("Suspend: GPUs oversub / hindsight @ oversub's best ratio, lost service-minutes, "
+                  "minutes lost to evictions / suspends, and evictions, suspends, degrades a week "
+                  "(batch + experiment).\n")
+            print("| %s | %s |" % (g, " | ".join(
+                "%s: GPUs | lost-min | evict / susp min | evictions/wk | suspends/wk | degrades/wk"
+                % h for h in heads)))
+            print("|---|" + "---|---|---|---|---|---|" * len(heads))
+        else:
+            print("| %s | %s |" % (g, " | ".join("%s: GPUs | fewer | used | vs hindsight" % h
+                                                   for h in heads)))
+            print("|---|" + "---|---|---|---|" * len(heads))
         for label, cols in rows.items():
-            print("| %s | %s |" % (label, " | ".join(cell(r) for _, r, _ in cols)))
+            fmt = suspend_cell if g == "suspend" else cell
+            print("| %s | %s |" % (label, " | ".join(fmt(r) for _, r, _ in cols)))
         print()
         print("```sh")
         for label, cols in rows.items():

@@ -98,6 +98,13 @@ static void usage_simulate(FILE *f, const char *cmd)
         "                       service's predicted peak (1)\n"
         "  --floor-start S      a degradable service waiting S seconds may start at its floor\n"
         "                       (120; 'never')\n"
+        "Suspend (oversub policy; docs/simulate.md)\n"
+        "  --suspend WHO        which batch and experiment services may be suspended (their\n"
+        "                       memory moved to the host, no reload): all, none, or a fraction\n"
+        "                       such as 0.5 picked by a hash of the id (none)\n"
+        "  --suspend-host-mib M the host memory suspended services may fill (the pool's VRAM;\n"
+        "                       0: no suspend)\n"
+        "  --suspend-residual M what a suspended service keeps on each of its GPUs (1024)\n"
         "Output\n"
         "  --json               JSON on stdout instead of the table\n"
         "  --plot FILE.svg      used utilisation and events over time, and the ratio sweep\n"
@@ -129,6 +136,8 @@ struct cli {
     int32_t r_from, r_to, r_step;
     struct genai_opts g;
     struct sim_budget b;
+    int32_t suspend_milli;        /* --suspend: thousandths of the preemptible services */
+    int64_t suspend_residual_mib; /* per GPU */
     bool json, quiet;
     /* advise */
     const char *history;
@@ -326,6 +335,37 @@ static int opt_floor_start(const char *arg, struct cli *c)
     return 0;
 }
 
+/* --suspend all|none|FRACTION */
+static int opt_suspend(const char *arg, struct cli *c)
+{
+    int32_t m = -1;
+    if (strcmp(arg, "all") == 0)
+        m = 1000;
+    else if (strcmp(arg, "none") == 0)
+        m = 0;
+    else if (arg[0] != '\0' && parse_fraction_milli(arg, &m) != 0)
+        m = -1;
+    if (m < 0 || m > 1000) {
+        fprintf(stderr,
+                "oversub: --suspend: '%s' is not all, none or a fraction from 0 to 1 (at most "
+                "three decimals, such as 0.5) of the batch and experiment services\n",
+                arg);
+        return -1;
+    }
+    c->suspend_milli = m;
+    return 0;
+}
+
+/* --suspend-host-mib and --suspend-residual: a size (a bare number is MiB), 0 allowed */
+static int opt_suspend_size(const char *opt, const char *arg, int64_t *out)
+{
+    if (osub_parse_size_mib(arg, 1, out) != 0) {
+        fprintf(stderr, "oversub: %s: '%s' is not a size (MiB, or such as 512GiB)\n", opt, arg);
+        return -1;
+    }
+    return 0;
+}
+
 /* One option (getopt's ch and optarg). Returns 0, 1 when the usage was asked for (printed on
  * stdout), -1 on a usage error (said on stderr). */
 static int parse_option(int ch, const char *arg, struct cli *c, bool advise)
@@ -394,6 +434,12 @@ static int parse_option(int ch, const char *arg, struct cli *c, bool advise)
         return opt_trust(arg, c);
     case 'L':
         return opt_floor_start(arg, c);
+    case 'X':
+        return opt_suspend(arg, c);
+    case 'Y':
+        return opt_suspend_size("--suspend-host-mib", arg, &c->b.suspend_host_mib);
+    case 'Z':
+        return opt_suspend_size("--suspend-residual", arg, &c->suspend_residual_mib);
     case 'e':
         errno = 0;
         v = strtol(arg, &end, 10);
@@ -457,6 +503,8 @@ static void cli_defaults(struct cli *c, bool advise)
     c->b.evict_budget_per_week = 5;
     c->b.unmet_budget_milli = 10;
     c->b.max_wait_s = 300;
+    c->b.suspend_host_mib = -1; /* the pool's VRAM, when a service is suspendable */
+    c->suspend_residual_mib = 1024;
     if (advise) {
         c->r_from = 1000;
         c->r_to = 2000;
@@ -501,6 +549,9 @@ static int parse_common(int argc, char **argv, struct cli *c, bool advise)
                                          {"window", required_argument, NULL, 'W'},
                                          {"predict-trust", required_argument, NULL, 'T'},
                                          {"floor-start", required_argument, NULL, 'L'},
+                                         {"suspend", required_argument, NULL, 'X'},
+                                         {"suspend-host-mib", required_argument, NULL, 'Y'},
+                                         {"suspend-residual", required_argument, NULL, 'Z'},
                                          {"evict-budget", required_argument, NULL, 'e'},
                                          {"unmet-budget", required_argument, NULL, 'u'},
                                          {"max-wait", required_argument, NULL, 'w'},
@@ -532,6 +583,8 @@ static int load_trace(const struct cli *c, struct trace *tr)
                       : trace_import_files(c->services, c->usage, tr, err, sizeof(err));
     if (rc != 0)
         fprintf(stderr, "oversub: %s\n", err);
+    else
+        sim_mark_suspend(tr, c->suspend_milli, c->suspend_residual_mib);
     return rc;
 }
 

@@ -6,14 +6,20 @@
 
 void report_table(FILE *f, const struct sim_result *r, size_t n)
 {
-    fprintf(f, "%-9s %5s %5s %-8s %6s %6s %6s %6s %5s %4s %7s %13s %13s %9s %8s\n", "policy",
+    /* the suspends' column where a run had suspendable services (--suspend) */
+    bool sus = false;
+    for (size_t i = 0; i < n; i++)
+        sus = sus || r[i].suspend_on;
+    fprintf(f, "%-9s %5s %5s %-8s %6s %6s %6s %6s %5s %4s %7s %13s %13s%s %9s %8s\n", "policy",
             "ratio", "gpus", "feasible", "used", "p95", "held", "logic", "oom", "p0", "unmet",
-            "degrades/wk", "evictions/wk", "lost-min", "max-wait");
-    fprintf(f, "%-9s %5s %5s %-8s %6s %6s %6s %6s %5s %4s %7s %13s %13s %9s %8s\n", "", "", "", "",
-            "mean", "used", "mean", "mean", "", "", "", "P1 / P2", "P1 / P2", "", "s");
+            "degrades/wk", "evictions/wk", sus ? "   suspends/wk   preempt-min" : "", "lost-min",
+            "max-wait");
+    fprintf(f, "%-9s %5s %5s %-8s %6s %6s %6s %6s %5s %4s %7s %13s %13s%s %9s %8s\n", "", "", "",
+            "", "mean", "used", "mean", "mean", "", "", "", "P1 / P2", "P1 / P2",
+            sus ? "        P1 / P2  evict / susp" : "", "", "s");
     for (size_t i = 0; i < n; i++) {
         const struct sim_result *x = &r[i];
-        char gpus[16], ratio[16], deg[32], ev[32];
+        char gpus[16], ratio[16], deg[32], ev[32], su[80] = "";
         if (x->n_gpus > 0)
             snprintf(gpus, sizeof(gpus), "%d", x->n_gpus);
         else
@@ -22,14 +28,22 @@ void report_table(FILE *f, const struct sim_result *r, size_t n)
                  (x->ratio_milli % 1000) / 10);
         snprintf(deg, sizeof(deg), "%.1f / %.1f", x->degrades_per_week[1], x->degrades_per_week[2]);
         snprintf(ev, sizeof(ev), "%.1f / %.1f", x->evictions_per_week[1], x->evictions_per_week[2]);
+        if (sus)
+            snprintf(su, sizeof(su), " %14s %13s", "", "");
+        if (sus && x->suspend_on) {
+            char a[32], b[32];
+            snprintf(a, sizeof(a), "%.1f / %.1f", x->suspends_per_week[1], x->suspends_per_week[2]);
+            snprintf(b, sizeof(b), "%.0f / %.0f", x->evict_lost_minutes, x->suspend_lost_minutes);
+            snprintf(su, sizeof(su), " %14s %13s", a, b);
+        }
         fprintf(f,
-                "%-9s %5s %5s %-8s %5.1f%% %5.1f%% %5.1f%% %5.1f%% %5llu %4llu %6.2f%% %13s %13s "
+                "%-9s %5s %5s %-8s %5.1f%% %5.1f%% %5.1f%% %5.1f%% %5llu %4llu %6.2f%% %13s %13s%s "
                 "%9.0f %8lld\n",
                 sim_policy_name(x->policy), ratio, gpus,
                 x->n_gpus > 0 && x->feasible ? "yes" : "no", 100 * x->mean_used_util,
                 100 * x->p95_used_util, 100 * x->mean_held_util, 100 * x->mean_logical_util,
                 (unsigned long long)x->oom_events, (unsigned long long)x->p0_disruptions,
-                100 * x->unmet_fraction, deg, ev, x->lost_service_minutes,
+                100 * x->unmet_fraction, deg, ev, su, x->lost_service_minutes,
                 (long long)x->max_wait_s);
         if (x->policy == POL_HINDSIGHT && x->lower_bound_gpus > 0)
             fprintf(f,
@@ -83,10 +97,11 @@ void report_table(FILE *f, const struct sim_result *r, size_t n)
 json_t *report_json(const struct sim_result *x)
 {
     static const char *const cls[3] = {"online", "batch", "experiment"};
-    json_t *deg = json_object(), *ev = json_object();
+    json_t *deg = json_object(), *ev = json_object(), *su = json_object();
     for (int l = 0; l < 3; l++) {
         json_object_set_new(deg, cls[l], json_real(x->degrades_per_week[l]));
         json_object_set_new(ev, cls[l], json_real(x->evictions_per_week[l]));
+        json_object_set_new(su, cls[l], json_real(x->suspends_per_week[l]));
     }
     json_t *o = json_object();
     json_object_set_new(o, "policy", json_string(sim_policy_name(x->policy)));
@@ -104,7 +119,14 @@ json_t *report_json(const struct sim_result *x)
     json_object_set_new(o, "unmet_fraction", json_real(x->unmet_fraction));
     json_object_set_new(o, "degrades_per_week", deg);
     json_object_set_new(o, "evictions_per_week", ev);
+    json_object_set_new(o, "suspends_per_week", su);
+    json_object_set_new(o, "suspend", json_boolean(x->suspend_on));
+    json_object_set_new(o, "wakes", json_integer((json_int_t)x->wakes));
     json_object_set_new(o, "lost_service_minutes", json_real(x->lost_service_minutes));
+    json_object_set_new(o, "suspend_lost_minutes", json_real(x->suspend_lost_minutes));
+    json_object_set_new(o, "suspend_transit_minutes", json_real(x->suspend_transit_minutes));
+    json_object_set_new(o, "evict_lost_minutes", json_real(x->evict_lost_minutes));
+    json_object_set_new(o, "max_suspended_s", json_integer(x->max_suspended_s));
     json_object_set_new(o, "max_wait_s", json_integer(x->max_wait_s));
     json_object_set_new(o, "mean_wait_s", json_real(x->mean_wait_s));
     json_object_set_new(o, "samples", json_integer(x->samples));
@@ -232,8 +254,13 @@ int report_svg(const char *path, const struct trace *tr, const struct sim_result
         for (size_t k = 0; r[i].event_series && k < r[i].n_series; k++)
             if (r[i].event_series[k] > emax)
                 emax = r[i].event_series[k];
-    frame(f, X0, y0, PW, PH, "Degrades and evictions over time (per step)", "events", (double)emax,
-          "hours since the trace began", 0.0, hours);
+    bool sus = false;
+    for (size_t i = 0; i < n; i++)
+        sus = sus || r[i].suspend_on;
+    frame(f, X0, y0, PW, PH,
+          sus ? "Degrades, suspends and evictions over time (per step)"
+              : "Degrades and evictions over time (per step)",
+          "events", (double)emax, "hours since the trace began", 0.0, hours);
     shown = 0;
     for (size_t i = 0; i < n && shown < 12; i++) {
         if (r[i].event_series == NULL || r[i].n_series == 0) {

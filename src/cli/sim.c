@@ -1,5 +1,5 @@
 /* sim.c - the simulator: a virtual clock over a usage trace, driving the engine (static and
- * oversub policies), the brief's algorithm, or a hindsight packing */
+ * oversub policies; the brief's algorithm and a hindsight packing are in sim_ref.c) */
 #include "sim.h"
 
 #include <math.h>
@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "brief_policy.h"
 #include "oversub/engine.h"
+#include "sim_int.h"
 
 static const char *const policy_names[] = {"static", "brief", "oversub", "hindsight"};
 
@@ -26,34 +26,7 @@ void sim_result_free(struct sim_result *r)
     r->event_series = NULL;
 }
 
-static int level_of(const char *cls)
-{
-    return strcmp(cls, "online") == 0 ? 0 : strcmp(cls, "batch") == 0 ? 1 : 2;
-}
-
-/* ---- per-service run state --------------------------------------------------------- */
-
-enum rs { RS_FUTURE = 0, RS_WAITING, RS_PLACED, RS_GONE };
-
-struct run_svc {
-    enum rs st;
-    size_t cur;         /* sample cursor */
-    int64_t wait_since; /* s, when waiting to (re)start; -1 if not */
-    bool started_once;
-    bool refused_p0;
-    /* the engine refused it as larger than any GPU, or than the pool (osub__empty_pool_fit:
-     * a check of the spec against the pool alone that changes nothing): not asked again */
-    bool never_fits;
-    size_t reported_k; /* step + 1 of its last usage report */
-};
-
-struct idmap {
-    const char **keys;
-    int32_t *vals;
-    size_t cap;
-};
-
-static int idmap_init(struct idmap *m, const struct trace *tr)
+int sim__idmap_init(struct idmap *m, const struct trace *tr)
 {
     m->cap = 64;
     while (m->cap < tr->n * 2)
@@ -72,7 +45,7 @@ static int idmap_init(struct idmap *m, const struct trace *tr)
     return 0;
 }
 
-static int32_t idmap_get(const struct idmap *m, const char *id)
+int32_t sim__idmap_get(const struct idmap *m, const char *id)
 {
     size_t h = fnv1a64(id) & (m->cap - 1);
     while (m->keys[h] != NULL) {
@@ -83,7 +56,7 @@ static int32_t idmap_get(const struct idmap *m, const char *id)
     return -1;
 }
 
-static void idmap_free(struct idmap *m)
+void sim__idmap_free(struct idmap *m)
 {
     free(m->keys);
     free(m->vals);
@@ -95,20 +68,8 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Shared bookkeeping of one run. */
-struct acc {
-    double used_sum, held_sum, logical_sum;
-    double *used; /* per step, for the p95 (and the plot) */
-    double *held;
-    uint32_t *events;
-    size_t steps;
-    int64_t demand, unmet;
-    double lost_min;
-    int64_t wait_max, wait_total, wait_n;
-};
-
-static void finish(const struct trace *tr, const struct sim_budget *b, struct acc *a,
-                   struct sim_result *r, bool keep)
+void sim__finish(const struct trace *tr, const struct sim_budget *b, struct acc *a,
+                 struct sim_result *r, bool keep)
 {
     r->steps = (int64_t)a->steps;
     double span_s = (double)(tr->t1 - tr->t0 + tr->step_s);
@@ -130,6 +91,7 @@ static void finish(const struct trace *tr, const struct sim_budget *b, struct ac
     for (int l = 0; l < 3; l++) {
         r->degrades_per_week[l] = weeks > 0 ? (double)r->degrades[l] / weeks : 0;
         r->evictions_per_week[l] = weeks > 0 ? (double)r->evictions[l] / weeks : 0;
+        r->suspends_per_week[l] = weeks > 0 ? (double)r->suspends[l] / weeks : 0;
     }
     r->unmet_fraction = a->demand > 0 ? (double)a->unmet / (double)a->demand : 0;
     r->lost_service_minutes = a->lost_min;
@@ -166,13 +128,13 @@ static void finish(const struct trace *tr, const struct sim_budget *b, struct ac
     free(a->events);
 }
 
-static size_t n_steps(const struct trace *tr)
+size_t sim__n_steps(const struct trace *tr)
 {
     return (size_t)((tr->t1 - tr->t0) / tr->step_s) + 1;
 }
 
 /* Latest sample at or before t (advances the cursor). Returns the demand, -1 if not active. */
-static int64_t demand_at(const struct trace_svc *s, struct run_svc *rs, int64_t t)
+int64_t sim__demand_at(const struct trace_svc *s, struct run_svc *rs, int64_t t)
 {
     if (t < s->samples[0].t_s || t > s->samples[s->n - 1].t_s)
         return -1;
@@ -203,7 +165,7 @@ static inline int64_t lane_demand(const struct lane *l, struct run_svc *rs, int6
 /* ---- progress ------------------------------------------------------------------------ */
 
 /* Every 64 steps: a line when one is due (trace.h's progress). */
-static void step_progress(struct progress *pg, const struct sim_opts *o, size_t k, size_t steps)
+void sim__step_progress(struct progress *pg, const struct sim_opts *o, size_t k, size_t steps)
 {
     FILE *f = progress_file();
     if (f == NULL || (k & 63) != 0 || k == 0 || !progress_due(pg))
@@ -223,7 +185,7 @@ static int cmp_arrival(const void *a, const void *b)
 {
     const struct trace_svc *x = &sort_tr->svcs[*(const size_t *)a];
     const struct trace_svc *y = &sort_tr->svcs[*(const size_t *)b];
-    int lx = level_of(x->spec.class_name), ly = level_of(y->spec.class_name);
+    int lx = sim__level_of(x->spec.class_name), ly = sim__level_of(y->spec.class_name);
     if (x->spec.vram_mib != y->spec.vram_mib)
         return x->spec.vram_mib > y->spec.vram_mib ? -1 : 1;
     if (lx != ly)
@@ -236,7 +198,7 @@ struct follow {
     bool exit;
 };
 
-static void note_wait(struct acc *a, struct run_svc *rs, int64_t t)
+void sim__note_wait(struct acc *a, struct run_svc *rs, int64_t t)
 {
     if (rs->wait_since < 0)
         return;
@@ -249,16 +211,16 @@ static void note_wait(struct acc *a, struct run_svc *rs, int64_t t)
 }
 
 /* The end of a replay: who never started, who is still waiting, then the figures. */
-static void end_run(const struct trace *tr, const struct sim_budget *b, struct acc *a,
-                    struct run_svc *rs, struct sim_result *r, bool timeline)
+void sim__end_run(const struct trace *tr, const struct sim_budget *b, struct acc *a,
+                  struct run_svc *rs, struct sim_result *r, bool timeline)
 {
     for (size_t i = 0; i < tr->n; i++) {
         if (!rs[i].started_once)
             r->never_started++;
         if (rs[i].wait_since >= 0)
-            note_wait(a, &rs[i], tr->t1 + tr->step_s);
+            sim__note_wait(a, &rs[i], tr->t1 + tr->step_s);
     }
-    finish(tr, b, a, r, timeline);
+    sim__finish(tr, b, a, r, timeline);
 }
 
 /*
@@ -281,6 +243,32 @@ struct view {
     int32_t n_slots;
     int64_t grant_mib, used_mib;
 };
+
+/* A suspend of the replay (DESIGN.md, "Suspend"): the mechanism takes its used memory to the
+ * host at the pool's suspend_mib_per_s and reports it done (osub_engine_suspended, with the
+ * residual its spec expects, at most what it used), as oversubd's suspender does; a wake is
+ * reported done (osub_engine_resumed) after its resume cost. From the decision to the resume it
+ * serves nothing: that time is lost, to the millisecond. */
+struct susp {
+    int64_t since_ms;       /* the suspend decision; -1: not in suspend */
+    int64_t evict_since_ms; /* an eviction decision, until it runs again loaded; -1: none */
+    int64_t used_mib;       /* what it used then */
+    int64_t wake_ms;        /* its wake decision; -1: not resuming */
+    uint32_t gen;           /* a report to come is for this suspend or wake only */
+};
+
+struct stimer {
+    int64_t due_ms;
+    uint64_t seq; /* ties in the order they were made */
+    int32_t svc;
+    uint32_t gen;
+    bool resume; /* osub_engine_resumed, else osub_engine_suspended */
+};
+
+static inline bool in_suspend(osub_state_t st)
+{
+    return st == OSUB_STATE_SUSPENDING || st == OSUB_STATE_SUSPENDED || st == OSUB_STATE_RESUMING;
+}
 
 /* One replay through the engine (sim_engine()): the engine, each service's run state and
  * view, the follow-ups of the last command and the bookkeeping. */
@@ -307,6 +295,13 @@ struct erun {
     size_t *dirty;     /* services to read again */
     size_t n_dirty;
     struct lane *lane; /* per service */
+    /* suspend: per service, then the mechanisms' reports to come, in time order */
+    struct susp *sus;
+    struct stimer *tq;
+    size_t nt, tcap;
+    uint64_t t_seq;
+    int64_t ev_ms;             /* the time of the last command's events */
+    int64_t suspend_mib_per_s; /* the pool's: how fast memory moves to the host and back */
 };
 
 static void view_touch(struct erun *x, int32_t i)
@@ -324,6 +319,35 @@ static void view_mismatch(struct erun *x, size_t i, const char *what)
                 x->tr->svcs[i].spec.id);
 }
 
+/* Service i left its suspend (resumed, evicted or released) at the last events' time: the time
+ * since the decision is lost. */
+static void suspend_ended(struct erun *x, size_t i, int64_t now_ms)
+{
+    struct susp *s = &x->sus[i];
+    if (s->since_ms < 0)
+        return;
+    int64_t ms = now_ms - s->since_ms;
+    if (s->wake_ms >= 0)
+        x->r->suspend_transit_minutes += (double)(now_ms - s->wake_ms) / 60000.0;
+    s->wake_ms = -1;
+    x->a.lost_min += (double)ms / 60000.0;
+    x->r->suspend_lost_minutes += (double)ms / 60000.0;
+    if (ms / 1000 > x->r->max_suspended_s)
+        x->r->max_suspended_s = ms / 1000;
+    s->since_ms = -1;
+}
+
+/* Service i, evicted, runs again loaded (or is gone) at now_ms: the time since the eviction is
+ * what the eviction cost it (the figure suspends are compared with; lost_min has it per step). */
+static void evict_ended(struct erun *x, size_t i, int64_t now_ms)
+{
+    struct susp *s = &x->sus[i];
+    if (s->evict_since_ms < 0)
+        return;
+    x->r->evict_lost_minutes += (double)(now_ms - s->evict_since_ms) / 60000.0;
+    s->evict_since_ms = -1;
+}
+
 /* Reads service i again from the engine. */
 static void view_read(struct erun *x, size_t i)
 {
@@ -336,8 +360,13 @@ static void view_read(struct erun *x, size_t i)
     v->n_slots = 0;
     osub_service_info_t si;
     v->live = osub_engine_service_info(x->e, x->tr->svcs[i].spec.id, &si) == 0;
+    if (x->sus[i].since_ms >= 0 && !(v->live && in_suspend(si.state)))
+        suspend_ended(x, i, x->ev_ms);
     if (!v->live)
         return;
+    if (x->sus[i].evict_since_ms >= 0 && !si.loading &&
+        (si.state == OSUB_STATE_RUNNING || si.state == OSUB_STATE_DEGRADED))
+        evict_ended(x, i, x->ev_ms);
     v->state = si.state;
     v->loading = si.loading;
     v->resumed = si.resumed;
@@ -404,6 +433,43 @@ static inline int64_t gpu_used(struct erun *x, int32_t g)
     return x->gpu_used[g];
 }
 
+/* The mechanism's report for svc at due_ms, to come (in time order, ties in order made). */
+static void timer_add(struct erun *x, int64_t due_ms, int32_t svc, bool resume)
+{
+    if (x->nt == x->tcap) {
+        size_t cap = x->tcap ? x->tcap * 2 : 64;
+        struct stimer *q = realloc(x->tq, cap * sizeof(*q));
+        if (q == NULL)
+            return; /* never reported: the engine's timeout evicts it, or its resume cost ends */
+        x->tq = q;
+        x->tcap = cap;
+    }
+    x->tq[x->nt++] = (struct stimer){due_ms, x->t_seq++, svc, x->sus[svc].gen, resume};
+}
+
+/* A suspend decision (its mechanism starts: done when its used memory is on the host) or a
+ * wake (done after its resume cost: the event's deadline). */
+static void suspend_event(struct erun *x, const osub_event_t *ev, int32_t svc, int lvl)
+{
+    if (svc < 0)
+        return;
+    struct susp *s = &x->sus[svc];
+    s->gen++;
+    if (ev->kind == OSUB_EV_WAKE) {
+        x->r->wakes++;
+        s->wake_ms = ev->time_ms;
+        timer_add(x, ev->deadline_ms, svc, true);
+        return;
+    }
+    x->r->suspends[lvl]++;
+    if (lvl == 0)
+        x->r->p0_disruptions++;
+    if (s->since_ms < 0)
+        s->since_ms = ev->time_ms;
+    s->used_mib = x->v[svc].used_mib > 0 ? x->v[svc].used_mib : 0; /* as of the decision */
+    timer_add(x, ev->time_ms + s->used_mib * 1000 / x->suspend_mib_per_s, svc, false);
+}
+
 /* Reads the last command's events: counts decisions, marks the services they name to be
  * read again, queues follow-ups (victims comply at once: a degraded service acknowledges, an
  * evicted one checkpoints and exits). */
@@ -411,10 +477,10 @@ static void read_events_of(struct erun *x, const osub_event_t *ev, size_t n)
 {
     struct sim_result *r = x->r;
     for (size_t i = 0; i < n; i++) {
-        int32_t svc = ev[i].service[0] != '\0' ? idmap_get(&x->m, ev[i].service) : -1;
+        int32_t svc = ev[i].service[0] != '\0' ? sim__idmap_get(&x->m, ev[i].service) : -1;
         view_touch(x, svc);
         if (ev[i].cause[0] != '\0')
-            view_touch(x, idmap_get(&x->m, ev[i].cause));
+            view_touch(x, sim__idmap_get(&x->m, ev[i].cause));
         int lvl = ev[i].level >= 0 && ev[i].level < 3 ? ev[i].level : 2;
         if (ev[i].kind == OSUB_EV_DEGRADE && ev[i].reason != OSUB_R_COMPUTE) {
             r->degrades[lvl]++;
@@ -424,6 +490,8 @@ static void read_events_of(struct erun *x, const osub_event_t *ev, size_t n)
                 x->fq[x->nf++] = (struct follow){svc, false};
         } else if (ev[i].kind == OSUB_EV_EVICT) {
             r->evictions[lvl]++;
+            if (svc >= 0 && x->sus[svc].evict_since_ms < 0)
+                x->sus[svc].evict_since_ms = ev[i].time_ms;
             if (lvl == 0)
                 r->p0_disruptions++;
             if (x->nf < x->fcap)
@@ -431,8 +499,12 @@ static void read_events_of(struct erun *x, const osub_event_t *ev, size_t n)
         } else if ((ev[i].kind == OSUB_EV_RELEASE || ev[i].kind == OSUB_EV_REQUEUE) &&
                    ev[i].reason == OSUB_R_GPU_LOST && lvl == 0) {
             r->p0_disruptions++;
+        } else if (ev[i].kind == OSUB_EV_SUSPEND || ev[i].kind == OSUB_EV_WAKE) {
+            suspend_event(x, &ev[i], svc, lvl);
         }
     }
+    if (n > 0)
+        x->ev_ms = ev[0].time_ms;
     view_sync(x);
 }
 
@@ -492,7 +564,7 @@ static void report_usage(struct erun *x, size_t i, int64_t used_mib, int32_t pct
 
 static void erun_free(struct erun *x)
 {
-    idmap_free(&x->m);
+    sim__idmap_free(&x->m);
     free(x->rs);
     free(x->fq);
     free(x->a.used);
@@ -508,6 +580,8 @@ static void erun_free(struct erun *x)
     free(x->gpu_used);
     free(x->dirty);
     free(x->lane);
+    free(x->sus);
+    free(x->tq);
     osub_engine_free(x->e);
 }
 
@@ -559,6 +633,16 @@ static int erun_init(struct erun *x, const struct trace *tr, const struct sim_op
         cfg.prediction_trust_ms = b->trust_ms;
     if (b->floor_start_ms != 0)
         cfg.floor_start_after_ms = b->floor_start_ms;
+    for (size_t g = 0; g < o->n_pool; g++)
+        x->vram_total += o->pool[g];
+    /* a host budget only where a service may use it (static keeps every request: no suspend) */
+    bool suspendable = false;
+    for (size_t i = 0; i < tr->n && o->policy != POL_STATIC; i++)
+        suspendable = suspendable || tr->svcs[i].spec.suspend.method != OSUB_SUSPEND_NONE;
+    if (suspendable)
+        cfg.suspend_host_mib = b->suspend_host_mib < 0 ? x->vram_total : b->suspend_host_mib;
+    r->suspend_on = suspendable && cfg.suspend_host_mib > 0;
+    x->suspend_mib_per_s = cfg.suspend_mib_per_s > 0 ? cfg.suspend_mib_per_s : 4096;
     int rc = osub_engine_new(&cfg, o->pool, NULL, o->n_pool, NULL, 0, &x->e);
     if (rc != 0) {
         snprintf(err, errlen, "pool: %s", osub_strerror(rc));
@@ -567,23 +651,24 @@ static int erun_init(struct erun *x, const struct trace *tr, const struct sim_op
     x->rs = calloc(tr->n, sizeof(*x->rs));
     x->fcap = 4096;
     x->fq = malloc(x->fcap * sizeof(*x->fq));
-    size_t steps = n_steps(tr);
+    size_t steps = sim__n_steps(tr);
     x->a.used = calloc(steps, sizeof(double));
     x->a.held = calloc(steps, sizeof(double));
     x->a.events = calloc(steps, sizeof(uint32_t));
     x->order = malloc(tr->n * sizeof(*x->order));
     x->oom_step = calloc(o->n_pool, sizeof(*x->oom_step));
-    if (idmap_init(&x->m, tr) != 0 || x->rs == NULL || x->fq == NULL || x->a.used == NULL ||
+    x->sus = calloc(tr->n, sizeof(*x->sus));
+    if (sim__idmap_init(&x->m, tr) != 0 || x->rs == NULL || x->fq == NULL || x->a.used == NULL ||
         x->a.held == NULL || x->a.events == NULL || x->order == NULL || x->oom_step == NULL ||
-        view_init(x) != 0) {
+        x->sus == NULL || view_init(x) != 0) {
         snprintf(err, errlen, "out of memory");
         erun_free(x);
         return -1;
     }
-    for (size_t i = 0; i < tr->n; i++)
+    for (size_t i = 0; i < tr->n; i++) {
         x->rs[i].wait_since = -1;
-    for (size_t g = 0; g < o->n_pool; g++)
-        x->vram_total += o->pool[g];
+        x->sus[i].since_ms = x->sus[i].evict_since_ms = x->sus[i].wake_ms = -1;
+    }
     for (size_t i = 0; i < tr->n; i++)
         x->order[i] = i;
     sort_tr = tr;
@@ -633,12 +718,14 @@ static bool submit_waiting(struct erun *x, size_t i, size_t k, int64_t t, int64_
     if (rs->st == RS_FUTURE)
         rs->wait_since = t;
     osub_spec_t sp = s->spec;
-    if (x->o->policy == POL_STATIC)
+    if (x->o->policy == POL_STATIC) {
         sp.preemptible = OSUB_TRI_NO; /* today's practice: every request kept */
+        sp.suspend.method = OSUB_SUSPEND_NONE;
+    }
     /* a preemptible service waits in the engine's queue (keeping its place and how long it has
      * waited); an online one is retried each step (its first refusal is a P0 disruption) */
-    sp.queue =
-        sp.preemptible == OSUB_TRI_NO || level_of(sp.class_name) == 0 ? OSUB_TRI_NO : OSUB_TRI_YES;
+    sp.queue = sp.preemptible == OSUB_TRI_NO || sim__level_of(sp.class_name) == 0 ? OSUB_TRI_NO
+                                                                                  : OSUB_TRI_YES;
     osub_submit_result_t sr;
     /* a service already there when the trace begins was running before it */
     int src = osub_engine_submit(x->e, &sp, now, k == 0 ? OSUB_SUBMIT_RUNNING : 0, &sr);
@@ -649,7 +736,7 @@ static bool submit_waiting(struct erun *x, size_t i, size_t k, int64_t t, int64_
     view_touch(x, (int32_t)i);
     erun_events(x, now);
     if (sr.outcome == OSUB_SUBMIT_REJECTED) {
-        if (rs->st == RS_FUTURE && level_of(sp.class_name) == 0) {
+        if (rs->st == RS_FUTURE && sim__level_of(sp.class_name) == 0) {
             r->p0_disruptions++;
             rs->refused_p0 = true;
         }
@@ -675,6 +762,85 @@ static void count_ooms(struct erun *x, size_t i, size_t k)
     }
 }
 
+/* What service i keeps on its GPUs once suspended: its spec's residual, at most what it used. */
+static int64_t residual_of(const struct erun *x, size_t i)
+{
+    int64_t r = x->tr->svcs[i].spec.suspend.residual_mib;
+    return r < x->sus[i].used_mib ? r : x->sus[i].used_mib;
+}
+
+/* The last command's events, and the services it started (from the queue, or a pending one
+ * whose victims are done) stop waiting at t (s), not at the next step. */
+static void events_and_starts(struct erun *x, int64_t t, int64_t now)
+{
+    size_t n_ev;
+    const osub_event_t *ev = osub_engine_events(x->e, &n_ev);
+    bool started = false;
+    for (size_t j = 0; j < n_ev && !started; j++)
+        started = ev[j].kind == OSUB_EV_START || ev[j].kind == OSUB_EV_RESUME;
+    erun_events(x, now);
+    for (size_t i = 0; i < x->tr->n && started; i++) {
+        if (x->rs[i].st != RS_PLACED || x->rs[i].wait_since < 0)
+            continue;
+        const struct view *v = view_of(x, i);
+        if (v->live && v->state != OSUB_STATE_QUEUED && v->state != OSUB_STATE_PENDING) {
+            sim__note_wait(&x->a, &x->rs[i], t);
+            x->rs[i].started_once = true;
+        }
+    }
+}
+
+/* The mechanisms' reports due by until_ms, in time order, each at its time (the engine acts on
+ * each: a pending service whose victim is suspended starts then). */
+static void run_timers(struct erun *x, int64_t until_ms)
+{
+    while (x->nt > 0) {
+        size_t m = 0;
+        for (size_t j = 1; j < x->nt; j++)
+            if (x->tq[j].due_ms < x->tq[m].due_ms ||
+                (x->tq[j].due_ms == x->tq[m].due_ms && x->tq[j].seq < x->tq[m].seq))
+                m = j;
+        struct stimer tm = x->tq[m];
+        if (tm.due_ms > until_ms)
+            return;
+        x->tq[m] = x->tq[--x->nt];
+        const struct view *v = view_of(x, (size_t)tm.svc);
+        if (tm.gen != x->sus[tm.svc].gen || !v->live)
+            continue; /* a report for a suspend or wake that is over */
+        const char *id = x->lane[tm.svc].id;
+        int rc;
+        if (tm.resume && v->state == OSUB_STATE_RESUMING)
+            rc = osub_engine_resumed(x->e, id, tm.due_ms);
+        else if (!tm.resume && v->state == OSUB_STATE_SUSPENDING)
+            rc = osub_engine_suspended(x->e, id, residual_of(x, (size_t)tm.svc), tm.due_ms);
+        else
+            continue;
+        if (rc != 0)
+            continue;
+        if (!tm.resume) /* the time its memory took to move */
+            x->r->suspend_transit_minutes +=
+                (double)(tm.due_ms - x->sus[tm.svc].since_ms) / 60000.0;
+        view_touch(x, tm.svc);
+        events_and_starts(x, x->tr->t0 + tm.due_ms / 1000, tm.due_ms);
+    }
+}
+
+/* Service i at step k in its suspend: suspending, its memory stays as measured while it moves;
+ * suspended, it reports its residual; resuming, its memory is back (reported, as a loading
+ * service's): it serves nothing meanwhile. */
+static void step_suspended(struct erun *x, size_t i, size_t k, int64_t d, int64_t now)
+{
+    const struct view *v = &x->v[i];
+    int64_t report = v->state == OSUB_STATE_SUSPENDED ? residual_of(x, i) : d;
+    if (v->state == OSUB_STATE_SUSPENDING || v->used_mib == report)
+        return;
+    report_usage(x, i, report, x->lane[i].samples[x->rs[i].cur].compute_pct, now);
+    x->rs[i].reported_k = k + 1;
+    read_events(x);
+    count_ooms(x, i, k);
+    run_follow_ups(x, now);
+}
+
 /* Service i at step k: released past its last sample, submitted when it arrives or waits, else
  * its use reported (and an OOM counted where a GPU is over its VRAM). */
 static void step_service(struct erun *x, size_t i, size_t k, int64_t t, int64_t now)
@@ -693,8 +859,9 @@ static void step_service(struct erun *x, size_t i, size_t k, int64_t t, int64_t 
             osub_engine_release(x->e, s->spec.id, now);
             view_touch(x, (int32_t)i);
             erun_events(x, now);
+            evict_ended(x, i, now); /* its trace ends before it was back */
             if (rs->st == RS_WAITING && rs->wait_since >= 0)
-                note_wait(a, rs, t);
+                sim__note_wait(a, rs, t);
             rs->st = RS_GONE;
         }
         return;
@@ -718,8 +885,12 @@ static void step_service(struct erun *x, size_t i, size_t k, int64_t t, int64_t 
         return;
     }
     if (rs->wait_since >= 0)
-        note_wait(a, rs, t);
+        sim__note_wait(a, rs, t);
     rs->started_once = true;
+    if (in_suspend(v->state)) {
+        step_suspended(x, i, k, d, now);
+        return;
+    }
     if (v->loading && v->resumed)
         a->lost_min += (double)tr->step_s / 60.0; /* restarting after an eviction */
     int64_t report = d;
@@ -739,26 +910,10 @@ static void step_service(struct erun *x, size_t i, size_t k, int64_t t, int64_t 
 /* The end of step k: the engine's tick, who it started, the OOMs, the utilisation. */
 static void end_step(struct erun *x, size_t k, int64_t t, int64_t now)
 {
-    const struct trace *tr = x->tr;
     struct sim_result *r = x->r;
     struct acc *a = &x->a;
     osub_engine_tick(x->e, now);
-    size_t n_tick;
-    const osub_event_t *tev = osub_engine_events(x->e, &n_tick);
-    bool started = false;
-    for (size_t j = 0; j < n_tick && !started; j++)
-        started = tev[j].kind == OSUB_EV_START || tev[j].kind == OSUB_EV_RESUME;
-    erun_events(x, now);
-    /* services the tick started (from the queue) stopped waiting now, not next step */
-    for (size_t i = 0; i < tr->n && started; i++) {
-        if (x->rs[i].st != RS_PLACED || x->rs[i].wait_since < 0)
-            continue;
-        const struct view *v = view_of(x, i);
-        if (v->live && v->state != OSUB_STATE_QUEUED && v->state != OSUB_STATE_PENDING) {
-            note_wait(a, &x->rs[i], t);
-            x->rs[i].started_once = true;
-        }
-    }
+    events_and_starts(x, t, now);
     /* what the GPUs really hold now */
     for (size_t g = 0; g < x->o->n_pool; g++) {
         if (gpu_used(x, (int32_t)g) > x->o->pool[g] && x->oom_step[g] != k + 1) {
@@ -774,7 +929,7 @@ static void end_step(struct erun *x, size_t k, int64_t t, int64_t now)
     a->held_sum += a->held[k];
     a->logical_sum += (double)pi.granted_mib / (double)pi.logical_mib;
     uint64_t evs = r->degrades[0] + r->degrades[1] + r->degrades[2] + r->evictions[0] +
-                   r->evictions[1] + r->evictions[2];
+                   r->evictions[1] + r->evictions[2] + r->suspends[1] + r->suspends[2];
     a->events[k] = (uint32_t)(evs - x->ev_before);
     x->ev_before = evs;
     a->steps++;
@@ -786,272 +941,27 @@ static int sim_engine(const struct trace *tr, const struct sim_opts *o, const st
     struct erun x;
     if (erun_init(&x, tr, o, b, r, err, errlen) != 0)
         return -1;
-    size_t steps = n_steps(tr);
+    size_t steps = sim__n_steps(tr);
     for (size_t k = 0; k < steps; k++) {
         int64_t t = tr->t0 + (int64_t)k * tr->step_s;
         int64_t now = (t - tr->t0) * 1000;
-        step_progress(pg, o, k, steps);
+        sim__step_progress(pg, o, k, steps);
+        if (x.nt > 0)
+            run_timers(&x, now);
         if (k > 0)
             report_downs(&x, k, t, now);
         for (size_t oi = 0; oi < tr->n; oi++)
             step_service(&x, x.order[oi], k, t, now);
         end_step(&x, k, t, now);
     }
-    end_run(tr, b, &x.a, x.rs, r, o->timeline);
-    x.a.used = x.a.held = NULL; /* finish() took or freed them */
+    for (size_t i = 0; i < tr->n; i++) { /* suspended, or not back from an eviction, at the end */
+        suspend_ended(&x, i, (tr->t1 - tr->t0 + tr->step_s) * 1000);
+        evict_ended(&x, i, (tr->t1 - tr->t0 + tr->step_s) * 1000);
+    }
+    sim__end_run(tr, b, &x.a, x.rs, r, o->timeline);
+    x.a.used = x.a.held = NULL; /* sim__finish() took or freed them */
     x.a.events = NULL;
     erun_free(&x);
-    return 0;
-}
-
-/* ---- the brief's pool-level algorithm ------------------------------------------------- */
-
-static int sim_brief(const struct trace *tr, const struct sim_opts *o, const struct sim_budget *b,
-                     struct sim_result *r, struct progress *pg, char *err, size_t errlen)
-{
-    int64_t vram_total = 0;
-    for (size_t g = 0; g < o->n_pool; g++)
-        vram_total += o->pool[g];
-    double total_gb = (double)vram_total / 1024.0;
-    brief_pool_t *p = brief_new(total_gb, (double)o->ratio_milli / 1000.0);
-    struct run_svc *rs = calloc(tr->n, sizeof(*rs));
-    size_t steps = n_steps(tr);
-    struct acc a = {0};
-    a.used = calloc(steps, sizeof(double));
-    a.held = calloc(steps, sizeof(double));
-    a.events = calloc(steps, sizeof(uint32_t));
-    struct idmap m;
-    if (p == NULL || rs == NULL || a.used == NULL || a.held == NULL || a.events == NULL ||
-        idmap_init(&m, tr) != 0) {
-        snprintf(err, errlen, "out of memory");
-        brief_free(p);
-        free(rs);
-        free(a.used);
-        free(a.held);
-        free(a.events);
-        return -1;
-    }
-    for (size_t i = 0; i < tr->n; i++)
-        rs[i].wait_since = -1;
-    char victims[64][64];
-    for (size_t k = 0; k < steps; k++) {
-        step_progress(pg, o, k, steps);
-        int64_t t = tr->t0 + (int64_t)k * tr->step_s;
-        int64_t real = 0;
-        uint32_t evs = 0;
-        for (size_t i = 0; i < tr->n; i++) {
-            const struct trace_svc *s = &tr->svcs[i];
-            struct run_svc *x = &rs[i];
-            if (x->st == RS_GONE)
-                continue;
-            int64_t d = demand_at(s, x, t);
-            if (d < 0) {
-                if (x->st == RS_PLACED)
-                    brief_release(p, s->spec.id);
-                if (x->wait_since >= 0)
-                    note_wait(&a, x, t);
-                if (x->st != RS_FUTURE)
-                    x->st = RS_GONE;
-                continue;
-            }
-            a.demand += d;
-            r->service_steps++;
-            int lvl = level_of(s->spec.class_name);
-            bool pre = lvl > 0;
-            double gb = (double)s->spec.vram_mib / 1024.0;
-            if (x->st == RS_FUTURE || x->st == RS_WAITING) {
-                if (x->st == RS_FUTURE)
-                    x->wait_since = t;
-                if (!brief_can_allocate(p, lvl, gb, pre)) {
-                    if (x->st == RS_FUTURE && lvl == 0)
-                        r->p0_disruptions++;
-                    x->st = RS_WAITING;
-                    a.lost_min += (double)tr->step_s / 60.0;
-                    continue;
-                }
-                int nv = brief_allocate(p, s->spec.id, lvl, gb, pre, t, victims, 64);
-                for (int v = 0; v < nv && v < 64; v++) {
-                    int32_t vi = idmap_get(&m, victims[v]);
-                    if (vi < 0)
-                        continue;
-                    int vl = level_of(tr->svcs[vi].spec.class_name);
-                    r->evictions[vl]++;
-                    if (vl == 0)
-                        r->p0_disruptions++;
-                    evs++;
-                    rs[vi].st = RS_WAITING; /* it retries next step, from scratch */
-                    rs[vi].wait_since = t;
-                }
-                x->st = RS_PLACED;
-                x->started_once = true;
-                note_wait(&a, x, t);
-            }
-            brief_update_usage(p, s->spec.id, (double)d / 1024.0);
-            real += d;
-        }
-        /* an OOM: the pool's real demand above its VRAM */
-        if (real > vram_total)
-            r->oom_events++;
-        a.used[k] = (double)real / (double)vram_total;
-        double actual = brief_actual(p) / total_gb;
-        a.held[k] = actual;
-        a.used_sum += a.used[k];
-        a.held_sum += actual;
-        a.logical_sum += brief_allocated(p) / brief_logical(p);
-        a.events[k] = evs;
-        a.steps++;
-    }
-    end_run(tr, b, &a, rs, r, o->timeline);
-    idmap_free(&m);
-    free(rs);
-    brief_free(p);
-    return 0;
-}
-
-/* ---- hindsight: first-fit decreasing of whole usage series ---------------------------- */
-
-struct hs_item {
-    size_t svc;
-    int64_t key;
-};
-
-static int cmp_hs(const void *a, const void *b)
-{
-    const struct hs_item *x = a, *y = b;
-    if (x->key != y->key)
-        return x->key > y->key ? -1 : 1;
-    return (x->svc > y->svc) - (x->svc < y->svc);
-}
-
-/* Demand series of one service over the grid (P0 at its full request), into out[steps]. */
-static void series_of(const struct trace *tr, size_t i, int64_t *out, size_t steps)
-{
-    const struct trace_svc *s = &tr->svcs[i];
-    struct run_svc x = {0};
-    bool p0 = level_of(s->spec.class_name) == 0;
-    for (size_t k = 0; k < steps; k++) {
-        int64_t d = demand_at(s, &x, tr->t0 + (int64_t)k * tr->step_s);
-        out[k] = d < 0 ? 0 : (p0 ? s->spec.vram_mib : d);
-    }
-}
-
-int32_t sim_lower_bound(const struct trace *tr, int64_t gpu_mib)
-{
-    size_t steps = n_steps(tr);
-    int64_t *sum = calloc(steps, sizeof(*sum));
-    struct run_svc *rs = calloc(tr->n, sizeof(*rs));
-    if (sum == NULL || rs == NULL) {
-        free(sum);
-        free(rs);
-        return 1;
-    }
-    for (size_t i = 0; i < tr->n; i++)
-        for (size_t k = 0; k < steps; k++) {
-            int64_t d = demand_at(&tr->svcs[i], &rs[i], tr->t0 + (int64_t)k * tr->step_s);
-            if (d > 0)
-                sum[k] += d;
-        }
-    int64_t peak = 0;
-    for (size_t k = 0; k < steps; k++)
-        if (sum[k] > peak)
-            peak = sum[k];
-    free(sum);
-    free(rs);
-    return (int32_t)((peak + gpu_mib - 1) / gpu_mib);
-}
-
-static int sim_hindsight(const struct trace *tr, const struct sim_opts *o,
-                         const struct sim_budget *b, struct sim_result *r, char *err, size_t errlen)
-{
-    size_t steps = n_steps(tr);
-    int64_t gpu_mib = o->pool[0];
-    struct hs_item *items = calloc(tr->n, sizeof(*items));
-    int64_t *ser = calloc(steps, sizeof(*ser));
-    int64_t **gpus = calloc(tr->n, sizeof(*gpus));
-    struct acc a = {0};
-    a.used = calloc(steps, sizeof(double));
-    a.held = calloc(steps, sizeof(double));
-    a.events = calloc(steps, sizeof(uint32_t));
-    if (items == NULL || ser == NULL || gpus == NULL || a.used == NULL || a.held == NULL ||
-        a.events == NULL) {
-        snprintf(err, errlen, "out of memory");
-        free(items);
-        free(ser);
-        free(gpus);
-        free(a.used);
-        free(a.held);
-        free(a.events);
-        return -1;
-    }
-    for (size_t i = 0; i < tr->n; i++) {
-        items[i].svc = i;
-        items[i].key = level_of(tr->svcs[i].spec.class_name) == 0 ? tr->svcs[i].spec.vram_mib
-                                                                  : tr->svcs[i].peak_mib;
-    }
-    qsort(items, tr->n, sizeof(*items), cmp_hs);
-    size_t ng = 0;
-    int64_t *used_real = calloc(steps, sizeof(*used_real));
-    int64_t *held = calloc(steps, sizeof(*held));
-    struct run_svc *rs = calloc(tr->n, sizeof(*rs));
-    for (size_t it = 0; it < tr->n && used_real && held && rs; it++) {
-        size_t i = items[it].svc;
-        series_of(tr, i, ser, steps);
-        bool alone = true;
-        for (size_t k = 0; k < steps && alone; k++)
-            alone = ser[k] <= gpu_mib;
-        if (!alone) {
-            /* even an empty GPU cannot hold it: it never starts (and makes the run infeasible) */
-            r->too_big++;
-            r->never_started++;
-            continue;
-        }
-        size_t g;
-        for (g = 0; g < ng; g++) {
-            bool fits = true;
-            for (size_t k = 0; k < steps && fits; k++)
-                fits = gpus[g][k] + ser[k] <= gpu_mib;
-            if (fits)
-                break;
-        }
-        if (g == ng) {
-            gpus[ng] = calloc(steps, sizeof(int64_t));
-            if (gpus[ng] == NULL)
-                break;
-            ng++;
-        }
-        for (size_t k = 0; k < steps; k++) {
-            gpus[g][k] += ser[k];
-            held[k] += ser[k];
-        }
-        for (size_t k = 0; k < steps; k++) {
-            int64_t d = demand_at(&tr->svcs[i], &rs[i], tr->t0 + (int64_t)k * tr->step_s);
-            if (d > 0) {
-                used_real[k] += d;
-                a.demand += d;
-                r->service_steps++;
-            }
-        }
-    }
-    double cap = (double)ng * (double)gpu_mib;
-    for (size_t k = 0; k < steps && used_real && held; k++) {
-        a.used[k] = (double)used_real[k] / cap;
-        a.held[k] = (double)held[k] / cap;
-        a.used_sum += a.used[k];
-        a.held_sum += a.held[k];
-        a.logical_sum += a.held[k];
-        a.steps++;
-    }
-    r->n_gpus = (int32_t)ng;
-    for (size_t g = 0; g < ng; g++)
-        free(gpus[g]);
-    free(gpus);
-    free(items);
-    free(ser);
-    free(used_real);
-    free(held);
-    free(rs);
-    finish(tr, b, &a, r, o->timeline);
-    r->lower_bound_gpus = sim_lower_bound(tr, gpu_mib);
     return 0;
 }
 
@@ -1076,10 +986,10 @@ int sim_run(const struct trace *tr, const struct sim_opts *o, const struct sim_b
         rc = sim_engine(tr, o, b, r, &pg, err, errlen);
         break;
     case POL_BRIEF:
-        rc = sim_brief(tr, o, b, r, &pg, err, errlen);
+        rc = sim__brief(tr, o, b, r, &pg, err, errlen);
         break;
     case POL_HINDSIGHT:
-        rc = sim_hindsight(tr, o, b, r, err, errlen);
+        rc = sim__hindsight(tr, o, b, r, err, errlen);
         break;
     default:
         snprintf(err, errlen, "unknown policy");
@@ -1152,4 +1062,34 @@ int32_t sim_min_gpus(const struct trace *tr, enum sim_policy p, int32_t ratio_mi
     }
     free(pool);
     return best;
+}
+
+/* ---- who may be suspended ------------------------------------------------------------ */
+
+bool sim_suspend_picked(const char *id, int32_t milli)
+{
+    if (milli >= 1000 || milli <= 0)
+        return milli >= 1000;
+    char key[96];
+    snprintf(key, sizeof(key), "suspend:%s", id);
+    return fnv1a64(key) % 1000 < (uint64_t)milli;
+}
+
+size_t sim_mark_suspend(struct trace *tr, int32_t milli, int64_t residual_mib)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < tr->n; i++) {
+        osub_spec_t *sp = &tr->svcs[i].spec;
+        bool preemptible =
+            sim__level_of(sp->class_name) > 0 && sp->preemptible != OSUB_TRI_NO && !sp->exclusive;
+        if (sp->suspend.method == OSUB_SUSPEND_NONE && preemptible &&
+            sim_suspend_picked(sp->id, milli)) {
+            int64_t r = residual_mib * (sp->gpus > 1 ? sp->gpus : 1);
+            sp->suspend.method = OSUB_SUSPEND_CUDA;
+            sp->suspend.residual_mib = r < sp->vram_mib ? r : sp->vram_mib;
+            sp->resume_cost_ms = -1; /* DESIGN.md: its grant at suspend_mib_per_s, plus 1 s */
+        }
+        n += sp->suspend.method != OSUB_SUSPEND_NONE;
+    }
+    return n;
 }

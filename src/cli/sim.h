@@ -30,6 +30,9 @@ struct sim_budget {
     /* the engine's prediction settings for the replay (0: the engine's defaults) */
     int64_t trust_ms;       /* prediction_trust_ms */
     int64_t floor_start_ms; /* floor_start_after_ms; -1: never */
+    /* the pool's host budget for suspended services (suspend_host_mib), used when a service of
+     * the trace is suspendable (sim_mark_suspend, or its own spec): -1 the pool's VRAM, 0 none */
+    int64_t suspend_host_mib;
 };
 
 struct sim_result {
@@ -43,8 +46,20 @@ struct sim_result {
     uint64_t p0_disruptions;            /* online services refused, delayed, degraded or evicted */
     uint64_t degrades[3], evictions[3]; /* by level: online, batch, experiment */
     double degrades_per_week[3], evictions_per_week[3];
+    /* suspend: the engine's decisions by level (counted apart from evictions), its wakes, the
+     * part of lost_service_minutes spent suspending, suspended or resuming (to the ms), the
+     * longest suspension, and beside them what evictions cost (to the ms, from the decision
+     * until the service ran again, loaded); suspend_on: the run had suspendable services and a
+     * host budget */
+    uint64_t suspends[3], wakes;
+    double suspends_per_week[3];
+    double suspend_lost_minutes;
+    double suspend_transit_minutes; /* of which moving: suspend decision to done, wake to back */
+    double evict_lost_minutes; /* from each eviction until it ran again loaded (not in lost_min) */
+    int64_t max_suspended_s;
+    bool suspend_on;
     double unmet_fraction;
-    double lost_service_minutes; /* to eviction, queueing and restarts */
+    double lost_service_minutes; /* to eviction, queueing, restarts and suspends */
     int64_t max_wait_s;
     double mean_wait_s;
     uint32_t never_started;
@@ -71,6 +86,16 @@ void sim_result_free(struct sim_result *r);
 int32_t sim_min_gpus(const struct trace *tr, enum sim_policy p, int32_t ratio_milli,
                      int64_t gpu_mib, int32_t lo, int32_t hi, const struct sim_budget *b,
                      bool timeline, struct sim_result *res, char *err, size_t errlen);
+
+/* Marks the trace's preemptible services (batch and experiment, not exclusive) suspendable
+ * (method cuda, resume cost by DESIGN.md's default) when sim_suspend_picked(): milli 1000 is
+ * all, 0 none, else that share of them picked by a hash of the id; each is expected to keep
+ * residual_mib per GPU once suspended (at most its request). Specs that declare suspend
+ * already keep theirs. Returns how many services of the trace are suspendable. */
+size_t sim_mark_suspend(struct trace *tr, int32_t milli, int64_t residual_mib);
+/* Whether service id is among the share milli (of 1000) marked: FNV-1a 64 of "suspend:" + id,
+ * modulo 1000, below milli (the salt keeps it apart from the class and --pods hashes). */
+bool sim_suspend_picked(const char *id, int32_t milli);
 
 /* ceil(peak over time of the summed demand / gpu_mib). */
 int32_t sim_lower_bound(const struct trace *tr, int64_t gpu_mib);

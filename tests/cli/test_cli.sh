@@ -114,6 +114,36 @@ contains "says where the ratio stops binding" "$tmp/out" "every ratio from 1.00 
 check "single ratio: no such line" 0 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" \
     --gpus 1x81920 --ratio 1.5 --policy oversub --quiet
 if grep -q "runs the same" "$tmp/out"; then fail=$((fail + 1)); echo "FAIL: one ratio said to run the same"; else pass=$((pass + 1)); fi
+# --suspend: which preemptible services may be suspended; bad values are refused, none is no flag
+for bad in "--suspend 1.5" "--suspend foo" "--suspend -0.5" "--suspend 0.1234" "--suspend=" \
+    "--suspend-host-mib lots" "--suspend-host-mib -1" "--suspend-residual x"; do
+    # shellcheck disable=SC2086
+    check "bad ${bad%% *} ($bad)" 2 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" $bad
+    contains "says which option ($bad)" "$tmp/err" "${bad%%[ =]*}"
+done
+contains "--suspend says what it takes" "$tmp/err" "is not a size"
+check "bad --suspend (message)" 2 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" --suspend 2
+contains "--suspend message" "$tmp/err" "is not all, none or a fraction from 0 to 1"
+check "no --suspend" 0 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" --gpus 1x81920 \
+    --ratio 1.0:2.0:0.5 --quiet
+cp "$tmp/out" "$tmp/nosus"
+check "--suspend none" 0 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" --gpus 1x81920 \
+    --ratio 1.0:2.0:0.5 --quiet --suspend none
+if cmp -s "$tmp/out" "$tmp/nosus"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: --suspend none differs from no flag"; diff "$tmp/nosus" "$tmp/out" | head -5; fi
+if grep -q "suspends/wk" "$tmp/nosus"; then fail=$((fail + 1)); echo "FAIL: suspend columns without --suspend"; else pass=$((pass + 1)); fi
+check "--suspend all" 0 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" --gpus 1x81920 \
+    --ratio 1.3 --quiet --suspend all --suspend-host-mib 100GiB --suspend-residual 0.5GiB
+contains "--suspend all shows suspends" "$tmp/out" "suspends/wk"
+contains "--suspend all shows what preemption cost" "$tmp/out" "evict / susp"
+check "--suspend 0.5 --json" 0 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" \
+    --gpus 1x81920 --quiet --suspend 0.5 --json
+if python3 -c "
+import json
+d=json.load(open('$tmp/out'))
+for r in d['results']:
+    for k in ('suspends_per_week', 'wakes', 'suspend_lost_minutes', 'evict_lost_minutes', 'suspend'):
+        assert k in r, k
+" 2>"$tmp/py"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: --json lacks the suspend figures"; cat "$tmp/py"; fi
 check "--pods needs --genai" 2 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" --pods 0/2
 contains "--pods needs --genai (says so)" "$tmp/err" "applies to --genai only"
 check "--window needs --genai" 2 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" --window 0:1

@@ -411,18 +411,18 @@ static char *json_of(const struct sim_result *r)
 
 /* The replay keeps its own view of the engine's services and GPUs: at every read it matches
  * the engine's answer, and checking it changes nothing. */
-static void check_view(const struct trace *tr, enum sim_policy pol, int32_t ratio, size_t n)
+static void check_view_b(const struct trace *tr, enum sim_policy pol, int32_t ratio, size_t n,
+                         const struct sim_budget *b)
 {
     int64_t pool[64];
     for (size_t i = 0; i < n; i++)
         pool[i] = i % 3 == 2 ? 40960 : 81920;
     struct sim_opts o = {.policy = pol, .ratio_milli = ratio, .pool = pool, .n_pool = n};
-    struct sim_budget b = budget();
     struct sim_result r, rv;
     char err[256];
-    assert_int_equal(sim_run(tr, &o, &b, &r, err, sizeof(err)), 0);
+    assert_int_equal(sim_run(tr, &o, b, &r, err, sizeof(err)), 0);
     o.verify = true;
-    assert_int_equal(sim_run(tr, &o, &b, &rv, err, sizeof(err)), 0);
+    assert_int_equal(sim_run(tr, &o, b, &rv, err, sizeof(err)), 0);
     if (rv.verify_mismatches != 0)
         fail_msg("%s at %d on %zu GPUs: %llu reads differ from the engine", sim_policy_name(pol),
                  (int)ratio, n, (unsigned long long)rv.verify_mismatches);
@@ -432,6 +432,12 @@ static void check_view(const struct trace *tr, enum sim_policy pol, int32_t rati
     free(v);
     sim_result_free(&r);
     sim_result_free(&rv);
+}
+
+static void check_view(const struct trace *tr, enum sim_policy pol, int32_t ratio, size_t n)
+{
+    struct sim_budget b = budget();
+    check_view_b(tr, pol, ratio, n, &b);
 }
 
 static void test_view_matches_engine(void **state)
@@ -709,6 +715,221 @@ static void test_csv_reader_edges(void **state)
     free(big);
 }
 
+/* ---- suspend (issue 25) ------------------------------------------------------------------- */
+
+/* The budget of a replay with suspend: the pool's VRAM as host memory (the CLI's default). */
+static struct sim_budget budget_suspend(void)
+{
+    struct sim_budget b = budget();
+    b.suspend_host_mib = -1;
+    return b;
+}
+
+static void run_one(const struct trace *tr, int32_t ratio, size_t n, const struct sim_budget *b,
+                    struct sim_result *r)
+{
+    int64_t pool[64];
+    for (size_t i = 0; i < n; i++)
+        pool[i] = 81920;
+    struct sim_opts o = {.policy = POL_OVERSUB, .ratio_milli = ratio, .pool = pool, .n_pool = n};
+    char err[256];
+    assert_int_equal(sim_run(tr, &o, b, r, err, sizeof(err)), 0);
+}
+
+static bool near(double a, double b)
+{
+    return a > b - 1e-9 && a < b + 1e-9;
+}
+
+/* One GPU: an experiment using 50000 of its 60000 MiB, not degradable; at 120 s a batch job of
+ * 40960 arrives (held 50000 + 40960 > 81920). Suspendable, the experiment is suspended at 120 s,
+ * done at 120 s + 50000 MiB / 4096 MiB/s = 132.207 s (the job, pending, starts then: a 12 s
+ * wait), keeps its 1024 MiB residual, wakes when the job is released at 420 s (its last sample
+ * 360 s) and is back after its resume cost, 60000 / 4096 s + 1 s = 15.648 s: 315.648 s lost,
+ * 5.2608 min, plus the job's step pending (1 min). Without suspend it is evicted at 120 s,
+ * restarts at 420 s and is loaded at 480 s (the pool's 60 s restart cost): 6 min. */
+static void test_golden_suspend(void **state)
+{
+    (void)state;
+    write_file("g5.json", "{\"services\": [\n"
+                          " {\"id\": \"exp\", \"class\": \"experiment\", \"vram_mib\": 60000, "
+                          "\"resumable\": true},\n"
+                          " {\"id\": \"job\", \"class\": \"batch\", \"vram_mib\": 40960}]}\n");
+    char csv[2048] = "timestamp_s,service,vram_mib\n";
+    for (int t = 0; t <= 600; t += 60) {
+        char line[64];
+        snprintf(line, sizeof(line), "%d,exp,50000\n", t);
+        strcat(csv, line);
+        if (t >= 120 && t <= 360) {
+            snprintf(line, sizeof(line), "%d,job,30000\n", t);
+            strcat(csv, line);
+        }
+    }
+    write_file("g5.csv", csv);
+    struct trace tr;
+    char err[512];
+    assert_int_equal(load("g5.json", "g5.csv", &tr, err), 0);
+    struct sim_budget b = budget_suspend();
+    struct sim_result r;
+    /* marked nothing: as before, an eviction */
+    assert_int_equal(sim_mark_suspend(&tr, 0, 1024), 0);
+    b.evict_budget_per_week = 100000;
+    run_one(&tr, 1500, 1, &b, &r);
+    assert_false(r.suspend_on);
+    assert_int_equal(r.evictions[2], 1);
+    assert_int_equal(r.suspends[2], 0);
+    assert_true(near(r.evict_lost_minutes, 6.0));
+    assert_true(near(r.lost_service_minutes, 6.0)); /* 5 steps queued, 1 reloading */
+    assert_int_equal(r.max_wait_s, 300);
+    sim_result_free(&r);
+    /* both are preemptible: both marked, each to keep 1024 MiB */
+    assert_int_equal(sim_mark_suspend(&tr, 1000, 1024), 2);
+    assert_int_equal(tr.svcs[0].spec.suspend.method, OSUB_SUSPEND_CUDA);
+    assert_int_equal(tr.svcs[0].spec.suspend.residual_mib, 1024);
+    assert_int_equal(tr.svcs[0].spec.resume_cost_ms, -1);
+    run_one(&tr, 1500, 1, &b, &r);
+    assert_true(r.suspend_on);
+    assert_int_equal(r.evictions[2], 0);
+    assert_int_equal(r.suspends[2], 1);
+    assert_int_equal(r.wakes, 1);
+    assert_true(near(r.suspend_lost_minutes, 315.648 / 60.0));
+    assert_true(near(r.suspend_transit_minutes, (12.207 + 15.648) / 60.0)); /* moving, both ways */
+    assert_true(near(r.lost_service_minutes, 1.0 + 315.648 / 60.0));
+    assert_true(near(r.evict_lost_minutes, 0));
+    assert_int_equal(r.max_suspended_s, 315);
+    assert_int_equal(r.max_wait_s, 12);
+    assert_int_equal(r.oom_events, 0);
+    assert_true(r.feasible);
+    sim_result_free(&r);
+    /* a host budget too small for its 60000 MiB (or none): evicted */
+    b.suspend_host_mib = 59999;
+    run_one(&tr, 1500, 1, &b, &r);
+    assert_int_equal(r.suspends[2], 0);
+    assert_int_equal(r.evictions[2], 1);
+    sim_result_free(&r);
+    b.suspend_host_mib = 0;
+    run_one(&tr, 1500, 1, &b, &r);
+    assert_false(r.suspend_on);
+    assert_int_equal(r.evictions[2], 1);
+    sim_result_free(&r);
+    /* static keeps every request: nothing suspended, nothing refused for declaring suspend */
+    int64_t pool[2] = {81920, 81920};
+    struct sim_opts o = {.policy = POL_STATIC, .ratio_milli = 1000, .pool = pool, .n_pool = 2};
+    b = budget_suspend();
+    assert_int_equal(sim_run(&tr, &o, &b, &r, err, sizeof(err)), 0);
+    assert_false(r.suspend_on);
+    assert_true(r.feasible);
+    assert_int_equal(r.suspends[2] + r.evictions[2], 0);
+    sim_result_free(&r);
+    trace_free(&tr);
+}
+
+/* --suspend FRACTION: a deterministic share of the batch and experiment services, never an
+ * online one; all and none as said; a spec's own suspend is kept. */
+static void test_suspend_marking(void **state)
+{
+    (void)state;
+    assert_true(sim_suspend_picked("anything", 1000));
+    assert_false(sim_suspend_picked("anything", 0));
+    int picked = 0;
+    char id[32];
+    for (int i = 0; i < 1000; i++) {
+        snprintf(id, sizeof(id), "pod-%d", i);
+        bool p = sim_suspend_picked(id, 300);
+        assert_true(p == sim_suspend_picked(id, 300)); /* the same answer twice */
+        if (p)
+            assert_true(sim_suspend_picked(id, 301)); /* a larger share keeps it */
+        picked += p;
+    }
+    assert_true(picked > 250 && picked < 350);
+    if (traces_missing())
+        return;
+    struct genai_opts g;
+    genai_opts_default(&g);
+    struct trace tr;
+    char err[512];
+    assert_int_equal(trace_import_genai(SHARED_TRACES, &g, &tr, err, sizeof(err)), 0);
+    size_t pre = 0;
+    for (size_t i = 0; i < tr.n; i++)
+        pre += strcmp(tr.svcs[i].spec.class_name, "online") != 0;
+    size_t half = sim_mark_suspend(&tr, 500, 2048);
+    assert_true(half > pre / 4 && half < pre * 3 / 4);
+    assert_int_equal(sim_mark_suspend(&tr, 500, 2048), half); /* nothing new */
+    assert_int_equal(sim_mark_suspend(&tr, 1000, 2048), pre);
+    for (size_t i = 0; i < tr.n; i++) {
+        const osub_spec_t *sp = &tr.svcs[i].spec;
+        bool online = strcmp(sp->class_name, "online") == 0;
+        assert_int_equal(sp->suspend.method, online ? OSUB_SUSPEND_NONE : OSUB_SUSPEND_CUDA);
+        if (!online)
+            assert_int_equal(sp->suspend.residual_mib, sp->vram_mib < 2048 ? sp->vram_mib : 2048);
+    }
+    trace_free(&tr);
+}
+
+/* The tuning half of the shared trace on 14 GPUs at 1.5x: without suspend two experiments are
+ * evicted; with --suspend all none is, the engine suspends instead, and what preemption costs
+ * falls; --suspend none is the run without it, figure for figure; the view follows the engine
+ * through suspends and wakes. */
+static void test_genai_suspend(void **state)
+{
+    (void)state;
+    if (traces_missing())
+        skip();
+    struct genai_opts g;
+    genai_opts_default(&g);
+    g.part = 0;
+    g.parts = 2;
+    struct trace tr;
+    char err[512];
+    assert_int_equal(trace_import_genai(SHARED_TRACES, &g, &tr, err, sizeof(err)), 0);
+    struct sim_budget b = budget_suspend();
+    struct sim_result off, none, on;
+    run_one(&tr, 1500, 14, &b, &off);
+    assert_int_equal(sim_mark_suspend(&tr, 0, 1024), 0);
+    run_one(&tr, 1500, 14, &b, &none);
+    char *a = json_of(&off), *n = json_of(&none);
+    assert_string_equal(a, n);
+    free(a);
+    free(n);
+    assert_int_equal(off.evictions[1] + off.evictions[2], 2);
+    assert_true(sim_mark_suspend(&tr, 1000, 1024) > 0);
+    run_one(&tr, 1500, 14, &b, &on);
+    assert_true(on.suspend_on);
+    assert_true(on.suspends[1] + on.suspends[2] > 0);
+    assert_true(on.evictions[1] + on.evictions[2] < off.evictions[1] + off.evictions[2]);
+    assert_true(on.wakes > 0);
+    assert_int_equal(on.p0_disruptions, 0);
+    assert_int_equal(on.oom_events, 0);
+    assert_true(on.suspend_lost_minutes > 0);
+    assert_true(on.suspend_lost_minutes + on.evict_lost_minutes <
+                off.suspend_lost_minutes + off.evict_lost_minutes);
+    assert_true(on.lost_service_minutes < off.lost_service_minutes);
+    sim_result_free(&off);
+    sim_result_free(&none);
+    sim_result_free(&on);
+    check_view_b(&tr, POL_OVERSUB, 1500, 14, &b);
+    trace_free(&tr);
+    /* the churn trace (multi-GPU services among them) through suspends */
+    write_churn("churn.json", "churn.csv");
+    assert_int_equal(load("churn.json", "churn.csv", &tr, err), 0);
+    assert_true(sim_mark_suspend(&tr, 1000, 512) > 0);
+    uint64_t suspends = 0;
+    static const size_t pools[] = {4, 6};
+    for (size_t k = 0; k < 2; k++) {
+        check_view_b(&tr, POL_OVERSUB, 1300, pools[k], &b);
+        int64_t pool[16];
+        for (size_t i = 0; i < pools[k]; i++)
+            pool[i] = i % 3 == 2 ? 40960 : 81920;
+        struct sim_opts o = {
+            .policy = POL_OVERSUB, .ratio_milli = 1300, .pool = pool, .n_pool = pools[k]};
+        assert_int_equal(sim_run(&tr, &o, &b, &on, err, sizeof(err)), 0);
+        suspends += on.suspends[1] + on.suspends[2];
+        sim_result_free(&on);
+    }
+    assert_true(suspends > 0);
+    trace_free(&tr);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -739,6 +960,9 @@ int main(void)
         cmocka_unit_test(test_too_big_for_the_gpu),
         cmocka_unit_test(test_buffer0_and_more_gpus_never_worse),
         cmocka_unit_test(test_view_matches_engine),
+        cmocka_unit_test(test_golden_suspend),
+        cmocka_unit_test(test_suspend_marking),
+        cmocka_unit_test(test_genai_suspend),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
