@@ -7,7 +7,8 @@
 # suspended service keeps its logical grant).
 # Both are suspended, not killed (the same PIDs), their memory freed, and the P0 started; the P0
 # released, both resume on their GPU: the fake driver's bytes intact and the job working again,
-# the fake vLLM answering chat completions. Then: a suspend that never completes (a hung vLLM
+# the fake vLLM answering chat completions; kill -9 of oversubd while both are suspended by the
+# P0: after the restart they still are, once, and resume when the P0 leaves. Then: a suspend that never completes (a hung vLLM
 # sleep) is evicted after suspend_timeout_ms; kill -9 of oversubd while a service is suspended:
 # after the restart it is still suspended, once, and resumes when room frees.
 # Each wait is for the event it checks (a state, a file), bounded so a failure says so.
@@ -101,7 +102,18 @@ expect "the vLLM's residual as measured" 1000 "$(field chat-exp 'd["residual_mib
 expect "the checkpoint's residual" 0 "$(field train 'd["residual_mib"]')"
 api GET "/v1/events?since=0" | grep -q '1000 MiB still measured on its GPUs' && ok || bad "no measured residual in the events"
 
-# ---- the P0 released: both back on their GPU, same processes ----
+# ---- kill -9 of oversubd while both are suspended: after the restart they still are, once ----
+kill -9 "$DPID"
+wait "$DPID" 2>/dev/null
+start_d
+expect "the vLLM service still suspended after kill -9" suspended "$(field chat-exp 'd["state"]')"
+expect "the torch job still suspended after kill -9" suspended "$(field train 'd["state"]')"
+expect "not duplicated: the same vLLM process" "$vpid" "$(field chat-exp 'd["process"]["pid"]')"
+expect "not duplicated: one vLLM process" 1 "$(pgrep -fc "fake_vllm.py --port $VP")"
+expect "not duplicated: one torch process" 1 "$(pgrep -fc "fake_torch.py --mib 15000")"
+expect "the P0 still there" 1 "$(api GET /v1/services | json 'sum(1 for s in d["services"] if s["id"] == "online-a")')"
+
+# ---- the P0 released: both back on their GPU (room frees), same processes ----
 api DELETE /v1/services/online-a >/dev/null
 wait_for 30 state_is chat-exp running || bad "the vLLM service did not resume: $(field chat-exp 'd["state"]'); $(tail -5 "$D/err")"
 wait_for 30 state_is train running || bad "the torch job did not resume: $(field train 'd["state"]'); $(tail -5 "$D/err")"
