@@ -5,12 +5,13 @@
 # checkpoint API, as oversubd loads it with dlopen) share a GPU, oversold 2x, their memory
 # counted by the CUDA shim; a P0 arrival needs the physical room (the logical is there: a
 # suspended service keeps its logical grant).
-# Both are suspended, not killed (the same PIDs), their memory freed, and the P0 started; the P0
-# released, both resume on their GPU: the fake driver's bytes intact and the job working again,
-# the fake vLLM answering chat completions; kill -9 of oversubd while both are suspended by the
-# P0: after the restart they still are, once, and resume when the P0 leaves. Then: a suspend that never completes (a hung vLLM
-# sleep) is evicted after suspend_timeout_ms; kill -9 of oversubd while a service is suspended:
-# after the restart it is still suspended, once, and resumes when room frees.
+# Both are suspended, not killed (the same PIDs), their memory seen to fall (the vLLM's residual
+# as measured), and the P0 started; kill -9 of oversubd while both are suspended: after the
+# restart they still are, once; the P0 released, both resume on their GPU: the fake driver's
+# bytes intact and the job working again, the fake vLLM answering chat completions. Then an
+# operator's suspend survives another kill -9 and is resumed by the operator; a suspend that
+# never completes (a hung endpoint) and one whose memory never falls (a vLLM whose sleep frees
+# nothing) are evicted after suspend_timeout_ms.
 # Each wait is for the event it checks (a state, a file), bounded so a failure says so.
 # Usage: test_suspend.sh OVERSUBD FAKE_LIBCUDA_DIR
 set -u
