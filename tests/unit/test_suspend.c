@@ -458,6 +458,47 @@ static void test_snapshot_round_trip(void **state)
     osub_engine_free(e3);
 }
 
+/* An idle suspend is held for idleness: kept so by a snapshot, woken by a resume with reason
+ * idle (a request came), and its wake time is shown; an operator's suspend over it makes the
+ * hold the operator's. */
+static void test_idle_hold(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_pool(1, 200000);
+    running(e, susp_spec("exp", "batch", 40960, 0, 0), 40000, 0);
+    running(e, susp_spec("op", "batch", 20480, 0, 0), 20000, 0);
+    assert_int_equal(osub_engine_suspend(e, "exp", OSUB_SUSPEND_IDLE, 10), 0);
+    assert_int_equal(osub_engine_suspend(e, "op", OSUB_SUSPEND_IDLE, 10), 0);
+    assert_int_equal(osub_engine_suspended(e, "exp", 500, 20), 0);
+    assert_int_equal(osub_engine_suspended(e, "op", 500, 20), 0);
+    assert_int_equal(osub_engine_suspend(e, "op", 0, 30), 0); /* the operator's now */
+    assert_true(info(e, "exp").suspend_idle);
+    assert_false(info(e, "op").suspend_idle);
+    assert_true(info(e, "op").suspend_hold);
+    assert_int_equal(info(e, "exp").woke_ms, 0);
+    osub_engine_t *e2 = round_trip(e);
+    assert_true(info(e2, "exp").suspend_idle);
+    assert_true(info(e2, "exp").suspend_hold);
+    assert_false(info(e2, "op").suspend_idle);
+    assert_true(info(e2, "op").suspend_hold);
+    osub_engine_t *es[2] = {e, e2};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(osub_engine_resume(es[i], "exp", 1000), 0);
+        const osub_event_t *ev = find_ev(es[i], OSUB_EV_WAKE, "exp");
+        assert_non_null(ev);
+        assert_int_equal(ev->reason, OSUB_R_IDLE);
+        assert_false(info(es[i], "exp").suspend_idle);
+        assert_int_equal(info(es[i], "exp").woke_ms, 1000);
+        assert_int_equal(osub_engine_resume(es[i], "op", 1000), 0);
+        ev = find_ev(es[i], OSUB_EV_WAKE, "op");
+        assert_non_null(ev);
+        assert_int_equal(ev->reason, OSUB_R_USER);
+        check_ok(es[i]);
+    }
+    osub_engine_free(e);
+    osub_engine_free(e2);
+}
+
 /* A snapshot made before suspend (no suspend keys, no susp lines) still loads, suspend off. */
 static void test_old_snapshot_loads(void **state)
 {
@@ -497,6 +538,7 @@ int main(void)
         cmocka_unit_test(test_ladder_degrade_then_suspend_then_evict),
         cmocka_unit_test(test_key_suspend_beats_evict_priority_first),
         cmocka_unit_test(test_host_budget_refuses_suspend_next_rung),
+        cmocka_unit_test(test_idle_hold),
         cmocka_unit_test(test_timeout_and_failure_escalate_to_eviction),
         cmocka_unit_test(test_residual_above_plan_replans),
         cmocka_unit_test(test_multi_gpu_victim_suspended_everywhere),
