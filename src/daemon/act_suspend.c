@@ -193,6 +193,33 @@ void osubd__act_sus_falls(struct osubd_act *d)
     free(keys);
 }
 
+/* A wake that ended after the engine had moved on (true: dealt with here). Past its resume cost
+ * the engine takes a service as resumed; a suspend decided meanwhile waited for the wake (one
+ * operation at a time per service) and runs now. A wake that failed after the service was taken
+ * as resumed leaves it not serving, its memory wherever the mechanism left it: it is failed,
+ * said so, rather than left "running" asleep. */
+static bool wake_ended(struct osubd_act *d, const char *id, const osub_service_info_t *si, bool ok,
+                       const char *why)
+{
+    if (si->state == OSUB_STATE_SUSPENDING) {
+        osubd__act_suspend_start(d, id, false, si->deadline_ms - osubd_engine_now(d->core));
+        return true;
+    }
+    if (si->state == OSUB_STATE_RESUMING)
+        return false;
+    if (ok) {
+        osubd_note(d->core, id, "suspend", "resumed",
+                   "%s: its memory is back on its GPUs (after its resume cost had passed)", id);
+        return true;
+    }
+    char what[700];
+    snprintf(what, sizeof(what), "its wake failed after its resume cost had passed: %s",
+             why != NULL ? why : "its mechanism failed");
+    osubd_warn(d->core, id, "suspend", "failed", "%s: %s", id, what);
+    osubd__act_apply(d, json_pack("{s:s, s:s, s:s}", "op", "fail", "id", id, "why", what));
+    return true;
+}
+
 void osubd_act_sus_done(void *arg, const char *id, bool resume, bool ok, const char *why)
 {
     struct osubd_act *d = arg;
@@ -201,6 +228,8 @@ void osubd_act_sus_done(void *arg, const char *id, bool resume, bool ok, const c
         osubd__idmap_del(d->sus_falls, id);
     if (osub_engine_service_info(d->e, id, &si) != 0)
         return; /* released meanwhile */
+    if (resume && wake_ended(d, id, &si, ok, why))
+        return;
     if (!ok) {
         report_failed(d, id, why != NULL ? why : "its mechanism failed");
         return;

@@ -2,6 +2,7 @@
  * events they act on, start and stop */
 #define _GNU_SOURCE
 #include "act.h"
+#include "suspender.h"
 
 #include <linux/magic.h>
 
@@ -395,6 +396,12 @@ static void on_act(evutil_socket_t fd, short what, void *arg)
         case OSUB_EV_SUSPEND:
             osubd__act_suspend_start(d, ev.service, false,
                                      ev.deadline_ms - osubd_engine_now(d->core));
+            break;
+        case OSUB_EV_RELEASE:
+        case OSUB_EV_FAIL:
+            if (d->sus != NULL)
+                osubd_sus_cancel(d->sus, ev.service);
+            osubd__idmap_del(d->sus_falls, ev.service);
             break;
         case OSUB_EV_WAKE: {
             osub_service_info_t si;

@@ -344,6 +344,40 @@ static void pid_commit(void *arg, int rc, const osub_submit_result_t *r)
     }
 }
 
+/* An operator's suspend or resume refused: the sentence names the service's state and what it
+ * needs (true: replied). */
+static bool suspend_refusal(struct osubd_api *d, struct evhttp_request *req, const char *id,
+                            const char *op, int rc)
+{
+    bool sus = strcmp(op, "suspend") == 0;
+    osub_service_info_t si;
+    if ((!sus && strcmp(op, "resume") != 0) || osub_engine_service_info(d->e, id, &si) != 0)
+        return false;
+    char msg[400];
+    size_t nc;
+    const osub_class_t *cls = osub_engine_classes(d->e, &nc);
+    bool backed = si.spec->preemptible == OSUB_TRI_NO;
+    for (size_t c = 0; c < nc && si.spec->preemptible == OSUB_TRI_DEFAULT; c++)
+        backed = backed || (strcmp(cls[c].name, si.spec->class_name) == 0 && !cls[c].preemptible);
+    if (rc == OSUB_ENOT_SUSPENDABLE && backed)
+        snprintf(msg, sizeof(msg),
+                 "%s is %s: a backed service is never suspended (nor degraded or evicted)", id,
+                 si.spec->class_name);
+    else if (rc == OSUB_EBAD_STATE && sus)
+        snprintf(msg, sizeof(msg),
+                 "%s is %s: only a running or degraded service (its degrade acknowledged) can be "
+                 "suspended",
+                 id, osub_state_name(si.state));
+    else if (rc == OSUB_EBAD_STATE)
+        snprintf(msg, sizeof(msg),
+                 "%s is %s: only a suspending or suspended service can be resumed", id,
+                 osub_state_name(si.state));
+    else
+        return false;
+    osubd__api_reply_error(d, req, rc == OSUB_EBAD_STATE ? 409 : 422, osub_errcode(rc), msg);
+    return true;
+}
+
 static void h_service_cmd(struct osubd_api *d, const struct osubd_caller *who,
                           struct evhttp_request *req, const char *id, const char *op)
 {
@@ -462,6 +496,8 @@ static void h_service_cmd(struct osubd_api *d, const struct osubd_caller *who,
                                "suspended services may fill)");
         return;
     }
+    if (rc != 0 && suspend_refusal(d, req, id, op, rc))
+        return;
     if (rc != 0) {
         osubd__api_reply_rc(d, req, rc);
         return;

@@ -94,6 +94,10 @@ int osubd_httpc_send(struct event_base *base, struct evdns_base **dns,
     c->req = req;
     c->base = base;
     evhttp_connection_set_timeout(conn, r->timeout_s > 0 ? r->timeout_s : 1);
+    /* what the peer (a service's URL: anyone's) may make oversubd hold: an answer larger than
+     * this fails the call rather than filling oversubd's memory */
+    evhttp_connection_set_max_body_size(conn, OSUBD_HTTPC_READ_MAX);
+    evhttp_connection_set_max_headers_size(conn, 16384);
     char hv[300];
     snprintf(hv, sizeof(hv), port > 0 ? "%s:%d" : "%s", host, port);
     struct evkeyvalq *hd = evhttp_request_get_output_headers(req);

@@ -14,6 +14,7 @@ struct evdns_base;
  * first bytes of the answer's body (NUL-terminated, at most OSUBD_HTTPC_BODY_MAX), borrowed for
  * the call. */
 #define OSUBD_HTTPC_BODY_MAX 4096
+#define OSUBD_HTTPC_READ_MAX (64 * 1024) /* an answer's body above this fails the call */
 typedef void (*osubd_httpc_fn)(void *arg, int code, const char *body);
 
 struct osubd_httpc_req {

@@ -146,7 +146,7 @@ struct step {
     enum check check;
 };
 
-static const struct step vllm_suspend[] = {{"POST", "/sleep?level=1", NULL, CHECK_NONE},
+static const struct step vllm_suspend[] = {{"POST", "/sleep?level=1&mode=wait", NULL, CHECK_NONE},
                                            {"GET", "/is_sleeping", NULL, CHECK_ASLEEP},
                                            {NULL, NULL, NULL, CHECK_NONE}};
 static const struct step vllm_resume[] = {{"POST", "/wake_up", NULL, CHECK_NONE},
@@ -388,6 +388,25 @@ bool osubd_sus_cuda_ok(struct osubd_sus *s, char *why, size_t whylen)
     return s->cuda != NULL;
 }
 
+void osubd_sus_cancel(struct osubd_sus *s, const char *id)
+{
+    for (struct sus_job *j = s->jobs, *next; j != NULL; j = next) {
+        next = j->next;
+        if (j->reported || strcmp(j->id, id) != 0)
+            continue;
+        j->reported = true; /* never answered: its service is gone */
+        if (j->timer != NULL)
+            event_del(j->timer);
+        if (j->inflight) {
+            osubd_httpc_cancel(j->call);
+            j->call = NULL;
+            j->inflight = false;
+        }
+        if (!j->has_thread)
+            job_free(j); /* a worker's job is freed when the worker returns */
+    }
+}
+
 bool osubd_sus_busy(const struct osubd_sus *s, const char *id)
 {
     for (const struct sus_job *j = s->jobs; j != NULL; j = j->next)
@@ -402,18 +421,18 @@ int osubd_sus_start(struct osubd_sus *s, const char *id, bool resume,
 {
     err[0] = '\0';
     if (osubd_sus_busy(s, id)) {
-        snprintf(err, errlen, "%s: a suspend or resume is under way already", id);
+        snprintf(err, errlen, "a suspend or resume is under way already");
         return -1;
     }
     if (spec->method == OSUBD_SUS_CUDA) {
         if (!osubd_sus_cuda_ok(s, err, errlen))
             return -1;
         if (npids <= 0) {
-            snprintf(err, errlen, "%s: no process is known to checkpoint (method cuda)", id);
+            snprintf(err, errlen, "no process is known to checkpoint (method cuda)");
             return -1;
         }
     } else if (spec->method < OSUBD_SUS_VLLM || spec->method > OSUBD_SUS_HTTP) {
-        snprintf(err, errlen, "%s: no suspend method", id);
+        snprintf(err, errlen, "no suspend method");
         return -1;
     }
     struct sus_job *j = calloc(1, sizeof(*j));

@@ -3,9 +3,10 @@
  *   cuda    the CUDA driver's process checkpoint API, loaded with dlopen, applied to every
  *           process of the service that holds a CUDA context (lock, checkpoint; to resume,
  *           restore, unlock), off the event loop (a checkpoint of 40 GiB takes seconds)
- *   vllm    POST URL/sleep?level=1, then GET URL/is_sleeping must say true; POST URL/wake_up,
- *           then GET URL/is_sleeping must say false (vLLM with --enable-sleep-mode and
- *           VLLM_SERVER_DEV_MODE=1)
+ *   vllm    POST URL/sleep?level=1&mode=wait (the requests in flight finish first: vLLM's
+ *           default, abort, would cut them off with a 200), then GET URL/is_sleeping must say
+ *           true; POST URL/wake_up, then GET URL/is_sleeping must say false (vLLM with
+ *           --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1; a vLLM older than mode= ignores it)
  *   sglang  POST URL/pause_generation, POST URL/release_memory_occupation; to resume, POST
  *           URL/resume_memory_occupation, POST URL/continue_generation (--enable-memory-saver,
  *           --enable-weights-cpu-backup)
@@ -76,5 +77,9 @@ int osubd_sus_start(struct osubd_sus *s, const char *id, bool resume,
                     const struct osubd_sus_spec *spec, const pid_t *pids, int npids, int timeout_ms,
                     char *err, size_t errlen);
 bool osubd_sus_busy(const struct osubd_sus *s, const char *id);
+/* The service is gone: its operation under way is dropped, done never called for it (a CUDA
+ * worker in the driver finishes on its own), so that a new service of the same id starts
+ * afresh. */
+void osubd_sus_cancel(struct osubd_sus *s, const char *id);
 
 #endif

@@ -399,7 +399,9 @@ int osub_engine_suspended(osub_engine_t *e, const char *id, int64_t residual_mib
         "residual); it keeps its %lld MiB grant%s",
         s->spec.id, (long long)s->host_mib, (long long)osub__held_total(s), gb,
         (long long)osub__grant_total(s),
-        s->susp_hold ? " and stays suspended until resumed" : " and resumes when room frees");
+        s->susp_idle   ? " and stays suspended until a request comes for it"
+        : s->susp_hold ? " and stays suspended until resumed"
+                       : " and resumes when room frees");
     osub__ev_svc(ev, s);
     ev->vram_mib = osub__grant_total(s);
     requeue_stuck_waiters(e, s);

@@ -62,6 +62,62 @@ for _ in $(seq 1 600); do [ "$(sock GET /v1/services/chat | json 'd["state"]')" 
 expect "running after oversub resume" running "$(sock GET /v1/services/chat | json 'd["state"]')"
 O resume chat >"$tmp/cli.out" 2>&1
 expect "resume of a running service: refused" 1 "$?"
+grep -q "chat is running: only a suspending or suspended service can be resumed" "$tmp/cli.out" && ok || bad "resume refusal: $(cat "$tmp/cli.out")"
+
+st() { sock GET "/v1/services/$1" | json 'd["state"]' 2>/dev/null; }
+wait_state() { for _ in $(seq 1 "$(($3 * 20))"); do [ "$(st "$1")" = "$2" ] && return 0; sleep 0.05; done; return 1; }
+# a wake slower than its resume cost: taken as resumed, and a suspend decided then waits for the
+# wake and runs after it (it was skipped, then timed out and evicted the service)
+SP=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+expect "a slow waker" 201 "$(code POST /v1/services '{"id":"slow","class":"batch","vram":"8000MiB",
+ "command":["/usr/bin/python3","'$top'/tests/fakes/fake_vllm.py","--port","'$SP'","--dev-mode","--enable-sleep-mode",
+  "--vram-mib","7000","--residual-mib","500","--wake-ms","2500"],"resume_cost_ms":500,
+ "suspend":{"method":"vllm","url":"http://127.0.0.1:'$SP'"}}')"
+for _ in $(seq 1 600); do curl -s -m 2 "http://127.0.0.1:$SP/is_sleeping" | grep -q false && break; sleep 0.05; done
+sock POST /v1/services/slow/ready '{}' >/dev/null
+spid=$(sock GET /v1/services/slow | json 'd["pid"]')
+O suspend slow >/dev/null 2>&1
+wait_state slow suspended 30 || bad "slow not suspended: $(st slow)"
+O resume slow >/dev/null 2>&1
+wait_state slow running 30 || bad "slow not taken as resumed: $(st slow)"
+O suspend slow >"$tmp/cli.out" 2>&1 && ok || bad "the second suspend: $(cat "$tmp/cli.out")"
+wait_state slow suspended 30 || bad "the suspend during the wake did not happen: $(st slow)"
+expect "the slow waker's process lives" "$spid" "$(sock GET /v1/services/slow | json 'd["pid"]')"
+expect "it sleeps" True "$(curl -s "http://127.0.0.1:$SP/is_sleeping" | json 'd["is_sleeping"]')"
+sock DELETE /v1/services/slow >/dev/null
+
+# a release cancels the suspend under way: a new service of the same id suspends afresh
+python3 -c "
+import http.server, os, sys, time
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        if self.server.server_address[1] == int(open('$tmp/hang.port').read()):
+            time.sleep(3600)
+        self.send_response(200); self.send_header('Content-Length', '0'); self.end_headers()
+        open('$tmp/ok.log', 'a').write(self.path + '\\n')
+    def log_message(self, *a):
+        pass
+h = http.server.ThreadingHTTPServer(('127.0.0.1', 0), H)
+open('$tmp/hang.port', 'w').write(str(h.server_address[1]))
+g = http.server.ThreadingHTTPServer(('127.0.0.1', 0), H)
+open('$tmp/ok.tmp', 'w').write(str(g.server_address[1])); os.rename('$tmp/ok.tmp', '$tmp/ok.port')
+import threading; threading.Thread(target=h.serve_forever, daemon=True).start()
+g.serve_forever()" &
+pids+=($!)
+for _ in $(seq 1 200); do [ -s "$tmp/ok.port" ] && break; sleep 0.05; done
+HP=$(cat "$tmp/hang.port"); GP=$(cat "$tmp/ok.port")
+http_spec() { echo '{"id":"e1","class":"batch","vram":"2000MiB","suspend":{"method":"http","url":"http://127.0.0.1:'$1'","suspend":"/s","resume":"/r"}}'; }
+expect "e1 (its suspend hangs)" 201 "$(code POST /v1/services "$(http_spec "$HP")")"
+sock POST /v1/services/e1/ready '{}' >/dev/null
+O suspend e1 >/dev/null 2>&1
+wait_state e1 suspending 10 || bad "e1 not suspending: $(st e1)"
+sock DELETE /v1/services/e1 >/dev/null
+expect "e1 again (a working endpoint)" 201 "$(code POST /v1/services "$(http_spec "$GP")")"
+sock POST /v1/services/e1/ready '{}' >/dev/null
+O suspend e1 >/dev/null 2>&1
+wait_state e1 suspended 20 || bad "the new e1 was not suspended: $(st e1); $(sock GET '/v1/events?since=0' | grep -o '"message":"e1[^"]*"' | tail -3)"
+grep -q "^/s$" "$tmp/ok.log" 2>/dev/null && ok || bad "the new e1's endpoint was never called"
+sock DELETE /v1/services/e1 >/dev/null
 # released: its process goes with it
 vpid=$(sock GET /v1/services/chat | json 'd["pid"]')
 sock DELETE /v1/services/chat >/dev/null

@@ -389,7 +389,7 @@ static void test_cuda_failures(void **state)
     char err[300];
     assert_int_equal(
         osubd_sus_start(f->s, "none", false, &cuda_spec, NULL, 0, 1000, err, sizeof(err)), -1);
-    assert_string_equal(err, "none: no process is known to checkpoint (method cuda)");
+    assert_string_equal(err, "no process is known to checkpoint (method cuda)");
     /* a restore that fails: said so */
     struct target t = target_start("FAKE_CUDA_CKPT_FAIL=restore");
     run_op(f, "job", false, &t.pid, 1, 10000);
@@ -526,7 +526,7 @@ static void test_vllm(void **state)
     run_http(f, &sp, false, 5000);
     assert_true(f->seen.ok);
     /* the level in the query string, as vLLM reads it (a JSON body is ignored) */
-    assert_string_equal(sv.log, "POST /sleep?level=1 ;GET /is_sleeping ;");
+    assert_string_equal(sv.log, "POST /sleep?level=1&mode=wait ;GET /is_sleeping ;");
     /* the wake: is_sleeping must turn false */
     sv.log[0] = '\0';
     run_http(f, &sp, true, 5000);
@@ -545,7 +545,8 @@ static void test_vllm(void **state)
     assert_false(f->seen.ok);
     char want[300];
     snprintf(want, sizeof(want),
-             "POST http://127.0.0.1:%d/sleep?level=1 answered HTTP 404: {\"detail\":\"Not Found\"}",
+             "POST http://127.0.0.1:%d/sleep?level=1&mode=wait answered HTTP 404: "
+             "{\"detail\":\"Not Found\"}",
              sv.port);
     assert_string_equal(f->seen.why, want);
     /* a sleep that never answers: the deadline */
@@ -557,7 +558,8 @@ static void test_vllm(void **state)
     /* nobody there */
     run_http(f, &sp, false, 5000);
     assert_false(f->seen.ok);
-    snprintf(want, sizeof(want), "POST http://127.0.0.1:%d/sleep?level=1: no answer", sv.port);
+    snprintf(want, sizeof(want), "POST http://127.0.0.1:%d/sleep?level=1&mode=wait: no answer",
+             sv.port);
     assert_string_equal(f->seen.why, want);
 }
 
@@ -594,6 +596,16 @@ static void test_sglang_and_http(void **state)
     assert_false(f->seen.ok);
     assert_string_equal(sv.log, "POST /up?a=1 {};POST /down {};");
     assert_non_null(strstr(f->seen.why, "/down answered HTTP 503"));
+    /* an answer larger than oversubd holds (the URL is the submitter's: anyone's) fails the
+     * call instead of filling oversubd's memory */
+    static char huge[2 * 1024 * 1024 + 1];
+    memset(huge, 'x', sizeof(huge) - 1);
+    sv.path[1] = "/up";
+    sv.code[1] = 200;
+    sv.body[1] = huge;
+    run_http(f, &sp, false, 5000);
+    assert_false(f->seen.ok);
+    assert_non_null(strstr(f->seen.why, "/up?a=1"));
     evhttp_free(sv.http);
 }
 
