@@ -301,8 +301,8 @@ static void explain_suspend(json_t *s, const char *st)
         printf("  suspended by an operator: it stays so until 'oversub resume %s'\n",
                dcmd_gets(s, "id"));
     else
-        printf("  suspended to make room: it resumes, in about %lld ms, as soon as its GPUs "
-               "have room for its grant (ahead of the queue at its level)\n",
+        printf("  suspended to make room: it resumes as soon as its GPUs have room for its grant "
+               "(ahead of the queue at its level); the resume itself takes about %lld ms\n",
                (long long)dcmd_geti(s, "resume_cost_ms"));
 }
 

@@ -55,6 +55,16 @@ void osubd__act_on_exit_of(struct osubd_act *d, struct osub_proc *p, int status,
     }
     if (!osubd__act_live_state(si.state) && !osubd__act_suspend_state(si.state))
         return;
+    if (osubd__act_suspend_state(si.state)) {
+        /* what it suspended lived in that process (a checkpoint is the process's, a sleeping
+         * server's weights are in its memory): a restart would be a reload, not a resume */
+        osubd_warn(d->core, p->id, "process", "lost",
+                   "%s's process died while %s: what it suspended is lost (no restart while "
+                   "suspended)",
+                   p->id, osub_state_name(si.state));
+        osubd__act_exited_cmd(d, p->id);
+        return;
+    }
     if (!failure) {
         osubd__act_exited_cmd(d, p->id);
         return;

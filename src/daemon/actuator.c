@@ -399,6 +399,7 @@ static void on_act(evutil_socket_t fd, short what, void *arg)
             break;
         case OSUB_EV_RELEASE:
         case OSUB_EV_FAIL:
+        case OSUB_EV_EXITED:
             if (d->sus != NULL)
                 osubd_sus_cancel(d->sus, ev.service);
             osubd__idmap_del(d->sus_falls, ev.service);
@@ -429,7 +430,8 @@ void osubd_act_events(struct osubd_act *d, const osub_event_t *ev, size_t n)
         osub_event_kind_t k = ev[i].kind;
         if (k != OSUB_EV_DEGRADE && k != OSUB_EV_RESTORE && k != OSUB_EV_EVICT &&
             k != OSUB_EV_RESUME && k != OSUB_EV_START && k != OSUB_EV_RELEASE &&
-            k != OSUB_EV_REQUEUE && k != OSUB_EV_FAIL && k != OSUB_EV_SUSPEND && k != OSUB_EV_WAKE)
+            k != OSUB_EV_REQUEUE && k != OSUB_EV_FAIL && k != OSUB_EV_SUSPEND &&
+            k != OSUB_EV_WAKE && k != OSUB_EV_EXITED)
             continue;
         if (d->act_n == d->act_cap) {
             size_t cap = d->act_cap ? d->act_cap * 2 : 16;

@@ -257,8 +257,9 @@ static void suspend_metrics(struct evbuffer *b, const osub_pool_info_t *p)
 {
     evbuffer_add_printf(
         b,
-        "# HELP oversub_suspends_total Services suspended (their GPU memory moved to host memory; "
-        "a suspend is not an eviction).\n"
+        "# HELP oversub_suspends_total Suspends decided (a service's GPU memory to host memory; "
+        "a suspend is not an eviction: one that fails or times out is escalated, and counted "
+        "again, as an eviction).\n"
         "# TYPE oversub_suspends_total counter\noversub_suspends_total %llu\n"
         "# HELP oversub_suspended_host_bytes Host memory the suspended services' GPU memory "
         "fills.\n# TYPE oversub_suspended_host_bytes gauge\noversub_suspended_host_bytes %lld\n"

@@ -491,9 +491,10 @@ static void h_service_cmd(struct osubd_api *d, const struct osubd_caller *who,
     osub_engine_config(d->e, &cfg);
     if (rc == OSUB_EHOST_FULL && cfg.suspend_host_mib == 0) {
         osubd__api_reply_error(d, req, 409, osub_errcode(rc),
-                               "suspend is off on this pool: suspend_host_mib is 0 (set "
-                               "suspend_host_mib in oversubd's configuration: the host memory "
-                               "suspended services may fill)");
+                               "suspend is off on this pool: its suspend_host_mib is 0 (the host "
+                               "memory suspended services may fill: set it in oversubd's "
+                               "configuration when the state is made; a state keeps the "
+                               "engine's settings it was made with)");
         return;
     }
     if (rc != 0 && suspend_refusal(d, req, id, op, rc))

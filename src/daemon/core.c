@@ -550,6 +550,37 @@ static int new_state(struct osubd_core *c, const struct osubd_pool *pool, char *
     return 0;
 }
 
+/* The engine's suspend settings are the state's, fixed when it was made: a configuration that
+ * asks for others is told so at start rather than ignored in silence. */
+static void warn_fixed_suspend(const struct osubd_core *c)
+{
+    osub_pool_config_t st, def;
+    osub_engine_config(c->e, &st);
+    osub_pool_config_default(&def);
+    const osub_pool_config_t *want = &c->cfg->engine;
+    const struct {
+        const char *key;
+        int64_t asked, kept, dflt;
+        bool given;
+    } k[] = {
+        {"suspend_host_mib", want->suspend_host_mib, st.suspend_host_mib, 0,
+         !c->cfg->suspend_host_auto},
+        {"suspend_mib_per_s", want->suspend_mib_per_s, st.suspend_mib_per_s, def.suspend_mib_per_s,
+         true},
+        {"suspend_timeout_ms", want->suspend_timeout_ms, st.suspend_timeout_ms,
+         def.suspend_timeout_ms, true},
+        {"suspend_min_runtime_ms", want->suspend_min_runtime_ms, st.suspend_min_runtime_ms,
+         def.suspend_min_runtime_ms, true},
+    };
+    for (size_t i = 0; i < sizeof(k) / sizeof(k[0]); i++)
+        if (k[i].given && k[i].asked != k[i].kept && (k[i].asked != k[i].dflt || i == 0))
+            osubd_log(OSUBD_LOG_WARN,
+                      "%s: %lld in the configuration, but this state was made with %lld, which "
+                      "it keeps (the engine's settings are fixed when a state is made: give "
+                      "another --state to change it)",
+                      k[i].key, (long long)k[i].asked, (long long)k[i].kept);
+}
+
 /* An existing state: the engine from its snapshot (or made as the state was made), then the
  * log after it replayed. */
 static int restore(struct osubd_core *c, const char *base, const char *snap, int64_t upto,
@@ -626,6 +657,7 @@ static int restore(struct osubd_core *c, const char *base, const char *snap, int
                   "the state was made with --gpus %s; it keeps that pool (--gpus %s is "
                   "ignored)",
                   c->pool, c->cfg->gpus);
+    warn_fixed_suspend(c);
     return 0;
 }
 

@@ -389,7 +389,7 @@ else
     check "deploy a suspendable service" 0 C deploy sus --class batch --vram 1GiB --suspend vllm --suspend-url http://127.0.0.1:9
     C ready sus --timeout 1 >/dev/null 2>&1; post /v1/services/sus/ready
     check "suspend on a pool without suspend_host_mib" 1 C suspend sus
-    contains "suspend off (says so)" "$tmp/err" "suspend is off on this pool: suspend_host_mib is 0"
+    contains "suspend off (says so)" "$tmp/err" "suspend is off on this pool: its suspend_host_mib is 0"
     check "release sus" 0 C release sus
     check "deploy: refused" 1 C deploy huge --class batch --vram 500GiB
     contains "deploy: refused (says why)" "$tmp/err" "too_big"

@@ -21,7 +21,8 @@ tick_ms: 100
 EOF
 "$bin" --config "$tmp/c.yaml" --listen 127.0.0.1:0 --gateway 127.0.0.1:0 --socket "$tmp/s.sock" \
     --state "$tmp/st/db" --gpus sim:1x40960 --ratio 2.0 >"$tmp/out" 2>"$tmp/err" &
-pids+=($!)
+DPID=$!
+pids+=($DPID)
 PORT=$(waitline "$tmp/out" "listening on http://127.0.0.1:") || { echo "oversubd did not start: $(cat "$tmp/err")"; exit 1; }
 GW=$(waitline "$tmp/out" "gateway on http://127.0.0.1:") || { echo "no gateway line"; exit 1; }
 VP=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -86,6 +87,22 @@ expect "the slow waker's process lives" "$spid" "$(sock GET /v1/services/slow | 
 expect "it sleeps" True "$(curl -s "http://127.0.0.1:$SP/is_sleeping" | json 'd["is_sleeping"]')"
 sock DELETE /v1/services/slow >/dev/null
 
+# a process that dies while suspended, restart on-failure or not: what it suspended is lost; it
+# exits (it was left suspended, "restarting", forever)
+RP=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+expect "a service that will die asleep" 201 "$(code POST /v1/services '{"id":"r1","class":"batch","vram":"8000MiB","restart":"on-failure",
+ "command":["/usr/bin/python3","'$top'/tests/fakes/fake_vllm.py","--port","'$RP'","--dev-mode","--enable-sleep-mode",
+  "--vram-mib","7000","--residual-mib","500"],"suspend":{"method":"vllm","url":"http://127.0.0.1:'$RP'"}}')"
+for _ in $(seq 1 600); do curl -s -m 2 "http://127.0.0.1:$RP/is_sleeping" | grep -q false && break; sleep 0.05; done
+sock POST /v1/services/r1/ready '{}' >/dev/null
+O suspend r1 >/dev/null 2>&1
+wait_state r1 suspended 30 || bad "r1 not suspended: $(st r1)"
+kill -9 "$(sock GET /v1/services/r1 | json 'd["pid"]')"
+gone_r1() { [ -z "$(st r1)" ]; }
+for _ in $(seq 1 600); do gone_r1 && break; sleep 0.05; done
+gone_r1 && ok || bad "r1 died while suspended and is still $(st r1)"
+sock GET "/v1/events?since=0" | grep -q "r1's process died while suspended: what it suspended is lost" && ok || bad "no event for r1's death"
+
 # a release cancels the suspend under way: a new service of the same id suspends afresh
 python3 -c "
 import http.server, os, sys, time
@@ -123,5 +140,14 @@ vpid=$(sock GET /v1/services/chat | json 'd["pid"]')
 sock DELETE /v1/services/chat >/dev/null
 for _ in $(seq 1 600); do kill -0 "$vpid" 2>/dev/null || break; sleep 0.05; done
 kill -0 "$vpid" 2>/dev/null && bad "the released service's process still runs" || ok
+# a configuration asking for other suspend settings than the state was made with: said at start
+kill "$DPID"
+wait "$DPID" 2>/dev/null
+sed -i 's/^suspend_host_mib: 65536$/suspend_host_mib: 1000/' "$tmp/c.yaml"
+"$bin" --config "$tmp/c.yaml" --listen 127.0.0.1:0 --socket "$tmp/s.sock" --state "$tmp/st/db" \
+    --gpus sim:1x40960 >"$tmp/out2" 2>"$tmp/err2" &
+pids+=($!)
+waitline "$tmp/out2" "listening on http://127.0.0.1:" >/dev/null || bad "the restart: $(cat "$tmp/err2")"
+grep -q "suspend_host_mib: 1000 in the configuration, but this state was made with 65536, which it keeps" "$tmp/err2" && ok || bad "no warning: $(cat "$tmp/err2")"
 echo "test_idle_suspend: $pass passed, $fail failed (shell checks; the SDK's are above)"
 [ "$fail" -eq 0 ]
