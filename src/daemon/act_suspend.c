@@ -126,6 +126,11 @@ static int64_t measured_mib(struct osubd_act *d, const char *id, bool cuda)
     return t;
 }
 
+bool osubd_act_sus_is_cuda(struct osubd_act *d, const char *id)
+{
+    return osubd__act_sus_cuda(d, id);
+}
+
 bool osubd__act_sus_cuda(struct osubd_act *d, const char *id)
 {
     const json_t *v = json_object_get(json_object_get(d->execs, id), "suspend");

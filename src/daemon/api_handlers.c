@@ -414,6 +414,18 @@ static void h_service_cmd(struct osubd_api *d, const struct osubd_caller *who,
         pid = (pid_t)json_integer_value(pidv);
         json_object_del(j, "pid");
     }
+    /* an operator's checkpoint of a service with no process to checkpoint would only fail and
+     * evict it: refused up front */
+    pid_t some[1];
+    if (strcmp(op, "suspend") == 0 && osubd_act_sus_is_cuda(d->act, id) &&
+        osubd_act_service_pids(d->act, id, some, 1) == 0) {
+        json_decref(j);
+        osubd__api_reply_error(
+            d, req, 409, "bad_state",
+            "no process of this service is known to checkpoint (method cuda): a managed "
+            "service's is; an external one tells its PID with POST .../ready {\"pid\": N}");
+        return;
+    }
     json_t *ck = json_object_get(j, "checkpoint");
     if (ck != NULL &&
         (!json_is_string(ck) || json_string_length(ck) == 0 || json_string_length(ck) > 1024 ||

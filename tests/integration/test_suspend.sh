@@ -77,6 +77,12 @@ expect "a spec's suspend is shown" vllm "$(field chat-exp 'd["suspend"]["method"
 expect "a suspend URL outside allowed_destinations" 422 "$(code POST /v1/services '{"id":"x","class":"batch","vram":"1GiB","suspend":{"method":"vllm","url":"http://169.254.169.254:80"}}')"
 grep -q "suspend.url" "$tmp/body" && ok || bad "no sentence for the URL: $(cat "$tmp/body")"
 expect "a backed service cannot declare suspend" 422 "$(code POST /v1/services '{"id":"y","class":"online","vram":"1GiB","suspend":{"method":"cuda"}}')"
+expect "an external service to checkpoint" 201 "$(code POST /v1/services '{"id":"qa","class":"batch","vram":"1GiB","suspend":{"method":"cuda"}}')"
+api POST /v1/services/qa/ready '{}' >/dev/null
+expect "its suspend, with no process known: refused" 409 "$(code POST /v1/services/qa/suspend)"
+grep -q "no process of this service is known to checkpoint" "$tmp/body" && ok || bad "no sentence: $(cat "$tmp/body")"
+expect "still running" running "$(field qa 'd["state"]')"
+api DELETE /v1/services/qa >/dev/null
 expect "an unknown method" 422 "$(code POST /v1/services '{"id":"z","class":"batch","vram":"1GiB","suspend":{"method":"criu"}}')"
 
 # ---- a P0 arrival: both suspended, not killed ----
