@@ -205,7 +205,8 @@ typedef enum {
     XX(IDLE, "idle")                           /* suspended for want of requests */                \
     XX(SUSPEND_TIMEOUT, "suspend_timeout")     /* a suspend was not done in time */                \
     XX(SUSPEND_FAILED, "suspend_failed")       /* its mechanism failed to suspend or resume it */  \
-    XX(RESIDUAL, "residual")                   /* a suspended victim kept more than planned */
+    XX(RESIDUAL, "residual")                   /* a suspended victim kept more than planned */     \
+    XX(MIGRATE, "migrate")                     /* suspended too long: restarted elsewhere */
 
 typedef enum {
 #define OSUB__RS_ENUM(name, str) OSUB_R_##name,

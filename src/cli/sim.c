@@ -490,6 +490,7 @@ static void read_events_of(struct erun *x, const osub_event_t *ev, size_t n)
                 x->fq[x->nf++] = (struct follow){svc, false};
         } else if (ev[i].kind == OSUB_EV_EVICT) {
             r->evictions[lvl]++;
+            r->migrations += ev[i].reason == OSUB_R_MIGRATE;
             if (svc >= 0 && x->sus[svc].evict_since_ms < 0)
                 x->sus[svc].evict_since_ms = ev[i].time_ms;
             if (lvl == 0)

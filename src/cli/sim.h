@@ -52,6 +52,7 @@ struct sim_result {
      * until the service ran again, loaded); suspend_on: the run had suspendable services and a
      * host budget */
     uint64_t suspends[3], wakes;
+    uint64_t migrations; /* of the evictions: suspended services restarted elsewhere */
     double suspends_per_week[3];
     double suspend_lost_minutes;
     double suspend_transit_minutes; /* of which moving: suspend decision to done, wake to back */

@@ -838,6 +838,11 @@ void osub__svc_evict(osub_engine_t *e, struct svc *s, const char *cause, int32_t
         snprintf(why, sizeof(why), "because it did not finish suspending in time");
     else if (reason == OSUB_R_SUSPEND_FAILED)
         snprintf(why, sizeof(why), "because its suspend mechanism failed");
+    else if (reason == OSUB_R_MIGRATE)
+        snprintf(why, sizeof(why),
+                 "to restart it elsewhere (a reload): suspended longer than its restart cost of "
+                 "%lld ms, its GPUs have no room for it while others do",
+                 (long long)s->restart_cost_ms);
     else if (cause && cause[0])
         snprintf(why, sizeof(why), "to make room for %s (level %d)", cause, cause_level);
     else if (reason == OSUB_R_USER)

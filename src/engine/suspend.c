@@ -223,6 +223,54 @@ static int cmp_wake(const void *a, const void *b)
     return (x->seq > y->seq) - (x->seq < y->seq);
 }
 
+/* Whether a migration is under way: a service evicted to restart elsewhere (marked by its own
+ * id as its preemptor) whose memory is not yet seen free. Until it is requeued, the room it left
+ * for is claimed by nothing, so no second service is sent after it. */
+static bool migration_in_flight(const osub_engine_t *e)
+{
+    for (const struct svc *v = e->head; v; v = v->next)
+        if ((v->state == OSUB_STATE_DRAINING || v->state == OSUB_STATE_OVERDUE) &&
+            strcmp(v->preemptor, v->spec.id) == 0)
+            return true;
+    return false;
+}
+
+/* Migrate: suspended s has waited longer than its restart cost for room on its own GPUs while
+ * another set of GPUs has room for it now, without victims and without delaying the queue head:
+ * it is evicted (reason migrate) and requeued at its place, to restart there. A CUDA checkpoint is
+ * restored where it was taken and a sleeping vLLM wakes where it sleeps, so a restart elsewhere is
+ * a reload: an eviction, counted as one (DESIGN.md, "Suspend"). Only for a service that an
+ * eviction requeues and that nobody holds suspended (operator, idleness: the caller skips those),
+ * and one at a time. Returns whether it was evicted. */
+static bool try_migrate(osub_engine_t *e, struct svc *s)
+{
+    if (s->state != OSUB_STATE_SUSPENDED || !s->requeue_on_evict ||
+        e->now - s->since_ms < s->restart_cost_ms)
+        return false;
+    struct req r;
+    osub__fill_req(e, s, &r);
+    r.quiet = true;
+    if (!osub__may_fit(e, &r, osub__min_share(e, s, &r)))
+        return false;
+    struct plan p;
+    osub__plan_admission(e, &r, &p);
+    if (!p.ok || p.n_victims > 0)
+        return false;
+    /* its own GPUs are where a wake brings it back without a reload */
+    for (int32_t i = 0; i < p.k; i++)
+        for (int32_t j = 0; j < s->n_slots; j++)
+            if (p.gpus[i] == s->slots[j].gpu)
+                return false;
+    if (!osub__backfill_ok(e, &p, s->level) || migration_in_flight(e) ||
+        osub__timer_reserve(e, 1) != 0)
+        return false;
+    osub__svc_evict(e, s, "", -1, OSUB_R_MIGRATE);
+    /* the event names no preemptor (it is none); the record keeps itself as one: in flight */
+    snprintf(s->preemptor, sizeof(s->preemptor), "%s", s->spec.id);
+    s->preemptor_level = s->level;
+    return true;
+}
+
 void osub__process_wakes(osub_engine_t *e)
 {
     enum { BATCH = 64 };
@@ -245,9 +293,15 @@ void osub__process_wakes(osub_engine_t *e)
             c[worst] = s;
     }
     qsort(c, (size_t)n, sizeof(c[0]), cmp_wake);
+    bool migrated = false; /* one a pass: the room it goes to is not claimed until it is queued */
     for (int32_t i = 0; i < n; i++) {
         struct svc *s = c[i];
-        if (!wake_room(e, s) || !wake_before_queue(e, s) || osub__timer_reserve(e, 1) != 0)
+        if (!wake_room(e, s)) {
+            if (!migrated)
+                migrated = try_migrate(e, s);
+            continue;
+        }
+        if (!wake_before_queue(e, s) || osub__timer_reserve(e, 1) != 0)
             continue;
         svc_wake(e, s, OSUB_R_ROOM_FREED);
     }

@@ -1,6 +1,7 @@
 /* test_suspend.c - suspend, the rung between degrade and evict: the ladder and the key, the host
  * budget, the timeout and a failed mechanism, the wake ahead of the queue, the minimum runtime
- * after a wake, pressure, the operator's commands, snapshots */
+ * after a wake, pressure, the operator's commands, snapshots, the migration of a service left
+ * suspended longer than its restart cost */
 #define _POSIX_C_SOURCE 200809L
 #include "helpers.h"
 
@@ -396,6 +397,163 @@ static void test_operator_suspend_and_resume(void **state)
     osub_engine_free(e);
 }
 
+/* Two GPUs: exp (resumable, restart cost 5 s) on GPU 0 is suspended for web, which stays; fill,
+ * which nobody may suspend, takes GPU 1 until it is released at 1000. Returns the engine with exp
+ * suspended (done at 20) and GPU 1 free. */
+static osub_engine_t *suspended_beside_free_gpu(bool resumable, bool held)
+{
+    osub_engine_t *e = mk_pool(2, 200000);
+    osub_spec_t ex = susp_spec("exp", "experiment", 61440, 0, 0);
+    ex.resumable = resumable;
+    ex.restart_cost_ms = 5000;
+    running(e, ex, 60000, 0);
+    running(e, spec("fill", "batch", 70000, 1, 0), 70000, 1);
+    assert_int_equal(info(e, "fill").slots[0].gpu, 1);
+    if (held)
+        assert_int_equal(osub_engine_suspend(e, "exp", 0, 5), 0);
+    else
+        assert_int_equal(sub(e, spec("web", "online", 30000, 1, 0), 10), OSUB_SUBMIT_PENDING);
+    assert_int_equal(info(e, "exp").state, OSUB_STATE_SUSPENDING);
+    assert_int_equal(osub_engine_suspended(e, "exp", 2048, 20), 0);
+    if (held) /* web comes after the operator's suspend: it fits beside the residual */
+        assert_int_equal(sub(e, spec("web", "online", 30000, 1, 0), 30), OSUB_SUBMIT_STARTED);
+    assert_int_equal(info(e, "web").slots[0].gpu, 0);
+    assert_int_equal(osub_engine_release(e, "fill", 1000), 0);
+    check_ok(e);
+    return e;
+}
+
+/* Suspended longer than its restart cost, with no room on its own GPU (web holds 30000 of it)
+ * while GPU 1 is free: exp is evicted (reason migrate, counted as an eviction), requeued and
+ * restarted on GPU 1 as a reload. Before its restart cost has passed it waits where it is. */
+static void test_migrate_after_restart_cost(void **state)
+{
+    (void)state;
+    osub_engine_t *e = suspended_beside_free_gpu(true, false);
+    assert_int_equal(info(e, "exp").state, OSUB_STATE_SUSPENDED); /* 980 ms of 5000 waited */
+    assert_int_equal(osub_engine_tick(e, 20 + 4999), 0);
+    assert_int_equal(info(e, "exp").state, OSUB_STATE_SUSPENDED);
+    assert_int_equal(osub_engine_tick(e, 20 + 5000), 0);
+    const osub_event_t *ev = find_ev(e, OSUB_EV_EVICT, "exp");
+    assert_non_null(ev);
+    assert_int_equal(ev->reason, OSUB_R_MIGRATE);
+    assert_string_equal(ev->cause, "");
+    assert_non_null(strstr(ev->msg, "restart it elsewhere"));
+    assert_null(find_ev(e, OSUB_EV_WAKE, "exp"));
+    osub_service_info_t x = info(e, "exp");
+    assert_int_equal(x.state, OSUB_STATE_DRAINING);
+    assert_int_equal(x.host_mib, 0); /* its host copy goes: it will reload */
+    assert_int_equal(x.grant_mib, 0);
+    osub_pool_info_t p;
+    osub_engine_pool_info(e, &p);
+    assert_int_equal(p.evictions, 1);
+    assert_int_equal(p.suspends, 1);
+    assert_int_equal(p.n_suspended, 0);
+    assert_int_equal(p.host_used_mib, 0);
+    check_ok(e);
+    /* its processes gone, it is requeued and started again where there is room, loading */
+    assert_int_equal(osub_engine_exited(e, "exp", NULL, 6000), 0);
+    assert_non_null(find_ev(e, OSUB_EV_REQUEUE, "exp"));
+    assert_non_null(find_ev(e, OSUB_EV_RESUME, "exp"));
+    x = info(e, "exp");
+    assert_int_equal(x.state, OSUB_STATE_LOADING);
+    assert_true(x.loading);
+    assert_int_equal(x.n_slots, 1);
+    assert_int_equal(x.slots[0].gpu, 1);
+    assert_int_equal(x.grant_mib, 61440);
+    assert_int_equal(ginfo(e, 0).granted_mib, 30000); /* its old GPU keeps only web */
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+/* No migration where a wake or nothing is the answer: a service held suspended by an operator,
+ * one that an eviction would release (not resumable), one whose own GPU has room again (it
+ * wakes there, without a reload), and one whose only room elsewhere needs victims. */
+static void test_migrate_only_when_it_helps(void **state)
+{
+    (void)state;
+    for (int c = 0; c < 2; c++) {
+        osub_engine_t *e = suspended_beside_free_gpu(c == 1, c == 1);
+        assert_int_equal(osub_engine_tick(e, 60000), 0);
+        assert_int_equal(info(e, "exp").state, OSUB_STATE_SUSPENDED);
+        assert_int_equal(count_ev(e, OSUB_EV_EVICT, NULL), 0);
+        check_ok(e);
+        osub_engine_free(e);
+    }
+    /* its own GPU has room first: a wake where it left, no eviction */
+    osub_engine_t *e = suspended_beside_free_gpu(true, false);
+    assert_int_equal(osub_engine_release(e, "web", 2000), 0);
+    assert_non_null(find_ev(e, OSUB_EV_WAKE, "exp"));
+    assert_int_equal(info(e, "exp").slots[0].gpu, 0);
+    assert_int_equal(osub_engine_tick(e, 60000), 0);
+    osub_pool_info_t p;
+    osub_engine_pool_info(e, &p);
+    assert_int_equal(p.evictions, 0);
+    check_ok(e);
+    osub_engine_free(e);
+    /* a batch service whose only room elsewhere is an experiment's: it waits, suspended (web
+     * beside it on GPU 0 leaves no room for its grant; pressure suspended it) */
+    e = mk_pool(2, 200000);
+    osub_spec_t bat = susp_spec("bat", "batch", 61440, 0, 0);
+    bat.resumable = true;
+    bat.restart_cost_ms = 5000;
+    running(e, bat, 50000, 0);
+    running(e, spec("low", "experiment", 70000, 1, 0), 70000, 1);
+    running(e, spec("web", "online", 20000, 1, 0), 20000, 2);
+    assert_int_equal(info(e, "web").slots[0].gpu, 0);
+    assert_int_equal(osub_engine_usage(e, "bat", 60000, -1, 10), 0);
+    assert_int_equal(find_ev(e, OSUB_EV_SUSPEND, "bat")->reason, OSUB_R_PRESSURE);
+    assert_int_equal(osub_engine_suspended(e, "bat", 2048, 20), 0);
+    assert_int_equal(osub_engine_tick(e, 60000), 0);
+    assert_int_equal(info(e, "bat").state, OSUB_STATE_SUSPENDED);
+    assert_int_equal(info(e, "low").state, OSUB_STATE_RUNNING);
+    assert_int_equal(count_ev(e, OSUB_EV_EVICT, NULL), 0);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
+/* Two services wait suspended beside online ones that stay, and one GPU frees: one migrates
+ * there; the other is not sent after it while it drains (the room is claimed by nothing until
+ * the first is requeued), and after that the room is gone. */
+static void test_migrate_one_at_a_time(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_pool(3, 300000);
+    const char *ids[2] = {"exp1", "exp2"};
+    for (int i = 0; i < 2; i++) {
+        osub_spec_t ex = susp_spec(ids[i], "experiment", 61440, 0, 0);
+        ex.resumable = true;
+        ex.restart_cost_ms = 5000;
+        running(e, ex, 60000, i);
+        assert_int_equal(info(e, ids[i]).slots[0].gpu, i);
+    }
+    running(e, spec("fill", "batch", 70000, 1, 0), 70000, 2);
+    assert_int_equal(sub(e, spec("web1", "online", 40000, 1, 0), 10), OSUB_SUBMIT_PENDING);
+    assert_int_equal(sub(e, spec("web2", "online", 40000, 1, 0), 11), OSUB_SUBMIT_PENDING);
+    assert_int_equal(osub_engine_suspended(e, "exp1", 2048, 20), 0);
+    assert_int_equal(osub_engine_suspended(e, "exp2", 2048, 20), 0);
+    assert_int_equal(info(e, "web2").slots[0].gpu, 1);
+    assert_int_equal(osub_engine_release(e, "fill", 1000), 0);
+    assert_int_equal(osub_engine_tick(e, 6000), 0);
+    assert_int_equal(count_ev(e, OSUB_EV_EVICT, NULL), 1);
+    assert_int_equal(find_ev(e, OSUB_EV_EVICT, "exp1")->reason, OSUB_R_MIGRATE); /* the older */
+    assert_int_equal(osub_engine_tick(e, 7000), 0);
+    assert_int_equal(info(e, "exp1").state, OSUB_STATE_DRAINING);
+    assert_int_equal(info(e, "exp2").state, OSUB_STATE_SUSPENDED);
+    check_ok(e);
+    assert_int_equal(osub_engine_exited(e, "exp1", NULL, 8000), 0);
+    assert_int_equal(info(e, "exp1").slots[0].gpu, 2);
+    assert_int_equal(osub_engine_usage(e, "exp1", 60000, -1, 9000), 0);
+    assert_int_equal(osub_engine_ready(e, "exp1", 9000), 0);
+    assert_int_equal(osub_engine_tick(e, 60000), 0);
+    assert_int_equal(info(e, "exp2").state, OSUB_STATE_SUSPENDED);
+    osub_pool_info_t p;
+    osub_engine_pool_info(e, &p);
+    assert_int_equal(p.evictions, 1);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
 /* Saves e, loads it, checks the dumps agree; returns the loaded copy. */
 static osub_engine_t *round_trip(osub_engine_t *e)
 {
@@ -546,6 +704,9 @@ int main(void)
         cmocka_unit_test(test_min_runtime_after_wake),
         cmocka_unit_test(test_pressure_degrades_before_suspending),
         cmocka_unit_test(test_operator_suspend_and_resume),
+        cmocka_unit_test(test_migrate_after_restart_cost),
+        cmocka_unit_test(test_migrate_only_when_it_helps),
+        cmocka_unit_test(test_migrate_one_at_a_time),
         cmocka_unit_test(test_snapshot_round_trip),
         cmocka_unit_test(test_old_snapshot_loads),
     };
