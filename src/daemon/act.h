@@ -184,6 +184,10 @@ void osubd__act_apply(struct osubd_act *d, json_t *cmd);
  * way when oversubd stopped, again; why cuda cannot be used (NULL: it can) */
 void osubd__act_suspend_start(struct osubd_act *d, const char *id, bool resume, int64_t timeout_ms);
 void osubd__act_suspend_restart(struct osubd_act *d);
+/* The service's processes: its cgroup's, or without one the subreaper's sweep from its leader
+ * (as signals reach them). At most max; -1 when its cgroup cannot be read. */
+int osubd__act_service_procs(const struct osubd_act *d, const char *id, pid_t leader, pid_t *out,
+                             int max);
 /* Every watch round: suspends whose memory was waited for, seen to fall now, are reported. */
 void osubd__act_sus_falls(struct osubd_act *d);
 /* Whether the service is suspended by a CUDA checkpoint. */

@@ -236,6 +236,13 @@ static int sweep_pids(const struct osubd_act *d, const char *id, pid_t leader, p
     return n;
 }
 
+int osubd__act_service_procs(const struct osubd_act *d, const char *id, pid_t leader, pid_t *out,
+                             int max)
+{
+    return d->cg_base[0] ? osubd__act_cg_pids(d, id, out, max)
+                         : sweep_pids(d, id, leader, out, max);
+}
+
 /* sig to everything of the service: its process group, its cgroup (or what the sweep finds). */
 void osubd__act_signal_service(struct osubd_act *d, const char *id, pid_t leader, int sig)
 {

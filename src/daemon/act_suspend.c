@@ -33,7 +33,7 @@ int osubd_act_service_pids(struct osubd_act *d, const char *id, pid_t *out, int 
     if (p != NULL && p->pid > 0)
         out[n++] = p->pid;
     pid_t cg[OSUBD_SUS_PIDS_MAX];
-    int k = osubd__act_cg_pids(d, id, cg, OSUBD_SUS_PIDS_MAX);
+    int k = osubd__act_service_procs(d, id, p != NULL ? p->pid : 0, cg, OSUBD_SUS_PIDS_MAX);
     for (int i = 0; i < k && n < max; i++) {
         bool dup = false;
         for (int j = 0; j < n; j++)
