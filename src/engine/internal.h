@@ -2,7 +2,9 @@
 #ifndef OVERSUB_ENGINE_INTERNAL_H
 #define OVERSUB_ENGINE_INTERNAL_H
 
+#include <stdarg.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "oversub/engine.h"
 
@@ -390,6 +392,23 @@ static inline void osub__gpu_touch(struct osub_engine *e, struct gpu *g)
         g->tree_dirty = true;
         e->tdirty[e->n_tdirty++] = (int32_t)(g - e->gpus);
     }
+}
+
+/* fmt.c: snprintf's contract (truncated to len - 1 bytes and terminated when len > 0; returns
+ * the length the whole string has) for %d, %i, %u, %s, %c and %% with the l, ll and z (u only)
+ * modifiers; any other conversion goes to vsnprintf. Event sentences are formatted with these:
+ * vsnprintf's setup cost more than the sentences. */
+OSUB_PRINTF(3, 4)
+OSUB__HIDDEN int osub__fmt(char *buf, size_t len, const char *fmt, ...);
+OSUB__HIDDEN int osub__vfmt(char *buf, size_t len, const char *fmt, va_list ap);
+
+/* snprintf(dst, len, "%s", src) for len > 0: what fits of src, always terminated. */
+static inline void osub__str_copy(char *dst, size_t len, const char *src)
+{
+    const char *end = memchr(src, '\0', len - 1);
+    size_t n = end != NULL ? (size_t)(end - src) : len - 1;
+    memcpy(dst, src, n);
+    dst[n] = '\0';
 }
 
 /* Frees a service record and what it owns (engine.c); NULL is fine. */
