@@ -948,10 +948,11 @@ int osub_engine_new(const osub_pool_config_t *cfg, const int64_t *vram_mib,
     e->cand_buf = calloc(n_gpus, sizeof(*e->cand_buf));
     e->aggs = calloc(n_gpus, sizeof(*e->aggs));
     e->miss_buf = calloc(n_gpus, sizeof(*e->miss_buf));
+    e->heap_buf = calloc(n_gpus, sizeof(*e->heap_buf));
     e->promise_buf = calloc(n_gpus, sizeof(*e->promise_buf));
     e->gpu_stamp = calloc(n_gpus, sizeof(*e->gpu_stamp));
-    if (e->gpus == NULL || e->cand_buf == NULL || e->miss_buf == NULL || e->promise_buf == NULL ||
-        e->aggs == NULL || e->gpu_stamp == NULL)
+    if (e->gpus == NULL || e->cand_buf == NULL || e->miss_buf == NULL || e->heap_buf == NULL ||
+        e->promise_buf == NULL || e->aggs == NULL || e->gpu_stamp == NULL)
         goto err_free;
     for (size_t i = 0; i < n_gpus; i++) {
         struct gpu *g = &e->gpus[i];
@@ -1004,6 +1005,7 @@ void osub_engine_free(osub_engine_t *e)
     free(e->tdirty);
     osub__trees_free(e);
     free(e->miss_buf);
+    free(e->heap_buf);
     free(e->promise_buf);
     free(e->gpu_stamp);
     free(e->tab);

@@ -111,7 +111,9 @@ struct vinfo {
     int64_t resume_ms; /* its resume cost (a suspend's restart cost) */
 };
 
-/* What victims on one GPU could give back, per level (recomputed lazily by gpu_agg()). */
+/* What victims on one GPU could give back (recomputed lazily by gpu_agg()). Each entry L is
+ * over the victims of the levels >= L (sums, maxima, the minimum restart cost): what a plan
+ * that touches no level above L may use, read without a walk over the levels. */
 struct gpu_aggs {
     int64_t ev_held[OSUB_MAX_LEVEL + 1], ev_grant[OSUB_MAX_LEVEL + 1];
     int64_t dg_held[OSUB_MAX_LEVEL + 1], dg_grant[OSUB_MAX_LEVEL + 1];
@@ -122,6 +124,8 @@ struct gpu_aggs {
     int64_t ex_max_floor[OSUB_MAX_LEVEL + 1];   /* the most one eviction frees of it */
     int64_t ev_min_restart[OSUB_MAX_LEVEL + 1]; /* the cheapest eviction's restart cost */
     uint32_t sp_mask;                           /* bit L: a victim of level L may be suspended */
+    uint32_t lvl_mask; /* bit L: level L's own victims give some held, grant or floor, or one
+                          may be evicted */
 };
 
 struct gpu {
@@ -225,6 +229,7 @@ struct osub_engine {
     int32_t resv_n;
     int32_t resv_gpus[OSUB_SERVICE_GPUS_MAX];
     struct cand *cand_buf; /* n_gpus scratch entries for planning */
+    int32_t *heap_buf;     /* n_gpus scratch entries for planning: a heap of cand_buf indices */
     int32_t *miss_buf;     /* n_gpus scratch entries for planning */
     int64_t *promise_buf;  /* n_gpus scratch: room promised to restores in one pass */
     uint64_t *gpu_stamp;   /* n_gpus: which plan last looked at a GPU */

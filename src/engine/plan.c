@@ -167,6 +167,21 @@ static int64_t placement_score(osub_engine_t *e, struct gpu *g, const struct req
     return (INT64_C(1) << 50) + (projected - lim); /* least overshoot first */
 }
 
+/* placement_score() read from the best-fit index: a GPU filed there is filed under its
+ * place_limit - projected_base (osub__trees_refresh(), which plan_size() ran: nothing has
+ * moved since), so the score needs no projected peak of its own. */
+static int64_t indexed_score(osub_engine_t *e, const struct room_tree *t, struct gpu *g,
+                             const struct req *r, int64_t charge)
+{
+    if (!t->in[g->tree_pos])
+        return placement_score(e, g, r, charge);
+    /* req_limit() - projected: usable - hw_lim more for a backed request */
+    int64_t room = t->pfree[g->tree_pos] + (r->backed && !r->exclusive ? g->usable - g->hw_lim : 0);
+    if (charge <= room)
+        return room - charge;
+    return (INT64_C(1) << 50) + (charge - room);
+}
+
 /* ---- candidates and their keys ---------------------------------------------------------- */
 
 /* Key order of DESIGN.md step 5. Returns <0 when a is better. */
@@ -219,6 +234,11 @@ static int cand_cmp(const struct cand *a, const struct cand *b)
     return (a->klo > b->klo) - (a->klo < b->klo);
 }
 
+static inline bool cand_less(const struct cand *a, const struct cand *b)
+{
+    return a->khi < b->khi || (a->khi == b->khi && a->klo < b->klo);
+}
+
 /* Keeps the k best candidates in best[0..*nb), sorted. */
 static void keep_best(struct cand *best, int32_t *nb, int32_t k, const struct cand *c)
 {
@@ -236,6 +256,32 @@ static void keep_best(struct cand *best, int32_t *nb, int32_t k, const struct ca
 }
 
 /* ---- victims as aggregates: the optimistic key and the exact plan on one GPU ------------- */
+
+/* Turns per-level aggregates into totals over the levels >= L, and notes the levels that have
+ * something of their own (optimistic() skips the others, as a walk over the levels did). */
+static void agg_suffixes(struct gpu_aggs *a)
+{
+    a->lvl_mask = 0;
+    for (int32_t L = OSUB_MAX_LEVEL; L >= 0; L--) {
+        if (a->ev_held[L] != 0 || a->ev_grant[L] != 0 || a->ev_cnt[L] != 0 || a->ev_floor[L] != 0)
+            a->lvl_mask |= 1u << L;
+        if (L == OSUB_MAX_LEVEL)
+            continue;
+        a->ev_held[L] += a->ev_held[L + 1];
+        a->ev_grant[L] += a->ev_grant[L + 1];
+        a->ev_comp[L] += a->ev_comp[L + 1];
+        a->ev_cnt[L] += a->ev_cnt[L + 1];
+        a->ev_floor[L] += a->ev_floor[L + 1];
+        a->dg_held[L] += a->dg_held[L + 1];
+        a->dg_grant[L] += a->dg_grant[L + 1];
+        a->dg_max_held[L] = osub__max64(a->dg_max_held[L], a->dg_max_held[L + 1]);
+        a->dg_max_grant[L] = osub__max64(a->dg_max_grant[L], a->dg_max_grant[L + 1]);
+        a->ex_max_held[L] = osub__max64(a->ex_max_held[L], a->ex_max_held[L + 1]);
+        a->ex_max_grant[L] = osub__max64(a->ex_max_grant[L], a->ex_max_grant[L + 1]);
+        a->ex_max_floor[L] = osub__max64(a->ex_max_floor[L], a->ex_max_floor[L + 1]);
+        a->ev_min_restart[L] = osub__min64(a->ev_min_restart[L], a->ev_min_restart[L + 1]);
+    }
+}
 
 /* Recomputes a GPU's victim aggregates if anything on it changed since the last look. */
 void osub__gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
@@ -334,6 +380,7 @@ void osub__gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
             }
         }
     }
+    agg_suffixes(g->a);
     g->agg_dirty = false;
 }
 
@@ -358,41 +405,26 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
     int64_t df = r->exclusive ? 0
                               : osub__gpu_floors(e, g) + osub__req_floor(r, share) -
                                     osub__req_held_limit(g, r, share);
-    int64_t eh = 0, eg = 0, dgh = 0, dgg = 0, mh = 0, mg = 0, xh = 0, xg = 0;
-    int64_t ec = 0, cnt = 0, ef = 0, xf = 0, rmin = INT64_MAX;
+    const struct gpu_aggs *a = g->a;
     for (int32_t L = e->max_level; L > r->level; L--) {
-        eh += g->a->ev_held[L];
-        eg += g->a->ev_grant[L];
-        ec += g->a->ev_comp[L];
-        cnt += g->a->ev_cnt[L];
-        ef += g->a->ev_floor[L];
-        dgh += g->a->dg_held[L];
-        dgg += g->a->dg_grant[L];
-        if (g->a->dg_max_held[L] > mh)
-            mh = g->a->dg_max_held[L];
-        if (g->a->dg_max_grant[L] > mg)
-            mg = g->a->dg_max_grant[L];
-        if (g->a->ex_max_held[L] > xh)
-            xh = g->a->ex_max_held[L];
-        if (g->a->ex_max_grant[L] > xg)
-            xg = g->a->ex_max_grant[L];
-        if (g->a->ex_max_floor[L] > xf)
-            xf = g->a->ex_max_floor[L];
-        if (g->a->ev_min_restart[L] < rmin)
-            rmin = g->a->ev_min_restart[L];
-        if (g->a->ev_held[L] == 0 && g->a->ev_grant[L] == 0 && g->a->ev_cnt[L] == 0 &&
-            g->a->ev_floor[L] == 0)
+        if (!((a->lvl_mask >> L) & 1u))
             continue; /* (a protected victim's suspend may free floor room alone) */
+        int64_t eh = a->ev_held[L], eg = a->ev_grant[L], ec = a->ev_comp[L], ef = a->ev_floor[L];
+        int64_t cnt = a->ev_cnt[L];
         bool ok = r->exclusive ? cnt >= g->nsvc : (eg >= dl && eh >= dh && ec >= dc && ef >= df);
         if (!ok)
             continue;
+        int64_t dgh = a->dg_held[L], dgg = a->dg_grant[L];
+        int64_t mh = a->dg_max_held[L], mg = a->dg_max_grant[L];
+        int64_t xh = a->ex_max_held[L], xg = a->ex_max_grant[L], xf = a->ex_max_floor[L];
+        int64_t rmin = a->ev_min_restart[L];
         c->victims = true;
         c->top_level = L;
         /* lower bounds: no eviction only if degrading everything would do; one degrade only
          * if some single victim frees enough of both */
         bool deg_ok = !r->exclusive && dgg >= dl && dgh >= dh && dc <= 0 && df <= 0;
         int32_t nev = 0, nsp = 0;
-        if (!deg_ok && (g->a->sp_mask >> L) != 0 && !r->exclusive) {
+        if (!deg_ok && (a->sp_mask >> L) != 0 && !r->exclusive) {
             /* suspends may free held and floor room, never grants or compute: only those
              * need evictions; with none needed, at least one suspend */
             int64_t rgr = dl - dgg;
@@ -427,17 +459,27 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
     return false;
 }
 
-static void heap_sift(struct cand *h, int32_t n, int32_t i)
+/* The best-first heap of victims_phase(): indices into the candidates c (moving 4 bytes, not a
+ * candidate, at each step of a sift). */
+struct opt_heap {
+    struct cand *c; /* e->cand_buf: every candidate of the size's search, in the order found */
+    int32_t *h;     /* e->heap_buf: the heap, of indices into c */
+    int32_t nc, nh;
+};
+
+static void heap_sift(struct opt_heap *q, int32_t i)
 {
+    int32_t *h = q->h, n = q->nh;
+    const struct cand *c = q->c;
     for (;;) {
         int32_t l = 2 * i + 1, m = i;
-        if (l < n && cand_cmp(&h[l], &h[m]) < 0)
+        if (l < n && cand_less(&c[h[l]], &c[h[m]]))
             m = l;
-        if (l + 1 < n && cand_cmp(&h[l + 1], &h[m]) < 0)
+        if (l + 1 < n && cand_less(&c[h[l + 1]], &c[h[m]]))
             m = l + 1;
         if (m == i)
             return;
-        struct cand t = h[i];
+        int32_t t = h[i];
         h[i] = h[m];
         h[m] = t;
         i = m;
@@ -780,7 +822,7 @@ static void rank_fits(osub_engine_t *e, struct size_plan *sp)
  * victims could make room, ranked by their optimistic keys in the heap opt, then planned for
  * real best-first until nothing left in it can beat the k best. */
 static void victims_phase(osub_engine_t *e, struct size_plan *sp, int32_t L, int phase,
-                          struct cand *opt, int32_t *nopt)
+                          struct opt_heap *q)
 {
     const struct req *r = &sp->rq;
     struct room_tree *grp = sp->grp;
@@ -807,18 +849,24 @@ static void victims_phase(osub_engine_t *e, struct size_plan *sp, int32_t L, int
         if (!optimistic(e, g, gi, r, share, &c))
             continue;
         e->gpu_stamp[gi] = sp->stamp;
-        c.score = placement_score(e, g, r, osub__req_charge(r, share));
+        c.score = indexed_score(e, grp, g, r, osub__req_charge(r, share));
         cand_pack(&c);
-        opt[(*nopt)++] = c;
+        if (sp->nb == k && !cand_less(&c, &best[k - 1]))
+            continue; /* it cannot beat the k best: no plan of it can */
+        q->c[q->nc] = c;
+        q->h[q->nh++] = q->nc++;
     }
-    for (int32_t i = *nopt / 2 - 1; i >= 0; i--)
-        heap_sift(opt, *nopt, i); /* Floyd: O(n) */
-    while (*nopt > 0) {
-        struct cand c = opt[0];
-        if (sp->nb == k && cand_cmp(&best[k - 1], &c) <= 0)
-            break; /* nothing in the heap can beat the k best */
-        opt[0] = opt[--*nopt];
-        heap_sift(opt, *nopt, 0);
+    for (int32_t i = q->nh / 2 - 1; i >= 0; i--)
+        heap_sift(q, i); /* Floyd: O(n) */
+    while (q->nh > 0) {
+        struct cand c = q->c[q->h[0]];
+        if (sp->nb == k && !cand_less(&c, &best[k - 1])) {
+            /* nothing in the heap can beat the k best, now or later (they only get better) */
+            q->nh = 0;
+            break;
+        }
+        q->h[0] = q->h[--q->nh];
+        heap_sift(q, 0);
         struct gpu *g = &e->gpus[c.gpu];
         int64_t share = r->exclusive ? g->usable : sp->share0;
         if (!plan_single(e, g, r, share, &c))
@@ -834,8 +882,7 @@ static void plan_with_victims(osub_engine_t *e, struct size_plan *sp)
     const struct req *r = &sp->rq;
     int32_t k = sp->k;
     const struct cand *best = sp->best;
-    struct cand *opt = e->cand_buf;
-    int32_t nopt = 0;
+    struct opt_heap q = {.c = e->cand_buf, .h = e->heap_buf};
     for (int32_t L = e->max_level; L > r->level && !(sp->nb == k && !best[k - 1].victims); L--) {
         /* a GPU whose victims of levels >= L are enough: its top level is at best L */
         if (sp->nb == k && best[k - 1].top_level > L)
@@ -846,7 +893,7 @@ static void plan_with_victims(osub_engine_t *e, struct size_plan *sp)
                 best[k - 1].n_evict == 0 && best[k - 1].n_suspend == 0)
                 break; /* the rest needs an eviction or a suspend at level L, or touches more:
                           it cannot beat the k best */
-            victims_phase(e, sp, L, phase, opt, &nopt);
+            victims_phase(e, sp, L, phase, &q);
         }
     }
 }

@@ -276,13 +276,18 @@ void osub__trees_refresh(osub_engine_t *e)
             if (g->agg_valid_until < e->trees_valid_until)
                 e->trees_valid_until = g->agg_valid_until;
         }
-        int64_t rh = 0, rg = 0, dh = 0, dg = 0, rf = 0;
         int64_t cap[6][OSUB_MAX_LEVEL + 1], fcap[OSUB_MAX_LEVEL + 1];
         int64_t ffree =
             (g->n_preempt == 0 ? g->usable : osub__place_limit(e, g)) - osub__gpu_floors(e, g);
         int64_t bfree = g->usable - g->backed;
         int64_t wfree = g->hw_lim - g->held;
+        const struct gpu_aggs *a = g->a;
         for (int32_t L = e->max_level; L >= 0; L--) {
+            /* what every level below L gives back (the aggregates are over levels >= L + 1) */
+            bool top = L == OSUB_MAX_LEVEL;
+            int64_t rh = top ? 0 : a->ev_held[L + 1], rg = top ? 0 : a->ev_grant[L + 1];
+            int64_t dh = top ? 0 : a->dg_held[L + 1], dg = top ? 0 : a->dg_grant[L + 1];
+            int64_t rf = top ? 0 : a->ev_floor[L + 1];
             int64_t fl = g->logical - g->granted, fh = g->usable - g->held;
             int64_t c_all = fl + rg < fh + rh ? fl + rg : fh + rh;
             int64_t c_deg = fl + dg < fh + dh ? fl + dg : fh + dh;
@@ -297,11 +302,6 @@ void osub__trees_refresh(osub_engine_t *e)
             fcap[L] = out ? INT64_MIN / 4 : ffree + rf;
             for (int v = 0; v < 6 && out; v++)
                 cap[v][L] = INT64_MIN / 4;
-            rh += g->a->ev_held[L];
-            rg += g->a->ev_grant[L];
-            dh += g->a->dg_held[L];
-            dg += g->a->dg_grant[L];
-            rf += g->a->ev_floor[L];
         }
         for (int32_t L = 0; L <= e->max_level; L++) {
             int64_t *arrs[6] = {t->t[L], t->d[L], t->bt[L], t->bd[L], t->pt[L], t->pd[L]};
