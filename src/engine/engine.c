@@ -134,15 +134,27 @@ const char *osub__class_of(const osub_engine_t *e, const struct svc *s)
 
 void osub__fmt_gpus(const struct svc *s, char *buf, size_t len)
 {
-    size_t off = 0;
-    buf[0] = '\0';
-    off += (size_t)osub__fmt(buf, len, s->n_slots == 1 ? "GPU " : "GPUs ");
+    const char *head = s->n_slots == 1 ? "GPU " : "GPUs ";
+    osub__str_copy(buf, len, head);
+    size_t off = strlen(head);
+    /* each piece below is at most 11 bytes and written only with 12 to spare: never cut */
     for (int32_t i = 0; i < s->n_slots && off + 12 < len; i++) {
         if (i >= 8) {
-            osub__fmt(buf + off, len - off, ",...");
+            memcpy(buf + off, ",...", 5);
             return;
         }
-        off += (size_t)osub__fmt(buf + off, len - off, i ? ",%d" : "%d", s->slots[i].gpu);
+        char d[12];
+        size_t n = sizeof(d);
+        uint32_t v = (uint32_t)s->slots[i].gpu; /* an index: never negative */
+        do {
+            d[--n] = (char)('0' + v % 10);
+            v /= 10;
+        } while (v != 0);
+        if (i > 0)
+            d[--n] = ',';
+        memcpy(buf + off, d + n, sizeof(d) - n);
+        off += sizeof(d) - n;
+        buf[off] = '\0';
     }
 }
 

@@ -209,7 +209,7 @@ static int key_cmp(const struct plan *a, const struct plan *b)
 
 /* Packs DESIGN.md's key into two integers: (victims, top level inverted, evictions, suspends,
  * degrades, restart cost) and (placement score, GPU index). Lower is better. */
-static void cand_pack(struct cand *c)
+static inline void cand_pack(struct cand *c)
 {
     uint64_t hi = 0;
     if (c->victims) {
@@ -259,14 +259,14 @@ static void keep_best(struct cand *best, int32_t *nb, int32_t k, const struct ca
 
 /* Turns per-level aggregates into totals over the levels >= L, and notes the levels that have
  * something of their own (optimistic() skips the others, as a walk over the levels did). */
-static void agg_suffixes(struct gpu_aggs *a)
+static void agg_suffixes(struct gpu_aggs *a, int32_t max_level)
 {
     a->lvl_mask = 0;
-    for (int32_t L = OSUB_MAX_LEVEL; L >= 0; L--) {
+    for (int32_t L = max_level; L >= 0; L--) {
         if (a->ev_held[L] != 0 || a->ev_grant[L] != 0 || a->ev_cnt[L] != 0 || a->ev_floor[L] != 0)
             a->lvl_mask |= 1u << L;
         if (L == OSUB_MAX_LEVEL)
-            continue;
+            continue; /* (above max_level every entry is zero, or INT64_MAX for restarts) */
         a->ev_held[L] += a->ev_held[L + 1];
         a->ev_grant[L] += a->ev_grant[L + 1];
         a->ev_comp[L] += a->ev_comp[L + 1];
@@ -283,11 +283,8 @@ static void agg_suffixes(struct gpu_aggs *a)
     }
 }
 
-/* Recomputes a GPU's victim aggregates if anything on it changed since the last look. */
-void osub__gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
+void osub__gpu_agg_refresh(const osub_engine_t *e, struct gpu *g, int32_t gi)
 {
-    if (!g->agg_dirty && e->now < g->agg_valid_until)
-        return;
     g->agg_valid_until = INT64_MAX;
     memset(g->a->ev_held, 0, sizeof(g->a->ev_held));
     memset(g->a->ev_grant, 0, sizeof(g->a->ev_grant));
@@ -380,19 +377,41 @@ void osub__gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
             }
         }
     }
-    agg_suffixes(g->a);
+    agg_suffixes(g->a, e->max_level);
     g->agg_dirty = false;
 }
 
+/* What optimistic() may take as read on every GPU of one size (plan_size()): a share that is not
+ * exclusive, its charge and floor, and its held limits where something preemptible is placed,
+ * which are the same on every GPU of a size (usable and the high watermark are); a backed
+ * request's limit is usable on a GPU where nothing preemptible is (osub__held_limit()). */
+struct opt_share {
+    int64_t share, charge, floor;
+    int64_t lim_charge, lim_share;
+};
+
 /* An optimistic key for a GPU that needs victims, from its aggregates: no real plan can beat
- * it. Returns false when no plan on this GPU can work at all. */
+ * it. Returns false when no plan on this GPU can work at all. os: the share's figures read
+ * once for its size, or NULL (worked out here). */
 static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const struct req *r,
-                       int64_t share, struct cand *c)
+                       int64_t share, const struct opt_share *os, struct cand *c)
 {
     osub__gpu_agg(e, g, gi);
+    int64_t ch, lim_c, lim_s, fl;
+    if (os != NULL) {
+        bool whole = r->backed && g->n_preempt == 0;
+        ch = os->charge;
+        fl = os->floor;
+        lim_c = whole ? g->usable : os->lim_charge;
+        lim_s = whole ? g->usable : os->lim_share;
+    } else {
+        ch = osub__req_charge(r, share);
+        fl = r->exclusive ? 0 : osub__req_floor(r, share);
+        lim_c = osub__req_held_limit(g, r, ch);
+        lim_s = r->exclusive ? 0 : osub__req_held_limit(g, r, share);
+    }
     int64_t dl = g->granted + share - g->logical;
-    int64_t ch = osub__req_charge(r, share);
-    int64_t dh = g->held + ch - osub__req_held_limit(g, r, ch);
+    int64_t dh = g->held + ch - lim_c;
     int64_t dc = 0;
     if (r->backed && g->backed + share > g->usable)
         return false;
@@ -402,9 +421,7 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
         if (r->backed && g->compute_backed + r->compute > 100)
             return false;
     }
-    int64_t df = r->exclusive ? 0
-                              : osub__gpu_floors(e, g) + osub__req_floor(r, share) -
-                                    osub__req_held_limit(g, r, share);
+    int64_t df = r->exclusive ? 0 : osub__gpu_floors(e, g) + fl - lim_s;
     const struct gpu_aggs *a = g->a;
     for (int32_t L = e->max_level; L > r->level; L--) {
         if (!((a->lvl_mask >> L) & 1u))
@@ -682,6 +699,8 @@ struct size_plan {
      * watermark, whose limit is the share itself) */
     int64_t fneed;
     int64_t climit;
+    bool shared;         /* not exclusive: os holds the share's figures */
+    struct opt_share os; /* for optimistic() */
     uint64_t stamp;
     int32_t *cand; /* e->miss_buf */
     int32_t ncand;
@@ -743,6 +762,16 @@ static bool size_setup(osub_engine_t *e, const struct req *r0, int64_t size, str
     }
     if (!r->exclusive && sp->share_min <= sp->usable * e->cfg.high_watermark_pct / 100)
         sp->fneed = osub__req_floor(r, sp->share_min);
+    sp->shared = !r->exclusive && sp->grp->n > 0;
+    if (sp->shared) {
+        /* the limits where something preemptible is placed: osub__held_limit() not backed */
+        const struct gpu *g0 = &e->gpus[sp->grp->gpus[0]];
+        sp->os.share = sp->share0;
+        sp->os.charge = sp->charge0;
+        sp->os.floor = osub__req_floor(r, sp->share0);
+        sp->os.lim_charge = osub__held_limit(g0, r->held_limit_pct, false, sp->charge0);
+        sp->os.lim_share = osub__held_limit(g0, r->held_limit_pct, false, sp->share0);
+    }
     osub__trees_refresh(e);
     sp->cand = e->miss_buf;
     sp->ncand = 0;
@@ -846,7 +875,7 @@ static void victims_phase(osub_engine_t *e, struct size_plan *sp, int32_t L, int
             continue;
         int64_t share = r->exclusive ? g->usable : sp->share0;
         struct cand c = {.gpu = gi};
-        if (!optimistic(e, g, gi, r, share, &c))
+        if (!optimistic(e, g, gi, r, share, sp->shared ? &sp->os : NULL, &c))
             continue;
         e->gpu_stamp[gi] = sp->stamp;
         c.score = indexed_score(e, grp, g, r, osub__req_charge(r, share));
@@ -1027,7 +1056,7 @@ int osub__plan_admission(osub_engine_t *e, const struct req *r, struct plan *out
                 struct room_tree *t = &e->trees[g->tree_size];
                 struct cand c = {.gpu = gi};
                 int64_t share = r->exclusive ? g->usable : osub__share(r->total, r->k, 0);
-                bool o = optimistic(e, g, gi, r, share, &c);
+                bool o = optimistic(e, g, gi, r, share, NULL, &c);
                 struct cand c2 = {.gpu = gi};
                 bool ps = plan_single(e, g, r, share, &c2);
                 fprintf(stderr, "verify: gpu %d share %lld free_l %lld free_h %lld caps", gi,

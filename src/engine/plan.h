@@ -138,8 +138,16 @@ static inline bool osub__gpu_takes(const struct gpu *g, const struct req *r, int
     return true;
 }
 
-/* Recomputes a GPU's victim aggregates if anything on it changed since the last look (plan.c). */
-OSUB__HIDDEN void osub__gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi);
+/* Recomputes a GPU's victim aggregates (plan.c). */
+OSUB__HIDDEN void osub__gpu_agg_refresh(const osub_engine_t *e, struct gpu *g, int32_t gi);
+
+/* Recomputes a GPU's victim aggregates if anything on it changed since the last look, or a
+ * victim's protection ended. */
+static inline void osub__gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
+{
+    if (__builtin_expect(g->agg_dirty || e->now >= g->agg_valid_until, 0))
+        osub__gpu_agg_refresh(e, g, gi);
+}
 
 /* ---- the workspace: one GPU set's checks as victims are chosen (plan_victims.c) ---------- */
 

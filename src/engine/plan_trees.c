@@ -111,15 +111,22 @@ void osub__tree_collect(const struct room_tree *t, const int64_t *tr, int64_t sh
                 out[(*n)++] = t->gpus[pos];
         return;
     }
+    /* depth-first down to blocks of (at most) 8 leaves, whose leaves are then read in a row:
+     * the walk's bookkeeping per node costs more than a leaf's two compares */
+    int32_t blk = t->leaves >= 8 ? t->leaves / 8 : 1, span = t->leaves / blk;
+    const int64_t *leaf = tr + t->leaves, *fleaf = ftr + t->leaves;
     int32_t stack[64]; /* depth-first over a heap of at most 2 x 4096 nodes: 13 deep */
-    int32_t sp = 0;
+    int32_t sp = 0, m = *n;
     stack[sp++] = 1;
     while (sp > 0) {
         int32_t x = stack[--sp];
-        if (x >= t->leaves) {
-            int32_t pos = x - t->leaves;
-            if (pos < t->n)
-                out[(*n)++] = t->gpus[pos];
+        if (x >= blk) {
+            int32_t end = (x - blk + 1) * span;
+            if (end > t->n)
+                end = t->n;
+            for (int32_t pos = (x - blk) * span; pos < end; pos++)
+                if (leaf[pos] >= share && fleaf[pos] >= fneed)
+                    out[m++] = t->gpus[pos];
             continue;
         }
         /* right first so that the left (lower index) comes out first */
@@ -128,6 +135,7 @@ void osub__tree_collect(const struct room_tree *t, const int64_t *tr, int64_t sh
         if (tr[2 * x] >= share && ftr[2 * x] >= fneed)
             stack[sp++] = 2 * x;
     }
+    *n = m;
 }
 
 /* ---- room trees ---------------------------------------------------------------------- */

@@ -341,12 +341,21 @@ bool osub__plan_set(osub_engine_t *e, const struct req *r, const struct cand *be
     return true;
 }
 
+/* What note_closest() measures every GPU of a size against: the share, its charge and floor,
+ * and (lims) the held limits of the charge and of the share, which for a request that is not
+ * backed are the same on every GPU of one size (usable and the high watermark are). */
+struct closest_req {
+    int64_t share, charge, floor;
+    bool lims;
+    int64_t lim_charge, lim_share;
+};
+
 /* The first check a share fails on g with no victim planned, and its shortfall: ws_eval() on a
- * fresh workspace of g alone (share, charge and floor are the share's; g's floors are read only
- * when the checks before theirs pass). */
+ * fresh workspace of g alone (g's floors are read only when the checks before theirs pass). */
 static osub_check_t closest_eval(const osub_engine_t *e, const struct gpu *g, const struct req *r,
-                                 int64_t share, int64_t charge, int64_t floor, int64_t *shortfall)
+                                 const struct closest_req *q, int64_t *shortfall)
 {
+    int64_t share = q->share, charge = q->charge, floor = q->floor;
     int64_t sf;
     if (r->exclusive) {
         *shortfall = sf = g->nsvc;
@@ -361,11 +370,13 @@ static osub_check_t closest_eval(const osub_engine_t *e, const struct gpu *g, co
         *shortfall = sf;
         return OSUB_CHECK_BACKED;
     }
-    if ((sf = g->held + charge - osub__req_held_limit(g, r, charge)) > 0) {
+    if ((sf = g->held + charge - (q->lims ? q->lim_charge : osub__req_held_limit(g, r, charge))) >
+        0) {
         *shortfall = sf;
         return OSUB_CHECK_HELD;
     }
-    if ((sf = osub__gpu_floors(e, g) + floor - osub__req_held_limit(g, r, share)) > 0) {
+    if ((sf = osub__gpu_floors(e, g) + floor -
+              (q->lims ? q->lim_share : osub__req_held_limit(g, r, share))) > 0) {
         *shortfall = sf;
         return OSUB_CHECK_FLOORS;
     }
@@ -392,20 +403,29 @@ void osub__note_closest(osub_engine_t *e, const struct req *r, int64_t size, int
         if (e->trees[j].vram == size)
             grp = &e->trees[j];
     int32_t n = grp ? grp->n : 0;
-    int64_t charge0 = osub__req_charge(r, share0), floor0 = osub__req_floor(r, share0);
+    struct closest_req q = {.share = share0,
+                            .charge = osub__req_charge(r, share0),
+                            .floor = osub__req_floor(r, share0),
+                            .lims = n > 0 && !r->backed && !r->exclusive};
+    if (q.lims) {
+        const struct gpu *g0 = &e->gpus[grp->gpus[0]];
+        q.lim_charge = osub__req_held_limit(g0, r, q.charge);
+        q.lim_share = osub__req_held_limit(g0, r, q.share);
+    }
     for (int32_t x = 0; x < n; x++) {
         int32_t gi = grp->gpus[x];
         const struct gpu *g = &e->gpus[gi];
-        if (!osub__gpu_takes(g, r, size))
-            continue;
-        bool chosen = false;
-        for (int32_t b = 0; b < nb && !chosen; b++)
-            chosen = best[b].gpu == gi;
-        if (chosen)
+        /* osub__gpu_takes() without the size: every GPU of the group has it */
+        if (g->lost || g->cordoned || (g->excl != NULL && (r->self == NULL || g->excl != r->self)))
             continue;
         int64_t sf;
-        osub_check_t ck = closest_eval(e, g, r, share0, charge0, floor0, &sf);
-        if (ck != OSUB_CHECK_NONE && sf < csf) {
+        osub_check_t ck = closest_eval(e, g, r, &q, &sf);
+        if (ck == OSUB_CHECK_NONE || sf >= csf)
+            continue;
+        bool chosen = false; /* (looked for only where it would count) */
+        for (int32_t b = 0; b < nb && !chosen; b++)
+            chosen = best[b].gpu == gi;
+        if (!chosen) {
             cg = gi;
             cck = ck;
             csf = sf;
