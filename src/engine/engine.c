@@ -957,14 +957,13 @@ int osub_engine_new(const osub_pool_config_t *cfg, const int64_t *vram_mib,
     e->hist_n = (int32_t)(cfg->history_window_ms / 60000);
     e->next_seq = 1;
     e->gpus = calloc(n_gpus, sizeof(*e->gpus));
-    e->cand_buf = calloc(n_gpus, sizeof(*e->cand_buf));
+    e->opt_buf = calloc(n_gpus, sizeof(*e->opt_buf));
     e->aggs = calloc(n_gpus, sizeof(*e->aggs));
     e->miss_buf = calloc(n_gpus, sizeof(*e->miss_buf));
-    e->heap_buf = calloc(n_gpus, sizeof(*e->heap_buf));
     e->promise_buf = calloc(n_gpus, sizeof(*e->promise_buf));
     e->gpu_stamp = calloc(n_gpus, sizeof(*e->gpu_stamp));
-    if (e->gpus == NULL || e->cand_buf == NULL || e->miss_buf == NULL || e->heap_buf == NULL ||
-        e->promise_buf == NULL || e->aggs == NULL || e->gpu_stamp == NULL)
+    if (e->gpus == NULL || e->opt_buf == NULL || e->miss_buf == NULL || e->promise_buf == NULL ||
+        e->aggs == NULL || e->gpu_stamp == NULL)
         goto err_free;
     for (size_t i = 0; i < n_gpus; i++) {
         struct gpu *g = &e->gpus[i];
@@ -1012,12 +1011,11 @@ void osub_engine_free(osub_engine_t *e)
             free(e->gpus[i].hist);
         }
     free(e->gpus);
-    free(e->cand_buf);
+    free(e->opt_buf);
     free(e->aggs);
     free(e->tdirty);
     osub__trees_free(e);
     free(e->miss_buf);
-    free(e->heap_buf);
     free(e->promise_buf);
     free(e->gpu_stamp);
     free(e->tab);

@@ -228,12 +228,11 @@ struct osub_engine {
     const struct svc *resv_head;
     int32_t resv_n;
     int32_t resv_gpus[OSUB_SERVICE_GPUS_MAX];
-    struct cand *cand_buf; /* n_gpus scratch entries for planning */
-    int32_t *heap_buf;     /* n_gpus scratch entries for planning: a heap of cand_buf indices */
-    int32_t *miss_buf;     /* n_gpus scratch entries for planning */
-    int64_t *promise_buf;  /* n_gpus scratch: room promised to restores in one pass */
-    uint64_t *gpu_stamp;   /* n_gpus: which plan last looked at a GPU */
-    int32_t max_level;     /* the largest level of the classes */
+    struct opt_ent *opt_buf; /* n_gpus scratch entries for planning: plan.c's best-first heap */
+    int32_t *miss_buf;       /* n_gpus scratch entries for planning */
+    int64_t *promise_buf;    /* n_gpus scratch: room promised to restores in one pass */
+    uint64_t *gpu_stamp;     /* n_gpus: which plan last looked at a GPU */
+    int32_t max_level;       /* the largest level of the classes */
     /* GPU sizes of the pool (lost GPUs excluded), refreshed when a GPU is lost */
     int32_t n_sizes, n_live_gpus;
     int64_t size_vram[OSUB_GPU_SIZES_MAX], size_usable[OSUB_GPU_SIZES_MAX];
@@ -263,6 +262,13 @@ struct osub_engine {
 };
 
 /* plan.c: admission planning */
+/* A candidate GPU's optimistic key in the planner's best-first heap: its GPU is the low 12 bits
+ * of klo (cand_pack(); OSUB_POOL_GPUS_MAX is 4096). */
+struct opt_ent {
+    uint64_t khi, klo;
+    int64_t score;
+};
+
 struct cand {
     uint64_t khi, klo; /* the key packed for comparison (cand_pack) */
     int32_t gpu;

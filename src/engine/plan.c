@@ -207,6 +207,8 @@ static int key_cmp(const struct plan *a, const struct plan *b)
     return 0;
 }
 
+_Static_assert(OSUB_POOL_GPUS_MAX <= 4096, "a GPU index fits the low 12 bits of klo");
+
 /* Packs DESIGN.md's key into two integers: (victims, top level inverted, evictions, suspends,
  * degrades, restart cost) and (placement score, GPU index). Lower is better. */
 static inline void cand_pack(struct cand *c)
@@ -476,31 +478,38 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
     return false;
 }
 
-/* The best-first heap of victims_phase(): indices into the candidates c (moving 4 bytes, not a
- * candidate, at each step of a sift). */
+/* The best-first heap of victims_phase(): the candidates' keys (and scores), by value. */
 struct opt_heap {
-    struct cand *c; /* e->cand_buf: every candidate of the size's search, in the order found */
-    int32_t *h;     /* e->heap_buf: the heap, of indices into c */
-    int32_t nc, nh;
+    struct opt_ent *h; /* e->opt_buf */
+    int32_t nh;
 };
 
-static void heap_sift(struct opt_heap *q, int32_t i)
+static inline bool ent_less(const struct opt_ent *a, const struct opt_ent *b)
 {
-    int32_t *h = q->h, n = q->nh;
-    const struct cand *c = q->c;
-    for (;;) {
-        int32_t l = 2 * i + 1, m = i;
-        if (l < n && cand_less(&c[h[l]], &c[h[m]]))
-            m = l;
-        if (l + 1 < n && cand_less(&c[h[l + 1]], &c[h[m]]))
-            m = l + 1;
-        if (m == i)
-            return;
-        int32_t t = h[i];
+    return a->khi < b->khi || (a->khi == b->khi && a->klo < b->klo);
+}
+
+/* Fills the hole at i (of a heap whose subtrees below i are heaps) with x: the hole goes down to
+ * a leaf by the smaller child, then x comes up to where it belongs, but not above i (one compare
+ * a level on the way down instead of two). The keys are unique (the GPU is in klo), so the
+ * order of pops does not depend on how the heap is laid out. */
+static void heap_sift(struct opt_heap *q, int32_t i, struct opt_ent x)
+{
+    struct opt_ent *h = q->h;
+    int32_t n = q->nh, top = i;
+    for (int32_t l = 2 * i + 1; l < n; l = 2 * i + 1) {
+        int32_t m = l + 1 < n && ent_less(&h[l + 1], &h[l]) ? l + 1 : l;
         h[i] = h[m];
-        h[m] = t;
         i = m;
     }
+    while (i > top) {
+        int32_t p = (i - 1) / 2;
+        if (!ent_less(&x, &h[p]))
+            break;
+        h[i] = h[p];
+        i = p;
+    }
+    h[i] = x;
 }
 
 /* plan_single()'s running sums: what the victims chosen so far free of each check's shortfall
@@ -874,28 +883,33 @@ static void victims_phase(osub_engine_t *e, struct size_plan *sp, int32_t L, int
         if (!osub__gpu_takes(g, r, sp->size))
             continue;
         int64_t share = r->exclusive ? g->usable : sp->share0;
-        struct cand c = {.gpu = gi};
+        struct cand c;
+        c.gpu = gi;
         if (!optimistic(e, g, gi, r, share, sp->shared ? &sp->os : NULL, &c))
             continue;
         e->gpu_stamp[gi] = sp->stamp;
-        c.score = indexed_score(e, grp, g, r, osub__req_charge(r, share));
+        c.score =
+            indexed_score(e, grp, g, r, sp->shared ? sp->charge0 : osub__req_charge(r, share));
         cand_pack(&c);
         if (sp->nb == k && !cand_less(&c, &best[k - 1]))
             continue; /* it cannot beat the k best: no plan of it can */
-        q->c[q->nc] = c;
-        q->h[q->nh++] = q->nc++;
+        q->h[q->nh++] = (struct opt_ent){.khi = c.khi, .klo = c.klo, .score = c.score};
     }
     for (int32_t i = q->nh / 2 - 1; i >= 0; i--)
-        heap_sift(q, i); /* Floyd: O(n) */
+        heap_sift(q, i, q->h[i]); /* Floyd: O(n) */
     while (q->nh > 0) {
-        struct cand c = q->c[q->h[0]];
+        struct opt_ent top = q->h[0];
+        struct cand c = {.khi = top.khi, .klo = top.klo};
         if (sp->nb == k && !cand_less(&c, &best[k - 1])) {
             /* nothing in the heap can beat the k best, now or later (they only get better) */
             q->nh = 0;
             break;
         }
-        q->h[0] = q->h[--q->nh];
-        heap_sift(q, 0);
+        c.gpu = (int32_t)(top.klo & 0xfff);
+        c.score = top.score;
+        struct opt_ent last = q->h[--q->nh];
+        if (q->nh > 0)
+            heap_sift(q, 0, last);
         struct gpu *g = &e->gpus[c.gpu];
         int64_t share = r->exclusive ? g->usable : sp->share0;
         if (!plan_single(e, g, r, share, &c))
@@ -911,7 +925,7 @@ static void plan_with_victims(osub_engine_t *e, struct size_plan *sp)
     const struct req *r = &sp->rq;
     int32_t k = sp->k;
     const struct cand *best = sp->best;
-    struct opt_heap q = {.c = e->cand_buf, .h = e->heap_buf};
+    struct opt_heap q = {.h = e->opt_buf};
     for (int32_t L = e->max_level; L > r->level && !(sp->nb == k && !best[k - 1].victims); L--) {
         /* a GPU whose victims of levels >= L are enough: its top level is at best L */
         if (sp->nb == k && best[k - 1].top_level > L)

@@ -237,6 +237,8 @@ void osub__trees_free(osub_engine_t *e)
 static void tree_set(const struct room_tree *t, int64_t *tr, int32_t pos, int64_t v)
 {
     int32_t x = t->leaves + pos;
+    if (tr[x] == v)
+        return; /* nothing changes, here or above */
     tr[x] = v;
     for (x /= 2; x >= 1; x /= 2) {
         int64_t m = tr[2 * x] > tr[2 * x + 1] ? tr[2 * x] : tr[2 * x + 1];
