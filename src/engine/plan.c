@@ -287,23 +287,12 @@ static void agg_suffixes(struct gpu_aggs *a, int32_t max_level)
 
 void osub__gpu_agg_refresh(const osub_engine_t *e, struct gpu *g, int32_t gi)
 {
+    struct gpu_aggs *a = g->a;
     g->agg_valid_until = INT64_MAX;
-    memset(g->a->ev_held, 0, sizeof(g->a->ev_held));
-    memset(g->a->ev_grant, 0, sizeof(g->a->ev_grant));
-    memset(g->a->dg_held, 0, sizeof(g->a->dg_held));
-    memset(g->a->dg_grant, 0, sizeof(g->a->dg_grant));
-    memset(g->a->dg_max_held, 0, sizeof(g->a->dg_max_held));
-    memset(g->a->dg_max_grant, 0, sizeof(g->a->dg_max_grant));
-    memset(g->a->ex_max_held, 0, sizeof(g->a->ex_max_held));
-    memset(g->a->ex_max_grant, 0, sizeof(g->a->ex_max_grant));
-    memset(g->a->ev_comp, 0, sizeof(g->a->ev_comp));
-    memset(g->a->ev_cnt, 0, sizeof(g->a->ev_cnt));
-    memset(g->a->ev_floor, 0, sizeof(g->a->ev_floor));
-    memset(g->a->ex_max_floor, 0, sizeof(g->a->ex_max_floor));
-    g->a->sp_mask = 0;
+    memset(a, 0, sizeof(*a));
     bool susp_on = e->cfg.suspend_host_mib > 0;
     for (int32_t L = 0; L <= OSUB_MAX_LEVEL; L++)
-        g->a->ev_min_restart[L] = INT64_MAX;
+        a->ev_min_restart[L] = INT64_MAX;
     g->nvic = 0;
     for (int32_t i = 0; i < g->nsvc; i++) {
         const struct svc *v = g->svcs[i];
@@ -321,65 +310,62 @@ void osub__gpu_agg_refresh(const osub_engine_t *e, struct gpu *g, int32_t gi)
             vi->s = v;
             vi->level = L;
             vi->degradable = osub__degradable_now(v);
+            /* what the slot keeps once degraded (its grant and held then), worked out once */
+            int64_t gd = vi->degradable ? osub__slot_grant_after(v, sl, ACT_DEGRADE) : 0;
+            int64_t hd = vi->degradable ? osub__slot_held_after(e, v, sl, ACT_DEGRADE) : 0;
             vi->comp = v->spec.compute_pct;
             vi->rg_e = sl->grant;
             vi->rh_e = sl->held;
             vi->rf_e = v->state == OSUB_STATE_DRAINING || v->state == OSUB_STATE_OVERDUE
                            ? 0
                            : osub__slot_floor(v, t);
-            vi->rg_d = vi->degradable ? sl->grant - osub__slot_grant_after(v, sl, ACT_DEGRADE) : 0;
-            vi->rh_d = vi->degradable ? sl->held - osub__slot_held_after(e, v, sl, ACT_DEGRADE) : 0;
+            vi->rg_d = vi->degradable ? sl->grant - gd : 0;
+            vi->rh_d = vi->degradable ? sl->held - hd : 0;
             vi->restart_ms = v->restart_cost_ms;
             vi->suspendable = susp_on && osub__susp_state_ok(v);
             vi->rh_s =
                 vi->suspendable ? sl->held - osub__slot_held_after(e, v, sl, ACT_SUSPEND) : 0;
             vi->resume_ms = v->resume_cost_ms;
             if (vi->suspendable)
-                g->a->sp_mask |= 1u << L;
+                a->sp_mask |= 1u << L;
             /* ev_*: the most each victim can give: all of it if it may be evicted, else
              * what a degrade or a suspend frees (protected work may still be degraded or
              * suspended) */
             if (can_evict) {
-                g->a->ev_held[L] += sl->held;
-                g->a->ev_grant[L] += sl->grant;
-                g->a->ev_comp[L] += v->spec.compute_pct;
-                g->a->ev_cnt[L]++;
-                g->a->ev_floor[L] += vi->rf_e;
-                if (vi->rf_e > g->a->ex_max_floor[L])
-                    g->a->ex_max_floor[L] = vi->rf_e;
-                if (v->restart_cost_ms < g->a->ev_min_restart[L])
-                    g->a->ev_min_restart[L] = v->restart_cost_ms;
+                a->ev_held[L] += sl->held;
+                a->ev_grant[L] += sl->grant;
+                a->ev_comp[L] += v->spec.compute_pct;
+                a->ev_cnt[L]++;
+                a->ev_floor[L] += vi->rf_e;
+                if (vi->rf_e > a->ex_max_floor[L])
+                    a->ex_max_floor[L] = vi->rf_e;
+                if (v->restart_cost_ms < a->ev_min_restart[L])
+                    a->ev_min_restart[L] = v->restart_cost_ms;
                 /* what an eviction frees beyond a degrade of the same victim */
-                int64_t xh = sl->held, xg = sl->grant;
-                if (osub__degradable_now(v)) {
-                    xh = osub__slot_held_after(e, v, sl, ACT_DEGRADE);
-                    xg = osub__slot_grant_after(v, sl, ACT_DEGRADE);
-                }
-                if (xh > g->a->ex_max_held[L])
-                    g->a->ex_max_held[L] = xh;
-                if (xg > g->a->ex_max_grant[L])
-                    g->a->ex_max_grant[L] = xg;
+                int64_t xh = vi->degradable ? hd : sl->held, xg = vi->degradable ? gd : sl->grant;
+                if (xh > a->ex_max_held[L])
+                    a->ex_max_held[L] = xh;
+                if (xg > a->ex_max_grant[L])
+                    a->ex_max_grant[L] = xg;
             } else if (vi->suspendable) {
-                g->a->ev_held[L] += osub__max64(vi->rh_s, vi->rh_d);
-                g->a->ev_grant[L] += vi->rg_d;
-                g->a->ev_floor[L] += vi->rf_e;
-            } else if (osub__degradable_now(v)) {
-                g->a->ev_held[L] += sl->held - osub__slot_held_after(e, v, sl, ACT_DEGRADE);
-                g->a->ev_grant[L] += sl->grant - osub__slot_grant_after(v, sl, ACT_DEGRADE);
+                a->ev_held[L] += osub__max64(vi->rh_s, vi->rh_d);
+                a->ev_grant[L] += vi->rg_d;
+                a->ev_floor[L] += vi->rf_e;
+            } else if (vi->degradable) {
+                a->ev_held[L] += vi->rh_d;
+                a->ev_grant[L] += vi->rg_d;
             }
-            if (osub__degradable_now(v)) {
-                int64_t rh = sl->held - osub__slot_held_after(e, v, sl, ACT_DEGRADE);
-                int64_t rg = sl->grant - osub__slot_grant_after(v, sl, ACT_DEGRADE);
-                g->a->dg_held[L] += rh;
-                g->a->dg_grant[L] += rg;
-                if (rh > g->a->dg_max_held[L])
-                    g->a->dg_max_held[L] = rh;
-                if (rg > g->a->dg_max_grant[L])
-                    g->a->dg_max_grant[L] = rg;
+            if (vi->degradable) {
+                a->dg_held[L] += vi->rh_d;
+                a->dg_grant[L] += vi->rg_d;
+                if (vi->rh_d > a->dg_max_held[L])
+                    a->dg_max_held[L] = vi->rh_d;
+                if (vi->rg_d > a->dg_max_grant[L])
+                    a->dg_max_grant[L] = vi->rg_d;
             }
         }
     }
-    agg_suffixes(g->a, e->max_level);
+    agg_suffixes(a, e->max_level);
     g->agg_dirty = false;
 }
 
