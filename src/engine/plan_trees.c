@@ -81,36 +81,33 @@ int32_t osub__treap_lower_bound(const struct room_tree *t, int64_t key, int32_t 
     return best;
 }
 
-/* The room tree that fits a request: backed requests also need usable - backed, preemptible
- * ones must stay under the high watermark. */
-const int64_t *osub__tree_for(const osub_engine_t *e, const struct room_tree *t,
-                              const struct req *r, int32_t L, bool degrades_only, int64_t share)
+struct room_pick osub__tree_for(const osub_engine_t *e, const struct room_tree *t,
+                                const struct req *r, int32_t L, bool degrades_only, int64_t share)
 {
+    int kind;
     if (r->backed && !r->exclusive)
-        return degrades_only ? t->bd[L] : t->bt[L];
-    if (r->held_limit_pct > 0 && r->held_limit_pct < 100 &&
-        share <= t->usable * r->held_limit_pct / 100 &&
-        r->held_limit_pct == e->cfg.high_watermark_pct)
-        return degrades_only ? t->pd[L] : t->pt[L];
-    return degrades_only ? t->d[L] : t->t[L];
+        kind = 2; /* bt, bd */
+    else if (r->held_limit_pct > 0 && r->held_limit_pct < 100 &&
+             share <= t->usable * r->held_limit_pct / 100 &&
+             r->held_limit_pct == e->cfg.high_watermark_pct)
+        kind = 4; /* pt, pd */
+    else
+        kind = 0; /* t, d */
+    const int64_t *const all[6] = {t->t[L], t->d[L], t->bt[L], t->bd[L], t->pt[L], t->pd[L]};
+    if (degrades_only)
+        kind++;
+    return (struct room_pick){
+        .tr = all[kind], .ftr = degrades_only ? t->fd : t->ft[L], .both = t->mt[kind][L]};
 }
 
-/* Appends to out the GPUs of group t whose room for level L is at least share (a walk down
- * the room tree that skips every subtree whose best is short). */
-void osub__tree_collect(const struct room_tree *t, const int64_t *tr, int64_t share,
-                        const int64_t *ftr, int64_t fneed, int32_t *out, int32_t *n, bool many)
+void osub__tree_collect(const struct room_tree *t, struct room_pick p, int64_t share, int64_t fneed,
+                        int32_t *out, int32_t *n)
 {
-    if (tr[1] < share || ftr[1] < fneed)
+    const int64_t *tr = p.tr, *ftr = p.ftr, *both = p.both;
+    /* a GPU that has both has at least the smaller of the two in both */
+    int64_t least = share < fneed ? share : fneed;
+    if (tr[1] < share || ftr[1] < fneed || (both != NULL && both[1] < least))
         return; /* the root: no GPU of the group has that much */
-    if (many) {
-        /* when many qualify (victims wanted), a straight scan of the contiguous leaves beats
-         * a walk down the tree */
-        const int64_t *leaf = tr + t->leaves, *fleaf = ftr + t->leaves;
-        for (int32_t pos = 0; pos < t->n; pos++)
-            if (leaf[pos] >= share && fleaf[pos] >= fneed)
-                out[(*n)++] = t->gpus[pos];
-        return;
-    }
     /* depth-first down to blocks of (at most) 8 leaves, whose leaves are then read in a row:
      * the walk's bookkeeping per node costs more than a leaf's two compares */
     int32_t blk = t->leaves >= 8 ? t->leaves / 8 : 1, span = t->leaves / blk;
@@ -130,9 +127,10 @@ void osub__tree_collect(const struct room_tree *t, const int64_t *tr, int64_t sh
             continue;
         }
         /* right first so that the left (lower index) comes out first */
-        if (tr[2 * x + 1] >= share && ftr[2 * x + 1] >= fneed)
+        if (tr[2 * x + 1] >= share && ftr[2 * x + 1] >= fneed &&
+            (both == NULL || both[2 * x + 1] >= least))
             stack[sp++] = 2 * x + 1;
-        if (tr[2 * x] >= share && ftr[2 * x] >= fneed)
+        if (tr[2 * x] >= share && ftr[2 * x] >= fneed && (both == NULL || both[2 * x] >= least))
             stack[sp++] = 2 * x;
     }
     *n = m;
@@ -195,6 +193,15 @@ int osub__trees_init(osub_engine_t *e)
                     (*arrs[a])[x] = INT64_MIN / 4;
             }
         }
+        for (int32_t L = 0; L <= e->max_level; L++) {
+            for (int a = 2; a < 6; a += 2) {
+                t->mt[a][L] = malloc(2 * (size_t)t->leaves * sizeof(int64_t));
+                if (t->mt[a][L] == NULL)
+                    return OSUB_ENOMEM;
+                for (int32_t x = 0; x < 2 * t->leaves; x++)
+                    t->mt[a][L][x] = INT64_MIN / 4;
+            }
+        }
         for (int32_t L = 0; L <= e->max_level + 1; L++) {
             int64_t **a = L <= e->max_level ? &t->ft[L] : &t->fd;
             *a = malloc(2 * (size_t)t->leaves * sizeof(int64_t));
@@ -226,6 +233,8 @@ void osub__trees_free(osub_engine_t *e)
             free(e->trees[j].pt[L]);
             free(e->trees[j].pd[L]);
             free(e->trees[j].ft[L]);
+            for (int a = 0; a < 6; a++)
+                free(e->trees[j].mt[a][L]);
         }
         free(e->trees[j].fd);
     }
@@ -313,13 +322,18 @@ void osub__trees_refresh(osub_engine_t *e)
             for (int v = 0; v < 6 && out; v++)
                 cap[v][L] = INT64_MIN / 4;
         }
+        int64_t fdv = out ? INT64_MIN / 4 : ffree;
         for (int32_t L = 0; L <= e->max_level; L++) {
             int64_t *arrs[6] = {t->t[L], t->d[L], t->bt[L], t->bd[L], t->pt[L], t->pd[L]};
-            for (int which = 0; which < 6; which++)
-                tree_set(t, arrs[which], g->tree_pos, cap[which][L]);
+            for (int which = 0; which < 6; which++) {
+                int64_t v = cap[which][L];
+                tree_set(t, arrs[which], g->tree_pos, v);
+                if (t->mt[which][L] != NULL)
+                    tree_set(t, t->mt[which][L], g->tree_pos, v < fcap[L] ? v : fcap[L]);
+            }
             tree_set(t, t->ft[L], g->tree_pos, fcap[L]);
         }
-        tree_set(t, t->fd, g->tree_pos, out ? INT64_MIN / 4 : ffree);
+        tree_set(t, t->fd, g->tree_pos, fdv);
     }
     e->n_tdirty = 0;
 }
