@@ -185,7 +185,10 @@ struct room_tree {
     int32_t *left, *right;
     uint32_t *prio;
     int64_t *pfree; /* the key each node is filed under */
-    bool *in;
+    bool *in;       /* filed there: in service, not exclusive's (the trees' "out" is !in) */
+    /* per position, as of the last refresh: logical - granted, held, what the services there
+     * keep under pressure (osub__note_closest() reads these in a row) */
+    int64_t *s_logical, *s_held, *s_floors;
 };
 
 struct timer_ent {

@@ -176,8 +176,11 @@ int osub__trees_init(osub_engine_t *e)
         t->prio = malloc((size_t)t->n * sizeof(uint32_t));
         t->pfree = calloc((size_t)t->n, sizeof(int64_t));
         t->in = calloc((size_t)t->n, sizeof(bool));
+        t->s_logical = calloc((size_t)t->n, sizeof(int64_t));
+        t->s_held = calloc((size_t)t->n, sizeof(int64_t));
+        t->s_floors = calloc((size_t)t->n, sizeof(int64_t));
         if (t->left == NULL || t->right == NULL || t->prio == NULL || t->pfree == NULL ||
-            t->in == NULL)
+            t->in == NULL || t->s_logical == NULL || t->s_held == NULL || t->s_floors == NULL)
             return OSUB_ENOMEM;
         for (int32_t x = 0; x < t->n; x++) {
             uint32_t h = (uint32_t)x * 2654435761u;
@@ -225,6 +228,9 @@ void osub__trees_free(osub_engine_t *e)
         free(e->trees[j].prio);
         free(e->trees[j].pfree);
         free(e->trees[j].in);
+        free(e->trees[j].s_logical);
+        free(e->trees[j].s_held);
+        free(e->trees[j].s_floors);
         for (int32_t L = 0; L <= OSUB_MAX_LEVEL; L++) {
             free(e->trees[j].t[L]);
             free(e->trees[j].d[L]);
@@ -296,8 +302,11 @@ void osub__trees_refresh(osub_engine_t *e)
                 e->trees_valid_until = g->agg_valid_until;
         }
         int64_t cap[6][OSUB_MAX_LEVEL + 1], fcap[OSUB_MAX_LEVEL + 1];
-        int64_t ffree =
-            (g->n_preempt == 0 ? g->usable : osub__place_limit(e, g)) - osub__gpu_floors(e, g);
+        int64_t floors = osub__gpu_floors(e, g);
+        int64_t ffree = (g->n_preempt == 0 ? g->usable : osub__place_limit(e, g)) - floors;
+        t->s_logical[g->tree_pos] = g->logical - g->granted;
+        t->s_held[g->tree_pos] = g->held;
+        t->s_floors[g->tree_pos] = floors;
         int64_t bfree = g->usable - g->backed;
         int64_t wfree = g->hw_lim - g->held;
         const struct gpu_aggs *a = g->a;

@@ -418,14 +418,30 @@ void osub__note_closest(osub_engine_t *e, const struct req *r, int64_t size, int
     const struct svc *self = r->self;
     const struct gpu *gpus = e->gpus;
     const int32_t *ids = n > 0 ? grp->gpus : NULL;
+    /* a request with no compute claim and the same held limits everywhere reads a GPU filed
+     * in the best-fit index from the group's arrays (refreshed by plan_size()), the same figures
+     * closest_eval() reads from the GPU */
+    bool rows = q.lims && r->compute == 0;
     for (int32_t x = 0; x < n; x++) {
         int32_t gi = ids[x];
-        const struct gpu *g = &gpus[gi];
-        /* osub__gpu_takes() without the size: every GPU of the group has it */
-        if (g->lost || g->cordoned || (g->excl != NULL && (self == NULL || g->excl != self)))
-            continue;
         int64_t sf;
-        osub_check_t ck = closest_eval(e, g, r, q, &sf);
+        osub_check_t ck;
+        if (rows && grp->in[x]) {
+            if ((sf = q.share - grp->s_logical[x]) > 0)
+                ck = OSUB_CHECK_LOGICAL;
+            else if ((sf = grp->s_held[x] + q.charge - q.lim_charge) > 0)
+                ck = OSUB_CHECK_HELD;
+            else if ((sf = grp->s_floors[x] + q.floor - q.lim_share) > 0)
+                ck = OSUB_CHECK_FLOORS;
+            else
+                continue;
+        } else {
+            const struct gpu *g = &gpus[gi];
+            /* osub__gpu_takes() without the size: every GPU of the group has it */
+            if (g->lost || g->cordoned || (g->excl != NULL && (self == NULL || g->excl != self)))
+                continue;
+            ck = closest_eval(e, g, r, q, &sf);
+        }
         if (ck == OSUB_CHECK_NONE || sf >= csf)
             continue;
         bool chosen = false; /* (looked for only where it would count) */
