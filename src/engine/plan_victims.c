@@ -422,21 +422,23 @@ void osub__note_closest(osub_engine_t *e, const struct req *r, int64_t size, int
      * in the best-fit index from the group's arrays (refreshed by plan_size()), the same figures
      * closest_eval() reads from the GPU */
     bool rows = q.lims && r->compute == 0;
+    const bool *in = n > 0 ? grp->in : NULL;
+    const int64_t *s_logical = n > 0 ? grp->s_logical : NULL;
+    const int64_t *s_held = n > 0 ? grp->s_held : NULL, *s_floors = n > 0 ? grp->s_floors : NULL;
     for (int32_t x = 0; x < n; x++) {
-        int32_t gi = ids[x];
         int64_t sf;
         osub_check_t ck;
-        if (rows && grp->in[x]) {
-            if ((sf = q.share - grp->s_logical[x]) > 0)
+        if (rows && in[x]) {
+            if ((sf = q.share - s_logical[x]) > 0)
                 ck = OSUB_CHECK_LOGICAL;
-            else if ((sf = grp->s_held[x] + q.charge - q.lim_charge) > 0)
+            else if ((sf = s_held[x] + q.charge - q.lim_charge) > 0)
                 ck = OSUB_CHECK_HELD;
-            else if ((sf = grp->s_floors[x] + q.floor - q.lim_share) > 0)
+            else if ((sf = s_floors[x] + q.floor - q.lim_share) > 0)
                 ck = OSUB_CHECK_FLOORS;
             else
                 continue;
         } else {
-            const struct gpu *g = &gpus[gi];
+            const struct gpu *g = &gpus[ids[x]];
             /* osub__gpu_takes() without the size: every GPU of the group has it */
             if (g->lost || g->cordoned || (g->excl != NULL && (self == NULL || g->excl != self)))
                 continue;
@@ -444,6 +446,7 @@ void osub__note_closest(osub_engine_t *e, const struct req *r, int64_t size, int
         }
         if (ck == OSUB_CHECK_NONE || sf >= csf)
             continue;
+        int32_t gi = ids[x];
         bool chosen = false; /* (looked for only where it would count) */
         for (int32_t b = 0; b < nb && !chosen; b++)
             chosen = best[b].gpu == gi;
