@@ -175,9 +175,10 @@ struct room_tree {
      * under pressure leaves, plus what evicting every level below L frees (ft), or with
      * degrades only, which free none (fd) */
     int64_t *ft[OSUB_MAX_LEVEL + 1], *fd;
-    /* per GPU the smaller of each tree above (t, d, bt, bd, pt, pd in that order) and the floor
-     * room it is read with (ft, or fd for the degrades-only ones): a walk that needs both
-     * skips the subtrees where no single GPU has enough of the two (osub__tree_collect()) */
+    /* twins of bt and pt, indexed as t, d, bt, bd, pt, pd are (2 and 4): per GPU the smaller of
+     * the room and the floor room ft[L] it is read with, so that a walk that needs both skips
+     * the subtrees where no single GPU has enough of the two (osub__tree_collect()); NULL for
+     * the other kinds, whose twins cost more to keep than they saved */
     int64_t *mt[6][OSUB_MAX_LEVEL + 1];
     /* best-fit index: a treap of the group's placeable GPUs keyed by (projected free room,
      * position), so the tightest fit is a lower-bound search, not a scan */

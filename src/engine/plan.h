@@ -193,7 +193,7 @@ OSUB__HIDDEN void osub__trees_refresh(osub_engine_t *e);
 /* The first node of t's best-fit index at or after (key, pos), -1 if none. */
 OSUB__HIDDEN int32_t osub__treap_lower_bound(const struct room_tree *t, int64_t key, int32_t pos);
 /* A room tree chosen for a request (tr), the floor-room tree read with it (ftr) and their
- * per-GPU minimum (both). */
+ * per-GPU minimum (both; NULL where the tree has no twin). */
 struct room_pick {
     const int64_t *tr, *ftr, *both;
 };
