@@ -53,13 +53,13 @@ int osub__resolve_spec(const osub_engine_t *e, const osub_spec_t *in, osub_spec_
     /* copy field by field so that padding and bytes after the strings are zero */
     if (memchr(in->id, '\0', sizeof(in->id)) == NULL || !osub_id_valid(in->id))
         return OSUB_EBAD_ID;
-    snprintf(s.id, sizeof(s.id), "%s", in->id);
+    osub__str_copy(s.id, sizeof(s.id), in->id);
     if (memchr(in->class_name, '\0', sizeof(in->class_name)) == NULL)
         return OSUB_EUNKNOWN_CLASS;
     const osub_class_t *c = osub__find_class(e, in->class_name);
     if (c == NULL)
         return OSUB_EUNKNOWN_CLASS;
-    snprintf(s.class_name, sizeof(s.class_name), "%s", in->class_name);
+    osub__str_copy(s.class_name, sizeof(s.class_name), in->class_name);
     if (in->vram_mib <= 0 || in->vram_mib > (INT64_C(1) << 40))
         return OSUB_EBAD_VRAM;
     s.vram_mib = in->vram_mib;
@@ -209,30 +209,30 @@ void osub__describe_failure(const struct plan *p, char *buf, size_t len)
 {
     switch (p->check) {
     case OSUB_CHECK_GPUS:
-        snprintf(buf, len, "%lld GPU(s) short of a set of one size that may take it",
-                 (long long)p->shortfall);
+        osub__fmt(buf, len, "%lld GPU(s) short of a set of one size that may take it",
+                  (long long)p->shortfall);
         break;
     case OSUB_CHECK_COMPUTE:
-        snprintf(buf, len, "compute claims on GPU %d over by %lld%%", p->check_gpu,
-                 (long long)p->shortfall);
+        osub__fmt(buf, len, "compute claims on GPU %d over by %lld%%", p->check_gpu,
+                  (long long)p->shortfall);
         break;
     case OSUB_CHECK_EXCLUSIVE:
-        snprintf(buf, len, "GPU %d still has %lld service(s) an exclusive service cannot share",
-                 p->check_gpu, (long long)p->shortfall);
+        osub__fmt(buf, len, "GPU %d still has %lld service(s) an exclusive service cannot share",
+                  p->check_gpu, (long long)p->shortfall);
         break;
     case OSUB_CHECK_NONE:
-        snprintf(buf, len, "it may not go ahead of the queue's head");
+        osub__fmt(buf, len, "it may not go ahead of the queue's head");
         break;
     default:
         if (p->need_gpus > 1)
-            snprintf(buf, len,
-                     "only %d of the %d GPUs it needs can take a share; the closest other, GPU "
-                     "%d, fails the %s check, short by %lld MiB",
-                     p->fit_gpus, p->need_gpus, p->check_gpu, osub_check_name(p->check),
-                     (long long)p->shortfall);
+            osub__fmt(buf, len,
+                      "only %d of the %d GPUs it needs can take a share; the closest other, GPU "
+                      "%d, fails the %s check, short by %lld MiB",
+                      p->fit_gpus, p->need_gpus, p->check_gpu, osub_check_name(p->check),
+                      (long long)p->shortfall);
         else
-            snprintf(buf, len, "the %s check fails on GPU %d, short by %lld MiB",
-                     osub_check_name(p->check), p->check_gpu, (long long)p->shortfall);
+            osub__fmt(buf, len, "the %s check fails on GPU %d, short by %lld MiB",
+                      osub_check_name(p->check), p->check_gpu, (long long)p->shortfall);
     }
 }
 
@@ -241,7 +241,7 @@ void osub__fill_victims(const osub_engine_t *e, const struct plan *p, osub_submi
     res->n_victims = 0;
     for (int32_t i = 0; i < p->n_victims && i < OSUB_PLAN_MAX_VICTIMS; i++) {
         osub_victim_t *v = &res->victims[res->n_victims++];
-        snprintf(v->service, sizeof(v->service), "%s", p->victims[i]->spec.id);
+        osub__str_copy(v->service, sizeof(v->service), p->victims[i]->spec.id);
         v->evict = p->acts[i] == ACT_EVICT;
         v->suspend = p->acts[i] == ACT_SUSPEND;
         v->deadline_ms = v->evict     ? e->now + p->victims[i]->grace_ms
@@ -289,16 +289,16 @@ void osub__admit_apply(osub_engine_t *e, struct svc *s, const struct plan *p, os
     /* per GPU: the first (largest) share's charge, against the fullest GPU of the set */
     s->place_charge = p->charges[0] > 0 ? p->charges[0] : p->shares[0];
     char why_here[240];
-    snprintf(why_here, sizeof(why_here),
-             "%s counted as %lld MiB (%s); projected peak %lld of %lld MiB %s, %s",
-             p->k > 1 ? "its share on each GPU" : "it was", (long long)s->place_charge,
-             p->degraded_start                ? "its floor: it starts degraded"
-             : s->place_charge < p->shares[0] ? "its predicted peak"
-             : s->pred.n == 0 && !s->backed   ? "its request: no usage history yet"
-                                              : "its request",
-             (long long)s->place_projected, (long long)lim,
-             p->k > 1 ? "on the fullest of its GPUs" : "there",
-             tight ? "the tightest fit under it" : "the GPU that overshoots it least");
+    osub__fmt(why_here, sizeof(why_here),
+              "%s counted as %lld MiB (%s); projected peak %lld of %lld MiB %s, %s",
+              p->k > 1 ? "its share on each GPU" : "it was", (long long)s->place_charge,
+              p->degraded_start                ? "its floor: it starts degraded"
+              : s->place_charge < p->shares[0] ? "its predicted peak"
+              : s->pred.n == 0 && !s->backed   ? "its request: no usage history yet"
+                                               : "its request",
+              (long long)s->place_projected, (long long)lim,
+              p->k > 1 ? "on the fullest of its GPUs" : "there",
+              tight ? "the tightest fit under it" : "the GPU that overshoots it least");
     if (p->n_victims == 0) {
         osub_event_t *ev = osub__emit(
             e, OSUB_EV_ADMIT, why, "admitted %s (%s, %lld MiB) on %s without victims: %s",
@@ -348,7 +348,7 @@ void osub__admit_apply(osub_engine_t *e, struct svc *s, const struct plan *p, os
         else
             osub__svc_degrade(e, v, s->spec.id, s->level, OSUB_R_PREEMPTION);
         osub_victim_t *w = &s->waits[s->n_waits++];
-        snprintf(w->service, sizeof(w->service), "%s", v->spec.id);
+        osub__str_copy(w->service, sizeof(w->service), v->spec.id);
         w->evict = p->acts[i] == ACT_EVICT;
         w->suspend = p->acts[i] == ACT_SUSPEND;
         w->deadline_ms = v->deadline_ms;
@@ -357,11 +357,11 @@ void osub__admit_apply(osub_engine_t *e, struct svc *s, const struct plan *p, os
     size_t off = 0;
     vb[0] = '\0';
     for (int32_t i = 0; i < s->n_waits && off + 70 < sizeof(vb); i++)
-        off += (size_t)snprintf(vb + off, sizeof(vb) - off, "%s%s %s", i ? ", " : "",
-                                s->waits[i].evict     ? "eviction of"
-                                : s->waits[i].suspend ? "suspend of"
-                                                      : "degrade of",
-                                s->waits[i].service);
+        off += (size_t)osub__fmt(vb + off, sizeof(vb) - off, "%s%s %s", i ? ", " : "",
+                                 s->waits[i].evict     ? "eviction of"
+                                 : s->waits[i].suspend ? "suspend of"
+                                                       : "degrade of",
+                                 s->waits[i].service);
     ev = osub__emit(e, OSUB_EV_PEND, OSUB_R_WAIT_VICTIMS,
                     "%s is pending on %s until the %s frees memory", s->spec.id, gb, vb);
     osub__ev_svc(ev, s);

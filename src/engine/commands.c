@@ -160,7 +160,7 @@ int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms
         osub_event_t *ev = osub__emit(
             e, OSUB_EV_REJECT, OSUB_R_EMPTY_POOL, "rejected %s (%s, %lld MiB on %d GPU(s)): %s",
             s.id, s.class_name, (long long)s.vram_mib, s.gpus, osub_strerror(rc));
-        snprintf(ev->service, sizeof(ev->service), "%s", s.id);
+        osub__str_copy(ev->service, sizeof(ev->service), s.id);
         ev->time_ms = now_ms;
         res->outcome = OSUB_SUBMIT_REJECTED;
         res->rc = rc;
@@ -207,7 +207,7 @@ int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms
                        "rejected %s (%s, %lld MiB): %s, even with victims", s.id, s.class_name,
                        (long long)s.vram_mib,
                        blocked ? "the pool is over-committed after a ratio change" : fb);
-        snprintf(ev->service, sizeof(ev->service), "%s", s.id);
+        osub__str_copy(ev->service, sizeof(ev->service), s.id);
         ev->level = sv->level;
         ev->gpu = p.check_gpu;
         osub_svc_free(sv);
@@ -460,7 +460,7 @@ int osub_engine_ack(osub_engine_t *e, const char *id, const char *checkpoint, in
         return rc;
     osub__advance(e, now_ms);
     if (checkpoint != NULL)
-        snprintf(s->checkpoint, sizeof(s->checkpoint), "%s", checkpoint);
+        osub__str_copy(s->checkpoint, sizeof(s->checkpoint), checkpoint);
     if (s->ack_pending) {
         s->ack_pending = false;
         for (int32_t i = 0; i < s->n_slots; i++)
@@ -499,7 +499,7 @@ int osub_engine_exited(osub_engine_t *e, const char *id, const char *checkpoint,
         return rc;
     osub__advance(e, now_ms);
     if (checkpoint != NULL)
-        snprintf(s->checkpoint, sizeof(s->checkpoint), "%s", checkpoint);
+        osub__str_copy(s->checkpoint, sizeof(s->checkpoint), checkpoint);
     bool evicted = s->state == OSUB_STATE_DRAINING || s->state == OSUB_STATE_OVERDUE;
     if (!evicted) {
         osub_event_t *ev = osub__emit(e, OSUB_EV_EXITED, OSUB_R_USER, "%s (%s) exited while %s",

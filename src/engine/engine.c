@@ -50,9 +50,9 @@ void osub_spec_init(osub_spec_t *spec, const char *id, const char *class_name)
 {
     memset(spec, 0, sizeof(*spec));
     if (id != NULL)
-        snprintf(spec->id, sizeof(spec->id), "%s", id);
-    snprintf(spec->class_name, sizeof(spec->class_name), "%s",
-             class_name != NULL ? class_name : "batch");
+        osub__str_copy(spec->id, sizeof(spec->id), id);
+    osub__str_copy(spec->class_name, sizeof(spec->class_name),
+                   class_name != NULL ? class_name : "batch");
     spec->preemptible = OSUB_TRI_DEFAULT;
     spec->queue = OSUB_TRI_DEFAULT;
     spec->on_evict = OSUB_ON_EVICT_DEFAULT;
@@ -134,15 +134,27 @@ const char *osub__class_of(const osub_engine_t *e, const struct svc *s)
 
 void osub__fmt_gpus(const struct svc *s, char *buf, size_t len)
 {
-    size_t off = 0;
-    buf[0] = '\0';
-    off += (size_t)snprintf(buf, len, s->n_slots == 1 ? "GPU " : "GPUs ");
+    const char *head = s->n_slots == 1 ? "GPU " : "GPUs ";
+    osub__str_copy(buf, len, head);
+    size_t off = strlen(head);
+    /* each piece below is at most 11 bytes and written only with 12 to spare: never cut */
     for (int32_t i = 0; i < s->n_slots && off + 12 < len; i++) {
         if (i >= 8) {
-            snprintf(buf + off, len - off, ",...");
+            memcpy(buf + off, ",...", 5);
             return;
         }
-        off += (size_t)snprintf(buf + off, len - off, i ? ",%d" : "%d", s->slots[i].gpu);
+        char d[12];
+        size_t n = sizeof(d);
+        uint32_t v = (uint32_t)s->slots[i].gpu; /* an index: never negative */
+        do {
+            d[--n] = (char)('0' + v % 10);
+            v /= 10;
+        } while (v != 0);
+        if (i > 0)
+            d[--n] = ',';
+        memcpy(buf + off, d + n, sizeof(d) - n);
+        off += sizeof(d) - n;
+        buf[off] = '\0';
     }
 }
 
@@ -197,14 +209,14 @@ osub_event_t *osub__emit(osub_engine_t *e, osub_event_kind_t kind, osub_reason_t
     ev->batch_size = 0;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(ev->msg, sizeof(ev->msg), fmt, ap);
+    osub__vfmt(ev->msg, sizeof(ev->msg), fmt, ap);
     va_end(ap);
     return ev;
 }
 
 void osub__ev_svc(osub_event_t *ev, const struct svc *s)
 {
-    snprintf(ev->service, sizeof(ev->service), "%s", s->spec.id);
+    osub__str_copy(ev->service, sizeof(ev->service), s->spec.id);
     ev->level = s->level;
     ev->gpu = s->n_slots > 0 ? s->slots[0].gpu : -1;
 }
@@ -787,18 +799,18 @@ void osub__svc_degrade(osub_engine_t *e, struct svc *s, const char *cause, int32
     s->n_degrades++;
     e->degrades++;
     s->deadline_ms = e->now + e->cfg.ack_timeout_ms;
-    snprintf(s->preemptor, sizeof(s->preemptor), "%s", cause ? cause : "");
+    osub__str_copy(s->preemptor, sizeof(s->preemptor), cause ? cause : "");
     s->preemptor_level = cause_level;
     osub__timer_set(e, s, T_DEADLINE, s->deadline_ms);
     osub__svc_sync(e, s);
     char gb[96], why[200], bb[48] = "";
     osub__fmt_gpus(s, gb, sizeof(gb));
     if (cause && cause[0])
-        snprintf(why, sizeof(why), "to make room for %s (level %d)", cause, cause_level);
+        osub__fmt(why, sizeof(why), "to make room for %s (level %d)", cause, cause_level);
     else
-        snprintf(why, sizeof(why), "because %s is above its high watermark", gb);
+        osub__fmt(why, sizeof(why), "because %s is above its high watermark", gb);
     if (from_batch > 0)
-        snprintf(bb, sizeof(bb), ", batch %d -> %d", from_batch, s->batch);
+        osub__fmt(bb, sizeof(bb), ", batch %d -> %d", from_batch, s->batch);
     osub_event_t *ev =
         osub__emit(e, OSUB_EV_DEGRADE, reason,
                    "degraded %s (%s) on %s from %lld to %lld MiB%s, %s; "
@@ -806,7 +818,7 @@ void osub__svc_degrade(osub_engine_t *e, struct svc *s, const char *cause, int32
                    s->spec.id, osub__class_of(e, s), gb, (long long)from,
                    (long long)osub__grant_total(s), bb, why, (long long)e->cfg.ack_timeout_ms);
     osub__ev_svc(ev, s);
-    snprintf(ev->cause, sizeof(ev->cause), "%s", cause ? cause : "");
+    osub__str_copy(ev->cause, sizeof(ev->cause), cause ? cause : "");
     ev->cause_level = cause_level;
     ev->vram_mib = osub__grant_total(s);
     ev->batch_size = s->batch;
@@ -826,29 +838,29 @@ void osub__svc_evict(osub_engine_t *e, struct svc *s, const char *cause, int32_t
     s->n_evictions++;
     e->evictions++;
     s->deadline_ms = e->now + s->grace_ms;
-    snprintf(s->preemptor, sizeof(s->preemptor), "%s", cause ? cause : "");
+    osub__str_copy(s->preemptor, sizeof(s->preemptor), cause ? cause : "");
     s->preemptor_level = cause_level;
     osub__timer_set(e, s, T_DEADLINE, s->deadline_ms);
     osub__svc_sync(e, s);
     char gb[96], why[200];
     osub__fmt_gpus(s, gb, sizeof(gb));
     if (reason == OSUB_R_ACK_TIMEOUT)
-        snprintf(why, sizeof(why), "because it did not acknowledge its degrade in time");
+        osub__fmt(why, sizeof(why), "because it did not acknowledge its degrade in time");
     else if (reason == OSUB_R_SUSPEND_TIMEOUT)
-        snprintf(why, sizeof(why), "because it did not finish suspending in time");
+        osub__fmt(why, sizeof(why), "because it did not finish suspending in time");
     else if (reason == OSUB_R_SUSPEND_FAILED)
-        snprintf(why, sizeof(why), "because its suspend mechanism failed");
+        osub__fmt(why, sizeof(why), "because its suspend mechanism failed");
     else if (reason == OSUB_R_MIGRATE)
-        snprintf(why, sizeof(why),
-                 "to restart it elsewhere (a reload): suspended longer than its restart cost of "
-                 "%lld ms, its GPUs have no room for it while others do",
-                 (long long)s->restart_cost_ms);
+        osub__fmt(why, sizeof(why),
+                  "to restart it elsewhere (a reload): suspended longer than its restart cost of "
+                  "%lld ms, its GPUs have no room for it while others do",
+                  (long long)s->restart_cost_ms);
     else if (cause && cause[0])
-        snprintf(why, sizeof(why), "to make room for %s (level %d)", cause, cause_level);
+        osub__fmt(why, sizeof(why), "to make room for %s (level %d)", cause, cause_level);
     else if (reason == OSUB_R_USER)
-        snprintf(why, sizeof(why), "because its GPU is being drained");
+        osub__fmt(why, sizeof(why), "because its GPU is being drained");
     else
-        snprintf(why, sizeof(why), "because %s is above its high watermark", gb);
+        osub__fmt(why, sizeof(why), "because %s is above its high watermark", gb);
     osub_event_t *ev =
         osub__emit(e, OSUB_EV_EVICT, reason,
                    "evicting %s (%s, %lld MiB held) from %s %s; grace period %lld ms, "
@@ -857,7 +869,7 @@ void osub__svc_evict(osub_engine_t *e, struct svc *s, const char *cause, int32_t
                    (long long)s->grace_ms, s->requeue_on_evict ? "back to the queue" : "released");
     (void)from;
     osub__ev_svc(ev, s);
-    snprintf(ev->cause, sizeof(ev->cause), "%s", cause ? cause : "");
+    osub__str_copy(ev->cause, sizeof(ev->cause), cause ? cause : "");
     ev->cause_level = cause_level;
     ev->deadline_ms = s->deadline_ms;
 }
@@ -950,20 +962,20 @@ int osub_engine_new(const osub_pool_config_t *cfg, const int64_t *vram_mib,
     e->hist_n = (int32_t)(cfg->history_window_ms / 60000);
     e->next_seq = 1;
     e->gpus = calloc(n_gpus, sizeof(*e->gpus));
-    e->cand_buf = calloc(n_gpus, sizeof(*e->cand_buf));
+    e->opt_buf = calloc(n_gpus, sizeof(*e->opt_buf));
     e->aggs = calloc(n_gpus, sizeof(*e->aggs));
     e->miss_buf = calloc(n_gpus, sizeof(*e->miss_buf));
     e->promise_buf = calloc(n_gpus, sizeof(*e->promise_buf));
     e->gpu_stamp = calloc(n_gpus, sizeof(*e->gpu_stamp));
-    if (e->gpus == NULL || e->cand_buf == NULL || e->miss_buf == NULL || e->promise_buf == NULL ||
+    if (e->gpus == NULL || e->opt_buf == NULL || e->miss_buf == NULL || e->promise_buf == NULL ||
         e->aggs == NULL || e->gpu_stamp == NULL)
         goto err_free;
     for (size_t i = 0; i < n_gpus; i++) {
         struct gpu *g = &e->gpus[i];
         if (names != NULL && names[i] != NULL)
-            snprintf(g->name, sizeof(g->name), "%s", names[i]);
+            osub__str_copy(g->name, sizeof(g->name), names[i]);
         else
-            snprintf(g->name, sizeof(g->name), "gpu%zu", i);
+            osub__fmt(g->name, sizeof(g->name), "gpu%zu", i);
         g->a = &e->aggs[i];
         g->vram = vram_mib[i];
         g->usable = vram_mib[i] - cfg->margin_mib;
@@ -1004,7 +1016,7 @@ void osub_engine_free(osub_engine_t *e)
             free(e->gpus[i].hist);
         }
     free(e->gpus);
-    free(e->cand_buf);
+    free(e->opt_buf);
     free(e->aggs);
     free(e->tdirty);
     osub__trees_free(e);

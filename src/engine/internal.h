@@ -2,7 +2,9 @@
 #ifndef OVERSUB_ENGINE_INTERNAL_H
 #define OVERSUB_ENGINE_INTERNAL_H
 
+#include <stdarg.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "oversub/engine.h"
 
@@ -110,7 +112,9 @@ struct vinfo {
     int64_t resume_ms; /* its resume cost (a suspend's restart cost) */
 };
 
-/* What victims on one GPU could give back, per level (recomputed lazily by gpu_agg()). */
+/* What victims on one GPU could give back (recomputed lazily by gpu_agg()). Each entry L is
+ * over the victims of the levels >= L (sums, maxima, the minimum restart cost): what a plan
+ * that touches no level above L may use, read without a walk over the levels. */
 struct gpu_aggs {
     int64_t ev_held[OSUB_MAX_LEVEL + 1], ev_grant[OSUB_MAX_LEVEL + 1];
     int64_t dg_held[OSUB_MAX_LEVEL + 1], dg_grant[OSUB_MAX_LEVEL + 1];
@@ -121,6 +125,8 @@ struct gpu_aggs {
     int64_t ex_max_floor[OSUB_MAX_LEVEL + 1];   /* the most one eviction frees of it */
     int64_t ev_min_restart[OSUB_MAX_LEVEL + 1]; /* the cheapest eviction's restart cost */
     uint32_t sp_mask;                           /* bit L: a victim of level L may be suspended */
+    uint32_t lvl_mask; /* bit L: level L's own victims give some held, grant or floor, or one
+                          may be evicted */
 };
 
 struct gpu {
@@ -170,13 +176,21 @@ struct room_tree {
      * under pressure leaves, plus what evicting every level below L frees (ft), or with
      * degrades only, which free none (fd) */
     int64_t *ft[OSUB_MAX_LEVEL + 1], *fd;
+    /* twins of bt and pt, indexed as t, d, bt, bd, pt, pd are (2 and 4): per GPU the smaller of
+     * the room and the floor room ft[L] it is read with, so that a walk that needs both skips
+     * the subtrees where no single GPU has enough of the two (osub__tree_collect()); NULL for
+     * the other kinds, whose twins cost more to keep than they saved */
+    int64_t *mt[6][OSUB_MAX_LEVEL + 1];
     /* best-fit index: a treap of the group's placeable GPUs keyed by (projected free room,
      * position), so the tightest fit is a lower-bound search, not a scan */
     int32_t root;
     int32_t *left, *right;
     uint32_t *prio;
     int64_t *pfree; /* the key each node is filed under */
-    bool *in;
+    bool *in;       /* filed there: in service, not exclusive's (the trees' "out" is !in) */
+    /* per position, as of the last refresh: logical - granted, held, what the services there
+     * keep under pressure (osub__note_closest() reads these in a row) */
+    int64_t *s_logical, *s_held, *s_floors;
 };
 
 struct timer_ent {
@@ -223,11 +237,11 @@ struct osub_engine {
     const struct svc *resv_head;
     int32_t resv_n;
     int32_t resv_gpus[OSUB_SERVICE_GPUS_MAX];
-    struct cand *cand_buf; /* n_gpus scratch entries for planning */
-    int32_t *miss_buf;     /* n_gpus scratch entries for planning */
-    int64_t *promise_buf;  /* n_gpus scratch: room promised to restores in one pass */
-    uint64_t *gpu_stamp;   /* n_gpus: which plan last looked at a GPU */
-    int32_t max_level;     /* the largest level of the classes */
+    struct opt_ent *opt_buf; /* n_gpus scratch entries for planning: plan.c's best-first heap */
+    int32_t *miss_buf;       /* n_gpus scratch entries for planning */
+    int64_t *promise_buf;    /* n_gpus scratch: room promised to restores in one pass */
+    uint64_t *gpu_stamp;     /* n_gpus: which plan last looked at a GPU */
+    int32_t max_level;       /* the largest level of the classes */
     /* GPU sizes of the pool (lost GPUs excluded), refreshed when a GPU is lost */
     int32_t n_sizes, n_live_gpus;
     int64_t size_vram[OSUB_GPU_SIZES_MAX], size_usable[OSUB_GPU_SIZES_MAX];
@@ -257,6 +271,13 @@ struct osub_engine {
 };
 
 /* plan.c: admission planning */
+/* A candidate GPU's optimistic key in the planner's best-first heap: its GPU is the low 12 bits
+ * of klo (cand_pack(); OSUB_POOL_GPUS_MAX is 4096). */
+struct opt_ent {
+    uint64_t khi, klo;
+    int64_t score;
+};
+
 struct cand {
     uint64_t khi, klo; /* the key packed for comparison (cand_pack) */
     int32_t gpu;
@@ -391,6 +412,23 @@ static inline void osub__gpu_touch(struct osub_engine *e, struct gpu *g)
         g->tree_dirty = true;
         e->tdirty[e->n_tdirty++] = (int32_t)(g - e->gpus);
     }
+}
+
+/* fmt.c: snprintf's contract (truncated to len - 1 bytes and terminated when len > 0; returns
+ * the length the whole string has) for %d, %i, %u, %s, %c and %% with the l, ll and z (u only)
+ * modifiers; any other conversion goes to vsnprintf. Event sentences are formatted with these:
+ * vsnprintf's setup cost more than the sentences. */
+OSUB_PRINTF(3, 4)
+OSUB__HIDDEN int osub__fmt(char *buf, size_t len, const char *fmt, ...);
+OSUB__HIDDEN int osub__vfmt(char *buf, size_t len, const char *fmt, va_list ap);
+
+/* snprintf(dst, len, "%s", src) for len > 0: what fits of src, always terminated. */
+static inline void osub__str_copy(char *dst, size_t len, const char *src)
+{
+    const char *end = memchr(src, '\0', len - 1);
+    size_t n = end != NULL ? (size_t)(end - src) : len - 1;
+    memcpy(dst, src, n);
+    dst[n] = '\0';
 }
 
 /* Frees a service record and what it owns (engine.c); NULL is fine. */

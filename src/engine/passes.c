@@ -26,7 +26,7 @@ static void on_deadline(osub_engine_t *e, struct svc *s)
                        (long long)e->cfg.ack_timeout_ms);
         osub__ev_svc(ev, s);
         char cause[OSUB_ID_MAX + 1];
-        snprintf(cause, sizeof(cause), "%s", s->preemptor);
+        osub__str_copy(cause, sizeof(cause), s->preemptor);
         osub__svc_evict(e, s, cause, s->preemptor_level, OSUB_R_ACK_TIMEOUT);
         return;
     }

@@ -1,6 +1,7 @@
 /* plan.c - admission planning: the checks' shares and floors, placement history and score, the
  * pruned search for the best GPUs of each size (checked against a reference), resize checks */
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,6 +168,21 @@ static int64_t placement_score(osub_engine_t *e, struct gpu *g, const struct req
     return (INT64_C(1) << 50) + (projected - lim); /* least overshoot first */
 }
 
+/* placement_score() read from the best-fit index: a GPU filed there is filed under its
+ * place_limit - projected_base (osub__trees_refresh(), which plan_size() ran: nothing has
+ * moved since), so the score needs no projected peak of its own. */
+static int64_t indexed_score(osub_engine_t *e, const struct room_tree *t, struct gpu *g,
+                             const struct req *r, int64_t charge)
+{
+    if (!t->in[g->tree_pos])
+        return placement_score(e, g, r, charge);
+    /* req_limit() - projected: usable - hw_lim more for a backed request */
+    int64_t room = t->pfree[g->tree_pos] + (r->backed && !r->exclusive ? g->usable - g->hw_lim : 0);
+    if (charge <= room)
+        return room - charge;
+    return (INT64_C(1) << 50) + (charge - room);
+}
+
 /* ---- candidates and their keys ---------------------------------------------------------- */
 
 /* Key order of DESIGN.md step 5. Returns <0 when a is better. */
@@ -192,9 +208,11 @@ static int key_cmp(const struct plan *a, const struct plan *b)
     return 0;
 }
 
+_Static_assert(OSUB_POOL_GPUS_MAX <= 4096, "a GPU index fits the low 12 bits of klo");
+
 /* Packs DESIGN.md's key into two integers: (victims, top level inverted, evictions, suspends,
  * degrades, restart cost) and (placement score, GPU index). Lower is better. */
-static void cand_pack(struct cand *c)
+static inline void cand_pack(struct cand *c)
 {
     uint64_t hi = 0;
     if (c->victims) {
@@ -219,6 +237,11 @@ static int cand_cmp(const struct cand *a, const struct cand *b)
     return (a->klo > b->klo) - (a->klo < b->klo);
 }
 
+static inline bool cand_less(const struct cand *a, const struct cand *b)
+{
+    return a->khi < b->khi || (a->khi == b->khi && a->klo < b->klo);
+}
+
 /* Keeps the k best candidates in best[0..*nb), sorted. */
 static void keep_best(struct cand *best, int32_t *nb, int32_t k, const struct cand *c)
 {
@@ -237,28 +260,40 @@ static void keep_best(struct cand *best, int32_t *nb, int32_t k, const struct ca
 
 /* ---- victims as aggregates: the optimistic key and the exact plan on one GPU ------------- */
 
-/* Recomputes a GPU's victim aggregates if anything on it changed since the last look. */
-void osub__gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
+/* Turns per-level aggregates into totals over the levels >= L, and notes the levels that have
+ * something of their own (optimistic() skips the others, as a walk over the levels did). */
+static void agg_suffixes(struct gpu_aggs *a, int32_t max_level)
 {
-    if (!g->agg_dirty && e->now < g->agg_valid_until)
-        return;
+    a->lvl_mask = 0;
+    for (int32_t L = max_level; L >= 0; L--) {
+        if (a->ev_held[L] != 0 || a->ev_grant[L] != 0 || a->ev_cnt[L] != 0 || a->ev_floor[L] != 0)
+            a->lvl_mask |= 1u << L;
+        if (L == OSUB_MAX_LEVEL)
+            continue; /* (above max_level every entry is zero, or INT64_MAX for restarts) */
+        a->ev_held[L] += a->ev_held[L + 1];
+        a->ev_grant[L] += a->ev_grant[L + 1];
+        a->ev_comp[L] += a->ev_comp[L + 1];
+        a->ev_cnt[L] += a->ev_cnt[L + 1];
+        a->ev_floor[L] += a->ev_floor[L + 1];
+        a->dg_held[L] += a->dg_held[L + 1];
+        a->dg_grant[L] += a->dg_grant[L + 1];
+        a->dg_max_held[L] = osub__max64(a->dg_max_held[L], a->dg_max_held[L + 1]);
+        a->dg_max_grant[L] = osub__max64(a->dg_max_grant[L], a->dg_max_grant[L + 1]);
+        a->ex_max_held[L] = osub__max64(a->ex_max_held[L], a->ex_max_held[L + 1]);
+        a->ex_max_grant[L] = osub__max64(a->ex_max_grant[L], a->ex_max_grant[L + 1]);
+        a->ex_max_floor[L] = osub__max64(a->ex_max_floor[L], a->ex_max_floor[L + 1]);
+        a->ev_min_restart[L] = osub__min64(a->ev_min_restart[L], a->ev_min_restart[L + 1]);
+    }
+}
+
+void osub__gpu_agg_refresh(const osub_engine_t *e, struct gpu *g, int32_t gi)
+{
+    struct gpu_aggs *a = g->a;
     g->agg_valid_until = INT64_MAX;
-    memset(g->a->ev_held, 0, sizeof(g->a->ev_held));
-    memset(g->a->ev_grant, 0, sizeof(g->a->ev_grant));
-    memset(g->a->dg_held, 0, sizeof(g->a->dg_held));
-    memset(g->a->dg_grant, 0, sizeof(g->a->dg_grant));
-    memset(g->a->dg_max_held, 0, sizeof(g->a->dg_max_held));
-    memset(g->a->dg_max_grant, 0, sizeof(g->a->dg_max_grant));
-    memset(g->a->ex_max_held, 0, sizeof(g->a->ex_max_held));
-    memset(g->a->ex_max_grant, 0, sizeof(g->a->ex_max_grant));
-    memset(g->a->ev_comp, 0, sizeof(g->a->ev_comp));
-    memset(g->a->ev_cnt, 0, sizeof(g->a->ev_cnt));
-    memset(g->a->ev_floor, 0, sizeof(g->a->ev_floor));
-    memset(g->a->ex_max_floor, 0, sizeof(g->a->ex_max_floor));
-    g->a->sp_mask = 0;
+    memset(a, 0, sizeof(*a));
     bool susp_on = e->cfg.suspend_host_mib > 0;
     for (int32_t L = 0; L <= OSUB_MAX_LEVEL; L++)
-        g->a->ev_min_restart[L] = INT64_MAX;
+        a->ev_min_restart[L] = INT64_MAX;
     g->nvic = 0;
     for (int32_t i = 0; i < g->nsvc; i++) {
         const struct svc *v = g->svcs[i];
@@ -276,76 +311,96 @@ void osub__gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
             vi->s = v;
             vi->level = L;
             vi->degradable = osub__degradable_now(v);
+            /* what the slot keeps once degraded (its grant and held then), worked out once */
+            int64_t gd = vi->degradable ? osub__slot_grant_after(v, sl, ACT_DEGRADE) : 0;
+            int64_t hd = vi->degradable ? osub__slot_held_after(e, v, sl, ACT_DEGRADE) : 0;
             vi->comp = v->spec.compute_pct;
             vi->rg_e = sl->grant;
             vi->rh_e = sl->held;
             vi->rf_e = v->state == OSUB_STATE_DRAINING || v->state == OSUB_STATE_OVERDUE
                            ? 0
                            : osub__slot_floor(v, t);
-            vi->rg_d = vi->degradable ? sl->grant - osub__slot_grant_after(v, sl, ACT_DEGRADE) : 0;
-            vi->rh_d = vi->degradable ? sl->held - osub__slot_held_after(e, v, sl, ACT_DEGRADE) : 0;
+            vi->rg_d = vi->degradable ? sl->grant - gd : 0;
+            vi->rh_d = vi->degradable ? sl->held - hd : 0;
             vi->restart_ms = v->restart_cost_ms;
             vi->suspendable = susp_on && osub__susp_state_ok(v);
             vi->rh_s =
                 vi->suspendable ? sl->held - osub__slot_held_after(e, v, sl, ACT_SUSPEND) : 0;
             vi->resume_ms = v->resume_cost_ms;
             if (vi->suspendable)
-                g->a->sp_mask |= 1u << L;
+                a->sp_mask |= 1u << L;
             /* ev_*: the most each victim can give: all of it if it may be evicted, else
              * what a degrade or a suspend frees (protected work may still be degraded or
              * suspended) */
             if (can_evict) {
-                g->a->ev_held[L] += sl->held;
-                g->a->ev_grant[L] += sl->grant;
-                g->a->ev_comp[L] += v->spec.compute_pct;
-                g->a->ev_cnt[L]++;
-                g->a->ev_floor[L] += vi->rf_e;
-                if (vi->rf_e > g->a->ex_max_floor[L])
-                    g->a->ex_max_floor[L] = vi->rf_e;
-                if (v->restart_cost_ms < g->a->ev_min_restart[L])
-                    g->a->ev_min_restart[L] = v->restart_cost_ms;
+                a->ev_held[L] += sl->held;
+                a->ev_grant[L] += sl->grant;
+                a->ev_comp[L] += v->spec.compute_pct;
+                a->ev_cnt[L]++;
+                a->ev_floor[L] += vi->rf_e;
+                if (vi->rf_e > a->ex_max_floor[L])
+                    a->ex_max_floor[L] = vi->rf_e;
+                if (v->restart_cost_ms < a->ev_min_restart[L])
+                    a->ev_min_restart[L] = v->restart_cost_ms;
                 /* what an eviction frees beyond a degrade of the same victim */
-                int64_t xh = sl->held, xg = sl->grant;
-                if (osub__degradable_now(v)) {
-                    xh = osub__slot_held_after(e, v, sl, ACT_DEGRADE);
-                    xg = osub__slot_grant_after(v, sl, ACT_DEGRADE);
-                }
-                if (xh > g->a->ex_max_held[L])
-                    g->a->ex_max_held[L] = xh;
-                if (xg > g->a->ex_max_grant[L])
-                    g->a->ex_max_grant[L] = xg;
+                int64_t xh = vi->degradable ? hd : sl->held, xg = vi->degradable ? gd : sl->grant;
+                if (xh > a->ex_max_held[L])
+                    a->ex_max_held[L] = xh;
+                if (xg > a->ex_max_grant[L])
+                    a->ex_max_grant[L] = xg;
             } else if (vi->suspendable) {
-                g->a->ev_held[L] += osub__max64(vi->rh_s, vi->rh_d);
-                g->a->ev_grant[L] += vi->rg_d;
-                g->a->ev_floor[L] += vi->rf_e;
-            } else if (osub__degradable_now(v)) {
-                g->a->ev_held[L] += sl->held - osub__slot_held_after(e, v, sl, ACT_DEGRADE);
-                g->a->ev_grant[L] += sl->grant - osub__slot_grant_after(v, sl, ACT_DEGRADE);
+                a->ev_held[L] += osub__max64(vi->rh_s, vi->rh_d);
+                a->ev_grant[L] += vi->rg_d;
+                a->ev_floor[L] += vi->rf_e;
+            } else if (vi->degradable) {
+                a->ev_held[L] += vi->rh_d;
+                a->ev_grant[L] += vi->rg_d;
             }
-            if (osub__degradable_now(v)) {
-                int64_t rh = sl->held - osub__slot_held_after(e, v, sl, ACT_DEGRADE);
-                int64_t rg = sl->grant - osub__slot_grant_after(v, sl, ACT_DEGRADE);
-                g->a->dg_held[L] += rh;
-                g->a->dg_grant[L] += rg;
-                if (rh > g->a->dg_max_held[L])
-                    g->a->dg_max_held[L] = rh;
-                if (rg > g->a->dg_max_grant[L])
-                    g->a->dg_max_grant[L] = rg;
+            if (vi->degradable) {
+                a->dg_held[L] += vi->rh_d;
+                a->dg_grant[L] += vi->rg_d;
+                if (vi->rh_d > a->dg_max_held[L])
+                    a->dg_max_held[L] = vi->rh_d;
+                if (vi->rg_d > a->dg_max_grant[L])
+                    a->dg_max_grant[L] = vi->rg_d;
             }
         }
     }
+    agg_suffixes(a, e->max_level);
     g->agg_dirty = false;
 }
 
+/* What optimistic() may take as read on every GPU of one size (plan_size()): a share that is not
+ * exclusive, its charge and floor, and its held limits where something preemptible is placed,
+ * which are the same on every GPU of a size (usable and the high watermark are); a backed
+ * request's limit is usable on a GPU where nothing preemptible is (osub__held_limit()). */
+struct opt_share {
+    int64_t share, charge, floor;
+    int64_t lim_charge, lim_share;
+};
+
 /* An optimistic key for a GPU that needs victims, from its aggregates: no real plan can beat
- * it. Returns false when no plan on this GPU can work at all. */
+ * it. Returns false when no plan on this GPU can work at all. os: the share's figures read
+ * once for its size, or NULL (worked out here). */
 static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const struct req *r,
-                       int64_t share, struct cand *c)
+                       int64_t share, const struct opt_share *os, struct cand *c)
 {
     osub__gpu_agg(e, g, gi);
+    int64_t ch, lim_c, lim_s, fl;
+    if (os != NULL) {
+        bool whole = r->backed && g->n_preempt == 0;
+        ch = os->charge;
+        fl = os->floor;
+        lim_c = whole ? g->usable : os->lim_charge;
+        lim_s = whole ? g->usable : os->lim_share;
+    } else {
+        ch = osub__req_charge(r, share);
+        fl = r->exclusive ? 0 : osub__req_floor(r, share);
+        lim_c = osub__req_held_limit(g, r, ch);
+        lim_s = r->exclusive ? 0 : osub__req_held_limit(g, r, share);
+    }
     int64_t dl = g->granted + share - g->logical;
-    int64_t ch = osub__req_charge(r, share);
-    int64_t dh = g->held + ch - osub__req_held_limit(g, r, ch);
+    int64_t dh = g->held + ch - lim_c;
     int64_t dc = 0;
     if (r->backed && g->backed + share > g->usable)
         return false;
@@ -355,44 +410,27 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
         if (r->backed && g->compute_backed + r->compute > 100)
             return false;
     }
-    int64_t df = r->exclusive ? 0
-                              : osub__gpu_floors(e, g) + osub__req_floor(r, share) -
-                                    osub__req_held_limit(g, r, share);
-    int64_t eh = 0, eg = 0, dgh = 0, dgg = 0, mh = 0, mg = 0, xh = 0, xg = 0;
-    int64_t ec = 0, cnt = 0, ef = 0, xf = 0, rmin = INT64_MAX;
+    int64_t df = r->exclusive ? 0 : osub__gpu_floors(e, g) + fl - lim_s;
+    const struct gpu_aggs *a = g->a;
     for (int32_t L = e->max_level; L > r->level; L--) {
-        eh += g->a->ev_held[L];
-        eg += g->a->ev_grant[L];
-        ec += g->a->ev_comp[L];
-        cnt += g->a->ev_cnt[L];
-        ef += g->a->ev_floor[L];
-        dgh += g->a->dg_held[L];
-        dgg += g->a->dg_grant[L];
-        if (g->a->dg_max_held[L] > mh)
-            mh = g->a->dg_max_held[L];
-        if (g->a->dg_max_grant[L] > mg)
-            mg = g->a->dg_max_grant[L];
-        if (g->a->ex_max_held[L] > xh)
-            xh = g->a->ex_max_held[L];
-        if (g->a->ex_max_grant[L] > xg)
-            xg = g->a->ex_max_grant[L];
-        if (g->a->ex_max_floor[L] > xf)
-            xf = g->a->ex_max_floor[L];
-        if (g->a->ev_min_restart[L] < rmin)
-            rmin = g->a->ev_min_restart[L];
-        if (g->a->ev_held[L] == 0 && g->a->ev_grant[L] == 0 && g->a->ev_cnt[L] == 0 &&
-            g->a->ev_floor[L] == 0)
+        if (!((a->lvl_mask >> L) & 1u))
             continue; /* (a protected victim's suspend may free floor room alone) */
+        int64_t eh = a->ev_held[L], eg = a->ev_grant[L], ec = a->ev_comp[L], ef = a->ev_floor[L];
+        int64_t cnt = a->ev_cnt[L];
         bool ok = r->exclusive ? cnt >= g->nsvc : (eg >= dl && eh >= dh && ec >= dc && ef >= df);
         if (!ok)
             continue;
+        int64_t dgh = a->dg_held[L], dgg = a->dg_grant[L];
+        int64_t mh = a->dg_max_held[L], mg = a->dg_max_grant[L];
+        int64_t xh = a->ex_max_held[L], xg = a->ex_max_grant[L], xf = a->ex_max_floor[L];
+        int64_t rmin = a->ev_min_restart[L];
         c->victims = true;
         c->top_level = L;
         /* lower bounds: no eviction only if degrading everything would do; one degrade only
          * if some single victim frees enough of both */
         bool deg_ok = !r->exclusive && dgg >= dl && dgh >= dh && dc <= 0 && df <= 0;
         int32_t nev = 0, nsp = 0;
-        if (!deg_ok && (g->a->sp_mask >> L) != 0 && !r->exclusive) {
+        if (!deg_ok && (a->sp_mask >> L) != 0 && !r->exclusive) {
             /* suspends may free held and floor room, never grants or compute: only those
              * need evictions; with none needed, at least one suspend */
             int64_t rgr = dl - dgg;
@@ -427,21 +465,38 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
     return false;
 }
 
-static void heap_sift(struct cand *h, int32_t n, int32_t i)
+/* The best-first heap of victims_phase(): the candidates' keys (and scores), by value. */
+struct opt_heap {
+    struct opt_ent *h; /* e->opt_buf */
+    int32_t nh;
+};
+
+static inline bool ent_less(const struct opt_ent *a, const struct opt_ent *b)
 {
-    for (;;) {
-        int32_t l = 2 * i + 1, m = i;
-        if (l < n && cand_cmp(&h[l], &h[m]) < 0)
-            m = l;
-        if (l + 1 < n && cand_cmp(&h[l + 1], &h[m]) < 0)
-            m = l + 1;
-        if (m == i)
-            return;
-        struct cand t = h[i];
+    return a->khi < b->khi || (a->khi == b->khi && a->klo < b->klo);
+}
+
+/* Fills the hole at i (of a heap whose subtrees below i are heaps) with x: the hole goes down to
+ * a leaf by the smaller child, then x comes up to where it belongs, but not above i (one compare
+ * a level on the way down instead of two). The keys are unique (the GPU is in klo), so the
+ * order of pops does not depend on how the heap is laid out. */
+static void heap_sift(struct opt_heap *q, int32_t i, struct opt_ent x)
+{
+    struct opt_ent *h = q->h;
+    int32_t n = q->nh, top = i;
+    for (int32_t l = 2 * i + 1; l < n; l = 2 * i + 1) {
+        int32_t m = l + 1 < n && ent_less(&h[l + 1], &h[l]) ? l + 1 : l;
         h[i] = h[m];
-        h[m] = t;
         i = m;
     }
+    while (i > top) {
+        int32_t p = (i - 1) / 2;
+        if (!ent_less(&x, &h[p]))
+            break;
+        h[i] = h[p];
+        i = p;
+    }
+    h[i] = x;
 }
 
 /* plan_single()'s running sums: what the victims chosen so far free of each check's shortfall
@@ -640,6 +695,8 @@ struct size_plan {
      * watermark, whose limit is the share itself) */
     int64_t fneed;
     int64_t climit;
+    bool shared;         /* not exclusive: os holds the share's figures */
+    struct opt_share os; /* for optimistic() */
     uint64_t stamp;
     int32_t *cand; /* e->miss_buf */
     int32_t ncand;
@@ -701,6 +758,16 @@ static bool size_setup(osub_engine_t *e, const struct req *r0, int64_t size, str
     }
     if (!r->exclusive && sp->share_min <= sp->usable * e->cfg.high_watermark_pct / 100)
         sp->fneed = osub__req_floor(r, sp->share_min);
+    sp->shared = !r->exclusive && sp->grp->n > 0;
+    if (sp->shared) {
+        /* the limits where something preemptible is placed: osub__held_limit() not backed */
+        const struct gpu *g0 = &e->gpus[sp->grp->gpus[0]];
+        sp->os.share = sp->share0;
+        sp->os.charge = sp->charge0;
+        sp->os.floor = osub__req_floor(r, sp->share0);
+        sp->os.lim_charge = osub__held_limit(g0, r->held_limit_pct, false, sp->charge0);
+        sp->os.lim_share = osub__held_limit(g0, r->held_limit_pct, false, sp->share0);
+    }
     osub__trees_refresh(e);
     sp->cand = e->miss_buf;
     sp->ncand = 0;
@@ -749,8 +816,7 @@ static void collect_fits(osub_engine_t *e, struct size_plan *sp)
         }
     } else if (scan) {
         osub__tree_collect(grp, osub__tree_for(e, grp, r, e->max_level, false, sp->charge_min),
-                           sp->charge_min, grp->ft[e->max_level], sp->fneed, sp->cand, &sp->ncand,
-                           false);
+                           sp->charge_min, sp->fneed, sp->cand, &sp->ncand);
     }
 }
 
@@ -780,7 +846,7 @@ static void rank_fits(osub_engine_t *e, struct size_plan *sp)
  * victims could make room, ranked by their optimistic keys in the heap opt, then planned for
  * real best-first until nothing left in it can beat the k best. */
 static void victims_phase(osub_engine_t *e, struct size_plan *sp, int32_t L, int phase,
-                          struct cand *opt, int32_t *nopt)
+                          struct opt_heap *q)
 {
     const struct req *r = &sp->rq;
     struct room_tree *grp = sp->grp;
@@ -792,8 +858,7 @@ static void victims_phase(osub_engine_t *e, struct size_plan *sp, int32_t L, int
             sp->cand[sp->ncand++] = grp->gpus[x];
     } else {
         osub__tree_collect(grp, osub__tree_for(e, grp, r, L - 1, phase == 0, sp->charge_min),
-                           sp->charge_min, phase == 0 ? grp->fd : grp->ft[L - 1], sp->fneed,
-                           sp->cand, &sp->ncand, false);
+                           sp->charge_min, sp->fneed, sp->cand, &sp->ncand);
     }
     for (int32_t x = 0; x < sp->ncand; x++) {
         int32_t gi = sp->cand[x];
@@ -803,22 +868,33 @@ static void victims_phase(osub_engine_t *e, struct size_plan *sp, int32_t L, int
         if (!osub__gpu_takes(g, r, sp->size))
             continue;
         int64_t share = r->exclusive ? g->usable : sp->share0;
-        struct cand c = {.gpu = gi};
-        if (!optimistic(e, g, gi, r, share, &c))
+        struct cand c;
+        c.gpu = gi;
+        if (!optimistic(e, g, gi, r, share, sp->shared ? &sp->os : NULL, &c))
             continue;
         e->gpu_stamp[gi] = sp->stamp;
-        c.score = placement_score(e, g, r, osub__req_charge(r, share));
+        c.score =
+            indexed_score(e, grp, g, r, sp->shared ? sp->charge0 : osub__req_charge(r, share));
         cand_pack(&c);
-        opt[(*nopt)++] = c;
+        if (sp->nb == k && !cand_less(&c, &best[k - 1]))
+            continue; /* it cannot beat the k best: no plan of it can */
+        q->h[q->nh++] = (struct opt_ent){.khi = c.khi, .klo = c.klo, .score = c.score};
     }
-    for (int32_t i = *nopt / 2 - 1; i >= 0; i--)
-        heap_sift(opt, *nopt, i); /* Floyd: O(n) */
-    while (*nopt > 0) {
-        struct cand c = opt[0];
-        if (sp->nb == k && cand_cmp(&best[k - 1], &c) <= 0)
-            break; /* nothing in the heap can beat the k best */
-        opt[0] = opt[--*nopt];
-        heap_sift(opt, *nopt, 0);
+    for (int32_t i = q->nh / 2 - 1; i >= 0; i--)
+        heap_sift(q, i, q->h[i]); /* Floyd: O(n) */
+    while (q->nh > 0) {
+        struct opt_ent top = q->h[0];
+        struct cand c = {.khi = top.khi, .klo = top.klo};
+        if (sp->nb == k && !cand_less(&c, &best[k - 1])) {
+            /* nothing in the heap can beat the k best, now or later (they only get better) */
+            q->nh = 0;
+            break;
+        }
+        c.gpu = (int32_t)(top.klo & 0xfff);
+        c.score = top.score;
+        struct opt_ent last = q->h[--q->nh];
+        if (q->nh > 0)
+            heap_sift(q, 0, last);
         struct gpu *g = &e->gpus[c.gpu];
         int64_t share = r->exclusive ? g->usable : sp->share0;
         if (!plan_single(e, g, r, share, &c))
@@ -834,8 +910,7 @@ static void plan_with_victims(osub_engine_t *e, struct size_plan *sp)
     const struct req *r = &sp->rq;
     int32_t k = sp->k;
     const struct cand *best = sp->best;
-    struct cand *opt = e->cand_buf;
-    int32_t nopt = 0;
+    struct opt_heap q = {.h = e->opt_buf};
     for (int32_t L = e->max_level; L > r->level && !(sp->nb == k && !best[k - 1].victims); L--) {
         /* a GPU whose victims of levels >= L are enough: its top level is at best L */
         if (sp->nb == k && best[k - 1].top_level > L)
@@ -846,7 +921,7 @@ static void plan_with_victims(osub_engine_t *e, struct size_plan *sp)
                 best[k - 1].n_evict == 0 && best[k - 1].n_suspend == 0)
                 break; /* the rest needs an eviction or a suspend at level L, or touches more:
                           it cannot beat the k best */
-            victims_phase(e, sp, L, phase, opt, &nopt);
+            victims_phase(e, sp, L, phase, &q);
         }
     }
 }
@@ -980,7 +1055,7 @@ int osub__plan_admission(osub_engine_t *e, const struct req *r, struct plan *out
                 struct room_tree *t = &e->trees[g->tree_size];
                 struct cand c = {.gpu = gi};
                 int64_t share = r->exclusive ? g->usable : osub__share(r->total, r->k, 0);
-                bool o = optimistic(e, g, gi, r, share, &c);
+                bool o = optimistic(e, g, gi, r, share, NULL, &c);
                 struct cand c2 = {.gpu = gi};
                 bool ps = plan_single(e, g, r, share, &c2);
                 fprintf(stderr, "verify: gpu %d share %lld free_l %lld free_h %lld caps", gi,
@@ -1005,9 +1080,19 @@ int osub__plan_admission(osub_engine_t *e, const struct req *r, struct plan *out
     return rc;
 }
 
+/* Clears a plan but for its arrays (1.7 KiB of the 1.9), which are only ever read below k and
+ * n_victims, and written there first (osub__plan_set()). */
+static void plan_clear(struct plan *p)
+{
+    memset(p, 0, offsetof(struct plan, gpus));
+    p->degraded_start = false;
+    p->n_victims = 0;
+    memset(&p->top_level, 0, sizeof(*p) - offsetof(struct plan, top_level));
+}
+
 static int plan_admission_fast(osub_engine_t *e, const struct req *r, struct plan *out)
 {
-    memset(out, 0, sizeof(*out));
+    plan_clear(out);
     out->check = OSUB_CHECK_NONE;
     out->check_gpu = -1;
     bool found = false, too_small = false;

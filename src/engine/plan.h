@@ -138,8 +138,16 @@ static inline bool osub__gpu_takes(const struct gpu *g, const struct req *r, int
     return true;
 }
 
-/* Recomputes a GPU's victim aggregates if anything on it changed since the last look (plan.c). */
-OSUB__HIDDEN void osub__gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi);
+/* Recomputes a GPU's victim aggregates (plan.c). */
+OSUB__HIDDEN void osub__gpu_agg_refresh(const osub_engine_t *e, struct gpu *g, int32_t gi);
+
+/* Recomputes a GPU's victim aggregates if anything on it changed since the last look, or a
+ * victim's protection ended. */
+static inline void osub__gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t gi)
+{
+    if (__builtin_expect(g->agg_dirty || e->now >= g->agg_valid_until, 0))
+        osub__gpu_agg_refresh(e, g, gi);
+}
 
 /* ---- the workspace: one GPU set's checks as victims are chosen (plan_victims.c) ---------- */
 
@@ -184,16 +192,21 @@ OSUB__HIDDEN void osub__note_closest(osub_engine_t *e, const struct req *r, int6
 OSUB__HIDDEN void osub__trees_refresh(osub_engine_t *e);
 /* The first node of t's best-fit index at or after (key, pos), -1 if none. */
 OSUB__HIDDEN int32_t osub__treap_lower_bound(const struct room_tree *t, int64_t key, int32_t pos);
-/* The room tree that fits a request: backed requests also need usable - backed, preemptible
- * ones must stay under the high watermark. */
-OSUB__HIDDEN const int64_t *osub__tree_for(const osub_engine_t *e, const struct room_tree *t,
-                                           const struct req *r, int32_t L, bool degrades_only,
-                                           int64_t share);
-/* Appends to out the GPUs of group t whose room in tr is at least share and whose floor room in
- * ftr at least fneed (a walk down the tree that skips every subtree whose best is short; many:
- * a straight scan of the leaves). */
-OSUB__HIDDEN void osub__tree_collect(const struct room_tree *t, const int64_t *tr, int64_t share,
-                                     const int64_t *ftr, int64_t fneed, int32_t *out, int32_t *n,
-                                     bool many);
+/* A room tree chosen for a request (tr), the floor-room tree read with it (ftr) and their
+ * per-GPU minimum (both; NULL where the tree has no twin). */
+struct room_pick {
+    const int64_t *tr, *ftr, *both;
+};
+/* The room tree that fits a request at level L: backed requests also need usable - backed,
+ * preemptible ones must stay under the high watermark; with its floor room (fd for degrades
+ * only, else ft[L]). */
+OSUB__HIDDEN struct room_pick osub__tree_for(const osub_engine_t *e, const struct room_tree *t,
+                                             const struct req *r, int32_t L, bool degrades_only,
+                                             int64_t share);
+/* Appends to out the GPUs of group t whose room in p.tr is at least share and whose floor room in
+ * p.ftr at least fneed, in ascending order (a walk down the trees that skips every subtree
+ * where no GPU has either, or both, of the two). */
+OSUB__HIDDEN void osub__tree_collect(const struct room_tree *t, struct room_pick p, int64_t share,
+                                     int64_t fneed, int32_t *out, int32_t *n);
 
 #endif

@@ -81,53 +81,59 @@ int32_t osub__treap_lower_bound(const struct room_tree *t, int64_t key, int32_t 
     return best;
 }
 
-/* The room tree that fits a request: backed requests also need usable - backed, preemptible
- * ones must stay under the high watermark. */
-const int64_t *osub__tree_for(const osub_engine_t *e, const struct room_tree *t,
-                              const struct req *r, int32_t L, bool degrades_only, int64_t share)
+struct room_pick osub__tree_for(const osub_engine_t *e, const struct room_tree *t,
+                                const struct req *r, int32_t L, bool degrades_only, int64_t share)
 {
+    int kind;
     if (r->backed && !r->exclusive)
-        return degrades_only ? t->bd[L] : t->bt[L];
-    if (r->held_limit_pct > 0 && r->held_limit_pct < 100 &&
-        share <= t->usable * r->held_limit_pct / 100 &&
-        r->held_limit_pct == e->cfg.high_watermark_pct)
-        return degrades_only ? t->pd[L] : t->pt[L];
-    return degrades_only ? t->d[L] : t->t[L];
+        kind = 2; /* bt, bd */
+    else if (r->held_limit_pct > 0 && r->held_limit_pct < 100 &&
+             share <= t->usable * r->held_limit_pct / 100 &&
+             r->held_limit_pct == e->cfg.high_watermark_pct)
+        kind = 4; /* pt, pd */
+    else
+        kind = 0; /* t, d */
+    const int64_t *const all[6] = {t->t[L], t->d[L], t->bt[L], t->bd[L], t->pt[L], t->pd[L]};
+    if (degrades_only)
+        kind++;
+    return (struct room_pick){
+        .tr = all[kind], .ftr = degrades_only ? t->fd : t->ft[L], .both = t->mt[kind][L]};
 }
 
-/* Appends to out the GPUs of group t whose room for level L is at least share (a walk down
- * the room tree that skips every subtree whose best is short). */
-void osub__tree_collect(const struct room_tree *t, const int64_t *tr, int64_t share,
-                        const int64_t *ftr, int64_t fneed, int32_t *out, int32_t *n, bool many)
+void osub__tree_collect(const struct room_tree *t, struct room_pick p, int64_t share, int64_t fneed,
+                        int32_t *out, int32_t *n)
 {
-    if (tr[1] < share || ftr[1] < fneed)
+    const int64_t *tr = p.tr, *ftr = p.ftr, *both = p.both;
+    /* a GPU that has both has at least the smaller of the two in both */
+    int64_t least = share < fneed ? share : fneed;
+    if (tr[1] < share || ftr[1] < fneed || (both != NULL && both[1] < least))
         return; /* the root: no GPU of the group has that much */
-    if (many) {
-        /* when many qualify (victims wanted), a straight scan of the contiguous leaves beats
-         * a walk down the tree */
-        const int64_t *leaf = tr + t->leaves, *fleaf = ftr + t->leaves;
-        for (int32_t pos = 0; pos < t->n; pos++)
-            if (leaf[pos] >= share && fleaf[pos] >= fneed)
-                out[(*n)++] = t->gpus[pos];
-        return;
-    }
+    /* depth-first down to blocks of (at most) 8 leaves, whose leaves are then read in a row:
+     * the walk's bookkeeping per node costs more than a leaf's two compares */
+    int32_t blk = t->leaves >= 8 ? t->leaves / 8 : 1, span = t->leaves / blk;
+    const int64_t *leaf = tr + t->leaves, *fleaf = ftr + t->leaves;
     int32_t stack[64]; /* depth-first over a heap of at most 2 x 4096 nodes: 13 deep */
-    int32_t sp = 0;
+    int32_t sp = 0, m = *n;
     stack[sp++] = 1;
     while (sp > 0) {
         int32_t x = stack[--sp];
-        if (x >= t->leaves) {
-            int32_t pos = x - t->leaves;
-            if (pos < t->n)
-                out[(*n)++] = t->gpus[pos];
+        if (x >= blk) {
+            int32_t end = (x - blk + 1) * span;
+            if (end > t->n)
+                end = t->n;
+            for (int32_t pos = (x - blk) * span; pos < end; pos++)
+                if (leaf[pos] >= share && fleaf[pos] >= fneed)
+                    out[m++] = t->gpus[pos];
             continue;
         }
         /* right first so that the left (lower index) comes out first */
-        if (tr[2 * x + 1] >= share && ftr[2 * x + 1] >= fneed)
+        if (tr[2 * x + 1] >= share && ftr[2 * x + 1] >= fneed &&
+            (both == NULL || both[2 * x + 1] >= least))
             stack[sp++] = 2 * x + 1;
-        if (tr[2 * x] >= share && ftr[2 * x] >= fneed)
+        if (tr[2 * x] >= share && ftr[2 * x] >= fneed && (both == NULL || both[2 * x] >= least))
             stack[sp++] = 2 * x;
     }
+    *n = m;
 }
 
 /* ---- room trees ---------------------------------------------------------------------- */
@@ -170,8 +176,11 @@ int osub__trees_init(osub_engine_t *e)
         t->prio = malloc((size_t)t->n * sizeof(uint32_t));
         t->pfree = calloc((size_t)t->n, sizeof(int64_t));
         t->in = calloc((size_t)t->n, sizeof(bool));
+        t->s_logical = calloc((size_t)t->n, sizeof(int64_t));
+        t->s_held = calloc((size_t)t->n, sizeof(int64_t));
+        t->s_floors = calloc((size_t)t->n, sizeof(int64_t));
         if (t->left == NULL || t->right == NULL || t->prio == NULL || t->pfree == NULL ||
-            t->in == NULL)
+            t->in == NULL || t->s_logical == NULL || t->s_held == NULL || t->s_floors == NULL)
             return OSUB_ENOMEM;
         for (int32_t x = 0; x < t->n; x++) {
             uint32_t h = (uint32_t)x * 2654435761u;
@@ -185,6 +194,15 @@ int osub__trees_init(osub_engine_t *e)
                     return OSUB_ENOMEM;
                 for (int32_t x = 0; x < 2 * t->leaves; x++)
                     (*arrs[a])[x] = INT64_MIN / 4;
+            }
+        }
+        for (int32_t L = 0; L <= e->max_level; L++) {
+            for (int a = 2; a < 6; a += 2) {
+                t->mt[a][L] = malloc(2 * (size_t)t->leaves * sizeof(int64_t));
+                if (t->mt[a][L] == NULL)
+                    return OSUB_ENOMEM;
+                for (int32_t x = 0; x < 2 * t->leaves; x++)
+                    t->mt[a][L][x] = INT64_MIN / 4;
             }
         }
         for (int32_t L = 0; L <= e->max_level + 1; L++) {
@@ -210,6 +228,9 @@ void osub__trees_free(osub_engine_t *e)
         free(e->trees[j].prio);
         free(e->trees[j].pfree);
         free(e->trees[j].in);
+        free(e->trees[j].s_logical);
+        free(e->trees[j].s_held);
+        free(e->trees[j].s_floors);
         for (int32_t L = 0; L <= OSUB_MAX_LEVEL; L++) {
             free(e->trees[j].t[L]);
             free(e->trees[j].d[L]);
@@ -218,6 +239,8 @@ void osub__trees_free(osub_engine_t *e)
             free(e->trees[j].pt[L]);
             free(e->trees[j].pd[L]);
             free(e->trees[j].ft[L]);
+            for (int a = 0; a < 6; a++)
+                free(e->trees[j].mt[a][L]);
         }
         free(e->trees[j].fd);
     }
@@ -229,6 +252,8 @@ void osub__trees_free(osub_engine_t *e)
 static void tree_set(const struct room_tree *t, int64_t *tr, int32_t pos, int64_t v)
 {
     int32_t x = t->leaves + pos;
+    if (tr[x] == v)
+        return; /* nothing changes, here or above */
     tr[x] = v;
     for (x /= 2; x >= 1; x /= 2) {
         int64_t m = tr[2 * x] > tr[2 * x + 1] ? tr[2 * x] : tr[2 * x + 1];
@@ -276,13 +301,21 @@ void osub__trees_refresh(osub_engine_t *e)
             if (g->agg_valid_until < e->trees_valid_until)
                 e->trees_valid_until = g->agg_valid_until;
         }
-        int64_t rh = 0, rg = 0, dh = 0, dg = 0, rf = 0;
         int64_t cap[6][OSUB_MAX_LEVEL + 1], fcap[OSUB_MAX_LEVEL + 1];
-        int64_t ffree =
-            (g->n_preempt == 0 ? g->usable : osub__place_limit(e, g)) - osub__gpu_floors(e, g);
+        int64_t floors = osub__gpu_floors(e, g);
+        int64_t ffree = (g->n_preempt == 0 ? g->usable : osub__place_limit(e, g)) - floors;
+        t->s_logical[g->tree_pos] = g->logical - g->granted;
+        t->s_held[g->tree_pos] = g->held;
+        t->s_floors[g->tree_pos] = floors;
         int64_t bfree = g->usable - g->backed;
         int64_t wfree = g->hw_lim - g->held;
+        const struct gpu_aggs *a = g->a;
         for (int32_t L = e->max_level; L >= 0; L--) {
+            /* what every level below L gives back (the aggregates are over levels >= L + 1) */
+            bool top = L == OSUB_MAX_LEVEL;
+            int64_t rh = top ? 0 : a->ev_held[L + 1], rg = top ? 0 : a->ev_grant[L + 1];
+            int64_t dh = top ? 0 : a->dg_held[L + 1], dg = top ? 0 : a->dg_grant[L + 1];
+            int64_t rf = top ? 0 : a->ev_floor[L + 1];
             int64_t fl = g->logical - g->granted, fh = g->usable - g->held;
             int64_t c_all = fl + rg < fh + rh ? fl + rg : fh + rh;
             int64_t c_deg = fl + dg < fh + dh ? fl + dg : fh + dh;
@@ -297,19 +330,19 @@ void osub__trees_refresh(osub_engine_t *e)
             fcap[L] = out ? INT64_MIN / 4 : ffree + rf;
             for (int v = 0; v < 6 && out; v++)
                 cap[v][L] = INT64_MIN / 4;
-            rh += g->a->ev_held[L];
-            rg += g->a->ev_grant[L];
-            dh += g->a->dg_held[L];
-            dg += g->a->dg_grant[L];
-            rf += g->a->ev_floor[L];
         }
+        int64_t fdv = out ? INT64_MIN / 4 : ffree;
         for (int32_t L = 0; L <= e->max_level; L++) {
             int64_t *arrs[6] = {t->t[L], t->d[L], t->bt[L], t->bd[L], t->pt[L], t->pd[L]};
-            for (int which = 0; which < 6; which++)
-                tree_set(t, arrs[which], g->tree_pos, cap[which][L]);
+            for (int which = 0; which < 6; which++) {
+                int64_t v = cap[which][L];
+                tree_set(t, arrs[which], g->tree_pos, v);
+                if (t->mt[which][L] != NULL)
+                    tree_set(t, t->mt[which][L], g->tree_pos, v < fcap[L] ? v : fcap[L]);
+            }
             tree_set(t, t->ft[L], g->tree_pos, fcap[L]);
         }
-        tree_set(t, t->fd, g->tree_pos, out ? INT64_MIN / 4 : ffree);
+        tree_set(t, t->fd, g->tree_pos, fdv);
     }
     e->n_tdirty = 0;
 }

@@ -341,38 +341,50 @@ bool osub__plan_set(osub_engine_t *e, const struct req *r, const struct cand *be
     return true;
 }
 
+/* What note_closest() measures every GPU of a size against: the share, its charge and floor,
+ * and (lims) the held limits of the charge and of the share, which for a request that is not
+ * backed are the same on every GPU of one size (usable and the high watermark are). */
+struct closest_req {
+    int64_t share, charge, floor;
+    bool lims, exclusive, backed;
+    int64_t lim_charge, lim_share;
+};
+
 /* The first check a share fails on g with no victim planned, and its shortfall: ws_eval() on a
- * fresh workspace of g alone (share, charge and floor are the share's; g's floors are read only
- * when the checks before theirs pass). */
-static osub_check_t closest_eval(const osub_engine_t *e, const struct gpu *g, const struct req *r,
-                                 int64_t share, int64_t charge, int64_t floor, int64_t *shortfall)
+ * fresh workspace of g alone (g's floors are read only when the checks before theirs pass). The
+ * request's figures come by value, so that the loop over a size's GPUs keeps them at hand. */
+static inline osub_check_t closest_eval(const osub_engine_t *e, const struct gpu *g,
+                                        const struct req *r, struct closest_req q,
+                                        int64_t *shortfall)
 {
     int64_t sf;
-    if (r->exclusive) {
+    if (q.exclusive) {
         *shortfall = sf = g->nsvc;
         return sf > 0 ? OSUB_CHECK_EXCLUSIVE : OSUB_CHECK_NONE;
     }
     *shortfall = 0;
-    if ((sf = g->granted + share - g->logical) > 0) {
+    if ((sf = g->granted + q.share - g->logical) > 0) {
         *shortfall = sf;
         return OSUB_CHECK_LOGICAL;
     }
-    if (r->backed && (sf = g->backed + share - g->usable) > 0) {
+    if (q.backed && (sf = g->backed + q.share - g->usable) > 0) {
         *shortfall = sf;
         return OSUB_CHECK_BACKED;
     }
-    if ((sf = g->held + charge - osub__req_held_limit(g, r, charge)) > 0) {
+    if ((sf = g->held + q.charge - (q.lims ? q.lim_charge : osub__req_held_limit(g, r, q.charge))) >
+        0) {
         *shortfall = sf;
         return OSUB_CHECK_HELD;
     }
-    if ((sf = osub__gpu_floors(e, g) + floor - osub__req_held_limit(g, r, share)) > 0) {
+    if ((sf = osub__gpu_floors(e, g) + q.floor -
+              (q.lims ? q.lim_share : osub__req_held_limit(g, r, q.share))) > 0) {
         *shortfall = sf;
         return OSUB_CHECK_FLOORS;
     }
     if (r->compute > 0) {
         int64_t lim = (int64_t)100 * e->cfg.compute_ratio_milli / 1000;
         if ((sf = g->compute_all + r->compute - lim) > 0 ||
-            (r->backed && (sf = g->compute_backed + r->compute - 100) > 0)) {
+            (q.backed && (sf = g->compute_backed + r->compute - 100) > 0)) {
             *shortfall = sf;
             return OSUB_CHECK_COMPUTE;
         }
@@ -392,20 +404,53 @@ void osub__note_closest(osub_engine_t *e, const struct req *r, int64_t size, int
         if (e->trees[j].vram == size)
             grp = &e->trees[j];
     int32_t n = grp ? grp->n : 0;
-    int64_t charge0 = osub__req_charge(r, share0), floor0 = osub__req_floor(r, share0);
+    struct closest_req q = {.share = share0,
+                            .charge = osub__req_charge(r, share0),
+                            .floor = osub__req_floor(r, share0),
+                            .lims = n > 0 && !r->backed && !r->exclusive,
+                            .exclusive = r->exclusive,
+                            .backed = r->backed};
+    if (q.lims) {
+        const struct gpu *g0 = &e->gpus[grp->gpus[0]];
+        q.lim_charge = osub__req_held_limit(g0, r, q.charge);
+        q.lim_share = osub__req_held_limit(g0, r, q.share);
+    }
+    const struct svc *self = r->self;
+    const struct gpu *gpus = e->gpus;
+    const int32_t *ids = n > 0 ? grp->gpus : NULL;
+    /* a request with no compute claim and the same held limits everywhere reads a GPU filed
+     * in the best-fit index from the group's arrays (refreshed by plan_size()), the same figures
+     * closest_eval() reads from the GPU */
+    bool rows = q.lims && r->compute == 0;
+    const bool *in = n > 0 ? grp->in : NULL;
+    const int64_t *s_logical = n > 0 ? grp->s_logical : NULL;
+    const int64_t *s_held = n > 0 ? grp->s_held : NULL, *s_floors = n > 0 ? grp->s_floors : NULL;
     for (int32_t x = 0; x < n; x++) {
-        int32_t gi = grp->gpus[x];
-        const struct gpu *g = &e->gpus[gi];
-        if (!osub__gpu_takes(g, r, size))
+        int64_t sf;
+        osub_check_t ck;
+        if (rows && in[x]) {
+            if ((sf = q.share - s_logical[x]) > 0)
+                ck = OSUB_CHECK_LOGICAL;
+            else if ((sf = s_held[x] + q.charge - q.lim_charge) > 0)
+                ck = OSUB_CHECK_HELD;
+            else if ((sf = s_floors[x] + q.floor - q.lim_share) > 0)
+                ck = OSUB_CHECK_FLOORS;
+            else
+                continue;
+        } else {
+            const struct gpu *g = &gpus[ids[x]];
+            /* osub__gpu_takes() without the size: every GPU of the group has it */
+            if (g->lost || g->cordoned || (g->excl != NULL && (self == NULL || g->excl != self)))
+                continue;
+            ck = closest_eval(e, g, r, q, &sf);
+        }
+        if (ck == OSUB_CHECK_NONE || sf >= csf)
             continue;
-        bool chosen = false;
+        int32_t gi = ids[x];
+        bool chosen = false; /* (looked for only where it would count) */
         for (int32_t b = 0; b < nb && !chosen; b++)
             chosen = best[b].gpu == gi;
-        if (chosen)
-            continue;
-        int64_t sf;
-        osub_check_t ck = closest_eval(e, g, r, share0, charge0, floor0, &sf);
-        if (ck != OSUB_CHECK_NONE && sf < csf) {
+        if (!chosen) {
             cg = gi;
             cck = ck;
             csf = sf;

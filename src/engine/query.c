@@ -45,7 +45,7 @@ int osub_engine_gpu_info(const osub_engine_t *e, int32_t gpu, osub_gpu_info_t *o
     const struct gpu *g = &e->gpus[gpu];
     memset(out, 0, sizeof(*out));
     out->index = gpu;
-    snprintf(out->name, sizeof(out->name), "%s", g->name);
+    osub__str_copy(out->name, sizeof(out->name), g->name);
     out->vram_mib = g->vram;
     out->usable_mib = g->usable;
     out->logical_mib = g->logical;
@@ -163,7 +163,7 @@ int osub_engine_service_info(osub_engine_t *e, const char *id, osub_service_info
     out->waits = s->waits;
     out->evictions = s->n_evictions;
     out->degrades = s->n_degrades;
-    snprintf(out->checkpoint, sizeof(out->checkpoint), "%s", s->checkpoint);
+    osub__str_copy(out->checkpoint, sizeof(out->checkpoint), s->checkpoint);
     out->suspendable = s->suspendable;
     out->suspend_hold = s->susp_hold;
     out->suspend_idle = s->susp_idle;

@@ -108,20 +108,20 @@ void osub__svc_suspend(osub_engine_t *e, struct svc *s, const char *cause, int32
     s->n_suspends++;
     e->suspends++;
     s->deadline_ms = e->now + e->cfg.suspend_timeout_ms;
-    snprintf(s->preemptor, sizeof(s->preemptor), "%s", cause ? cause : "");
+    osub__str_copy(s->preemptor, sizeof(s->preemptor), cause ? cause : "");
     s->preemptor_level = cause_level;
     osub__timer_set(e, s, T_DEADLINE, s->deadline_ms);
     osub__svc_sync(e, s);
     char gb[96], why[200];
     osub__fmt_gpus(s, gb, sizeof(gb));
     if (cause && cause[0])
-        snprintf(why, sizeof(why), "to make room for %s (level %d)", cause, cause_level);
+        osub__fmt(why, sizeof(why), "to make room for %s (level %d)", cause, cause_level);
     else if (reason == OSUB_R_PRESSURE)
-        snprintf(why, sizeof(why), "because %s is above its high watermark", gb);
+        osub__fmt(why, sizeof(why), "because %s is above its high watermark", gb);
     else if (reason == OSUB_R_IDLE)
-        snprintf(why, sizeof(why), "because it is idle: it lends its memory until a request");
+        osub__fmt(why, sizeof(why), "because it is idle: it lends its memory until a request");
     else
-        snprintf(why, sizeof(why), "as an operator asked: it stays suspended until resumed");
+        osub__fmt(why, sizeof(why), "as an operator asked: it stays suspended until resumed");
     osub_event_t *ev = osub__emit(
         e, OSUB_EV_SUSPEND, reason,
         "suspending %s (%s, %lld MiB held) on %s %s; its memory goes to the host (%lld of %lld "
@@ -130,7 +130,7 @@ void osub__svc_suspend(osub_engine_t *e, struct svc *s, const char *cause, int32
         (long long)e->host_used, (long long)e->cfg.suspend_host_mib,
         (long long)osub__grant_total(s), (long long)e->cfg.suspend_timeout_ms);
     osub__ev_svc(ev, s);
-    snprintf(ev->cause, sizeof(ev->cause), "%s", cause ? cause : "");
+    osub__str_copy(ev->cause, sizeof(ev->cause), cause ? cause : "");
     ev->cause_level = cause_level;
     ev->vram_mib = osub__grant_total(s);
     ev->deadline_ms = s->deadline_ms;
@@ -144,7 +144,7 @@ static void suspend_escalate(osub_engine_t *e, struct svc *s, osub_reason_t reas
         osub__emit(e, OSUB_EV_ESCALATE, reason, "%s %s: evicting it", s->spec.id, what);
     osub__ev_svc(ev, s);
     char cause[OSUB_ID_MAX + 1];
-    snprintf(cause, sizeof(cause), "%s", s->preemptor);
+    osub__str_copy(cause, sizeof(cause), s->preemptor);
     /* a failed resume stays counted as loading: what it was restoring is held until it exits */
     osub__svc_evict(e, s, cause, s->preemptor_level, reason);
 }
@@ -152,8 +152,8 @@ static void suspend_escalate(osub_engine_t *e, struct svc *s, osub_reason_t reas
 void osub__suspend_timeout(osub_engine_t *e, struct svc *s)
 {
     char what[96];
-    snprintf(what, sizeof(what), "did not finish suspending within %lld ms",
-             (long long)e->cfg.suspend_timeout_ms);
+    osub__fmt(what, sizeof(what), "did not finish suspending within %lld ms",
+              (long long)e->cfg.suspend_timeout_ms);
     suspend_escalate(e, s, OSUB_R_SUSPEND_TIMEOUT, what);
 }
 
@@ -509,9 +509,9 @@ int osub_engine_suspend_failed(osub_engine_t *e, const char *id, const char *why
     osub__advance(e, now_ms);
     if (s->state == OSUB_STATE_SUSPENDING || s->state == OSUB_STATE_RESUMING) {
         char what[200];
-        snprintf(what, sizeof(what), "could not be %s (%s)",
-                 s->state == OSUB_STATE_SUSPENDING ? "suspended" : "resumed",
-                 why ? why : "no reason given");
+        osub__fmt(what, sizeof(what), "could not be %s (%s)",
+                  s->state == OSUB_STATE_SUSPENDING ? "suspended" : "resumed",
+                  why ? why : "no reason given");
         suspend_escalate(e, s, OSUB_R_SUSPEND_FAILED, what);
     }
     osub__finish(e);
