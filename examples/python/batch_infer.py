@@ -279,8 +279,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     stop = threading.Event()
     evict: List[oversub.Directive] = []
 
+    signalled: List[int] = []
+
     def on_term(signum: int, frame: Any) -> None:
-        log(f"signal {signum}: finishing the batch under way")
+        # nothing printed here: a print from a signal handler while the main thread prints to
+        # the same stream raises RuntimeError (reentrant call), and the checkpoint would be lost
+        signalled.append(signum)
         stop.set()
 
     signal.signal(signal.SIGTERM, on_term)
@@ -359,6 +363,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if done_here == len(units):
             report()  # the first batch shows what the job really uses
 
+    if signalled:
+        log(f"signal {signalled[0]}: finished the batch under way")
     if nxt <= args.units:
         log(f"stopped after {done_here} unit(s) in this run; next unit {nxt}; checkpoint "
             f"{ck.state_path}")

@@ -930,8 +930,16 @@ class TestBatchInfer(LiveCase):
         # its checkpoint is reported with its ack before it exits; waited for, not assumed
         # there the moment the state reads queued (a sanitizer build beside a busy loop once
         # read the state first)
-        wait_until(lambda: D.admin.service("bi").get("checkpoint", "").endswith("state.json"),
-                   30, "the checkpoint reported")
+        try:
+            wait_until(lambda: D.admin.service("bi").get("checkpoint", "").endswith("state.json"),
+                       30, "the checkpoint reported")
+        except AssertionError as e:
+            # what the job and the daemon said: this wait failed twice in CI beside busy loops
+            log = os.path.join(os.path.dirname(D.state), "logs", "bi.log")
+            tail = open(log).read()[-3000:] if os.path.exists(log) else "(no log)"
+            evs = "\n".join(f"{x.get('kind')} {x.get('reason')}: {x.get('message')}"
+                            for x in D.events("bi")[-25:])
+            raise AssertionError(f"{e}\n--- bi's log\n{tail}\n--- bi's events\n{evs}") from None
         info = D.admin.service("bi")
         self.assertTrue(info.get("checkpoint", "").endswith("state.json"), info)
         done_before = len(read_lines(trace))
