@@ -176,9 +176,17 @@ void osub__plan_for(osub_engine_t *e, const struct svc *s, const struct req *r, 
         return;
     if (p->ok && p->n_evict == 0)
         return;
-    /* waited in the queue that long (since_ms: when it entered its state, the queue) */
-    if (e->cfg.floor_start_after_ms < 0 || e->now - s->since_ms < e->cfg.floor_start_after_ms)
+    /* waited in the queue that long (since_ms: when it entered its state, the queue), or a
+     * migration at its floor brought it there (it waited in its suspend) */
+    if (e->cfg.floor_start_after_ms < 0 ||
+        (e->now - s->since_ms < e->cfg.floor_start_after_ms && !s->floor_now))
         return;
+    osub__plan_floor_start(e, s, r, p);
+}
+
+bool osub__plan_floor_start(osub_engine_t *e, const struct svc *s, const struct req *r,
+                            struct plan *p)
+{
     struct req r2 = *r;
     r2.total = s->floor_total;
     r2.charge = r->charge < s->floor_total ? r->charge : s->floor_total;
@@ -186,10 +194,11 @@ void osub__plan_for(osub_engine_t *e, const struct svc *s, const struct req *r, 
     r2.fit_share = osub__share(s->full_total, s->k, 0); /* its GPUs must hold it restored */
     struct plan p2;
     osub__plan_admission(e, &r2, &p2);
-    if (p2.ok && p2.n_victims == 0) {
-        *p = p2;
-        p->degraded_start = true;
-    }
+    if (!p2.ok || p2.n_victims > 0)
+        return false;
+    *p = p2;
+    p->degraded_start = true;
+    return true;
 }
 
 /* The smallest share a request of s could be placed with (degraded starts included). */
@@ -199,7 +208,7 @@ int64_t osub__min_share(const osub_engine_t *e, const struct svc *s, const struc
         return 1;
     int64_t t = r->charge < r->total ? r->charge : r->total;
     if (s->degradable && !s->backed && s->floor_total < t && e->cfg.floor_start_after_ms >= 0 &&
-        e->now - s->since_ms >= e->cfg.floor_start_after_ms)
+        (e->now - s->since_ms >= e->cfg.floor_start_after_ms || s->floor_now))
         t = s->floor_total; /* it may start at its floor by now */
     return t / r->k;
 }
@@ -276,6 +285,7 @@ bool osub__pending_can_start(const osub_engine_t *e, const struct svc *s)
 void osub__admit_apply(osub_engine_t *e, struct svc *s, const struct plan *p, osub_reason_t why)
 {
     osub__svc_place(e, s, p->gpus, p->shares, p->charges, p->k);
+    s->floor_now = false;
     e->admissions++;
     char gb[96];
     osub__fmt_gpus(s, gb, sizeof(gb));

@@ -853,8 +853,9 @@ void osub__svc_evict(osub_engine_t *e, struct svc *s, const char *cause, int32_t
     else if (reason == OSUB_R_MIGRATE)
         osub__fmt(why, sizeof(why),
                   "to restart it elsewhere (a reload): suspended longer than its restart cost of "
-                  "%lld ms, its GPUs have no room for it while others do",
-                  (long long)s->restart_cost_ms);
+                  "%lld ms, its GPUs have no room for it while others do%s",
+                  (long long)s->restart_cost_ms,
+                  s->floor_now ? " for its floor (it restarts degraded)" : "");
     else if (cause && cause[0])
         osub__fmt(why, sizeof(why), "to make room for %s (level %d)", cause, cause_level);
     else if (reason == OSUB_R_USER)

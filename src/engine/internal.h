@@ -85,6 +85,8 @@ struct svc {
     int64_t residual_est; /* what planning expects to stay on its GPUs once suspended (total) */
     int64_t wake_ms;      /* when it last woke */
     uint32_t n_suspends;
+    bool floor_now; /* evicted to migrate at its floor: its next start may be at its floor at once
+                       (it waited in its suspend), not after floor_start_after_ms in the queue */
     struct svc *sprev, *snext; /* the engine's list of suspended services, while suspended */
 
     int32_t heap_pos[T__KINDS];
@@ -516,6 +518,8 @@ OSUB__HIDDEN int64_t osub__min_share(const osub_engine_t *e, const struct svc *s
 OSUB__HIDDEN bool osub__pending_can_start(const osub_engine_t *e, const struct svc *s);
 OSUB__HIDDEN void osub__plan_for(osub_engine_t *e, const struct svc *s, const struct req *r,
                                  struct plan *p);
+OSUB__HIDDEN bool osub__plan_floor_start(osub_engine_t *e, const struct svc *s, const struct req *r,
+                                         struct plan *p);
 OSUB__HIDDEN void osub__refresh_sizes(osub_engine_t *e);
 OSUB__HIDDEN int osub__resolve_spec(const osub_engine_t *e, const osub_spec_t *in, osub_spec_t *o,
                                     const osub_class_t **cls_out);

@@ -284,7 +284,7 @@ char *osub_engine_dump(const osub_engine_t *e)
                            (long long)s->residual_est, (long long)s->resume_cost_ms,
                            s->susp_hold + s->susp_idle, s->woke, (long long)s->wake_ms,
                            (int)s->susp_from, (long long)s->host_mib, s->n_suspends);
-        osub_sb_printf(&b, "\n");
+        osub_sb_printf(&b, "%s\n", s->floor_now ? " floor_now" : "");
     }
     osub_sb_printf(&b, "queue");
     for (size_t i = 0; i < e->n_queue; i++)

@@ -39,10 +39,12 @@ static void save_susp(struct osub_sbuf *o, const struct svc *s)
     osub_sb_printf(o, " method=%d", (int)x->method);
     osub_sb_printf(o,
                    " residual_spec=%lld resume_cost=%lld hold=%d woke=%d from=%d host=%lld "
-                   "residual=%lld wake=%lld n=%u\n",
+                   "residual=%lld wake=%lld n=%u",
                    (long long)x->residual_mib, (long long)s->spec.resume_cost_ms,
                    s->susp_hold + s->susp_idle, s->woke, (int)s->susp_from, (long long)s->host_mib,
                    (long long)s->residual_est, (long long)s->wake_ms, s->n_suspends);
+    /* migrated at its floor, not restarted yet: written only then (snapshots before have none) */
+    osub_sb_printf(o, "%s\n", s->floor_now ? " floor_now=1" : "");
 }
 
 char *osub_engine_save(const osub_engine_t *e)
@@ -678,6 +680,9 @@ static int load_susp(struct loader *ld, const struct line *l)
     s->woke = woke;
     s->susp_from = (osub_state_t)from;
     s->n_suspends = (uint32_t)n;
+    s->floor_now = false;
+    if (get(l, "floor_now") != NULL && !get_bool(l, "floor_now", &s->floor_now))
+        return OSUB_EBAD_SNAPSHOT;
     if (s->suspendable)
         ld->e->n_suspendable++;
     ld->e->host_used += s->host_mib;

@@ -235,26 +235,46 @@ static bool migration_in_flight(const osub_engine_t *e)
     return false;
 }
 
-/* Migrate: suspended s has waited longer than its restart cost for room on its own GPUs while
- * another set of GPUs has room for it now, without victims and without delaying the queue head:
- * it is evicted (reason migrate) and requeued at its place, to restart there. A CUDA checkpoint is
- * restored where it was taken and a sleeping vLLM wakes where it sleeps, so a restart elsewhere is
- * a reload: an eviction, counted as one (DESIGN.md, "Suspend"). Only for a service that an
- * eviction requeues and that nobody holds suspended (operator, idleness: the caller skips those),
- * and one at a time. Returns whether it was evicted. */
-static bool try_migrate(osub_engine_t *e, struct svc *s)
+/* A migration's plan for suspended s, on any GPUs, with no victims: its whole request once it
+ * has waited its restart cost; else, once it has also waited the queue's aging time (the bound
+ * on a queue head's wait), a degradable one at its floor (a degraded start, as a queued service
+ * may make): a suspended service can wake only into room for its whole grant, and one whose GPUs
+ * stay full would otherwise wait there for hours while another GPU has room for its floor. */
+static bool migrate_plan(osub_engine_t *e, const struct svc *s, struct plan *p)
 {
-    if (s->state != OSUB_STATE_SUSPENDED || !s->requeue_on_evict ||
-        e->now - s->since_ms < s->restart_cost_ms)
+    int64_t waited = e->now - s->since_ms;
+    if (waited < s->restart_cost_ms)
         return false;
+    bool at_floor = s->degradable && !s->spec.exclusive && s->floor_total < s->full_total &&
+                    e->cfg.floor_start_after_ms >= 0 && waited >= e->cfg.queue_aging_ms;
     struct req r;
     osub__fill_req(e, s, &r);
     r.quiet = true;
-    if (!osub__may_fit(e, &r, osub__min_share(e, s, &r)))
+    int64_t share = osub__min_share(e, s, &r);
+    if (at_floor)
+        share = osub__min64(share, s->floor_total / r.k);
+    if (!osub__may_fit(e, &r, share))
+        return false;
+    osub__plan_admission(e, &r, p);
+    p->degraded_start = false;
+    if (p->ok && p->n_victims == 0)
+        return true;
+    return at_floor && osub__plan_floor_start(e, s, &r, p);
+}
+
+/* Migrate: suspended s has waited for room on its own GPUs while another set of GPUs has room
+ * for it now (migrate_plan), without delaying the queue head: it is evicted (reason migrate) and
+ * requeued at its place, to restart there (at its floor at once if that is what the plan found).
+ * A CUDA checkpoint is restored where it was taken and a sleeping vLLM wakes where it sleeps, so
+ * a restart elsewhere is a reload: an eviction, counted as one (DESIGN.md, "Suspend"). Only for a
+ * service that an eviction requeues and that nobody holds suspended (operator, idleness: the
+ * caller skips those), and one at a time. Returns whether it was evicted. */
+static bool try_migrate(osub_engine_t *e, struct svc *s)
+{
+    if (s->state != OSUB_STATE_SUSPENDED || !s->requeue_on_evict)
         return false;
     struct plan p;
-    osub__plan_admission(e, &r, &p);
-    if (!p.ok || p.n_victims > 0)
+    if (!migrate_plan(e, s, &p))
         return false;
     /* its own GPUs are where a wake brings it back without a reload */
     for (int32_t i = 0; i < p.k; i++)
@@ -264,6 +284,7 @@ static bool try_migrate(osub_engine_t *e, struct svc *s)
     if (!osub__backfill_ok(e, &p, s->level) || migration_in_flight(e) ||
         osub__timer_reserve(e, 1) != 0)
         return false;
+    s->floor_now = p.degraded_start; /* before: the eviction's message says so */
     osub__svc_evict(e, s, "", -1, OSUB_R_MIGRATE);
     /* the event names no preemptor (it is none); the record keeps itself as one: in flight */
     snprintf(s->preemptor, sizeof(s->preemptor), "%s", s->spec.id);

@@ -1,7 +1,7 @@
 /* test_suspend.c - suspend, the rung between degrade and evict: the ladder and the key, the host
  * budget, the timeout and a failed mechanism, the wake ahead of the queue, the minimum runtime
  * after a wake, pressure, the operator's commands, snapshots, the migration of a service left
- * suspended longer than its restart cost */
+ * suspended longer than its restart cost (at its floor after the queue's aging time) */
 #define _POSIX_C_SOURCE 200809L
 #include "helpers.h"
 
@@ -572,6 +572,60 @@ static osub_engine_t *round_trip(osub_engine_t *e)
     return e2;
 }
 
+/* A degradable service suspended where its GPU stays full (web, 50000 MiB, beside it leaves no
+ * room for its grant) while GPU 1 has room for its floor but not for its whole request: once it
+ * has waited the queue's aging time (5 min) it is evicted to migrate at its floor (counted as an
+ * eviction) and restarts there degraded at once, through a snapshot too. Before that it waits.
+ * Before this rule it stayed suspended for as long as web stayed. */
+static void test_migrate_at_floor_after_queue_aging(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_pool(2, 200000);
+    osub_spec_t ex = susp_spec("exp", "experiment", 61440, 30000, 0);
+    ex.resumable = true;
+    ex.restart_cost_ms = 5000;
+    running(e, ex, 60000, 0);
+    running(e, spec("fill", "batch", 40000, 1, 0), 40000, 1);
+    assert_int_equal(info(e, "fill").slots[0].gpu, 1);
+    /* its degrade is not enough for web (30000 + 50000 over 77824): suspended */
+    assert_int_equal(sub(e, spec("web", "online", 50000, 1, 0), 10), OSUB_SUBMIT_PENDING);
+    assert_int_equal(info(e, "exp").state, OSUB_STATE_SUSPENDING);
+    assert_int_equal(osub_engine_suspended(e, "exp", 2048, 20), 0);
+    assert_int_equal(info(e, "web").slots[0].gpu, 0);
+    /* GPU 1: 40000 + its floor fits, 40000 + its request does not; no migration before 5 min */
+    assert_int_equal(osub_engine_tick(e, 20 + 299999), 0);
+    assert_int_equal(info(e, "exp").state, OSUB_STATE_SUSPENDED);
+    assert_int_equal(count_ev(e, OSUB_EV_EVICT, NULL), 0);
+    assert_int_equal(osub_engine_tick(e, 20 + 300000), 0);
+    const osub_event_t *ev = find_ev(e, OSUB_EV_EVICT, "exp");
+    assert_non_null(ev);
+    assert_int_equal(ev->reason, OSUB_R_MIGRATE);
+    assert_non_null(strstr(ev->msg, "for its floor"));
+    assert_int_equal(info(e, "exp").state, OSUB_STATE_DRAINING);
+    osub_pool_info_t p;
+    osub_engine_pool_info(e, &p);
+    assert_int_equal(p.evictions, 1);
+    check_ok(e);
+    /* a snapshot keeps that it may start at its floor at once */
+    osub_engine_t *e2 = round_trip(e);
+    osub_engine_free(e);
+    e = e2;
+    /* its processes gone: requeued, started at its floor on GPU 1 without the queue's wait */
+    assert_int_equal(osub_engine_exited(e, "exp", NULL, 300100), 0);
+    assert_non_null(find_ev(e, OSUB_EV_REQUEUE, "exp"));
+    ev = find_ev(e, OSUB_EV_DEGRADE, "exp");
+    assert_non_null(ev);
+    assert_int_equal(ev->reason, OSUB_R_START_FLOOR);
+    osub_service_info_t x = info(e, "exp");
+    assert_int_equal(x.state, OSUB_STATE_DEGRADED);
+    assert_int_equal(x.n_slots, 1);
+    assert_int_equal(x.slots[0].gpu, 1);
+    assert_int_equal(x.grant_mib, 30000);
+    assert_int_equal(x.host_mib, 0);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
 static void test_snapshot_round_trip(void **state)
 {
     (void)state;
@@ -707,6 +761,7 @@ int main(void)
         cmocka_unit_test(test_migrate_after_restart_cost),
         cmocka_unit_test(test_migrate_only_when_it_helps),
         cmocka_unit_test(test_migrate_one_at_a_time),
+        cmocka_unit_test(test_migrate_at_floor_after_queue_aging),
         cmocka_unit_test(test_snapshot_round_trip),
         cmocka_unit_test(test_old_snapshot_loads),
     };
