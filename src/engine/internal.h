@@ -188,10 +188,25 @@ struct room_tree {
     uint32_t *prio;
     int64_t *pfree; /* the key each node is filed under */
     bool *in;       /* filed there: in service, not exclusive's (the trees' "out" is !in) */
-    /* per position, as of the last refresh: logical - granted, held, what the services there
-     * keep under pressure (osub__note_closest() reads these in a row) */
-    int64_t *s_logical, *s_held, *s_floors;
+    int32_t n_in;   /* positions filed there */
+    /* per position, as of the last refresh, clamped to +-2^30 (osub__clamp_row()), in rows of
+     * n rounded up to 4: logical - granted, held, what the services there keep under pressure,
+     * backed grants, and a mask (-1 or 0) of the GPUs where nothing preemptible is placed.
+     * osub__note_closest() reads them four GPUs at a time; `sf` is its scratch row. A position
+     * not filed in the index (and the padding) holds OSUB__ROW_PASS as logical room and its
+     * negation as the rest: every check passes there. */
+    int32_t *r_logical, *r_held, *r_floors, *r_backed, *r_nopre, *sf;
 };
+
+#define OSUB__ROW_PASS (INT32_C(1) << 30)
+
+/* A row value of the room trees' group (struct room_tree): v clamped to +-2^30, which keeps
+ * every comparison with a threshold within +-2^29 exact. */
+static inline int32_t osub__clamp_row(int64_t v)
+{
+    const int64_t c = INT64_C(1) << 30;
+    return (int32_t)(v > c ? c : v < -c ? -c : v);
+}
 
 struct timer_ent {
     int64_t at;
