@@ -231,8 +231,11 @@ struct osub_engine {
     size_t tab_cap, n_live;
     struct svc *head, *tail;
 
-    struct svc **queue; /* sorted by level, submit time, seq */
-    size_t n_queue, cap_queue;
+    /* sorted by level, submit time, seq (osub__queue_before()); queue_off free slots lie
+     * before its first entry (so that an entry near the head moves those ahead of it, not the
+     * thousands behind), cap_queue counts the slots from the first entry on */
+    struct svc **queue;
+    size_t n_queue, cap_queue, queue_off;
     struct svc **pending; /* in seq order */
     size_t n_pending, cap_pending;
 
@@ -490,6 +493,9 @@ OSUB__HIDDEN int osub__place_reserve(osub_engine_t *e, const int32_t *gpus, int3
 OSUB__HIDDEN bool osub__queue_before(const struct svc *a, const struct svc *b);
 OSUB__HIDDEN size_t osub__queue_pos(const osub_engine_t *e, const struct svc *s);
 OSUB__HIDDEN size_t osub__queue_push(osub_engine_t *e, struct svc *s);
+OSUB__HIDDEN int osub__queue_reserve(osub_engine_t *e, size_t n);
+OSUB__HIDDEN void osub__queue_remove(osub_engine_t *e, struct svc *s);
+OSUB__HIDDEN void osub__queue_remove_at(osub_engine_t *e, size_t i);
 OSUB__HIDDEN void osub__set_state(osub_engine_t *e, struct svc *s, osub_state_t st);
 OSUB__HIDDEN int64_t osub__slot_held(const struct svc *s, const struct slot *sl);
 OSUB__HIDDEN void osub__slot_set_grant(osub_engine_t *e, struct svc *s, struct slot *sl, int64_t g);
