@@ -188,6 +188,7 @@ struct room_tree {
     uint32_t *prio;
     int64_t *pfree; /* the key each node is filed under */
     bool *in;       /* filed there: in service, not exclusive's (the trees' "out" is !in) */
+    int32_t *stk;   /* n entries: the path of an in-order walk (osub__treap_first()) */
     int32_t n_in;   /* positions filed there */
     /* per position, as of the last refresh, clamped to +-2^30 (osub__clamp_row()), in rows of
      * n rounded up to 4: logical - granted, held, what the services there keep under pressure,

@@ -68,19 +68,31 @@ static void treap_insert(struct room_tree *t, int32_t pos, int64_t key)
     t->n_in++;
 }
 
-/* The first node at or after (key, pos), -1 if none. */
-int32_t osub__treap_lower_bound(const struct room_tree *t, int64_t key, int32_t pos)
+int32_t osub__treap_first(struct room_tree *t, int64_t key, int32_t pos, int32_t *sp)
 {
-    int32_t x = t->root, best = -1;
+    /* the stack holds the nodes where the search went left: the first at or after the key is
+     * the last of them */
+    int32_t x = t->root;
+    *sp = 0;
     while (x >= 0) {
         if (tkey_less(t, x, key, pos)) {
             x = t->right[x];
         } else {
-            best = x;
+            t->stk[(*sp)++] = x;
             x = t->left[x];
         }
     }
-    return best;
+    return *sp > 0 ? t->stk[*sp - 1] : -1;
+}
+
+int32_t osub__treap_next(struct room_tree *t, int32_t *sp)
+{
+    if (*sp == 0)
+        return -1;
+    int32_t x = t->right[t->stk[--*sp]];
+    for (; x >= 0; x = t->left[x])
+        t->stk[(*sp)++] = x;
+    return *sp > 0 ? t->stk[*sp - 1] : -1;
 }
 
 struct room_pick osub__tree_for(const osub_engine_t *e, const struct room_tree *t,
@@ -185,8 +197,9 @@ int osub__trees_init(osub_engine_t *e)
         t->prio = malloc((size_t)t->n * sizeof(uint32_t));
         t->pfree = calloc((size_t)t->n, sizeof(int64_t));
         t->in = calloc((size_t)t->n, sizeof(bool));
+        t->stk = malloc((size_t)t->n * sizeof(int32_t));
         if (t->left == NULL || t->right == NULL || t->prio == NULL || t->pfree == NULL ||
-            t->in == NULL)
+            t->in == NULL || t->stk == NULL)
             return OSUB_ENOMEM;
         size_t n4 = ((size_t)t->n + 3) & ~(size_t)3;
         int32_t **rows[] = {&t->r_logical, &t->r_held,  &t->r_floors,
@@ -242,6 +255,7 @@ void osub__trees_free(osub_engine_t *e)
         free(e->trees[j].prio);
         free(e->trees[j].pfree);
         free(e->trees[j].in);
+        free(e->trees[j].stk);
         free(e->trees[j].r_logical);
         free(e->trees[j].r_held);
         free(e->trees[j].r_floors);
