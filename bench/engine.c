@@ -235,6 +235,48 @@ __attribute__((noinline)) size_t bench_run_engine(osub_engine_t *e, const struct
     return done;
 }
 
+/* Writes one command's return code and every event it produced, each field, one a line. */
+static void write_events(osub_engine_t *e, FILE *f, const char *what, int rc)
+{
+    size_t ne;
+    const osub_event_t *ev = osub_engine_events(e, &ne);
+    fprintf(f, "%s rc %d\n", what, rc);
+    for (size_t j = 0; j < ne; j++)
+        fprintf(f, "  %lld %s %d %s|%s|%d %d %d %lld %d %lld %s\n", (long long)ev[j].time_ms,
+                osub_event_name(ev[j].kind), (int)ev[j].reason, ev[j].service, ev[j].cause,
+                ev[j].cause_level, ev[j].level, ev[j].gpu, (long long)ev[j].vram_mib,
+                ev[j].batch_size, (long long)ev[j].deadline_ms, ev[j].msg);
+}
+
+/* The stream of bench_run_engine(), untimed, with every command's events and the final dump
+ * written to f: two engines decide the same exactly when these files are equal. */
+static void dump_events(osub_engine_t *e, const struct cmd *s, size_t n, int64_t t0, FILE *f)
+{
+    struct stats st = {0};
+    static struct follow fq[4096];
+    for (size_t i = 0; i < n; i++) {
+        int64_t t = t0 + (int64_t)i * 10;
+        int rc = run_one(e, &s[i], t, &st);
+        write_events(e, f, "cmd", rc);
+        size_t ne, nf = 0;
+        const osub_event_t *ev = osub_engine_events(e, &ne);
+        for (size_t j = 0; j < ne && nf < 4096; j++) {
+            if (ev[j].kind == OSUB_EV_DEGRADE || ev[j].kind == OSUB_EV_EVICT) {
+                memcpy(fq[nf].id, ev[j].service, sizeof(fq[nf].id));
+                fq[nf++].exit = ev[j].kind == OSUB_EV_EVICT;
+            }
+        }
+        for (size_t j = 0; j < nf; j++) {
+            rc = fq[j].exit ? osub_engine_exited(e, fq[j].id, NULL, t)
+                            : osub_engine_ack(e, fq[j].id, NULL, t);
+            write_events(e, f, fq[j].exit ? "exited" : "ack", rc);
+        }
+    }
+    char *d = osub_engine_dump(e);
+    fputs(d, f);
+    free(d);
+}
+
 static brief_pool_t *brief_prefilled(const struct cmd *pre)
 {
     double total = (N_GPUS / 2) * 80.0 + (N_GPUS / 2) * 40.0;
@@ -315,7 +357,7 @@ int main(int argc, char **argv)
     size_t n = 45000;
     int runs = 5;
     bool verify = false, latency = true;
-    const char *mode = "all";
+    const char *mode = "all", *events = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--commands") == 0 && i + 1 < argc)
             n = (size_t)strtoul(argv[++i], NULL, 10);
@@ -327,13 +369,17 @@ int main(int argc, char **argv)
             verify = true;
         else if (strcmp(argv[i], "--no-latency") == 0)
             latency = false;
+        else if (strcmp(argv[i], "--events") == 0 && i + 1 < argc)
+            events = argv[++i];
         else {
             fprintf(stderr,
                     "usage: bench_engine [--commands N] [--runs R] [--mode all|engine|brief] "
-                    "[--no-latency] [--verify]\n"
+                    "[--no-latency] [--verify] [--events FILE]\n"
                     "Feeds a fixed stream (40%% submits, 20%% releases, 40%% usage reports) to a "
                     "pool of %d GPUs holding %d services.\n",
                     N_GPUS, N_PREFILL);
+            fprintf(stderr, "--events FILE writes every command's events and the final dump "
+                            "(the stream once, untimed) and exits.\n");
             return strcmp(argv[i], "--help") == 0 ? 0 : 2;
         }
     }
@@ -357,6 +403,18 @@ int main(int argc, char **argv)
         osub_engine_free(e);
         free(stream);
         return bad ? 1 : 0;
+    }
+    if (events != NULL) {
+        FILE *f = fopen(events, "w");
+        osub_engine_t *e = f ? engine_prefilled(pre) : NULL;
+        if (e == NULL) {
+            perror(events);
+            return 1;
+        }
+        dump_events(e, stream, n, 2000, f);
+        osub_engine_free(e);
+        free(stream);
+        return fclose(f) == 0 ? 0 : 1;
     }
     double *lat = malloc(4 * n * sizeof(*lat));
     double rates[100], brates[100], crates[100], bcrates[100];

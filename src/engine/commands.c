@@ -173,8 +173,7 @@ int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms
     struct svc *sv = svc_new(e, &s, cls, now_ms, flags);
     if (sv == NULL)
         return OSUB_ENOMEM;
-    if (osub__tab_reserve(e) != 0 ||
-        osub__vec_reserve(&e->queue, &e->cap_queue, e->n_queue + 1) != 0) {
+    if (osub__tab_reserve(e) != 0 || osub__queue_reserve(e, e->n_queue + 1) != 0) {
         osub_svc_free(sv);
         return OSUB_ENOMEM;
     }
@@ -492,7 +491,7 @@ int osub_engine_exited(osub_engine_t *e, const char *id, const char *checkpoint,
     int rc = osub__get_svc(e, id, &s);
     if (rc != 0)
         return rc;
-    if (osub__vec_reserve(&e->queue, &e->cap_queue, e->n_queue + 1) != 0)
+    if (osub__queue_reserve(e, e->n_queue + 1) != 0)
         return OSUB_ENOMEM;
     rc = osub__check_time(e, now_ms);
     if (rc != 0)
@@ -714,7 +713,7 @@ int osub_engine_gpu_lost(osub_engine_t *e, int32_t gpu, int64_t now_ms)
         return OSUB_EBAD_GPU;
     if (e->gpus[gpu].lost)
         return OSUB_EGPU_LOST;
-    if (osub__vec_reserve(&e->queue, &e->cap_queue, e->n_queue + (size_t)e->gpus[gpu].nsvc) != 0)
+    if (osub__queue_reserve(e, e->n_queue + (size_t)e->gpus[gpu].nsvc) != 0)
         return OSUB_ENOMEM;
     int rc = osub__check_time(e, now_ms);
     if (rc != 0)

@@ -613,6 +613,22 @@ int osub__vec_reserve(struct svc ***v, size_t *cap, size_t n)
     return 0;
 }
 
+/* Makes room for n queue entries (n < cap_queue afterwards): the free slots before the head
+ * taken back first, then the allocation grown. */
+int osub__queue_reserve(osub_engine_t *e, size_t n)
+{
+    if (n < e->cap_queue)
+        return 0;
+    if (e->queue_off > 0) {
+        struct svc **base = e->queue - e->queue_off;
+        memmove(base, e->queue, e->n_queue * sizeof(*base));
+        e->queue = base;
+        e->cap_queue += e->queue_off;
+        e->queue_off = 0;
+    }
+    return osub__vec_reserve(&e->queue, &e->cap_queue, n);
+}
+
 size_t osub__queue_push(osub_engine_t *e, struct svc *s)
 {
     /* binary search for the first entry that s goes before */
@@ -624,10 +640,60 @@ size_t osub__queue_push(osub_engine_t *e, struct svc *s)
         else
             lo = mid + 1;
     }
-    memmove(&e->queue[lo + 1], &e->queue[lo], (e->n_queue - lo) * sizeof(s));
+    if (lo < e->n_queue / 2 && e->queue_off > 0) {
+        /* the entries ahead of it move one slot towards the head */
+        e->queue--;
+        e->queue_off--;
+        e->cap_queue++;
+        memmove(&e->queue[0], &e->queue[1], lo * sizeof(s));
+    } else {
+        memmove(&e->queue[lo + 1], &e->queue[lo], (e->n_queue - lo) * sizeof(s));
+    }
     e->queue[lo] = s;
     e->n_queue++;
     return lo;
+}
+
+void osub__queue_remove_at(osub_engine_t *e, size_t i)
+{
+    struct svc **q = e->queue;
+    if (i < e->n_queue / 2) {
+        /* the entries ahead of it move one slot back; the head's slot is freed */
+        memmove(&q[1], &q[0], i * sizeof(*q));
+        e->queue++;
+        e->queue_off++;
+        e->cap_queue--;
+    } else {
+        memmove(&q[i], &q[i + 1], (e->n_queue - i - 1) * sizeof(*q));
+    }
+    e->n_queue--;
+}
+
+/* Where s is in the queue, n_queue if it is not: a binary search in the queue's order, a scan
+ * if the entry found is not s. */
+static size_t queue_find(const osub_engine_t *e, const struct svc *s)
+{
+    size_t lo = 0, hi = e->n_queue;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (osub__queue_before(e->queue[mid], s))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < e->n_queue && e->queue[lo] == s)
+        return lo;
+    for (size_t i = 0; i < e->n_queue; i++)
+        if (e->queue[i] == s)
+            return i;
+    return e->n_queue;
+}
+
+void osub__queue_remove(osub_engine_t *e, struct svc *s)
+{
+    size_t i = queue_find(e, s);
+    if (i < e->n_queue)
+        osub__queue_remove_at(e, i);
 }
 
 void osub__vec_remove(struct svc **v, size_t *n, struct svc *s)
@@ -643,10 +709,8 @@ void osub__vec_remove(struct svc **v, size_t *n, struct svc *s)
 
 size_t osub__queue_pos(const osub_engine_t *e, const struct svc *s)
 {
-    for (size_t i = 0; i < e->n_queue; i++)
-        if (e->queue[i] == s)
-            return i + 1;
-    return 0;
+    size_t i = queue_find(e, s);
+    return i < e->n_queue ? i + 1 : 0;
 }
 
 /* ---- service lifetime ----------------------------------------------------------------- */
@@ -680,7 +744,7 @@ void osub__svc_destroy(osub_engine_t *e, struct svc *s)
 {
     svc_unplace(e, s);
     if (s->state == OSUB_STATE_QUEUED)
-        osub__vec_remove(e->queue, &e->n_queue, s);
+        osub__queue_remove(e, s);
     if (s->state == OSUB_STATE_PENDING)
         osub__vec_remove(e->pending, &e->n_pending, s);
     svc_unlink(e, s);
@@ -1025,7 +1089,7 @@ void osub_engine_free(osub_engine_t *e)
     free(e->promise_buf);
     free(e->gpu_stamp);
     free(e->tab);
-    free(e->queue);
+    free(e->queue != NULL ? e->queue - e->queue_off : NULL);
     free(e->pending);
     free(e->heap);
     free(e->events);

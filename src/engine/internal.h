@@ -190,10 +190,26 @@ struct room_tree {
     uint32_t *prio;
     int64_t *pfree; /* the key each node is filed under */
     bool *in;       /* filed there: in service, not exclusive's (the trees' "out" is !in) */
-    /* per position, as of the last refresh: logical - granted, held, what the services there
-     * keep under pressure (osub__note_closest() reads these in a row) */
-    int64_t *s_logical, *s_held, *s_floors;
+    int32_t *stk;   /* n entries: the path of an in-order walk (osub__treap_first()) */
+    int32_t n_in;   /* positions filed there */
+    /* per position, as of the last refresh, clamped to +-2^30 (osub__clamp_row()), in rows of
+     * n rounded up to 4: logical - granted, held, what the services there keep under pressure,
+     * backed grants, and a mask (-1 or 0) of the GPUs where nothing preemptible is placed.
+     * osub__note_closest() reads them four GPUs at a time; `sf` is its scratch row. A position
+     * not filed in the index (and the padding) holds OSUB__ROW_PASS as logical room and its
+     * negation as the rest: every check passes there. */
+    int32_t *r_logical, *r_held, *r_floors, *r_backed, *r_nopre, *sf;
 };
+
+#define OSUB__ROW_PASS (INT32_C(1) << 30)
+
+/* A row value of the room trees' group (struct room_tree): v clamped to +-2^30, which keeps
+ * every comparison with a threshold within +-2^29 exact. */
+static inline int32_t osub__clamp_row(int64_t v)
+{
+    const int64_t c = INT64_C(1) << 30;
+    return (int32_t)(v > c ? c : v < -c ? -c : v);
+}
 
 struct timer_ent {
     int64_t at;
@@ -218,8 +234,11 @@ struct osub_engine {
     size_t tab_cap, n_live;
     struct svc *head, *tail;
 
-    struct svc **queue; /* sorted by level, submit time, seq */
-    size_t n_queue, cap_queue;
+    /* sorted by level, submit time, seq (osub__queue_before()); queue_off free slots lie
+     * before its first entry (so that an entry near the head moves those ahead of it, not the
+     * thousands behind), cap_queue counts the slots from the first entry on */
+    struct svc **queue;
+    size_t n_queue, cap_queue, queue_off;
     struct svc **pending; /* in seq order */
     size_t n_pending, cap_pending;
 
@@ -477,6 +496,9 @@ OSUB__HIDDEN int osub__place_reserve(osub_engine_t *e, const int32_t *gpus, int3
 OSUB__HIDDEN bool osub__queue_before(const struct svc *a, const struct svc *b);
 OSUB__HIDDEN size_t osub__queue_pos(const osub_engine_t *e, const struct svc *s);
 OSUB__HIDDEN size_t osub__queue_push(osub_engine_t *e, struct svc *s);
+OSUB__HIDDEN int osub__queue_reserve(osub_engine_t *e, size_t n);
+OSUB__HIDDEN void osub__queue_remove(osub_engine_t *e, struct svc *s);
+OSUB__HIDDEN void osub__queue_remove_at(osub_engine_t *e, size_t i);
 OSUB__HIDDEN void osub__set_state(osub_engine_t *e, struct svc *s, osub_state_t st);
 OSUB__HIDDEN int64_t osub__slot_held(const struct svc *s, const struct slot *sl);
 OSUB__HIDDEN void osub__slot_set_grant(osub_engine_t *e, struct svc *s, struct slot *sl, int64_t g);

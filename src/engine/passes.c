@@ -54,7 +54,7 @@ static void on_deadline(osub_engine_t *e, struct svc *s)
                 i++;
                 continue;
             }
-            if (osub__vec_reserve(&e->queue, &e->cap_queue, e->n_queue + 1) != 0) {
+            if (osub__queue_reserve(e, e->n_queue + 1) != 0) {
                 i++;
                 continue;
             }
@@ -173,7 +173,10 @@ static void process_queue(osub_engine_t *e)
             i++;
             continue;
         }
-        osub__vec_remove(e->queue, &e->n_queue, s);
+        if (e->queue[i] == s)
+            osub__queue_remove_at(e, i);
+        else
+            osub__queue_remove(e, s);
         osub__admit_apply(e, s, &p, OSUB_R_ROOM_FREED);
         /* the queue shifted: look again from the same position */
     }

@@ -791,9 +791,9 @@ static void collect_fits(osub_engine_t *e, struct size_plan *sp)
         /* the walk is bounded: GPUs with held room but no floor room (or logical room) are
          * not in the index's order; past 4k of them the scan below, which the room trees
          * prune on every kind of room, finds the same best k */
-        for (int32_t x = osub__treap_lower_bound(grp, sp->charge0 - slack, -1);
-             x >= 0 && got < k && walked < 4 * k + 16;
-             x = osub__treap_lower_bound(grp, grp->pfree[x], x + 1), walked++) {
+        int32_t tsp;
+        for (int32_t x = osub__treap_first(grp, sp->charge0 - slack, -1, &tsp);
+             x >= 0 && got < k && walked < 4 * k + 16; x = osub__treap_next(grp, &tsp), walked++) {
             int32_t gi = grp->gpus[x];
             struct gpu *g = &e->gpus[gi];
             if (!osub__gpu_takes(g, r, sp->size))

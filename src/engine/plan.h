@@ -190,8 +190,11 @@ OSUB__HIDDEN void osub__note_closest(osub_engine_t *e, const struct req *r, int6
 
 /* Brings the room trees and the best-fit index up to date with the GPUs touched. */
 OSUB__HIDDEN void osub__trees_refresh(osub_engine_t *e);
-/* The first node of t's best-fit index at or after (key, pos), -1 if none. */
-OSUB__HIDDEN int32_t osub__treap_lower_bound(const struct room_tree *t, int64_t key, int32_t pos);
+/* An in-order walk of t's best-fit index: the first node at or after (key, pos), then each
+ * node's successor, -1 past the last. The walk's state is t->stk and *sp; nothing may change the
+ * index while it runs. */
+OSUB__HIDDEN int32_t osub__treap_first(struct room_tree *t, int64_t key, int32_t pos, int32_t *sp);
+OSUB__HIDDEN int32_t osub__treap_next(struct room_tree *t, int32_t *sp);
 /* A room tree chosen for a request (tr), the floor-room tree read with it (ftr) and their
  * per-GPU minimum (both; NULL where the tree has no twin). */
 struct room_pick {

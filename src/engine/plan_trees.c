@@ -54,6 +54,7 @@ static void treap_erase(struct room_tree *t, int32_t pos)
     (void)r;
     t->root = treap_merge(t, l, r2);
     t->in[pos] = false;
+    t->n_in--;
 }
 
 static void treap_insert(struct room_tree *t, int32_t pos, int64_t key)
@@ -64,21 +65,34 @@ static void treap_insert(struct room_tree *t, int32_t pos, int64_t key)
     treap_split(t, t->root, key, pos, &l, &r);
     t->root = treap_merge(t, treap_merge(t, l, pos), r);
     t->in[pos] = true;
+    t->n_in++;
 }
 
-/* The first node at or after (key, pos), -1 if none. */
-int32_t osub__treap_lower_bound(const struct room_tree *t, int64_t key, int32_t pos)
+int32_t osub__treap_first(struct room_tree *t, int64_t key, int32_t pos, int32_t *sp)
 {
-    int32_t x = t->root, best = -1;
+    /* the stack holds the nodes where the search went left: the first at or after the key is
+     * the last of them */
+    int32_t x = t->root;
+    *sp = 0;
     while (x >= 0) {
         if (tkey_less(t, x, key, pos)) {
             x = t->right[x];
         } else {
-            best = x;
+            t->stk[(*sp)++] = x;
             x = t->left[x];
         }
     }
-    return best;
+    return *sp > 0 ? t->stk[*sp - 1] : -1;
+}
+
+int32_t osub__treap_next(struct room_tree *t, int32_t *sp)
+{
+    if (*sp == 0)
+        return -1;
+    int32_t x = t->right[t->stk[--*sp]];
+    for (; x >= 0; x = t->left[x])
+        t->stk[(*sp)++] = x;
+    return *sp > 0 ? t->stk[*sp - 1] : -1;
 }
 
 struct room_pick osub__tree_for(const osub_engine_t *e, const struct room_tree *t,
@@ -138,6 +152,13 @@ void osub__tree_collect(const struct room_tree *t, struct room_pick p, int64_t s
 
 /* ---- room trees ---------------------------------------------------------------------- */
 
+/* The rows of a position where every check of osub__note_closest() passes. */
+static void row_pass(struct room_tree *t, int32_t pos)
+{
+    t->r_logical[pos] = OSUB__ROW_PASS;
+    t->r_held[pos] = t->r_floors[pos] = t->r_backed[pos] = -OSUB__ROW_PASS;
+}
+
 int osub__trees_init(osub_engine_t *e)
 {
     e->trees = calloc(OSUB_GPU_SIZES_MAX, sizeof(*e->trees));
@@ -176,12 +197,18 @@ int osub__trees_init(osub_engine_t *e)
         t->prio = malloc((size_t)t->n * sizeof(uint32_t));
         t->pfree = calloc((size_t)t->n, sizeof(int64_t));
         t->in = calloc((size_t)t->n, sizeof(bool));
-        t->s_logical = calloc((size_t)t->n, sizeof(int64_t));
-        t->s_held = calloc((size_t)t->n, sizeof(int64_t));
-        t->s_floors = calloc((size_t)t->n, sizeof(int64_t));
+        t->stk = malloc((size_t)t->n * sizeof(int32_t));
         if (t->left == NULL || t->right == NULL || t->prio == NULL || t->pfree == NULL ||
-            t->in == NULL || t->s_logical == NULL || t->s_held == NULL || t->s_floors == NULL)
+            t->in == NULL || t->stk == NULL)
             return OSUB_ENOMEM;
+        size_t n4 = ((size_t)t->n + 3) & ~(size_t)3;
+        int32_t **rows[] = {&t->r_logical, &t->r_held,  &t->r_floors,
+                            &t->r_backed,  &t->r_nopre, &t->sf};
+        for (size_t a = 0; a < sizeof(rows) / sizeof(rows[0]); a++)
+            if ((*rows[a] = calloc(n4, sizeof(int32_t))) == NULL)
+                return OSUB_ENOMEM;
+        for (size_t x = 0; x < n4; x++)
+            row_pass(t, (int32_t)x);
         for (int32_t x = 0; x < t->n; x++) {
             uint32_t h = (uint32_t)x * 2654435761u;
             t->prio[x] = h ^ (h >> 15);
@@ -228,9 +255,13 @@ void osub__trees_free(osub_engine_t *e)
         free(e->trees[j].prio);
         free(e->trees[j].pfree);
         free(e->trees[j].in);
-        free(e->trees[j].s_logical);
-        free(e->trees[j].s_held);
-        free(e->trees[j].s_floors);
+        free(e->trees[j].stk);
+        free(e->trees[j].r_logical);
+        free(e->trees[j].r_held);
+        free(e->trees[j].r_floors);
+        free(e->trees[j].r_backed);
+        free(e->trees[j].r_nopre);
+        free(e->trees[j].sf);
         for (int32_t L = 0; L <= OSUB_MAX_LEVEL; L++) {
             free(e->trees[j].t[L]);
             free(e->trees[j].d[L]);
@@ -304,9 +335,15 @@ void osub__trees_refresh(osub_engine_t *e)
         int64_t cap[6][OSUB_MAX_LEVEL + 1], fcap[OSUB_MAX_LEVEL + 1];
         int64_t floors = osub__gpu_floors(e, g);
         int64_t ffree = (g->n_preempt == 0 ? g->usable : osub__place_limit(e, g)) - floors;
-        t->s_logical[g->tree_pos] = g->logical - g->granted;
-        t->s_held[g->tree_pos] = g->held;
-        t->s_floors[g->tree_pos] = floors;
+        if (out) {
+            row_pass(t, g->tree_pos);
+        } else {
+            t->r_logical[g->tree_pos] = osub__clamp_row(g->logical - g->granted);
+            t->r_held[g->tree_pos] = osub__clamp_row(g->held);
+            t->r_floors[g->tree_pos] = osub__clamp_row(floors);
+            t->r_backed[g->tree_pos] = osub__clamp_row(g->backed);
+        }
+        t->r_nopre[g->tree_pos] = g->n_preempt == 0 ? -1 : 0;
         int64_t bfree = g->usable - g->backed;
         int64_t wfree = g->hw_lim - g->held;
         const struct gpu_aggs *a = g->a;

@@ -392,14 +392,195 @@ static inline osub_check_t closest_eval(const osub_engine_t *e, const struct gpu
     return OSUB_CHECK_NONE;
 }
 
+/* The closest GPU found so far: its position in the group, check and shortfall. */
+struct closest {
+    int32_t x;
+    osub_check_t ck;
+    int64_t sf;
+};
+
+static bool closest_chosen(const struct cand *best, int32_t nb, int32_t gi)
+{
+    for (int32_t b = 0; b < nb; b++)
+        if (best[b].gpu == gi)
+            return true;
+    return false;
+}
+
+/* The group's GPUs one at a time (those not filed in the best-fit index alone when out_only),
+ * each through closest_eval(): the smallest shortfall wins, the first of equals, the GPUs
+ * chosen in best aside. */
+static void closest_scan(osub_engine_t *e, const struct req *r, const struct room_tree *grp,
+                         struct closest_req q, const struct cand *best, int32_t nb, bool out_only,
+                         struct closest *c)
+{
+    const struct svc *self = r->self;
+    for (int32_t x = 0; x < grp->n; x++) {
+        if (out_only && grp->in[x])
+            continue;
+        const struct gpu *g = &e->gpus[grp->gpus[x]];
+        /* osub__gpu_takes() without the size: every GPU of the group has it */
+        if (g->lost || g->cordoned || (g->excl != NULL && (self == NULL || g->excl != self)))
+            continue;
+        int64_t sf;
+        osub_check_t ck = closest_eval(e, g, r, q, &sf);
+        if (ck == OSUB_CHECK_NONE || sf > c->sf || (sf == c->sf && x > c->x))
+            continue;
+        if (closest_chosen(best, nb, grp->gpus[x]))
+            continue;
+        *c = (struct closest){.x = x, .ck = ck, .sf = sf};
+    }
+}
+
+__extension__ typedef int32_t closest_v4 __attribute__((vector_size(16)));
+
+static inline closest_v4 v4_load(const int32_t *p)
+{
+    closest_v4 v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+/* a where m is set, else b (m's lanes are -1 or 0) */
+static inline closest_v4 v4_sel(closest_v4 m, closest_v4 a, closest_v4 b)
+{
+    return b ^ ((a ^ b) & m);
+}
+
+static inline closest_v4 v4_set(int64_t v)
+{
+    return (closest_v4){(int32_t)v, (int32_t)v, (int32_t)v, (int32_t)v};
+}
+
+/* The thresholds of closest_rows(), four lanes each: the share, usable - share (backed), and
+ * the held and floor limits less the charge and the floor, where something preemptible is
+ * placed (p) and where nothing is (n). */
+struct closest_th {
+    closest_v4 share, bthr, tp, tn, up, un;
+};
+
+/* The rows closest_rows() reads, held in registers (the store to sf could alias the group). */
+struct closest_rows {
+    const int32_t *logical, *held, *floors, *backed, *nopre;
+    int32_t *sf;
+};
+
+/* The shortfall of the four GPUs at x (INT32_MAX where every check passes): the first check
+ * that fails, in closest_eval()'s order. Without `backed` the backed check is skipped and the
+ * limits are the same everywhere. */
+static inline closest_v4 closest_v4_sf(struct closest_rows w, const struct closest_th *t, int32_t x,
+                                       bool backed)
+{
+    const closest_v4 zero = v4_set(0);
+    closest_v4 fl, held;
+    if (backed) {
+        closest_v4 nopre = v4_load(w.nopre + x);
+        fl = v4_load(w.floors + x) - v4_sel(nopre, t->un, t->up);
+        held = v4_load(w.held + x) - v4_sel(nopre, t->tn, t->tp);
+    } else {
+        fl = v4_load(w.floors + x) - t->up;
+        held = v4_load(w.held + x) - t->tp;
+    }
+    closest_v4 sf = v4_sel(fl > zero, fl, v4_set(INT32_MAX));
+    sf = v4_sel(held > zero, held, sf);
+    if (backed) {
+        closest_v4 bk = v4_load(w.backed + x) - t->bthr;
+        sf = v4_sel(bk > zero, bk, sf);
+    }
+    closest_v4 lg = t->share - v4_load(w.logical + x);
+    return v4_sel(lg > zero, lg, sf);
+}
+
+/* Every GPU's shortfall into grp->sf; returns the smallest. */
+static inline int32_t closest_v4_all(struct room_tree *grp, struct closest_th t, bool backed)
+{
+    const struct closest_rows w = {grp->r_logical, grp->r_held,  grp->r_floors,
+                                   grp->r_backed,  grp->r_nopre, grp->sf};
+    closest_v4 m = v4_set(INT32_MAX);
+    int32_t n4 = (grp->n + 3) & ~3;
+    for (int32_t x = 0; x < n4; x += 4) {
+        closest_v4 sf = closest_v4_sf(w, &t, x, backed);
+        m = v4_sel(sf < m, sf, m);
+        memcpy(w.sf + x, &sf, sizeof(sf));
+    }
+    int32_t least = m[0];
+    for (int i = 1; i < 4; i++)
+        least = m[i] < least ? m[i] : least;
+    return least;
+}
+
+/* Where the rows hold every figure closest_eval() reads (a request that is not exclusive and
+ * claims no compute, whose thresholds are within +-2^29 so that the clamped rows compare
+ * exactly): the shortfall of every GPU filed in the best-fit index (the rows of the others
+ * pass every check), four at a time with no branch, the chosen ones left out; then the first
+ * GPU with the smallest. Returns false when the rows cannot say (a smallest shortfall of 2^29
+ * or more: the clamps may hide the exact order); c->x < 0 when no GPU filed there fails a
+ * check. */
+static bool closest_rows(osub_engine_t *e, const struct req *r, struct room_tree *grp,
+                         struct closest_req q, const struct cand *best, int32_t nb,
+                         struct closest *c)
+{
+    const int64_t R = INT64_C(1) << 29;
+    const struct gpu *g0 = &e->gpus[grp->gpus[0]];
+    int64_t lp_c = osub__held_limit(g0, r->held_limit_pct, false, q.charge);
+    int64_t lp_s = osub__held_limit(g0, r->held_limit_pct, false, q.share);
+    /* where nothing preemptible is placed a backed request's limit is usable */
+    int64_t ln_c = r->backed ? grp->usable : lp_c, ln_s = r->backed ? grp->usable : lp_s;
+    int64_t th[6] = {q.share,         r->backed ? grp->usable - q.share : 0,
+                     lp_c - q.charge, ln_c - q.charge,
+                     lp_s - q.floor,  ln_s - q.floor};
+    for (int i = 0; i < 6; i++)
+        if (th[i] > R || th[i] < -R)
+            return false;
+    struct closest_th t = {v4_set(th[0]), v4_set(th[1]), v4_set(th[2]),
+                           v4_set(th[3]), v4_set(th[4]), v4_set(th[5])};
+    /* the chosen GPUs' rows pass every check while the rows are read */
+    int32_t saved[OSUB_SERVICE_GPUS_MAX][4];
+    for (int32_t b = 0; b < nb; b++) {
+        int32_t pos = e->gpus[best[b].gpu].tree_pos;
+        saved[b][0] = grp->r_logical[pos];
+        saved[b][1] = grp->r_held[pos];
+        saved[b][2] = grp->r_floors[pos];
+        saved[b][3] = grp->r_backed[pos];
+        grp->r_logical[pos] = OSUB__ROW_PASS;
+        grp->r_held[pos] = grp->r_floors[pos] = grp->r_backed[pos] = -OSUB__ROW_PASS;
+    }
+    int32_t least = r->backed ? closest_v4_all(grp, t, true) : closest_v4_all(grp, t, false);
+    for (int32_t b = nb - 1; b >= 0; b--) {
+        int32_t pos = e->gpus[best[b].gpu].tree_pos;
+        grp->r_logical[pos] = saved[b][0];
+        grp->r_held[pos] = saved[b][1];
+        grp->r_floors[pos] = saved[b][2];
+        grp->r_backed[pos] = saved[b][3];
+    }
+    c->x = -1;
+    if (least == INT32_MAX)
+        return true;
+    if (least >= R)
+        return false;
+    /* the first GPU with it: four at a time, then the one */
+    const closest_v4 lv = v4_set(least);
+    int32_t x = 0;
+    for (;; x += 4) {
+        closest_v4 eq = v4_load(grp->sf + x) == lv;
+        uint64_t w[2];
+        memcpy(w, &eq, sizeof(w));
+        if ((w[0] | w[1]) != 0)
+            break;
+    }
+    while (grp->sf[x] != least)
+        x++;
+    /* the exact check and shortfall, from the GPU itself (the same figures) */
+    c->x = x;
+    c->ck = closest_eval(e, &e->gpus[grp->gpus[x]], r, q, &c->sf);
+    return true;
+}
+
 void osub__note_closest(osub_engine_t *e, const struct req *r, int64_t size, int64_t share0,
                         const struct cand *best, int32_t nb, int32_t k, struct plan *fail)
 {
-    int32_t cg = -1;
-    osub_check_t cck = OSUB_CHECK_NONE;
-    int64_t csf = INT64_MAX;
     /* the size's GPUs, ascending (plan_size() found its group): the first of equals wins */
-    const struct room_tree *grp = NULL;
+    struct room_tree *grp = NULL;
     for (int32_t j = 0; j < e->n_trees && grp == NULL; j++)
         if (e->trees[j].vram == size)
             grp = &e->trees[j];
@@ -415,50 +596,22 @@ void osub__note_closest(osub_engine_t *e, const struct req *r, int64_t size, int
         q.lim_charge = osub__req_held_limit(g0, r, q.charge);
         q.lim_share = osub__req_held_limit(g0, r, q.share);
     }
-    const struct svc *self = r->self;
-    const struct gpu *gpus = e->gpus;
-    const int32_t *ids = n > 0 ? grp->gpus : NULL;
-    /* a request with no compute claim and the same held limits everywhere reads a GPU filed
-     * in the best-fit index from the group's arrays (refreshed by plan_size()), the same figures
-     * closest_eval() reads from the GPU */
-    bool rows = q.lims && r->compute == 0;
-    const bool *in = n > 0 ? grp->in : NULL;
-    const int64_t *s_logical = n > 0 ? grp->s_logical : NULL;
-    const int64_t *s_held = n > 0 ? grp->s_held : NULL, *s_floors = n > 0 ? grp->s_floors : NULL;
-    for (int32_t x = 0; x < n; x++) {
-        int64_t sf;
-        osub_check_t ck;
-        if (rows && in[x]) {
-            if ((sf = q.share - s_logical[x]) > 0)
-                ck = OSUB_CHECK_LOGICAL;
-            else if ((sf = s_held[x] + q.charge - q.lim_charge) > 0)
-                ck = OSUB_CHECK_HELD;
-            else if ((sf = s_floors[x] + q.floor - q.lim_share) > 0)
-                ck = OSUB_CHECK_FLOORS;
-            else
-                continue;
+    struct closest c = {.x = -1, .ck = OSUB_CHECK_NONE, .sf = INT64_MAX};
+    if (n > 0) {
+        /* the GPUs filed in the best-fit index from its rows (refreshed by plan_size()), the
+         * others one at a time; every GPU one at a time when the rows cannot say */
+        if (!r->exclusive && r->compute == 0 && closest_rows(e, r, grp, q, best, nb, &c)) {
+            if (grp->n_in < n)
+                closest_scan(e, r, grp, q, best, nb, true, &c);
         } else {
-            const struct gpu *g = &gpus[ids[x]];
-            /* osub__gpu_takes() without the size: every GPU of the group has it */
-            if (g->lost || g->cordoned || (g->excl != NULL && (self == NULL || g->excl != self)))
-                continue;
-            ck = closest_eval(e, g, r, q, &sf);
-        }
-        if (ck == OSUB_CHECK_NONE || sf >= csf)
-            continue;
-        int32_t gi = ids[x];
-        bool chosen = false; /* (looked for only where it would count) */
-        for (int32_t b = 0; b < nb && !chosen; b++)
-            chosen = best[b].gpu == gi;
-        if (!chosen) {
-            cg = gi;
-            cck = ck;
-            csf = sf;
+            c = (struct closest){.x = -1, .ck = OSUB_CHECK_NONE, .sf = INT64_MAX};
+            closest_scan(e, r, grp, q, best, nb, false, &c);
         }
     }
-    if (cg >= 0) {
-        osub__note_failure(fail, cck, cg, csf);
-        if (k > 1 && fail->check == cck && fail->check_gpu == cg && fail->shortfall == csf) {
+    if (c.x >= 0) {
+        int32_t cg = grp->gpus[c.x];
+        osub__note_failure(fail, c.ck, cg, c.sf);
+        if (k > 1 && fail->check == c.ck && fail->check_gpu == cg && fail->shortfall == c.sf) {
             fail->fit_gpus = nb;
             fail->need_gpus = k;
         }

@@ -536,7 +536,7 @@ int osub__restore_service(osub_engine_t *e, struct svc *s)
 int osub__restore_lists(osub_engine_t *e, struct svc **queue, size_t nq, struct svc **pending,
                         size_t np)
 {
-    if (osub__vec_reserve(&e->queue, &e->cap_queue, nq + 1) != 0 ||
+    if (osub__queue_reserve(e, nq + 1) != 0 ||
         osub__vec_reserve(&e->pending, &e->cap_pending, np + 1) != 0)
         return OSUB_ENOMEM;
     if (nq > 0)

@@ -410,7 +410,7 @@ static void requeue_stuck_waiters(osub_engine_t *e, const struct svc *s)
             settled = settled && victim_settled(e, p->waits[w].service);
         }
         if (!waits || !settled || osub__pending_can_start(e, p) ||
-            osub__vec_reserve(&e->queue, &e->cap_queue, e->n_queue + 1) != 0) {
+            osub__queue_reserve(e, e->n_queue + 1) != 0) {
             i++;
             continue;
         }
