@@ -1028,7 +1028,10 @@ int osub_engine_new(const osub_pool_config_t *cfg, const int64_t *vram_mib,
     e->next_seq = 1;
     e->gpus = calloc(n_gpus, sizeof(*e->gpus));
     e->opt_buf = calloc(n_gpus, sizeof(*e->opt_buf));
-    e->aggs = calloc(n_gpus, sizeof(*e->aggs));
+    /* by level, a cache line each (struct agg_level) */
+    e->aggs = aligned_alloc(64, (size_t)n_gpus * sizeof(*e->aggs));
+    if (e->aggs != NULL)
+        memset(e->aggs, 0, (size_t)n_gpus * sizeof(*e->aggs));
     e->miss_buf = calloc(n_gpus, sizeof(*e->miss_buf));
     e->promise_buf = calloc(n_gpus, sizeof(*e->promise_buf));
     e->gpu_stamp = calloc(n_gpus, sizeof(*e->gpu_stamp));

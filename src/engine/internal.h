@@ -103,6 +103,7 @@ struct vinfo {
     const struct svc *s;
     int32_t level;
     bool degradable;
+    bool evictable; /* outside pressure (osub__evictable()): fixed until agg_valid_until */
     int32_t comp;
     int64_t rg_d, rh_d; /* grant and held a degrade frees */
     int64_t rg_e, rh_e; /* grant and held an eviction frees */
@@ -117,16 +118,24 @@ struct vinfo {
 /* What victims on one GPU could give back (recomputed lazily by gpu_agg()). Each entry L is
  * over the victims of the levels >= L (sums, maxima, the minimum restart cost): what a plan
  * that touches no level above L may use, read without a walk over the levels. */
+/* One level's figures, laid out so that optimistic() reads the first check's sums from one cache
+ * line and the rest of the level from the next two. */
+struct agg_level {
+    int64_t ev_held, ev_grant;
+    int64_t ev_floor; /* floor room evictions free */
+    int32_t ev_comp, ev_cnt;
+    int64_t dg_held, dg_grant;
+    int64_t ev_min_restart; /* the cheapest eviction's restart cost */
+    /* the three largest amounts one victim frees (top3_add() in plan.h): of held and grant by
+     * a degrade, and of held, grant and floor by an eviction beyond its degrade; lower bounds
+     * on how many victims a shortfall needs (optimistic()) */
+    int64_t ex_top_held[3], ex_top_grant[3], ex_top_floor[3];
+    int64_t dg_top_held[3], dg_top_grant[3];
+} __attribute__((aligned(64)));
+
 struct gpu_aggs {
-    int64_t ev_held[OSUB_MAX_LEVEL + 1], ev_grant[OSUB_MAX_LEVEL + 1];
-    int64_t dg_held[OSUB_MAX_LEVEL + 1], dg_grant[OSUB_MAX_LEVEL + 1];
-    int64_t dg_max_held[OSUB_MAX_LEVEL + 1], dg_max_grant[OSUB_MAX_LEVEL + 1];
-    int64_t ex_max_held[OSUB_MAX_LEVEL + 1], ex_max_grant[OSUB_MAX_LEVEL + 1];
-    int32_t ev_comp[OSUB_MAX_LEVEL + 1], ev_cnt[OSUB_MAX_LEVEL + 1];
-    int64_t ev_floor[OSUB_MAX_LEVEL + 1];       /* floor room evictions free */
-    int64_t ex_max_floor[OSUB_MAX_LEVEL + 1];   /* the most one eviction frees of it */
-    int64_t ev_min_restart[OSUB_MAX_LEVEL + 1]; /* the cheapest eviction's restart cost */
-    uint32_t sp_mask;                           /* bit L: a victim of level L may be suspended */
+    struct agg_level lv[OSUB_MAX_LEVEL + 1];
+    uint32_t sp_mask;  /* bit L: a victim of level L may be suspended */
     uint32_t lvl_mask; /* bit L: level L's own victims give some held, grant or floor, or one
                           may be evicted */
 };
@@ -463,6 +472,11 @@ struct osub_sbuf {
 };
 OSUB_PRINTF(2, 3)
 void osub_sb_printf(struct osub_sbuf *b, const char *fmt, ...);
+
+static inline int32_t osub__max32(int32_t a, int32_t b)
+{
+    return a > b ? a : b;
+}
 
 static inline int64_t osub__max64(int64_t a, int64_t b)
 {

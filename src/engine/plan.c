@@ -266,23 +266,24 @@ static void agg_suffixes(struct gpu_aggs *a, int32_t max_level)
 {
     a->lvl_mask = 0;
     for (int32_t L = max_level; L >= 0; L--) {
-        if (a->ev_held[L] != 0 || a->ev_grant[L] != 0 || a->ev_cnt[L] != 0 || a->ev_floor[L] != 0)
+        if (a->lv[L].ev_held != 0 || a->lv[L].ev_grant != 0 || a->lv[L].ev_cnt != 0 ||
+            a->lv[L].ev_floor != 0)
             a->lvl_mask |= 1u << L;
         if (L == OSUB_MAX_LEVEL)
             continue; /* (above max_level every entry is zero, or INT64_MAX for restarts) */
-        a->ev_held[L] += a->ev_held[L + 1];
-        a->ev_grant[L] += a->ev_grant[L + 1];
-        a->ev_comp[L] += a->ev_comp[L + 1];
-        a->ev_cnt[L] += a->ev_cnt[L + 1];
-        a->ev_floor[L] += a->ev_floor[L + 1];
-        a->dg_held[L] += a->dg_held[L + 1];
-        a->dg_grant[L] += a->dg_grant[L + 1];
-        a->dg_max_held[L] = osub__max64(a->dg_max_held[L], a->dg_max_held[L + 1]);
-        a->dg_max_grant[L] = osub__max64(a->dg_max_grant[L], a->dg_max_grant[L + 1]);
-        a->ex_max_held[L] = osub__max64(a->ex_max_held[L], a->ex_max_held[L + 1]);
-        a->ex_max_grant[L] = osub__max64(a->ex_max_grant[L], a->ex_max_grant[L + 1]);
-        a->ex_max_floor[L] = osub__max64(a->ex_max_floor[L], a->ex_max_floor[L + 1]);
-        a->ev_min_restart[L] = osub__min64(a->ev_min_restart[L], a->ev_min_restart[L + 1]);
+        a->lv[L].ev_held += a->lv[L + 1].ev_held;
+        a->lv[L].ev_grant += a->lv[L + 1].ev_grant;
+        a->lv[L].ev_comp += a->lv[L + 1].ev_comp;
+        a->lv[L].ev_cnt += a->lv[L + 1].ev_cnt;
+        a->lv[L].ev_floor += a->lv[L + 1].ev_floor;
+        a->lv[L].dg_held += a->lv[L + 1].dg_held;
+        a->lv[L].dg_grant += a->lv[L + 1].dg_grant;
+        top3_merge(a->lv[L].dg_top_held, a->lv[L + 1].dg_top_held);
+        top3_merge(a->lv[L].dg_top_grant, a->lv[L + 1].dg_top_grant);
+        top3_merge(a->lv[L].ex_top_held, a->lv[L + 1].ex_top_held);
+        top3_merge(a->lv[L].ex_top_grant, a->lv[L + 1].ex_top_grant);
+        top3_merge(a->lv[L].ex_top_floor, a->lv[L + 1].ex_top_floor);
+        a->lv[L].ev_min_restart = osub__min64(a->lv[L].ev_min_restart, a->lv[L + 1].ev_min_restart);
     }
 }
 
@@ -290,10 +291,15 @@ void osub__gpu_agg_refresh(const osub_engine_t *e, struct gpu *g, int32_t gi)
 {
     struct gpu_aggs *a = g->a;
     g->agg_valid_until = INT64_MAX;
-    memset(a, 0, sizeof(*a));
+    /* the levels in use and the one above them (agg_suffixes() reads it); the others were
+     * never written */
+    int32_t top = e->max_level < OSUB_MAX_LEVEL ? e->max_level + 1 : OSUB_MAX_LEVEL;
+    memset(a->lv, 0, (size_t)(top + 1) * sizeof(a->lv[0]));
+    a->sp_mask = 0;
+    a->lvl_mask = 0;
     bool susp_on = e->cfg.suspend_host_mib > 0;
-    for (int32_t L = 0; L <= OSUB_MAX_LEVEL; L++)
-        a->ev_min_restart[L] = INT64_MAX;
+    for (int32_t L = 0; L <= top; L++)
+        a->lv[L].ev_min_restart = INT64_MAX;
     g->nvic = 0;
     for (int32_t i = 0; i < g->nsvc; i++) {
         const struct svc *v = g->svcs[i];
@@ -311,6 +317,7 @@ void osub__gpu_agg_refresh(const osub_engine_t *e, struct gpu *g, int32_t gi)
             vi->s = v;
             vi->level = L;
             vi->degradable = osub__degradable_now(v);
+            vi->evictable = can_evict;
             /* what the slot keeps once degraded (its grant and held then), worked out once */
             int64_t gd = vi->degradable ? osub__slot_grant_after(v, sl, ACT_DEGRADE) : 0;
             int64_t hd = vi->degradable ? osub__slot_held_after(e, v, sl, ACT_DEGRADE) : 0;
@@ -333,36 +340,31 @@ void osub__gpu_agg_refresh(const osub_engine_t *e, struct gpu *g, int32_t gi)
              * what a degrade or a suspend frees (protected work may still be degraded or
              * suspended) */
             if (can_evict) {
-                a->ev_held[L] += sl->held;
-                a->ev_grant[L] += sl->grant;
-                a->ev_comp[L] += v->spec.compute_pct;
-                a->ev_cnt[L]++;
-                a->ev_floor[L] += vi->rf_e;
-                if (vi->rf_e > a->ex_max_floor[L])
-                    a->ex_max_floor[L] = vi->rf_e;
-                if (v->restart_cost_ms < a->ev_min_restart[L])
-                    a->ev_min_restart[L] = v->restart_cost_ms;
+                a->lv[L].ev_held += sl->held;
+                a->lv[L].ev_grant += sl->grant;
+                a->lv[L].ev_comp += v->spec.compute_pct;
+                a->lv[L].ev_cnt++;
+                a->lv[L].ev_floor += vi->rf_e;
+                top3_add(a->lv[L].ex_top_floor, vi->rf_e);
+                if (v->restart_cost_ms < a->lv[L].ev_min_restart)
+                    a->lv[L].ev_min_restart = v->restart_cost_ms;
                 /* what an eviction frees beyond a degrade of the same victim */
                 int64_t xh = vi->degradable ? hd : sl->held, xg = vi->degradable ? gd : sl->grant;
-                if (xh > a->ex_max_held[L])
-                    a->ex_max_held[L] = xh;
-                if (xg > a->ex_max_grant[L])
-                    a->ex_max_grant[L] = xg;
+                top3_add(a->lv[L].ex_top_held, xh);
+                top3_add(a->lv[L].ex_top_grant, xg);
             } else if (vi->suspendable) {
-                a->ev_held[L] += osub__max64(vi->rh_s, vi->rh_d);
-                a->ev_grant[L] += vi->rg_d;
-                a->ev_floor[L] += vi->rf_e;
+                a->lv[L].ev_held += osub__max64(vi->rh_s, vi->rh_d);
+                a->lv[L].ev_grant += vi->rg_d;
+                a->lv[L].ev_floor += vi->rf_e;
             } else if (vi->degradable) {
-                a->ev_held[L] += vi->rh_d;
-                a->ev_grant[L] += vi->rg_d;
+                a->lv[L].ev_held += vi->rh_d;
+                a->lv[L].ev_grant += vi->rg_d;
             }
             if (vi->degradable) {
-                a->dg_held[L] += vi->rh_d;
-                a->dg_grant[L] += vi->rg_d;
-                if (vi->rh_d > a->dg_max_held[L])
-                    a->dg_max_held[L] = vi->rh_d;
-                if (vi->rg_d > a->dg_max_grant[L])
-                    a->dg_max_grant[L] = vi->rg_d;
+                a->lv[L].dg_held += vi->rh_d;
+                a->lv[L].dg_grant += vi->rg_d;
+                top3_add(a->lv[L].dg_top_held, vi->rh_d);
+                top3_add(a->lv[L].dg_top_grant, vi->rg_d);
             }
         }
     }
@@ -415,15 +417,15 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
     for (int32_t L = e->max_level; L > r->level; L--) {
         if (!((a->lvl_mask >> L) & 1u))
             continue; /* (a protected victim's suspend may free floor room alone) */
-        int64_t eh = a->ev_held[L], eg = a->ev_grant[L], ec = a->ev_comp[L], ef = a->ev_floor[L];
-        int64_t cnt = a->ev_cnt[L];
+        int64_t eh = a->lv[L].ev_held, eg = a->lv[L].ev_grant, ec = a->lv[L].ev_comp,
+                ef = a->lv[L].ev_floor;
+        int64_t cnt = a->lv[L].ev_cnt;
         bool ok = r->exclusive ? cnt >= g->nsvc : (eg >= dl && eh >= dh && ec >= dc && ef >= df);
         if (!ok)
             continue;
-        int64_t dgh = a->dg_held[L], dgg = a->dg_grant[L];
-        int64_t mh = a->dg_max_held[L], mg = a->dg_max_grant[L];
-        int64_t xh = a->ex_max_held[L], xg = a->ex_max_grant[L], xf = a->ex_max_floor[L];
-        int64_t rmin = a->ev_min_restart[L];
+        int64_t dgh = a->lv[L].dg_held, dgg = a->lv[L].dg_grant;
+        const int64_t *xh = a->lv[L].ex_top_held, *xg = a->lv[L].ex_top_grant;
+        int64_t rmin = a->lv[L].ev_min_restart;
         c->victims = true;
         c->top_level = L;
         /* lower bounds: no eviction only if degrading everything would do; one degrade only
@@ -433,30 +435,26 @@ static bool optimistic(const osub_engine_t *e, struct gpu *g, int32_t gi, const 
         if (!deg_ok && (a->sp_mask >> L) != 0 && !r->exclusive) {
             /* suspends may free held and floor room, never grants or compute: only those
              * need evictions; with none needed, at least one suspend */
-            int64_t rgr = dl - dgg;
-            if (rgr > 0 && xg > 0)
-                nev = (int32_t)((rgr + xg - 1) / xg);
+            nev = needed32(dl - dgg, xg);
             if (dc > 0 && nev < 1)
                 nev = 1;
             nsp = nev == 0 ? 1 : 0;
         } else if (!deg_ok) {
-            /* each eviction frees at most the largest extra beyond its degrade */
+            /* the evictions free beyond their degrades at most what the largest extras do */
             nev = 1;
             if (!r->exclusive) {
-                int64_t rh = dh - dgh, rgr = dl - dgg;
-                if (rh > 0 && xh > 0 && (rh + xh - 1) / xh > nev)
-                    nev = (int32_t)((rh + xh - 1) / xh);
-                if (rgr > 0 && xg > 0 && (rgr + xg - 1) / xg > nev)
-                    nev = (int32_t)((rgr + xg - 1) / xg);
-                if (df > 0 && xf > 0 && (df + xf - 1) / xf > nev)
-                    nev = (int32_t)((df + xf - 1) / xf);
+                nev = osub__max32(nev, needed32(dh - dgh, xh));
+                nev = osub__max32(nev, needed32(dl - dgg, xg));
+                nev = osub__max32(nev, needed32(df, a->lv[L].ex_top_floor));
             } else {
                 nev = (int32_t)g->nsvc;
             }
         }
         c->n_evict = nev;
         c->n_suspend = nsp;
-        c->n_degrade = deg_ok ? ((mh >= dh && mg >= dl) ? 1 : 2) : 0;
+        c->n_degrade = deg_ok ? osub__max32(1, osub__max32(needed32(dh, a->lv[L].dg_top_held),
+                                                           needed32(dl, a->lv[L].dg_top_grant)))
+                              : 0;
         /* a plan touching no level above L evicts at least nev of the victims there, each
          * costing at least the cheapest restart among them */
         c->restart_sum = nev > 0 && rmin != INT64_MAX ? nev * rmin : 0;
@@ -578,7 +576,7 @@ static bool sgl_walk(const osub_engine_t *e, const struct req *r, const struct v
             }
         }
         for (int32_t t = i; t < end && !ok; t++) {
-            if (osub__evictable(e, V[t].s, r->pressure)) {
+            if (r->pressure || V[t].evictable) { /* osub__evictable(), cached */
                 if (A[t] == ACT_SUSPEND)
                     x->host -= osub__host_need(V[t].s);
                 ok = sgl_move(x, &V[t], A[t], ACT_EVICT);
@@ -862,6 +860,14 @@ static void victims_phase(osub_engine_t *e, struct size_plan *sp, int32_t L, int
     }
     for (int32_t x = 0; x < sp->ncand; x++) {
         int32_t gi = sp->cand[x];
+        if (x + 4 < sp->ncand) {
+            /* the GPUs keyed are scattered over the pool: ask for a later one's hot lines and
+             * its highest level's aggregates early (the loop is bound by their misses) */
+            const struct gpu *pg = &e->gpus[sp->cand[x + 4]];
+            __builtin_prefetch(pg);
+            __builtin_prefetch((const char *)pg + 64);
+            __builtin_prefetch(&pg->a->lv[e->max_level]);
+        }
         if (e->gpu_stamp[gi] == sp->stamp)
             continue;
         struct gpu *g = &e->gpus[gi];

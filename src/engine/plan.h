@@ -149,6 +149,58 @@ static inline void osub__gpu_agg(const osub_engine_t *e, struct gpu *g, int32_t 
         osub__gpu_agg_refresh(e, g, gi);
 }
 
+/* ---- lower bounds on victim counts (optimistic() in plan.c) ---------------------------- */
+
+/* Keeps the three largest positive amounts added to t (t[0] >= t[1] >= t[2], 0 where fewer). */
+static inline void top3_add(int64_t t[3], int64_t v)
+{
+    if (v <= t[2])
+        return;
+    if (v > t[0]) {
+        t[2] = t[1];
+        t[1] = t[0];
+        t[0] = v;
+    } else if (v > t[1]) {
+        t[2] = t[1];
+        t[1] = v;
+    } else {
+        t[2] = v;
+    }
+}
+
+static inline void top3_merge(int64_t t[3], const int64_t u[3])
+{
+    for (int i = 0; i < 3 && u[i] > t[2]; i++)
+        top3_add(t, u[i]);
+}
+
+/* The fewest victims whose amounts can cover need, when no victim gives more than t[0], no
+ * other more than t[1], none of the rest more than t[2] (their three largest): 0 when nothing is
+ * needed or nothing is known. Never more than a plan that covers need uses, so a valid lower
+ * bound; never less than ceil(need / t[0]). */
+static inline int64_t victims_needed(int64_t need, const int64_t t[3])
+{
+    if (need <= 0 || t[0] <= 0)
+        return 0;
+    if (t[0] >= need)
+        return 1;
+    if (t[1] <= 0 || t[0] + t[1] < need) {
+        if (t[1] > 0 && t[2] > 0) {
+            int64_t rest = need - t[0] - t[1] - t[2];
+            return rest <= 0 ? 3 : 3 + (rest + t[2] - 1) / t[2];
+        }
+        return (need + t[0] - 1) / t[0]; /* no plan covers it: the old bound */
+    }
+    return 2;
+}
+
+/* victims_needed() as a count for a candidate's key (which keeps at most 127 anyway). */
+static inline int32_t needed32(int64_t need, const int64_t t[3])
+{
+    int64_t n = victims_needed(need, t);
+    return n > 1024 ? 1024 : (int32_t)n;
+}
+
 /* ---- the workspace: one GPU set's checks as victims are chosen (plan_victims.c) ---------- */
 
 struct ws_gpu {

@@ -350,9 +350,9 @@ void osub__trees_refresh(osub_engine_t *e)
         for (int32_t L = e->max_level; L >= 0; L--) {
             /* what every level below L gives back (the aggregates are over levels >= L + 1) */
             bool top = L == OSUB_MAX_LEVEL;
-            int64_t rh = top ? 0 : a->ev_held[L + 1], rg = top ? 0 : a->ev_grant[L + 1];
-            int64_t dh = top ? 0 : a->dg_held[L + 1], dg = top ? 0 : a->dg_grant[L + 1];
-            int64_t rf = top ? 0 : a->ev_floor[L + 1];
+            int64_t rh = top ? 0 : a->lv[L + 1].ev_held, rg = top ? 0 : a->lv[L + 1].ev_grant;
+            int64_t dh = top ? 0 : a->lv[L + 1].dg_held, dg = top ? 0 : a->lv[L + 1].dg_grant;
+            int64_t rf = top ? 0 : a->lv[L + 1].ev_floor;
             int64_t fl = g->logical - g->granted, fh = g->usable - g->held;
             int64_t c_all = fl + rg < fh + rh ? fl + rg : fh + rh;
             int64_t c_deg = fl + dg < fh + dh ? fl + dg : fh + dh;
