@@ -302,10 +302,9 @@ struct osub_engine {
 
 /* plan.c: admission planning */
 /* A candidate GPU's optimistic key in the planner's best-first heap: its GPU is the low 12 bits
- * of klo (cand_pack(); OSUB_POOL_GPUS_MAX is 4096). */
+ * of klo and its placement score the rest (cand_pack(); OSUB_POOL_GPUS_MAX is 4096). */
 struct opt_ent {
     uint64_t khi, klo;
-    int64_t score;
 };
 
 struct cand {

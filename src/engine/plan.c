@@ -884,7 +884,7 @@ static void victims_phase(osub_engine_t *e, struct size_plan *sp, int32_t L, int
         cand_pack(&c);
         if (sp->nb == k && !cand_less(&c, &best[k - 1]))
             continue; /* it cannot beat the k best: no plan of it can */
-        q->h[q->nh++] = (struct opt_ent){.khi = c.khi, .klo = c.klo, .score = c.score};
+        q->h[q->nh++] = (struct opt_ent){.khi = c.khi, .klo = c.klo};
     }
     for (int32_t i = q->nh / 2 - 1; i >= 0; i--)
         heap_sift(q, i, q->h[i]); /* Floyd: O(n) */
@@ -897,7 +897,7 @@ static void victims_phase(osub_engine_t *e, struct size_plan *sp, int32_t L, int
             break;
         }
         c.gpu = (int32_t)(top.klo & 0xfff);
-        c.score = top.score;
+        c.score = (int64_t)(top.klo >> 12); /* cand_pack(): the score above the GPU */
         struct opt_ent last = q->h[--q->nh];
         if (q->nh > 0)
             heap_sift(q, 0, last);
