@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "plan.h"
 
 /* ---- spec resolution ------------------------------------------------------------------ */
 
@@ -453,3 +454,49 @@ bool osub__backfill_ok(osub_engine_t *e, const struct plan *p, int32_t lvl)
 
 int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms, unsigned flags,
                        osub_submit_result_t *res);
+
+/* ---- resize ------------------------------------------------------------------------- */
+
+int osub__resize_check(const osub_engine_t *e, const struct svc *s, int64_t nv, int64_t nm,
+                       int64_t *charges)
+{
+    /* the request a submit of the new size would make; a degraded service's grant is its
+     * floor, planned as a start at its floor is (admit.c, osub__plan_for) */
+    bool degraded = s->state == OSUB_STATE_DEGRADED;
+    struct req r;
+    memset(&r, 0, sizeof(r));
+    r.held_limit_pct = e->cfg.high_watermark_pct;
+    r.level = s->level;
+    r.backed = s->backed;
+    r.k = s->k;
+    r.self = s;
+    r.total = nv;
+    r.charge = s->backed ? nv : osub__pred_peak(&s->pred, nv, e->now, e->cfg.prediction_trust_ms);
+    r.floor = s->backed ? nv : s->preemptible && nm < nv ? nm : 0;
+    if (degraded) {
+        r.total = nm;
+        r.charge = osub__min64(r.charge, nm);
+        r.floor = osub__min64(r.floor, nm);
+    }
+    for (int32_t i = 0; i < s->n_slots; i++) {
+        const struct slot *sl = &s->slots[i];
+        const struct gpu *g = &e->gpus[sl->gpu];
+        if (nv > s->full_total && osub__share(nv, s->k, i) > g->usable)
+            return OSUB_ETOO_BIG; /* the GPU could never hold it, degraded or restored */
+        int64_t ng = osub__share(r.total, s->k, i);
+        int64_t ch = osub__req_charge(&r, ng);
+        int64_t of = osub__slot_floor(s, i), nf = osub__req_floor(&r, ng);
+        charges[i] = ch;
+        if (ng <= sl->grant && nf <= of)
+            continue; /* nothing grows here */
+        if (g->granted - sl->grant + ng > g->logical)
+            return OSUB_ENO_ROOM;
+        if (s->backed && g->backed - sl->grant + ng > g->usable)
+            return OSUB_ENO_ROOM;
+        if (g->held - sl->held + ch > osub__req_held_limit(g, &r, ch))
+            return OSUB_ENO_ROOM;
+        if (osub__gpu_floors(e, g) - of + nf > osub__req_held_limit(g, &r, ng))
+            return OSUB_ENO_ROOM;
+    }
+    return 0;
+}

@@ -190,8 +190,14 @@ int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms
         osub__plan_for(e, sv, &r, &p);
     else
         memset(&p, 0, sizeof(p));
-    if (p.ok && !osub__backfill_ok(e, &p, sv->level))
+    if (p.ok && !osub__backfill_ok(e, &p, sv->level)) {
+        /* it has a plan, the queue's head comes first: that is the reason, whatever another
+         * GPU size's search noted on its way */
         p.ok = false;
+        p.check = OSUB_CHECK_NONE;
+        p.check_gpu = -1;
+        p.shortfall = 0;
+    }
     res->check = p.ok ? OSUB_CHECK_NONE : p.check;
     res->check_gpu = p.ok ? -1 : p.check_gpu;
     res->shortfall_mib = p.ok ? 0 : p.shortfall;

@@ -700,7 +700,19 @@ struct size_plan {
     int32_t ncand;
     struct cand best[OSUB_SERVICE_GPUS_MAX];
     int32_t nb;
+    /* the plan another size already has, as a candidate's key (plan_admission_fast(), one GPU
+     * only): what cannot beat it cannot be chosen */
+    bool has_bound;
+    struct cand bound;
 };
+
+/* Whether c can no longer be chosen: it does not beat the k best so far, or the plan another
+ * size has. */
+static inline bool hopeless(const struct size_plan *sp, const struct cand *c)
+{
+    return (sp->nb == sp->k && !cand_less(c, &sp->best[sp->k - 1])) ||
+           (sp->has_bound && !cand_less(c, &sp->bound));
+}
 
 /* Whether a share fits on g without victims, counted as ch by the held check (every check but
  * exclusivity). */
@@ -882,7 +894,7 @@ static void victims_phase(osub_engine_t *e, struct size_plan *sp, int32_t L, int
         c.score =
             indexed_score(e, grp, g, r, sp->shared ? sp->charge0 : osub__req_charge(r, share));
         cand_pack(&c);
-        if (sp->nb == k && !cand_less(&c, &best[k - 1]))
+        if (hopeless(sp, &c))
             continue; /* it cannot beat the k best: no plan of it can */
         q->h[q->nh++] = (struct opt_ent){.khi = c.khi, .klo = c.klo};
     }
@@ -891,7 +903,7 @@ static void victims_phase(osub_engine_t *e, struct size_plan *sp, int32_t L, int
     while (q->nh > 0) {
         struct opt_ent top = q->h[0];
         struct cand c = {.khi = top.khi, .klo = top.klo};
-        if (sp->nb == k && !cand_less(&c, &best[k - 1])) {
+        if (hopeless(sp, &c)) {
             /* nothing in the heap can beat the k best, now or later (they only get better) */
             q->nh = 0;
             break;
@@ -911,20 +923,32 @@ static void victims_phase(osub_engine_t *e, struct size_plan *sp, int32_t L, int
 }
 
 /* 2. with victims, the lowest priority levels first. */
+/* What a candidate must beat to be chosen: the k-th best so far or the plan another size has,
+ * whichever is better; NULL while neither is there. */
+static const struct cand *to_beat(const struct size_plan *sp)
+{
+    const struct cand *b = sp->nb == sp->k ? &sp->best[sp->k - 1] : NULL;
+    if (sp->has_bound && (b == NULL || cand_less(&sp->bound, b)))
+        b = &sp->bound;
+    return b;
+}
+
 static void plan_with_victims(osub_engine_t *e, struct size_plan *sp)
 {
     const struct req *r = &sp->rq;
-    int32_t k = sp->k;
-    const struct cand *best = sp->best;
     struct opt_heap q = {.h = e->opt_buf};
-    for (int32_t L = e->max_level; L > r->level && !(sp->nb == k && !best[k - 1].victims); L--) {
+    for (int32_t L = e->max_level; L > r->level; L--) {
+        const struct cand *b = to_beat(sp);
+        if (b != NULL && !b->victims)
+            break; /* a plan without victims beats every plan with some */
         /* a GPU whose victims of levels >= L are enough: its top level is at best L */
-        if (sp->nb == k && best[k - 1].top_level > L)
+        if (b != NULL && b->top_level > L)
             break; /* what is left touches level L or higher: it cannot beat the k best */
         /* phase 0: GPUs where degrades alone could do (no eviction); phase 1: the rest */
         for (int phase = r->exclusive ? 1 : 0; phase < 2; phase++) {
-            if (phase == 1 && sp->nb == k && best[k - 1].victims && best[k - 1].top_level == L &&
-                best[k - 1].n_evict == 0 && best[k - 1].n_suspend == 0)
+            b = to_beat(sp);
+            if (phase == 1 && b != NULL && b->victims && b->top_level == L && b->n_evict == 0 &&
+                b->n_suspend == 0)
                 break; /* the rest needs an eviction or a suspend at level L, or touches more:
                           it cannot beat the k best */
             victims_phase(e, sp, L, phase, &q);
@@ -937,19 +961,22 @@ static void plan_with_victims(osub_engine_t *e, struct size_plan *sp)
  * exactly), then, only if fewer than k of those, level by level from the lowest priority up,
  * the GPUs where victims of that level and below could make room, ranked by an optimistic
  * key and planned for real best-first until nothing left can beat the k best. */
-static bool plan_size(osub_engine_t *e, const struct req *r0, int64_t size, struct plan *p,
-                      struct plan *fail)
+static bool plan_size(osub_engine_t *e, const struct req *r0, int64_t size,
+                      const struct cand *bound, struct plan *p, struct plan *fail)
 {
     struct size_plan sp;
     if (!size_setup(e, r0, size, &sp, fail))
         return false;
+    sp.has_bound = bound != NULL;
+    if (bound != NULL)
+        sp.bound = *bound;
     collect_fits(e, &sp);
     rank_fits(e, &sp);
     plan_with_victims(e, &sp);
     if (sp.nb < sp.k) {
         /* say why: the closest GPU of this size that cannot take a share, and by how much;
          * when every other one is out of reach (cordoned, lost, exclusive), the GPUs short */
-        if (!sp.rq.quiet)
+        if (!sp.rq.quiet && !sp.has_bound) /* (with a plan found, no failure is told) */
             osub__note_closest(e, &sp.rq, size, sp.share0, sp.best, sp.nb, sp.k, fail);
         return false;
     }
@@ -1096,6 +1123,32 @@ static void plan_clear(struct plan *p)
     memset(&p->top_level, 0, sizeof(*p) - offsetof(struct plan, top_level));
 }
 
+/* The key of plan p (of one GPU) as a candidate's, for the search of the next size: a plan
+ * there is chosen only if it beats p by key_cmp(), which for one GPU is the order of the
+ * candidates' keys (cand_pack()) where none of p's counts is clamped there. False when p's
+ * key cannot be put so. */
+static bool plan_bound(const struct req *r, const struct plan *p, struct cand *c)
+{
+    if (r->k != 1 || p->k != 1 || p->score < 0 || p->score >= (INT64_C(1) << 50) * 2)
+        return false;
+    *c = (struct cand){.gpu = p->gpus[0], .victims = p->n_victims > 0, .score = p->score};
+    if (c->victims) {
+        if (p->top_level < 0 || p->top_level > OSUB_MAX_LEVEL || p->n_evict >= 127 ||
+            p->n_suspend >= 127 || p->n_degrade >= 127 || p->restart_sum < 0 ||
+            p->restart_sum >= (INT64_C(1) << 37) - 1)
+            return false;
+        c->top_level = p->top_level;
+        c->n_evict = p->n_evict;
+        c->n_suspend = p->n_suspend;
+        c->n_degrade = p->n_degrade;
+        c->restart_sum = p->restart_sum;
+    } else {
+        c->top_level = INT32_MAX;
+    }
+    cand_pack(c);
+    return true;
+}
+
 static int plan_admission_fast(osub_engine_t *e, const struct req *r, struct plan *out)
 {
     plan_clear(out);
@@ -1111,7 +1164,8 @@ static int plan_admission_fast(osub_engine_t *e, const struct req *r, struct pla
             too_small = true;
             continue;
         }
-        if (!plan_size(e, r, size, &cur, out))
+        struct cand bound;
+        if (!plan_size(e, r, size, found && plan_bound(r, out, &bound) ? &bound : NULL, &cur, out))
             continue;
         if (!found || key_cmp(&cur, out) < 0) {
             osub_check_t c = out->check;
@@ -1130,51 +1184,5 @@ static int plan_admission_fast(osub_engine_t *e, const struct req *r, struct pla
         osub__note_failure(out, OSUB_CHECK_GPUS, -1,
                            r->k); /* no GPU it may go to is large enough */
     out->ok = found;
-    return 0;
-}
-
-/* ---- resize ------------------------------------------------------------------------- */
-
-int osub__resize_check(const osub_engine_t *e, const struct svc *s, int64_t nv, int64_t nm,
-                       int64_t *charges)
-{
-    /* the request a submit of the new size would make; a degraded service's grant is its
-     * floor, planned as a start at its floor is (admit.c, osub__plan_for) */
-    bool degraded = s->state == OSUB_STATE_DEGRADED;
-    struct req r;
-    memset(&r, 0, sizeof(r));
-    r.held_limit_pct = e->cfg.high_watermark_pct;
-    r.level = s->level;
-    r.backed = s->backed;
-    r.k = s->k;
-    r.self = s;
-    r.total = nv;
-    r.charge = s->backed ? nv : osub__pred_peak(&s->pred, nv, e->now, e->cfg.prediction_trust_ms);
-    r.floor = s->backed ? nv : s->preemptible && nm < nv ? nm : 0;
-    if (degraded) {
-        r.total = nm;
-        r.charge = osub__min64(r.charge, nm);
-        r.floor = osub__min64(r.floor, nm);
-    }
-    for (int32_t i = 0; i < s->n_slots; i++) {
-        const struct slot *sl = &s->slots[i];
-        const struct gpu *g = &e->gpus[sl->gpu];
-        if (nv > s->full_total && osub__share(nv, s->k, i) > g->usable)
-            return OSUB_ETOO_BIG; /* the GPU could never hold it, degraded or restored */
-        int64_t ng = osub__share(r.total, s->k, i);
-        int64_t ch = osub__req_charge(&r, ng);
-        int64_t of = osub__slot_floor(s, i), nf = osub__req_floor(&r, ng);
-        charges[i] = ch;
-        if (ng <= sl->grant && nf <= of)
-            continue; /* nothing grows here */
-        if (g->granted - sl->grant + ng > g->logical)
-            return OSUB_ENO_ROOM;
-        if (s->backed && g->backed - sl->grant + ng > g->usable)
-            return OSUB_ENO_ROOM;
-        if (g->held - sl->held + ch > osub__req_held_limit(g, &r, ch))
-            return OSUB_ENO_ROOM;
-        if (osub__gpu_floors(e, g) - of + nf > osub__req_held_limit(g, &r, ng))
-            return OSUB_ENO_ROOM;
-    }
     return 0;
 }
