@@ -259,7 +259,9 @@ int osub__ext_verdict(const json_t *d, char *why, size_t whylen)
         snprintf(why, whylen, "oversub: %s", msg ? msg : code);
         return -1;
     }
-    if (json_object_get(d, "shortfall_mib") != NULL)
+    if (check != NULL && strcmp(check, "none") == 0)
+        snprintf(why, whylen, "oversub: it would fit, but it may not go ahead of the queue's head");
+    else if (json_object_get(d, "shortfall_mib") != NULL)
         snprintf(why, whylen,
                  "oversub: no room even after degrading and evicting what this pod may displace "
                  "(%s check, GPU %lld short by %lld MiB)",
