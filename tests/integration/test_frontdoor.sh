@@ -303,7 +303,8 @@ expect "a refused POST's unread body: the 429 read, no reset" "HTTP/1.1 429 Too 
 kill "$H429" 2>/dev/null
 
 # ---- Retry-After from the likely wait, spread by jitter ----
-curl -s "$G/chat/slow?ms=8000&tag=hold" >/dev/null &
+# the hold outlasts the 20 refusals on any machine (it is ended below, not waited for)
+curl -s -m 60 "$G/chat/slow?ms=45000&tag=hold" >/dev/null &
 HOLD=$!
 for _ in $(seq 1 100); do
     [ "$(curl -s "$A/metrics" | awk '$1 == "oversub_gateway_inflight{service=\"chat\"}" {print $2}')" = 1 ] && break
@@ -313,6 +314,11 @@ for i in $(seq 1 20); do
     curl -s -D - -o /dev/null "$G/chat/echo" | tr -d '\r' | awk -F': ' 'tolower($1) == "retry-after-ms" {print $2}'
 done >"$tmp/ra"
 kill "$HOLD" 2>/dev/null
+# the client gone, its slot frees (the backend's answer is dropped)
+for _ in $(seq 1 200); do
+    [ "$(curl -s "$A/metrics" | awk '$1 == "oversub_gateway_inflight{service=\"chat\"}" {print $2}')" = 0 ] && break
+    sleep 0.05
+done
 python3 - "$tmp/ra" >"$tmp/spread" <<'PY'
 import statistics, sys
 v = [int(x) for x in open(sys.argv[1]) if x.strip()]
