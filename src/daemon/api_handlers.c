@@ -250,8 +250,7 @@ static void h_services_post(struct osubd_api *d, const struct osubd_caller *who,
                            : r.check == OSUB_CHECK_EXCLUSIVE ? "shortfall_services"
                            : r.check == OSUB_CHECK_GPUS      ? "shortfall_gpus"
                                                              : "shortfall_mib";
-        /* check "none": it had a plan, the queue's head comes first (no shortfall to tell) */
-        if (r.check != OSUB_CHECK_NONE)
+        if (r.check != OSUB_CHECK_NONE) /* none: a plan, but the queue's head comes first */
             json_object_set_new(dec, unit, json_integer(r.shortfall_mib));
     }
     if (r.n_victims > 0) {
