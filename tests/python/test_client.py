@@ -478,6 +478,13 @@ class TestCalls(LiveCase):
         with self.assertRaises(oversub.DaemonUnreachable):
             next(oversub.Service("x", "unix:" + os.path.join(D.dir, "none.sock")).directives(
                 give_up_after=0.3))
+        # a listener whose daemon never answers is not subscribed: its wait ends with the error
+        lost = oversub.Service("x", "unix:" + os.path.join(D.dir, "none.sock")).listen(
+            give_up_after=0.3)
+        self.assertFalse(lost.wait_subscribed(20))
+        self.assertTrue(lost.ended)
+        self.assertIsInstance(lost.error, oversub.DaemonUnreachable)
+        self.assertIsNone(lost.get(0))
         # every error is an OversubError and prints the code
         self.assertIn("no_directive", str(oversub.NoDirective("no_directive", "m", 409)))
 
@@ -491,6 +498,8 @@ class TestDirectives(LiveCase):
         svc.ready()
         svc.report_usage(30000)
         inbox = svc.listen(wait=3)
+        self.assertTrue(inbox.wait_subscribed(20), "the listener's first poll")
+        self.assertTrue(inbox.subscribed.is_set())
         c = self.submit("dchat", CHAT, "pending")
         self.assertEqual(c["decision"]["victims"][0]["service"], "dj")
         self.assertEqual(c["decision"]["victims"][0]["action"], "degrade")
@@ -588,7 +597,8 @@ class TestDirectives(LiveCase):
         self.assertIn("evict", [x.kind for x in svc2.poll(0, 0).directives])
         svc3 = self.service("cj", r["token"])
         inbox = svc3.listen(wait=1)
-        wait_until(lambda: svc3.state == "running", 10, "the catch-up poll")
+        self.assertTrue(inbox.wait_subscribed(20), "the catch-up poll")
+        self.assertEqual(svc3.state, "running")
         self.assertEqual(inbox.drain(), [])
         inbox.stop()
 
@@ -598,6 +608,7 @@ class TestDirectives(LiveCase):
         svc.ready()
         svc.report_usage(30000)
         inbox = svc.listen(wait=5)
+        self.assertTrue(inbox.wait_subscribed(20), "the listener's first poll")
         self.submit("uachat", CHAT, "pending")
         d = inbox.get(20)
         assert d is not None and d.kind == "degrade"
@@ -637,7 +648,8 @@ class TestDirectives(LiveCase):
         svc.report_usage(30000)
         tcp = svc.listen(wait=20)
         unix = oversub.Service("rs", D.unix).listen(wait=20)
-        wait_until(lambda: svc.state == "running", 10, "the first long-poll")
+        for inbox in (tcp, unix):
+            self.assertTrue(inbox.wait_subscribed(20), "the first long-poll")
         D.restart(signal.SIGKILL)         # the long-polls lose their connections
         self.submit("rschat", CHAT, "pending")
         d = tcp.get(30)

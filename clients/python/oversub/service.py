@@ -278,7 +278,8 @@ class Service(ServiceBase):
 
     def directives(self, *, wait: int = 20, after: Optional[int] = None,
                    stop_on_evict: bool = True, give_up_after: Optional[float] = None,
-                   stop_event: Optional[threading.Event] = None) -> Iterator[Directive]:
+                   stop_event: Optional[threading.Event] = None,
+                   subscribed: Optional[threading.Event] = None) -> Iterator[Directive]:
         """The service's directives as they come, long-polled.
 
         Reconnects with backoff when the daemon is away (restarting) and resumes after the
@@ -294,6 +295,9 @@ class Service(ServiceBase):
         daemon has been unreachable that many seconds (raising
         :class:`~oversub.errors.DaemonUnreachable`).
 
+        ``subscribed``, when given, is set once the daemon has answered the first poll: a
+        directive issued after that is delivered fresh, never as a replay of the history.
+
         Raises:
             UnknownService: the daemon never knew the service.
             OversubError: an answer that retrying will not change (401, 400 ...).
@@ -302,13 +306,15 @@ class Service(ServiceBase):
         with self._lock:
             self._active[stop] = None
         try:
-            yield from self._directives(stop, wait, after, stop_on_evict, give_up_after)
+            yield from self._directives(stop, wait, after, stop_on_evict, give_up_after,
+                                        subscribed)
         finally:
             with self._lock:
                 self._active.pop(stop, None)
 
     def _directives(self, stop: threading.Event, wait: int, after: Optional[int],
-                    stop_on_evict: bool, give_up_after: Optional[float]) -> Iterator[Directive]:
+                    stop_on_evict: bool, give_up_after: Optional[float],
+                    subscribed: Optional[threading.Event]) -> Iterator[Directive]:
         tracker = Tracker(after, stop_on_evict)
         backoff = Backoff()
         while not tracker.ended and not stop.is_set():
@@ -332,6 +338,8 @@ class Service(ServiceBase):
             fresh, repeats = tracker.feed(batch)
             self.state = tracker.state
             self.last_seq = tracker.after
+            if subscribed is not None:
+                subscribed.set()
             for d in repeats:
                 self._reack(d)
             for d in fresh:
@@ -416,6 +424,19 @@ class Service(ServiceBase):
         return Listener(self, **kw)
 
 
+class _Subscribed(threading.Event):
+    """The listener's ``subscribed``: setting it also settles the wait of
+    :meth:`Listener.wait_subscribed`."""
+
+    def __init__(self, settled: threading.Event) -> None:
+        super().__init__()
+        self._settled = settled
+
+    def set(self) -> None:
+        super().set()
+        self._settled.set()
+
+
 class Listener:
     """Directives gathered by a background thread for a program's own loop::
 
@@ -428,6 +449,8 @@ class Listener:
     Attributes:
         ended: True once the directives ended (released, evicted, stopped, or an error).
         error: the exception that ended them, if one did.
+        subscribed: set once the daemon answered the first poll (see
+            :meth:`wait_subscribed`).
     """
 
     def __init__(self, svc: Service, **kw: Any) -> None:
@@ -436,7 +459,10 @@ class Listener:
         self.ended = False
         self.error: Optional[BaseException] = None
         self._stop = threading.Event()
+        self._settled = threading.Event()  # subscribed, or ended before it could be
+        self.subscribed: threading.Event = _Subscribed(self._settled)
         kw["stop_event"] = self._stop
+        kw["subscribed"] = self.subscribed
         self._thread = threading.Thread(target=self._run, args=(kw,),
                                         name=f"oversub-listen-{svc.id}", daemon=True)
         self._thread.start()
@@ -450,7 +476,15 @@ class Listener:
             log.warning("%s: directives ended: %s", self.service.id, e)
         finally:
             self.ended = True
+            self._settled.set()
             self._q.put(None)
+
+    def wait_subscribed(self, timeout: Optional[float] = None) -> bool:
+        """Waits until the daemon has answered the listener's first poll, so that a directive
+        issued from now on arrives fresh (not ``replayed``). False when the directives ended
+        first or ``timeout`` seconds passed."""
+        self._settled.wait(timeout)
+        return self.subscribed.is_set()
 
     def get(self, timeout: Optional[float] = None) -> Optional[Directive]:
         """The next directive, waiting up to ``timeout`` seconds (None: for ever); None when
