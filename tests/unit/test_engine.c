@@ -357,6 +357,39 @@ static void test_backfill_away_from_head_and_aging(void **state)
     osub_engine_free(e);
 }
 
+/* A submit refused because the queue's head comes first says so (check none, no shortfall),
+ * even when another GPU size's search noted a closest miss on its way. */
+static void test_refusal_behind_the_head_has_no_shortfall(void **state)
+{
+    (void)state;
+    osub_pool_config_t cfg;
+    osub_pool_config_default(&cfg);
+    cfg.ratio_milli = 1000;
+    int64_t v[2] = {40960, 81920}; /* the 40960 size is searched first */
+    osub_engine_t *e = mk_engine_cfg(2, v, &cfg);
+    running(e, spec("a", "online", 61440, 1, 0), 61440, 0);
+    running(e, spec("w", "online", 36864, 1, 0), 36864, 0);
+    assert_int_equal(info(e, "a").slots[0].gpu, 1);
+    assert_int_equal(info(e, "w").slots[0].gpu, 0);
+    /* the head waits for GPU 1, the only one large enough */
+    assert_int_equal(sub(e, spec("head", "batch", 81920, 1, 0), 10), OSUB_SUBMIT_QUEUED);
+    /* GPU 0 is 12288 short (its P0 cannot give way); GPU 1 fits now, but the head waits
+     * for it: queued, and the reason is the head, not GPU 0's shortfall */
+    osub_submit_result_t r;
+    osub_spec_t s = spec("small", "batch", 16384, 1, 0);
+    assert_int_equal(osub_engine_submit(e, &s, 20, 0, &r), 0);
+    assert_int_equal(r.outcome, OSUB_SUBMIT_QUEUED);
+    assert_int_equal(r.check, OSUB_CHECK_NONE);
+    assert_int_equal(r.check_gpu, -1);
+    assert_int_equal(r.shortfall_mib, 0);
+    const osub_event_t *q = find_ev(e, OSUB_EV_QUEUE, "small");
+    assert_non_null(q);
+    assert_non_null(strstr(q->msg, "it may not go ahead of the queue's head"));
+    assert_null(strstr(q->msg, "short by"));
+    check_ok(e);
+    osub_engine_free(e);
+}
+
 static void test_lowering_ratio_never_evicts(void **state)
 {
     (void)state;
@@ -1210,6 +1243,7 @@ int main(void)
         cmocka_unit_test(test_restore_after_window_without_flapping),
         cmocka_unit_test(test_queue_order_and_backfill),
         cmocka_unit_test(test_backfill_away_from_head_and_aging),
+        cmocka_unit_test(test_refusal_behind_the_head_has_no_shortfall),
         cmocka_unit_test(test_lowering_ratio_never_evicts),
         cmocka_unit_test(test_gpu_lost_takes_its_services),
         cmocka_unit_test(test_exclusive_takes_whole_gpus),
