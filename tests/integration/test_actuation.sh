@@ -86,7 +86,7 @@ penv() { tr '\0' '\n' <"/proc/$1/environ" | grep "^$2="; }
 echo "== 1. a P0 on a full pool: the experiment is degraded, then evicted"
 start_d s1 1x81920 1.0 "allow_root_services: true"
 P1=$(freeport)
-expect "exp starts" 201 "$(code POST /v1/services "{\"id\":\"exp\",\"class\":\"experiment\",\"vram\":\"60GiB\",\"min_vram\":\"20GiB\",\"batch_size\":8,\"min_batch_size\":2,\"command\":[\"$LLM\",\"--port\",\"$P1\",\"--load-ms\",\"200\",\"--base-mib\",\"4096\",\"--seq-mib\",\"2048\"]}")"
+expect "exp starts" 201 "$(code POST /v1/services "{\"id\":\"exp\",\"class\":\"experiment\",\"vram\":\"60GiB\",\"min_vram\":\"20GiB\",\"grace_ms\":20000,\"batch_size\":8,\"min_batch_size\":2,\"command\":[\"$LLM\",\"--port\",\"$P1\",\"--load-ms\",\"200\",\"--base-mib\",\"4096\",\"--seq-mib\",\"2048\"]}")"
 wait_state exp running 10 || bad "exp never ran: $(state exp)"
 EXPPID=$(field exp '["process"]["pid"]')
 expect "CUDA_VISIBLE_DEVICES is the placement" "CUDA_VISIBLE_DEVICES=0" "$(penv "$EXPPID" CUDA_VISIBLE_DEVICES)"
@@ -110,19 +110,21 @@ expect "exp degraded" degraded "$(state exp)"
 expect "exp batch" 2 "$(field exp '["batch"]')"
 grep -q "directive .*: degrade (batch 2" "$D/st/logs/exp.log" || bad "the server did not see the degrade: $(cat "$D/st/logs/exp.log")"
 expect "exp acknowledged" 1 "$(count_ev exp ack)"
-# a request in flight when the eviction comes is finished before the server leaves
-curl -s -o "$tmp/inflight" -w '%{http_code}' "http://127.0.0.1:$P1/v1/completions?tokens=300" >"$tmp/inflight.code" &
+# a request in flight when the eviction comes is finished before the server leaves; it lasts
+# 1000 x 5 ms, so that it is still in flight when chat2 arrives even on a loaded machine (with 300,
+# it once ended first: exp back at 6144 MiB, and chat2 fitted at once); exp's grace (20 s) covers it
+curl -s -o "$tmp/inflight" -w '%{http_code}' "http://127.0.0.1:$P1/v1/completions?tokens=1000" >"$tmp/inflight.code" &
 CURLP=$!
 # in flight once the server counts it in the usage it reports: 4096 + 2048 x (batch 2 + 1) / 2
 inflight_seen() { [ "$(field exp '["used_mib"]')" = 7168 ]; }
 wait_for 10 inflight_seen || bad "the request did not reach exp: used $(field exp '["used_mib"]') MiB"
 expect "chat2 needs an eviction: pending until exp's memory is free (it starts under the high watermark, DESIGN.md)" 202 "$(code POST /v1/services '{"id":"chat2","class":"online","vram":"30GiB"}')"
 expect "victim action 2" evict "$(json 'd["decision"]["victims"][0]["action"]' <"$tmp/body")"
-wait_state chat2 loading 10 || bad "chat2 did not start after the eviction: $(state chat2)"
+wait_state chat2 loading 30 || bad "chat2 did not start after the eviction: $(state chat2)"
 wait_state exp unknown_service 10 || bad "exp not released (it is not resumable): $(state exp)"
 wait "$CURLP"
 expect "in-flight request finished" 200 "$(cat "$tmp/inflight.code")"
-expect "its answer" 300 "$(json 'd["tokens"]' <"$tmp/inflight")"
+expect "its answer" 1000 "$(json 'd["tokens"]' <"$tmp/inflight")"
 alive "$EXPPID" && bad "exp's process still alive"
 # in this order (a usage report at or under the new grant acknowledges the degrade)
 evs exp | python3 -c "

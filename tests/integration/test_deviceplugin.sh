@@ -205,7 +205,7 @@ expect "a compressed frame" 12 "$(grpc_raw '\x01\x00\x00\x00\x00')"
 expect "a nested length past the end" 3 "$(grpc_raw '\x00\x00\x00\x00\x02\x0a\x7f')"
 $PY -c 'import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(b"GET / HTTP/1.1\r\n\r\n"+bytes(range(256))*40); s.settimeout(5); s.recv(100)' "$KD/oversub.sock" 2>/dev/null
 expect "not HTTP/2 at all: oversubd carries on" ok "$(api GET /healthz | json 'd["status"]' 2>/dev/null || echo dead)"
-expect "the list still streams to a new watcher" "devices 4000" "$(timeout 5 $PY "$SI" watch "$KD" | head -1 | cut -d' ' -f1-2)"
+expect "the list still streams to a new watcher" "devices 4000" "$(timeout 5 $PY "$SI" watch "$KD" 1 | head -1 | cut -d' ' -f1-2)"
 
 echo "== kubelet restart"
 kill $SPID
@@ -214,7 +214,7 @@ standin 2 # removes oversub.sock, makes kubelet.sock anew
 wait_for 20 has_lines "$tmp/serve.2" '^register' 1 || bad "no Register after the kubelet restarted: $(tail -5 "$D/err")"
 grep -q "was removed (the kubelet restarted?)" "$D/err" || bad "the restart is logged: $(tail -3 "$D/err")"
 wait_for 20 has_lines "$tmp/watch1" '^watch ended' 1 || bad "the old watch stream was closed: $(cat "$tmp/watch1")"
-expect "served again" "devices 4000" "$(timeout 5 $PY "$SI" watch "$KD" | head -1 | cut -d' ' -f1-2)"
+expect "served again" "devices 4000" "$(timeout 5 $PY "$SI" watch "$KD" 1 | head -1 | cut -d' ' -f1-2)"
 
 echo "== oversubd restart"
 kill $DPID
@@ -263,7 +263,7 @@ expect "a submit past the cut" "invalid_spec $cut_msg" "$(api POST /v1/services 
 expect "not admitted" 404 "$(curl -s -o /dev/null -w '%{http_code}' --unix-socket "$S" http://x/v1/services/pod-c4)"
 expect "a retry of a pod already held counts once" loading "$(api POST /v1/services "$(podc c1)" | json 'd["state"]')"
 expect "services that are not pods are not the kubelet's" loading "$(api POST /v1/services '{"id":"plain","class":"batch","vram":"80000MiB","gpus":1}' | json 'd["state"]')"
-out=$(timeout 20 $PY "$SI" watch "$KD" | head -1)
+out=$(timeout 20 $PY "$SI" watch "$KD" 1 | head -1)
 expect "the cut list fits kubelet's 4 MiB" "devices 260965 healthy=260965 unique=260965 maxlen=4" "$(cut -d' ' -f1-5 <<<"$out")"
 echo "  $out"
 
@@ -291,12 +291,12 @@ rss1=$(rss)
 # RSS as well, loosely (allocators, and ASan's quarantine, keep freed memory): a copy per change
 # would be 10 lists per watcher; this allows half that
 expect "memory: not a list per change ($rss0 -> $rss1 KiB, list $lb bytes)" True "$($PY -c "print(($rss1 - $rss0) * 1024 < 8 * $lb * 5)")"
-expect "a ninth watcher is refused" "watch ended RESOURCE_EXHAUSTED" "$(timeout 20 $PY "$SI" watch "$KD" | head -1)"
+expect "a ninth watcher is refused" "watch ended RESOURCE_EXHAUSTED" "$(timeout 20 $PY "$SI" watch "$KD" 1 | head -1)"
 kill $STPID
 wait $STPID 2>/dev/null
 none() { [ "$(metric oversub_deviceplugin_watchers)" = 0 ]; }
 wait_for 30 none || bad "the stuck watchers' streams go with their connection: $(metric oversub_deviceplugin_watchers)"
-expect "and a watcher is served again" "devices 260965" "$(timeout 20 $PY "$SI" watch "$KD" | head -1 | cut -d' ' -f1-2)"
+expect "and a watcher is served again" "devices 260965" "$(timeout 20 $PY "$SI" watch "$KD" 1 | head -1 | cut -d' ' -f1-2)"
 kill $DPID
 wait $DPID 2>/dev/null
 

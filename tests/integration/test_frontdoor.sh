@@ -169,18 +169,23 @@ req = urllib.request.Request(api + "/v1/services", data=json.dumps({"id": "rst",
 urllib.request.urlopen(req).read()
 urllib.request.urlopen(urllib.request.Request(api + "/v1/services/rst/ready", data=b"", method="POST", headers=auth)).read()
 import struct
+# a request takes a slot (and a backend connection) once 1 MiB of its body is in (GW_PREREAD):
+# the body is larger than that, so the backend is reached while the client still uploads
+pre = 1024 * 1024 + 1
+accepted = 0
 for i in range(40):
     c = socket.create_connection(("127.0.0.1", gw))
-    c.sendall(b"POST /rst/x HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\nA")
-    lis.settimeout(3)
+    c.sendall(b"POST /rst/x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n" % (4 * pre) + b"A" * pre)
+    lis.settimeout(10)
     try:
         b, _ = lis.accept()
     except socket.timeout:
         c.close()
         continue
+    accepted += 1
     b.recv(4096)
     try:
-        c.send(b"B")
+        c.send(b"B" * 65536)
     except OSError:
         pass
     b.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -192,14 +197,14 @@ for i in range(40):
         pass
     c.close()
 ok = urllib.request.urlopen(api + "/healthz").status == 200
-print("rst-upload", ok)
+print("rst-upload", ok, accepted)
 PY
 expect "Connection naming Content-Length: refused or answered alone" "conn-cl True" "$(grep ^conn-cl "$tmp/attack" | awk '{print $1, $NF}')"
 expect "an answer before the body: nothing poisoned" "early True" "$(grep ^early "$tmp/attack")"
 expect "a request after the attacks answered (what came before it was taken)" "marker HTTP/1.1 200 OK True" "$(grep ^marker "$tmp/attack")"
 expect "the Connection: Content-Length body never reached the backend as a request" "smuggled False" "$(grep ^smuggled "$tmp/attack" | awk '{print $1, $2}')"
 expect "a chunk extension bomb: closed" "ext-bomb True" "$(grep ^ext-bomb "$tmp/attack")"
-expect "a backend resetting during uploads: the daemon lives" "rst-upload True" "$(grep ^rst-upload "$tmp/attack")"
+expect "a backend resetting during uploads: the daemon lives, each upload reached the backend" "rst-upload True 40" "$(grep ^rst-upload "$tmp/attack")"
 
 # ---- a queued client with a big body (its reads paused) that leaves: out of the queue at once ----
 expect "q1" 201 "$(api -X POST "$A/v1/services" -d "{\"id\":\"q1\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"$B\"],\"max_inflight\":1,\"max_queue\":4,\"queue_timeout_ms\":20000}")"

@@ -4,7 +4,7 @@ tests/integration/test_deviceplugin.sh: no cluster needed.
 
   serve DIR            the Registration service on DIR/kubelet.sock (as a starting kubelet
                        does, first removes the other sockets in DIR); prints one line a Register
-  watch DIR            ListAndWatch on DIR/oversub.sock: one line per list it streams
+  watch DIR [N]        ListAndWatch on DIR/oversub.sock: one line per list it streams (N: end after N)
   stuck-watch DIR N    N ListAndWatch streams that never read (window 0), held until killed
   options DIR          GetDevicePluginOptions
   prestart DIR [PREFIX N [SECONDS]]
@@ -84,8 +84,11 @@ def serve(d):
     server.stop(0)
 
 
-def watch(d):
+def watch(d, lists=0):
+    """Prints a line per list streamed; with lists > 0, ends after that many (a kubelet that
+    read what it needed), else when the stream ends."""
     stub = pbg.DevicePluginStub(channel(d))
+    seen = 0
     try:
         for resp in stub.ListAndWatch(pb.Empty()):
             ids = [x.ID for x in resp.devices]
@@ -93,6 +96,9 @@ def watch(d):
             say("devices %d healthy=%d unique=%d maxlen=%d bytes=%d" %
                 (len(ids), healthy, len(set(ids)), max((len(i) for i in ids), default=0),
                  resp.ByteSize()))
+            seen += 1
+            if lists > 0 and seen >= lists:
+                return
     except grpc.RpcError as e:
         say("watch ended %s" % e.code().name)
 
@@ -150,7 +156,7 @@ def main():
     if cmd == "serve":
         serve(d)
     elif cmd == "watch":
-        watch(d)
+        watch(d, int(sys.argv[3]) if len(sys.argv) > 3 else 0)
     elif cmd == "stuck-watch":
         stuck_watch(d, int(sys.argv[3]))
     elif cmd == "options":
