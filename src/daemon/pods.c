@@ -47,6 +47,8 @@ struct osubd_pods {
     struct event *tick;
     int64_t sweep_at;
     int64_t unbound_ms;            /* UNBOUND_MS, or $OSUB_POD_UNBOUND_MS (a test knob) */
+    int64_t sweep_ms;              /* SWEEP_MS, or $OSUB_POD_SWEEP_MS (a test knob) */
+    int64_t retry_ms;              /* RETRY_MS, or $OSUB_POD_RETRY_MS (a test knob) */
     int64_t retry_at;              /* refused evictions are asked again from then */
     struct osubd__idmap *sweeping; /* ids whose GET is in flight (records: (void *)1) */
     uint64_t asked, accepted, blocked, failed, gone;
@@ -254,7 +256,7 @@ static void on_answer(void *arg, long status, const char *body, size_t len, cons
                    msg     ? msg
                    : error ? error
                            : "no reason given",
-                   status, RETRY_MS / 1000);
+                   status, (int)((d->retry_ms + 999) / 1000));
     }
     json_decref(j);
     free(a);
@@ -353,9 +355,9 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     }
     free(keys);
     if (now >= d->retry_at)
-        d->retry_at = now + RETRY_MS;
+        d->retry_at = now + d->retry_ms;
     if (now >= d->sweep_at) {
-        d->sweep_at = now + SWEEP_MS;
+        d->sweep_at = now + d->sweep_ms;
         sweep(d);
     }
 }
@@ -423,6 +425,13 @@ struct osubd_module osubd_pods_module(struct osubd_pods *p)
     return m;
 }
 
+/* A period: its default, or a test's $NAME when that is a positive number of ms. */
+static int64_t knob_ms(const char *name, int64_t dflt)
+{
+    const char *knob = getenv(name);
+    return knob != NULL && atoll(knob) > 0 ? atoll(knob) : dflt;
+}
+
 struct osubd_pods *osubd_pods_new(struct osubd_core *c, struct osubd_act *act, char *err,
                                   size_t errlen)
 {
@@ -442,10 +451,9 @@ struct osubd_pods *osubd_pods_new(struct osubd_core *c, struct osubd_act *act, c
     p->act = act;
     osubd_act_listen(act, pods_directive, p);
     struct osubd_pods *d = p;
-    p->unbound_ms = UNBOUND_MS;
-    const char *knob = getenv("OSUB_POD_UNBOUND_MS");
-    if (knob != NULL && atoll(knob) > 0)
-        p->unbound_ms = atoll(knob);
+    p->unbound_ms = knob_ms("OSUB_POD_UNBOUND_MS", UNBOUND_MS);
+    p->sweep_ms = knob_ms("OSUB_POD_SWEEP_MS", SWEEP_MS);
+    p->retry_ms = knob_ms("OSUB_POD_RETRY_MS", RETRY_MS);
     struct osub_kube_opts o;
     osub_kube_opts_default(&o);
     const char *api = d->cfg->kube_api;

@@ -139,7 +139,8 @@ def main():
                     % (api, tokf, n))
         _, url = start([oversubd, "--config", cfg, "--listen", "127.0.0.1:0", "--state",
                         os.path.join(TMP, n + ".db"), "--socket", "", "--gpus", pool], n,
-                       env=dict(os.environ, OSUB_POD_UNBOUND_MS="4000"))
+                       env=dict(os.environ, OSUB_POD_UNBOUND_MS="4000", OSUB_POD_SWEEP_MS="2000",
+                                OSUB_POD_RETRY_MS="1000"))
         nodes[n] = url
     ext_args = [ext_bin, "--listen", "127.0.0.1:0", "--kube-api", api, "--kube-token-file", tokf,
                 "--kube-ca-file", "", "--pool-refresh-ms", "200"]
