@@ -257,8 +257,8 @@ expect "HEAD has no body" "head HTTP/1.1 200 OK 0" "$(grep ^head "$tmp/pipe")"
 head -c 3000000 /dev/urandom | base64 -w0 >"$tmp/big"
 expect "a 4 MB body intact" "$(wc -c <"$tmp/big")" "$(curl -s --data-binary @"$tmp/big" "$G/chat/gen" | json 'len(d["body"])')"
 
-# ---- 1,500 mutated requests: each answered with a status line or closed; the gateway lives ----
-python3 "$here/fuzz_http.py" "$GW" /chat 1500 7 >"$tmp/fuzz" 2>&1
+# ---- 600 mutated requests: each answered with a status line or closed; the gateway lives ----
+python3 "$here/fuzz_http.py" "$GW" /chat 600 7 >"$tmp/fuzz" 2>&1
 echo "gateway fuzz: $(cat "$tmp/fuzz")"
 expect "fuzz: every answer an HTTP/1.1 status line" 0 "$(json 'd["results"]["bad"]' <"$tmp/fuzz")"
 expect "fuzz: some valid, some refused" True "$(json 'd["results"]["2xx"] > 0 and d["results"]["4xx"] > 0' <"$tmp/fuzz")"
@@ -651,7 +651,7 @@ if [ -f "$trace" ]; then
         submit "{\"id\":\"$id\",\"class\":\"$cls\",\"vram\":\"10GiB\",\"backends\":[\"http://127.0.0.1:$LP\"],\"max_inflight\":$lim,\"max_queue\":$((2 * lim)),\"queue_timeout_ms\":3000}" >/dev/null
         curl -s -o /dev/null -X POST "$A/v1/services/$id/ready"
     done
-    python3 "$here/replay_azure.py" "$trace" "$GW" 1200 16 2 2 >"$tmp/az" 2>"$tmp/az.err"
+    python3 "$here/replay_azure.py" "$trace" "$GW" 600 16 2 2 >"$tmp/az" 2>"$tmp/az.err"
     echo "azure replay: $(cat "$tmp/az")"
     expect "offered about 3x capacity" True "$(json '2.5 <= d["offered_over_capacity"] <= 3.5 and d["online_over_online_capacity"] < 0.8' <"$tmp/az")"
     expect "no online request refused" "0 0" "$(json 'str(d["results"]["online"]["429"]) + " " + str(d["results"]["online"]["other"])' <"$tmp/az")"
