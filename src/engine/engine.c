@@ -1032,7 +1032,8 @@ int osub_engine_new(const osub_pool_config_t *cfg, const int64_t *vram_mib,
     e->aggs = aligned_alloc(64, (size_t)n_gpus * sizeof(*e->aggs));
     if (e->aggs != NULL)
         memset(e->aggs, 0, (size_t)n_gpus * sizeof(*e->aggs));
-    e->miss_buf = calloc(n_gpus, sizeof(*e->miss_buf));
+    /* 8 more: osub__tree_collect() writes one entry past what it keeps */
+    e->miss_buf = calloc((size_t)n_gpus + 8, sizeof(*e->miss_buf));
     e->promise_buf = calloc(n_gpus, sizeof(*e->promise_buf));
     e->gpu_stamp = calloc(n_gpus, sizeof(*e->gpu_stamp));
     if (e->gpus == NULL || e->opt_buf == NULL || e->miss_buf == NULL || e->promise_buf == NULL ||

@@ -268,7 +268,7 @@ struct osub_engine {
     int32_t resv_n;
     int32_t resv_gpus[OSUB_SERVICE_GPUS_MAX];
     struct opt_ent *opt_buf; /* n_gpus scratch entries for planning: plan.c's best-first heap */
-    int32_t *miss_buf;       /* n_gpus scratch entries for planning */
+    int32_t *miss_buf;       /* n_gpus + 8 scratch entries for planning */
     int64_t *promise_buf;    /* n_gpus scratch: room promised to restores in one pass */
     uint64_t *gpu_stamp;     /* n_gpus: which plan last looked at a GPU */
     int32_t max_level;       /* the largest level of the classes */
