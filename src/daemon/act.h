@@ -235,6 +235,7 @@ bool osubd__act_seg_look(struct osubd_act *d, struct osub_proc *p, const osub_se
                          struct osub_seg_view *v);
 
 int osubd__act_seg_open_guarded(struct osub_segment *g, const char *path, char *err, size_t errlen);
+void osubd__act_shim_adopt(struct osubd_act *d, struct osub_proc *p);
 
 bool osubd__act_seg_zero_guarded(struct osub_segment *g);
 

@@ -191,9 +191,12 @@ static void shim_sync(struct osubd_act *d, struct osub_proc *p)
 }
 
 /* A process adopted after oversubd restarted keeps the segment it was started with: map it
- * again (once; a missing or foreign file means it runs without one). */
-static void shim_adopt(struct osubd_act *d, struct osub_proc *p)
+ * again (once; a missing or foreign file means it runs without one). The watch does it, and
+ * whatever needs its count before the watch's first round (a suspend run again at the start). */
+void osubd__act_shim_adopt(struct osubd_act *d, struct osub_proc *p)
 {
+    if (p->seg.s != NULL || p->pid <= 0 || p->child || d->shim_path[0] == '\0')
+        return;
     if (p->seg_path[0] != '\0')
         return; /* tried before */
     char sd[512];
@@ -214,8 +217,7 @@ void osubd__act_on_watch(evutil_socket_t fd, short what, void *arg)
     rounds++;
     for (struct osub_proc *p = d->proc_list, *next; p; p = next) {
         next = p->next;
-        if (p->seg.s == NULL && p->pid > 0 && !p->child && d->shim_path[0])
-            shim_adopt(d, p);
+        osubd__act_shim_adopt(d, p);
         if (p->seg.s != NULL)
             shim_sync(d, p);
         if (p->pid <= 0) {

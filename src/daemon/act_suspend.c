@@ -109,6 +109,8 @@ static int64_t measured_mib(struct osubd_act *d, const char *id, bool cuda)
 {
     struct osub_proc *p = osubd__act_proc_find(d, id);
     struct osub_seg_view v;
+    if (p != NULL)
+        osubd__act_shim_adopt(d, p); /* adopted after a restart: its count from the start */
     if (!cuda && p != NULL && p->seg.s != NULL && osubd__act_seg_look(d, p, NULL, &v) &&
         v.live > 0) {
         uint64_t b = 0;
@@ -273,9 +275,18 @@ void osubd__act_suspend_restart(struct osubd_act *d)
         osub_service_info_t si;
         if (id == NULL || osub_engine_service_info(d->e, id, &si) != 0)
             continue;
-        if (si.state == OSUB_STATE_SUSPENDING)
+        if (si.state == OSUB_STATE_SUSPENDING) {
             osubd__act_suspend_start(d, id, false, si.deadline_ms - osubd_engine_now(d->core));
-        else if (si.state == OSUB_STATE_RESUMING)
+            /* what it holds now may be after the fall (the mechanism went on while oversubd was
+             * down): what it held when the suspend began is unknown, its grant bounds it, as
+             * for a suspend whose done comes with no fall noted (osubd_act_sus_done()) */
+            struct act_sus_fall *f = osubd__idmap_get(d->sus_falls, id);
+            int64_t grant = 0;
+            for (int32_t k = 0; k < si.n_slots; k++)
+                grant += si.slots[k].grant_mib;
+            if (f != NULL && f->before_mib < grant)
+                f->before_mib = grant;
+        } else if (si.state == OSUB_STATE_RESUMING)
             osubd__act_suspend_start(d, id, true, si.resume_cost_ms + 30000);
     }
 }

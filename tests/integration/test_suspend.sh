@@ -185,5 +185,42 @@ api GET "/v1/events?since=0" | grep -q 'nofree: its mechanism says it is suspend
 wait_for 30 gone nofree || bad "a suspend whose memory never fell was not escalated: $(field nofree 'd["state"]')"
 expect "nofree was never suspended" 0 "$(api GET "/v1/events?since=0" | json 'sum(1 for e in d["events"] if e.get("service") == "nofree" and e.get("kind") == "suspended")')"
 
+# ---- kill -9 while a suspend is under way, its memory falling meanwhile: after the restart the
+# suspend is seen done, not waited for until its timeout evicts it (the fall is judged against
+# what it held when the suspend began, not what is left after the restart) ----
+api DELETE /v1/services/online-b >/dev/null
+api DELETE /v1/services/stuck >/dev/null
+api DELETE /v1/services/nofree >/dev/null
+sed -i 's/^suspend_timeout_ms: .*/suspend_timeout_ms: 20000/' "$D/c.yaml"
+kill -9 "$DPID"
+wait "$DPID" 2>/dev/null
+start_d
+SP=$(free_port)
+expect "a vLLM whose sleep takes 2.5 s" 201 "$(code POST /v1/services '{"id":"slowv","class":"experiment","vram":"4000MiB",
+ "command":["'$py'","'$here'/tests/fakes/fake_vllm.py","--port","'$SP'","--dev-mode","--enable-sleep-mode",
+  "--vram-mib","3000","--residual-mib","1000","--sleep-ms","2500","--usage-file","'$tmp'/slowv.usage","--cuda","--cuda-lib","'$fakedir'/libcuda.so.1"],
+ "env":'"$env_json"',"suspend":{"method":"vllm","url":"http://127.0.0.1:'$SP'","residual":"500MiB"}}')"
+sleeping() { curl -s -m 5 "http://127.0.0.1:$SP/is_sleeping" | json 'd["is_sleeping"]' 2>/dev/null; }
+vused() { json 'd["vram_used_mib"]' <"$tmp/slowv.usage" 2>/dev/null; } # the fake's own word, written as its memory moves
+wait_for 30 eval '[ "$(sleeping)" = False ]' || bad "the slow fake vLLM did not answer"
+api POST /v1/services/slowv/ready '{}' >/dev/null
+sheld() { [ "$(field slowv 'd["used_mib"]')" = 3000 ]; }
+wait_for 30 sheld || bad "the shim did not count the slow vLLM: $(api GET /v1/services/slowv)"
+spid=$(field slowv 'd["process"]["pid"]')
+expect "operator suspend of the slow vLLM" 200 "$(code POST /v1/services/slowv/suspend)"
+kill -9 "$DPID"
+wait "$DPID" 2>/dev/null
+expect "killed before its memory fell" 3000 "$(vused)"
+wait_for 30 eval '[ "$(vused)" = 1000 ]' || bad "the slow fake vLLM's memory did not fall: $(cat "$tmp/slowv.usage")"
+start_d
+wait_for 30 state_is slowv suspended || bad "after the restart the suspend is not seen done: $(field slowv 'd["state"]'); $(grep slowv "$D/err" | tail -3)"
+r=$(field slowv 'd["residual_mib"]')
+[ "$r" = 1000 ] && ok || bad "its residual as measured: got $r, want 1000; $(grep 'slowv: ' "$D/err" | tail -4)"
+expect "the same slow vLLM process" "$spid" "$(field slowv 'd["process"]["pid"]')"
+api GET "/v1/events?since=0" | grep -q '"service": *"slowv"[^}]*"kind": *"evict"' && bad "slowv was evicted" || ok
+api DELETE /v1/services/slowv >/dev/null
+sgone() { ! kill -0 "$spid" 2>/dev/null; }
+wait_for 30 sgone || bad "the slow vLLM's process did not end with its release"
+
 echo "test_suspend: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
