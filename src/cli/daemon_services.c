@@ -194,18 +194,18 @@ static const struct {
 
 static const struct {
     const char *flag, *key;
-    long max;
-} spec_numbers[] = {{"gpus", "gpus", 4096},
-                    {"compute", "compute_pct", 100},
-                    {"batch", "batch_size", 1000000},
-                    {"min-batch", "min_batch_size", 1000000},
-                    {"max-inflight", "max_inflight", 1000000},
-                    {"max-queue", "max_queue", 1000000},
-                    {"queue-timeout", "queue_timeout_ms", 86400000},
-                    {"idle-suspend", "idle_suspend_ms", 604800000},
-                    {"grace", "grace_ms", 86400000},
-                    {"restart-cost", "restart_cost_ms", 86400000},
-                    {"max-restarts", "max_restarts", 1000000}};
+    long min, max; /* the daemon's own ranges */
+} spec_numbers[] = {{"gpus", "gpus", 0, 4096},
+                    {"compute", "compute_pct", 0, 100},
+                    {"batch", "batch_size", 0, 1000000},
+                    {"min-batch", "min_batch_size", 0, 1000000},
+                    {"max-inflight", "max_inflight", 0, 1000000},
+                    {"max-queue", "max_queue", 0, 1000000},
+                    {"queue-timeout", "queue_timeout_ms", 0, 86400000},
+                    {"idle-suspend", "idle_suspend_ms", 1000, 604800000},
+                    {"grace", "grace_ms", 0, 86400000},
+                    {"restart-cost", "restart_cost_ms", 0, 86400000},
+                    {"max-restarts", "max_restarts", 0, 1000000}};
 
 /* What the daemon decided, in a line or a few (not --json). */
 static void print_deploy(const char *id, json_t *r, bool dry, bool will_wait)
@@ -355,7 +355,7 @@ int dcmd_deploy(const struct args *a)
             continue;
         char flag[32];
         snprintf(flag, sizeof(flag), "--%s", spec_numbers[i].flag);
-        if (dcmd_num_arg(flag, s, 0, spec_numbers[i].max, &n) != 0)
+        if (dcmd_num_arg(flag, s, spec_numbers[i].min, spec_numbers[i].max, &n) != 0)
             goto usage;
         json_object_set_new(spec, spec_numbers[i].key, json_integer(n));
     }

@@ -192,6 +192,11 @@ int osub_spec_from_json(const json_t *obj, osub_spec_t *spec, char *err, size_t 
     }
     if (spec->vram_mib <= 0)
         return fail(err, errlen, "field 'vram_mib' is required and must be positive");
+    if (spec->suspend.method != OSUB_SUSPEND_NONE && spec->suspend.residual_mib > spec->vram_mib)
+        return fail(err, errlen,
+                    "field 'suspend.residual' (%lld MiB) is more than the request (vram_mib "
+                    "%lld): what stays on the GPUs once suspended is part of what it holds",
+                    (long long)spec->suspend.residual_mib, (long long)spec->vram_mib);
     return 0;
 }
 

@@ -352,9 +352,20 @@ static bool suspend_refusal(struct osubd_api *d, struct evhttp_request *req, con
 {
     bool sus = strcmp(op, "suspend") == 0;
     osub_service_info_t si;
+    char msg[400];
+    if (strcmp(op, "resize") == 0 && rc == OSUB_EBAD_STATE &&
+        osub_engine_service_info(d->e, id, &si) == 0 &&
+        (si.state == OSUB_STATE_SUSPENDING || si.state == OSUB_STATE_SUSPENDED ||
+         si.state == OSUB_STATE_RESUMING)) {
+        snprintf(msg, sizeof(msg),
+                 "%s is %s: a suspended service keeps the grant it left with; resize it once it "
+                 "has resumed",
+                 id, osub_state_name(si.state));
+        osubd__api_reply_error(d, req, 409, osub_errcode(rc), msg);
+        return true;
+    }
     if ((!sus && strcmp(op, "resume") != 0) || osub_engine_service_info(d->e, id, &si) != 0)
         return false;
-    char msg[400];
     size_t nc;
     const osub_class_t *cls = osub_engine_classes(d->e, &nc);
     bool backed = si.spec->preemptible == OSUB_TRI_NO;
@@ -364,6 +375,11 @@ static bool suspend_refusal(struct osubd_api *d, struct evhttp_request *req, con
         snprintf(msg, sizeof(msg),
                  "%s is %s: a backed service is never suspended (nor degraded or evicted)", id,
                  si.spec->class_name);
+    else if (rc == OSUB_EBAD_STATE && sus && si.state == OSUB_STATE_DEGRADED && si.ack_pending)
+        snprintf(msg, sizeof(msg),
+                 "%s is degraded and has not acknowledged its degrade yet: it can be suspended "
+                 "once it has (its usage at or under its degraded grant, or POST .../ack)",
+                 id);
     else if (rc == OSUB_EBAD_STATE && sus)
         snprintf(msg, sizeof(msg),
                  "%s is %s: only a running or degraded service (its degrade acknowledged) can be "
@@ -414,6 +430,21 @@ static void h_service_cmd(struct osubd_api *d, const struct osubd_caller *who,
         }
         pid = (pid_t)json_integer_value(pidv);
         json_object_del(j, "pid");
+    }
+    /* a wake its mechanism has not answered yet (the engine takes the service as resumed
+     * once its resume cost has passed): a suspend now would wait behind it, and be evicted by
+     * its timeout if the wake hangs. Refused until the mechanism answers */
+    osub_service_info_t wsi;
+    if (strcmp(op, "suspend") == 0 && osubd_act_sus_busy(d->act, id) &&
+        osub_engine_service_info(d->e, id, &wsi) == 0 &&
+        (wsi.state == OSUB_STATE_RUNNING || wsi.state == OSUB_STATE_DEGRADED ||
+         wsi.state == OSUB_STATE_RESUMING)) {
+        json_decref(j);
+        osubd__api_reply_error(d, req, 409, "bad_state",
+                               "its resume is still under way: its suspend mechanism has not "
+                               "answered the wake yet (its events say when it does); suspend it "
+                               "after that");
+        return;
     }
     /* an operator's checkpoint of a service with no process to checkpoint would only fail and
      * evict it: refused up front */

@@ -227,6 +227,8 @@ check "resize: a bare size" 2 "$bin" --url $U1 resize web --vram 4
 check "resize: nothing to change" 2 "$bin" --url $U1 resize web
 check "deploy: --dry-run --wait" 2 "$bin" --url $U1 deploy web --class online --vram 1GiB --dry-run --wait
 check "deploy: a program after --, not before" 2 "$bin" --url $U1 deploy web --class batch --vram 1GiB prog
+check "deploy: --idle-suspend under the daemon's 1000 ms" 2 "$bin" --url $U1 deploy web --class batch --vram 1GiB --idle-suspend 500
+contains "--idle-suspend says the daemon's range" "$tmp/err" "from 1000 to 604800000"
 check "ratio below 1" 2 "$bin" --url $U1 ratio 0.5
 contains "ratio below 1 (says the range)" "$tmp/err" "from 1.0 (no overselling) to 100"
 check "ratio: four decimals" 2 "$bin" --url $U1 ratio 1.2345

@@ -218,9 +218,56 @@ r=$(field slowv 'd["residual_mib"]')
 [ "$r" = 1000 ] && ok || bad "its residual as measured: got $r, want 1000; $(grep 'slowv: ' "$D/err" | tail -4)"
 expect "the same slow vLLM process" "$spid" "$(field slowv 'd["process"]["pid"]')"
 api GET "/v1/events?since=0" | grep -q '"service": *"slowv"[^}]*"kind": *"evict"' && bad "slowv was evicted" || ok
+expect "a suspended service's resize is refused" 409 "$(code PATCH /v1/services/slowv '{"vram_mib":5000}')"
+grep -q "slowv is suspended: a suspended service keeps the grant it left with" "$tmp/body" && ok || bad "the refusal names the state: $(cat "$tmp/body")"
+expect "a residual over the request" 422 "$(code POST /v1/services '{"id":"bigres","class":"batch","vram":"1GiB","suspend":{"method":"vllm","url":"http://127.0.0.1:'$SP'","residual":"2GiB"}}')"
+grep -q "field 'suspend.residual' (2048 MiB) is more than the request" "$tmp/body" && ok || bad "the refusal names the field: $(cat "$tmp/body")"
 api DELETE /v1/services/slowv >/dev/null
 sgone() { ! kill -0 "$spid" 2>/dev/null; }
 wait_for 30 sgone || bad "the slow vLLM's process did not end with its release"
+
+# ---- a wake its mechanism never answers: past its resume cost the service is taken as resumed,
+# and an operator's suspend meanwhile is refused (it would wait behind the wake until its own
+# timeout evicted it), saying why ----
+$py -c "
+import http.server, os, time
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        if self.path == '/r':
+            time.sleep(3600)
+        self.send_response(200)
+        self.send_header('Content-Length', '0')
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+s = http.server.ThreadingHTTPServer(('127.0.0.1', 0), H)
+open('$tmp/rp.tmp', 'w').write(str(s.server_address[1]))
+os.rename('$tmp/rp.tmp', '$tmp/rp')
+s.serve_forever()" &
+pids+=($!)
+wait_for 10 test -s "$tmp/rp" || bad "the server whose resume hangs did not start"
+RP=$(cat "$tmp/rp")
+expect "a service whose resume hangs" 201 "$(code POST /v1/services '{"id":"rhang","class":"batch","vram":"2000MiB","suspend":{"method":"http","url":"http://127.0.0.1:'$RP'","suspend":"/s","resume":"/r"}}')"
+api POST /v1/services/rhang/ready '{}' >/dev/null
+expect "rhang suspended" 200 "$(code POST /v1/services/rhang/suspend)"
+wait_for 30 state_is rhang suspended || bad "rhang's suspend: $(field rhang 'd["state"]')"
+expect "rhang resumed by the operator" 200 "$(code POST /v1/services/rhang/resume)"
+wait_for 30 state_is rhang running || bad "rhang not taken as resumed after its resume cost: $(field rhang 'd["state"]')"
+expect "a suspend while its wake is unanswered" 409 "$(code POST /v1/services/rhang/suspend)"
+grep -q "its resume is still under way" "$tmp/body" && ok || bad "the refusal says why: $(cat "$tmp/body")"
+api DELETE /v1/services/rhang >/dev/null
+
+# ---- a degrade not yet acknowledged: the suspend's refusal says so ----
+expect "a degradable batch job" 201 "$(code POST /v1/services '{"id":"dg","class":"batch","vram":"30000MiB","min_vram":"10000MiB","suspend":{"method":"http","url":"http://127.0.0.1:'$RP'","suspend":"/s","resume":"/r"}}')"
+api POST /v1/services/dg/ready '{}' >/dev/null
+api PUT /v1/services/dg/usage '{"vram_mib":30000}' >/dev/null
+expect "a P0 that needs its room" 202 "$(code POST /v1/services '{"id":"online-c","class":"online","vram":"20000MiB"}')"
+acking() { [ "$(field dg 'd["state"] + " " + str("deadline_unix_ms" in d)')" = "degraded True" ]; } # its ack's deadline
+wait_for 10 acking || bad "dg not degraded, waiting for its ack: $(api GET "/v1/events?since=0" | grep -o "\"message\": *\"[^\"]*dg[^\"]*\"" | tail -5)"
+expect "suspend before the degrade's ack" 409 "$(code POST /v1/services/dg/suspend)"
+grep -q "dg is degraded and has not acknowledged its degrade yet" "$tmp/body" && ok || bad "the refusal says the ack is missing: $(cat "$tmp/body")"
+api DELETE /v1/services/online-c >/dev/null
+api DELETE /v1/services/dg >/dev/null
 
 echo "test_suspend: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
