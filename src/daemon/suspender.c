@@ -214,7 +214,8 @@ static void http_answer(void *arg, int code, const char *body)
     char why[700];
     if (code < 200 || code > 299) {
         if (code == 0)
-            snprintf(why, sizeof(why), "%s %s%s: no answer", st.method, j->spec.url, st.path);
+            snprintf(why, sizeof(why), "%s %s%s: no answer (the connection was refused or closed)",
+                     st.method, j->spec.url, st.path);
         else
             snprintf(why, sizeof(why), "%s %s%s answered HTTP %d%s%.200s", st.method, j->spec.url,
                      st.path, code, body[0] ? ": " : "", body);

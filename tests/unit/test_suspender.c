@@ -558,7 +558,9 @@ static void test_vllm(void **state)
     /* nobody there */
     run_http(f, &sp, false, 5000);
     assert_false(f->seen.ok);
-    snprintf(want, sizeof(want), "POST http://127.0.0.1:%d/sleep?level=1&mode=wait: no answer",
+    snprintf(want, sizeof(want),
+             "POST http://127.0.0.1:%d/sleep?level=1&mode=wait: no answer (the connection was "
+             "refused or closed)",
              sv.port);
     assert_string_equal(f->seen.why, want);
 }
