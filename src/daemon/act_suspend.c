@@ -75,8 +75,18 @@ void osubd__act_suspend_start(struct osubd_act *d, const char *id, bool resume, 
         report_failed(d, id, "oversubd knows no suspend mechanism for it");
         return;
     }
-    if (d->sus != NULL && osubd_sus_busy(d->sus, id))
-        return; /* under way already (a repeat after a restart): its answer comes */
+    if (d->sus != NULL && osubd_sus_busy(d->sus, id)) {
+        /* under way already (a repeat after a restart: its answer comes), or a wake the engine
+         * took as done after its resume cost: the suspend runs when the wake is answered
+         * (wake_ended()), its timeout running meanwhile. Said, so that a wake that hangs is
+         * seen to be what holds the suspend */
+        if (!resume && !osubd_sus_busy_suspending(d->sus, id))
+            osubd_note(d->core, id, "suspend", "waiting",
+                       "%s: its suspend waits for its mechanism to answer the wake under way (it "
+                       "runs then; its suspend timeout runs meanwhile)",
+                       id);
+        return;
+    }
     pid_t pids[OSUBD_SUS_PIDS_MAX];
     int n =
         sp.method == OSUBD_SUS_CUDA ? osubd_act_service_pids(d, id, pids, OSUBD_SUS_PIDS_MAX) : 0;

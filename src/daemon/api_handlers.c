@@ -431,21 +431,6 @@ static void h_service_cmd(struct osubd_api *d, const struct osubd_caller *who,
         pid = (pid_t)json_integer_value(pidv);
         json_object_del(j, "pid");
     }
-    /* a wake its mechanism has not answered yet (the engine takes the service as resumed
-     * once its resume cost has passed): a suspend now would wait behind it, and be evicted by
-     * its timeout if the wake hangs. Refused until the mechanism answers */
-    osub_service_info_t wsi;
-    if (strcmp(op, "suspend") == 0 && osubd_act_sus_busy(d->act, id) &&
-        osub_engine_service_info(d->e, id, &wsi) == 0 &&
-        (wsi.state == OSUB_STATE_RUNNING || wsi.state == OSUB_STATE_DEGRADED ||
-         wsi.state == OSUB_STATE_RESUMING)) {
-        json_decref(j);
-        osubd__api_reply_error(d, req, 409, "bad_state",
-                               "its resume is still under way: its suspend mechanism has not "
-                               "answered the wake yet (its events say when it does); suspend it "
-                               "after that");
-        return;
-    }
     /* an operator's checkpoint of a service with no process to checkpoint would only fail and
      * evict it: refused up front */
     pid_t some[1];

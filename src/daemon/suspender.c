@@ -416,6 +416,14 @@ bool osubd_sus_busy(const struct osubd_sus *s, const char *id)
     return false;
 }
 
+bool osubd_sus_busy_suspending(const struct osubd_sus *s, const char *id)
+{
+    for (const struct sus_job *j = s->jobs; j != NULL; j = j->next)
+        if (!j->reported && strcmp(j->id, id) == 0)
+            return !j->resume;
+    return false;
+}
+
 int osubd_sus_start(struct osubd_sus *s, const char *id, bool resume,
                     const struct osubd_sus_spec *spec, const pid_t *pids, int npids, int timeout_ms,
                     char *err, size_t errlen)

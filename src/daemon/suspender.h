@@ -77,6 +77,8 @@ int osubd_sus_start(struct osubd_sus *s, const char *id, bool resume,
                     const struct osubd_sus_spec *spec, const pid_t *pids, int npids, int timeout_ms,
                     char *err, size_t errlen);
 bool osubd_sus_busy(const struct osubd_sus *s, const char *id);
+/* Whether what is under way for it is a suspend (false: a wake, or nothing). */
+bool osubd_sus_busy_suspending(const struct osubd_sus *s, const char *id);
 /* The service is gone: its operation under way is dropped, done never called for it (a CUDA
  * worker in the driver finishes on its own), so that a new service of the same id starts
  * afresh. */
