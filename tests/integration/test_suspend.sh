@@ -145,19 +145,31 @@ wait_for 30 state_is train running || bad "the resume after a restart: $(field t
 grep -q "intact=1" "$tmp/torch.status" && ok || bad "bytes after the restart: $(cat "$tmp/torch.status")"
 
 # ---- a suspend that never completes: evicted after suspend_timeout_ms ----
-$py -c "
+# a mechanism's endpoint on loopback: POSTs to the paths in HANG never answer, the others get 200;
+# its port in $tmp/NAME
+hook_server() { # NAME HANG...
+    local name=$1
+    shift
+    $py -c "
 import http.server, os, sys, time
+hang = sys.argv[1:]
 class H(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
-        time.sleep(3600)
+        if '*' in hang or self.path in hang:
+            time.sleep(3600)
+        self.send_response(200)
+        self.send_header('Content-Length', '0')
+        self.end_headers()
     def log_message(self, *a):
         pass
 s = http.server.ThreadingHTTPServer(('127.0.0.1', 0), H)
-open('$tmp/hp.tmp', 'w').write(str(s.server_address[1]))
-os.rename('$tmp/hp.tmp', '$tmp/hp')
-s.serve_forever()" &
-pids+=($!)
-wait_for 10 test -s "$tmp/hp" || bad "the hanging server did not start"
+open('$tmp/$name.tmp', 'w').write(str(s.server_address[1]))
+os.rename('$tmp/$name.tmp', '$tmp/$name')
+s.serve_forever()" "$@" &
+    pids+=($!)
+    wait_for 10 test -s "$tmp/$name" || bad "the server $name did not start"
+}
+hook_server hp '*'
 HP=$(cat "$tmp/hp")
 api DELETE /v1/services/chat-exp >/dev/null
 api DELETE /v1/services/train >/dev/null
@@ -229,23 +241,7 @@ wait_for 30 sgone || bad "the slow vLLM's process did not end with its release"
 # ---- a wake its mechanism never answers: past its resume cost the service is taken as resumed;
 # an operator's suspend meanwhile waits for the wake (test_idle_suspend: a slow wake), and says
 # so: a wake that hangs is seen to be what holds it ----
-$py -c "
-import http.server, os, time
-class H(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):
-        if self.path == '/r':
-            time.sleep(3600)
-        self.send_response(200)
-        self.send_header('Content-Length', '0')
-        self.end_headers()
-    def log_message(self, *a):
-        pass
-s = http.server.ThreadingHTTPServer(('127.0.0.1', 0), H)
-open('$tmp/rp.tmp', 'w').write(str(s.server_address[1]))
-os.rename('$tmp/rp.tmp', '$tmp/rp')
-s.serve_forever()" &
-pids+=($!)
-wait_for 10 test -s "$tmp/rp" || bad "the server whose resume hangs did not start"
+hook_server rp /r
 RP=$(cat "$tmp/rp")
 expect "a service whose resume hangs" 201 "$(code POST /v1/services '{"id":"rhang","class":"batch","vram":"2000MiB","suspend":{"method":"http","url":"http://127.0.0.1:'$RP'","suspend":"/s","resume":"/r"}}')"
 api POST /v1/services/rhang/ready '{}' >/dev/null
