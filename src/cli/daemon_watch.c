@@ -420,7 +420,8 @@ int dcmd_explain(const struct args *a)
 /* ---- queue ----------------------------------------------------------------------------- */
 
 /* Who waits: queued services in queue order (what they need, since when, resumed from what),
- * then pending ones with the victims they wait for and those victims' deadlines. */
+ * then pending ones with the victims they wait for and those victims' deadlines, then the
+ * suspended ones and what brings each back (room, a request, or an operator's resume). */
 int dcmd_queue(const struct args *a)
 {
     (void)a;
@@ -430,7 +431,7 @@ int dcmd_queue(const struct args *a)
         json_decref(r);
         return ex;
     }
-    json_t *queued = json_array(), *pending = json_array();
+    json_t *queued = json_array(), *pending = json_array(), *suspended = json_array();
     size_t i;
     json_t *s;
     json_array_foreach(json_object_get(r, "services"), i, s)
@@ -445,19 +446,23 @@ int dcmd_queue(const struct args *a)
             json_array_insert(queued, at, s);
         } else if (strcmp(dcmd_gets(s, "state"), "pending") == 0) {
             json_array_append(pending, s);
+        } else if (strcmp(dcmd_gets(s, "state"), "suspended") == 0) {
+            json_array_append(suspended, s);
         }
     }
     if (dcmd_as_json) {
-        json_t *o = json_pack("{s:O, s:O}", "queued", queued, "pending", pending);
+        json_t *o = json_pack("{s:O, s:O, s:O}", "queued", queued, "pending", pending, "suspended",
+                              suspended);
         dcmd_print_json(o);
         json_decref(o);
         json_decref(queued);
         json_decref(pending);
+        json_decref(suspended);
         json_decref(r);
         return EX_OK;
     }
     int64_t now = dcmd_now_unix_ms();
-    if (json_array_size(queued) + json_array_size(pending) == 0)
+    if (json_array_size(queued) + json_array_size(pending) + json_array_size(suspended) == 0)
         printf("nobody waits\n");
     if (json_array_size(queued) > 0) {
         printf("%-4s %-24s %-10s %10s  %-25s %8s  %s\n", "POS", "SERVICE", "CLASS", "NEEDS",
@@ -493,8 +498,26 @@ int dcmd_queue(const struct args *a)
                    dcmd_gets(w, "service"), dur);
         }
     }
+    json_array_foreach(suspended, i, s)
+    {
+        char dur[32];
+        dcmd_fmt_dur(now - dcmd_geti(s, "since_unix_ms"), dur, sizeof(dur));
+        char why[200];
+        if (json_is_true(json_object_get(s, "suspend_idle")))
+            snprintf(why, sizeof(why), "idle: its next request through the gateway resumes it");
+        else if (json_is_true(json_object_get(s, "suspend_held")))
+            snprintf(why, sizeof(why), "by an operator: it stays so until 'oversub resume %s'",
+                     dcmd_gets(s, "id"));
+        else
+            snprintf(why, sizeof(why), "preempted: it resumes on its GPUs when they have room");
+        printf("%s%s (%s, %lld MiB) is suspended for %s; %s\n",
+               i == 0 && json_array_size(queued) + json_array_size(pending) ? "\n" : "",
+               dcmd_gets(s, "id"), dcmd_gets(s, "class"), (long long)dcmd_geti(s, "vram_mib"), dur,
+               why);
+    }
     json_decref(queued);
     json_decref(pending);
+    json_decref(suspended);
     json_decref(r);
     return EX_OK;
 }

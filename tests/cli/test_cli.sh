@@ -371,7 +371,7 @@ else
     check "explain --json" 0 C explain web --json
     jcheck "explain --json" "d['id'] == 'web' and 'prediction' in d"
     check "queue --json" 0 C queue --json
-    jcheck "queue --json" "d['queued'] == [] and d['pending'] == []"
+    jcheck "queue --json" "d['queued'] == [] and d['pending'] == [] and d['suspended'] == []"
     check "usage" 0 C usage quick --vram 1GiB
     contains "usage: one line" "$tmp/out" "^quick: running, request 2048 MiB, grant 2048 MiB, used 1024 MiB"
     check "resize --json" 0 C --json resize quick --vram 3GiB

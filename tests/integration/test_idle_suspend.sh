@@ -58,6 +58,9 @@ grep -q "is suspended: its GPU memory is in host memory" "$tmp/cli.out" && ok ||
 grep -q "suspended by an operator: it stays so until 'oversub resume chat'" "$tmp/cli.out" && ok || bad "explain (held): $(cat "$tmp/cli.out")"
 O list >"$tmp/cli.out" 2>&1
 grep -q "^chat  *experiment suspended" "$tmp/cli.out" && ok || bad "list: $(cat "$tmp/cli.out")"
+O queue >"$tmp/cli.out" 2>&1
+grep -q "^chat (experiment, [0-9]* MiB) is suspended for .*; by an operator: it stays so until 'oversub resume chat'" "$tmp/cli.out" && ok || bad "queue: $(cat "$tmp/cli.out")"
+expect "queue --json lists it" chat "$(O queue --json | json '",".join(s["id"] for s in d["suspended"])')"
 O resume chat >"$tmp/cli.out" 2>&1 && ok || bad "oversub resume: $(cat "$tmp/cli.out")"
 for _ in $(seq 1 600); do [ "$(sock GET /v1/services/chat | json 'd["state"]')" = running ] && break; sleep 0.05; done
 expect "running after oversub resume" running "$(sock GET /v1/services/chat | json 'd["state"]')"
