@@ -143,11 +143,6 @@ bool osubd_act_sus_is_cuda(struct osubd_act *d, const char *id)
     return osubd__act_sus_cuda(d, id);
 }
 
-bool osubd_act_sus_busy(struct osubd_act *d, const char *id)
-{
-    return d->sus != NULL && osubd_sus_busy(d->sus, id);
-}
-
 bool osubd__act_sus_cuda(struct osubd_act *d, const char *id)
 {
     const json_t *v = json_object_get(json_object_get(d->execs, id), "suspend");

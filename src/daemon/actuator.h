@@ -106,8 +106,6 @@ int osubd_act_commit_exec(struct osubd_act *a, const char *id, json_t *exec);
 int osubd_act_service_pids(struct osubd_act *a, const char *id, pid_t *out, int max);
 /* Whether its spec suspends it by a CUDA checkpoint. */
 bool osubd_act_sus_is_cuda(struct osubd_act *a, const char *id);
-/* Whether the service's suspend mechanism is running a suspend or a wake now. */
-bool osubd_act_sus_busy(struct osubd_act *a, const char *id);
 /* The process whose GPU memory is the service's usage (POST .../ready {"pid"}, or its managed
  * process); 0 when none. The ids with one, copied (free()). */
 int osubd_act_set_pid(struct osubd_act *a, const char *id, pid_t pid);
