@@ -220,6 +220,8 @@ sheld() { [ "$(field slowv 'd["used_mib"]')" = 3000 ]; }
 wait_for 30 sheld || bad "the shim did not count the slow vLLM: $(api GET /v1/services/slowv)"
 spid=$(field slowv 'd["process"]["pid"]')
 expect "operator suspend of the slow vLLM" 200 "$(code POST /v1/services/slowv/suspend)"
+# its sleep has begun (is_sleeping turns true as it pauses, before the 2.5 s it takes to free)
+wait_for 10 eval '[ "$(sleeping)" = True ]' || bad "the slow vLLM's sleep did not begin"
 kill -9 "$DPID"
 wait "$DPID" 2>/dev/null
 expect "killed before its memory fell" 3000 "$(vused)"
