@@ -63,7 +63,9 @@ start_oversub() { # BINARY TAG: sets gw and opid; services llm, llm2, llm3 on th
         post "http://127.0.0.1:$api/v1/services/$id/ready"
     done
 }
-# BEFORE=DIR: DIR/oversubd (an earlier build) too, as "before", in the same rounds
+# BEFORE=DIR: DIR/oversubd (an earlier build) too, as "before", in the same rounds.
+# NGINX_DEFERRED=1: nginx listens with "deferred" (TCP_DEFER_ACCEPT), as oversub's gateway does
+# by default
 targets="direct:$bport:"
 if [ -n "${BEFORE:-}" ]; then
     start_oversub "$(realpath "$BEFORE")/oversubd" before
@@ -85,7 +87,7 @@ http {
     uwsgi_temp_path $tmp/n/u; scgi_temp_path $tmp/n/s;
     upstream backend { server 127.0.0.1:$bport; keepalive 1024; }
     server {
-        listen 127.0.0.1:$nport backlog=4096;
+        listen 127.0.0.1:$nport backlog=4096${NGINX_DEFERRED:+ deferred};
         location /llm/ {
             proxy_pass http://backend/;
             proxy_http_version 1.1;
@@ -130,8 +132,12 @@ for who in $names; do
     t50=$(for r in $(seq 1 "$runs"); do field "$tmp/$who.$r" ttfb_p50_ms; done | median)
     t99=$(for r in $(seq 1 "$runs"); do field "$tmp/$who.$r" ttfb_p99_ms; done | median)
     err=$(for r in $(seq 1 "$runs"); do field "$tmp/$who.$r" errors; done | median)
+    w50=$(for r in $(seq 1 "$runs"); do field "$tmp/$who.$r" wave_p50_ms; done | median)
+    w99=$(for r in $(seq 1 "$runs"); do field "$tmp/$who.$r" wave_p99_ms; done | median)
     printf "%-8s streams/s median %7.1f   time to first byte p50 %6.1f ms p99 %6.1f ms   errors %s\n" \
         "$who" "$sps" "$t50" "$t99" "$err"
+    printf "%-8s   the opening burst (each connection's first stream): first byte p50 %6.1f ms p99 %6.1f ms\n" \
+        "" "$w50" "$w99"
     eval "sps_$who=$sps t99_$who=$t99 t50_$who=$t50"
 done
 added() { # WHO: the median over the rounds of (its p99 - direct's p99 in the same round)

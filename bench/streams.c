@@ -29,12 +29,14 @@ static double t_end;
 static uint64_t streams, events, errors;
 static int active; /* connections still asking */
 static uint64_t ttfb_h[LAT_SLOTS + 1], total_h[LAT_SLOTS + 1];
+static uint64_t wave_h[LAT_SLOTS + 1]; /* the first stream of each connection: the opening burst */
 
 struct conn {
     struct evhttp_connection *ec;
     const char *path;
     double t0;
     bool got_head;
+    bool asked_before; /* its first stream is the opening burst's */
 };
 
 static double now(void)
@@ -74,6 +76,8 @@ static int on_head(struct evhttp_request *req, void *arg)
         if (++open_now > held_peak)
             held_peak = open_now;
         observe(ttfb_h, now() - c->t0);
+        if (!c->asked_before)
+            observe(wave_h, now() - c->t0);
     }
     return 0;
 }
@@ -99,6 +103,7 @@ static void on_done(struct evhttp_request *req, void *arg)
     struct conn *c = arg;
     if (c->got_head)
         open_now--;
+    c->asked_before = true;
     if (req == NULL || evhttp_request_get_response_code(req) != 200) {
         errors++;
     } else {
@@ -165,9 +170,10 @@ int main(int argc, char **argv)
     event_base_dispatch(base);
     printf("{\"streams\": %llu, \"events\": %llu, \"errors\": %llu, \"streams_per_s\": %.1f, "
            "\"ttfb_p50_ms\": %.1f, \"ttfb_p99_ms\": %.1f, \"stream_p50_ms\": %.1f, "
-           "\"stream_p99_ms\": %.1f, \"held_peak\": %d}\n",
+           "\"stream_p99_ms\": %.1f, \"held_peak\": %d, \"wave_p50_ms\": %.1f, "
+           "\"wave_p99_ms\": %.1f, \"wave_max_ms\": %.1f}\n",
            (unsigned long long)streams, (unsigned long long)events, (unsigned long long)errors,
            (double)streams / secs, pct(ttfb_h, 0.5), pct(ttfb_h, 0.99), pct(total_h, 0.5),
-           pct(total_h, 0.99), held_peak);
+           pct(total_h, 0.99), held_peak, pct(wave_h, 0.5), pct(wave_h, 0.99), pct(wave_h, 1.0));
     return 0;
 }

@@ -39,6 +39,8 @@ struct osubd_config {
     char gateway_host[256];   /* "" = no gateway */
     int gateway_port;
     int32_t gateway_conns_per_client; /* connections one client address may hold (256) */
+    bool gateway_accept_at_once;      /* gateway_defer_accept: false (by default the gateway's
+                                       * connections are accepted once their first bytes are in) */
     int32_t api_conns_per_client;     /* the API's TCP connections one address may hold (64) */
     int32_t api_conns_max;            /* the API's TCP connections in all (1024) */
     char gateway_access_log[512];     /* "" = none; else one JSON line per request */

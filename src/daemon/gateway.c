@@ -510,10 +510,15 @@ static int gateway_listen(struct osubd_gateway *g, char *err, size_t errlen)
     }
     /* thousands of streams connect at once (an SDK's retry storm, a load balancer's failover):
      * the kernel caps the backlog at net.core.somaxconn */
-    g->lis =
-        evconnlistener_new_bind(d->base, osubd__gw_on_accept, g,
-                                LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC,
-                                GW_BACKLOG, ai->ai_addr, (int)ai->ai_addrlen);
+    /* and an HTTP client speaks first: the kernel wakes us for a connection once its request's
+     * first bytes are in (TCP_DEFER_ACCEPT), so a burst of new connections is read as it is
+     * accepted, with no turn of the loop between; one that sends nothing is handed over after
+     * the kernel's second (gateway_defer_accept: false accepts each at once) */
+    unsigned flags = LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC;
+    if (!d->cfg->gateway_accept_at_once)
+        flags |= LEV_OPT_DEFERRED_ACCEPT;
+    g->lis = evconnlistener_new_bind(d->base, osubd__gw_on_accept, g, flags, GW_BACKLOG,
+                                     ai->ai_addr, (int)ai->ai_addrlen);
     freeaddrinfo(ai);
     if (g->lis == NULL) {
         snprintf(err, errlen, "--gateway %s:%d: cannot listen there (%s)", d->cfg->gateway_host,

@@ -727,4 +727,9 @@ void osubd__gw_on_accept(struct evconnlistener *l, evutil_socket_t fd, struct so
     g->n_clients++;
     event_add(c->rev, NULL);
     osubd__gw_cl_arm(c, HEAD_TIMEOUT_S);
+    /* its request's first bytes are in (the listener defers the accept until they are): read
+     * them now, not after a turn of the loop behind the rest of an accept burst (a connection
+     * handed over by the kernel's timeout has nothing yet: EAGAIN, and the read event waits) */
+    if (!g->cfg->gateway_accept_at_once)
+        cl_on_read(fd, EV_READ, c);
 }

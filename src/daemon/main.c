@@ -187,12 +187,16 @@ static int config_number(struct osubd_config *c, const char *key, const char *sv
             c->events_keep = t;
         else
             c->events_days = t;
-    } else if (strcmp(key, "metrics_per_service") == 0 || strcmp(key, "allow_root_services") == 0) {
-        bool *b = key[0] == 'm' ? &c->metrics_per_service : &c->allow_root_services;
+    } else if (strcmp(key, "metrics_per_service") == 0 || strcmp(key, "allow_root_services") == 0 ||
+               strcmp(key, "gateway_defer_accept") == 0) {
+        bool *b = key[0] == 'm'   ? &c->metrics_per_service
+                  : key[0] == 'a' ? &c->allow_root_services
+                                  : &c->gateway_accept_at_once;
+        bool flip = key[0] == 'g'; /* stored as its opposite: false, the default, defers */
         if (strcmp(sv, "true") == 0)
-            *b = true;
+            *b = !flip;
         else if (strcmp(sv, "false") == 0)
-            *b = false;
+            *b = flip;
         else {
             osubd_log(OSUBD_LOG_ERROR, "%s: key '%s' must be true or false", where, key);
             rc = -1;

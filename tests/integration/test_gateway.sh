@@ -356,16 +356,27 @@ expect "another client served meanwhile" "other 200" "$(grep ^other "$tmp/slow")
 expect "an unfinished head gets 408 after 10 s" "HTTP/1.1 408 Request Timeout" "$(grep ^timeout "$tmp/slow" | cut -d' ' -f2-5)"
 
 # ---- the share is configurable ----
-printf 'gateway_conns_per_client: 2\n' >"$tmp/share.yaml"
+# with gateway_defer_accept: false, connections that send nothing are counted as they connect;
+# by default the kernel hands a connection over once its first bytes are in, so there each of
+# the three sends the start of a head (SEND)
+printf 'gateway_conns_per_client: 2\ngateway_defer_accept: false\n' >"$tmp/share.yaml"
+printf 'gateway_conns_per_client: 2\n' >"$tmp/share2.yaml"
 "$bin" --config "$tmp/share.yaml" --listen 127.0.0.1:0 --gateway 127.0.0.1:0 --socket "" \
     --state "$tmp/share.db" >"$tmp/out6" 2>"$tmp/err6" &
 pids+=($!)
 GW6=$(waitline "$tmp/out6" "gateway on http://127.0.0.1:") || bad "share daemon: $(cat "$tmp/err6")"
-python3 - "$GW6" >"$tmp/share" <<'PY'
+"$bin" --config "$tmp/share2.yaml" --listen 127.0.0.1:0 --gateway 127.0.0.1:0 --socket "" \
+    --state "$tmp/share2.db" >"$tmp/out6b" 2>"$tmp/err6b" &
+pids+=($!)
+GW6B=$(waitline "$tmp/out6b" "gateway on http://127.0.0.1:") || bad "share daemon 2: $(cat "$tmp/err6b")"
+share_probe() { # PORT SEND
+python3 - "$1" "$2" <<'PY'
 import http.client, socket, sys
 port = int(sys.argv[1]); ss = []
 for i in range(3):
     s = socket.socket(); s.bind(("127.0.0.3", 0)); s.connect(("127.0.0.1", port)); ss.append(s)
+    if sys.argv[2] == "1":
+        s.sendall(b"G")
 # a request from another address, answered: the gateway took the three before it (in order)
 c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
 c.request("GET", "/-/healthz"); c.getresponse().read()
@@ -374,9 +385,19 @@ for s in ss:
     s.setblocking(False)
     try: closed.append(s.recv(1) == b"")
     except BlockingIOError: closed.append(False)
+    except ConnectionResetError: closed.append(True) # closed with its byte unread: a reset
 print(" ".join("closed" if c else "open" for c in closed))
 PY
-expect "gateway_conns_per_client: 2" "open open closed" "$(cat "$tmp/share")"
+}
+share_probe "$GW6" 0 >"$tmp/share"
+expect "gateway_conns_per_client: 2 (accepts not deferred)" "open open closed" "$(cat "$tmp/share")"
+share_probe "$GW6B" 1 >"$tmp/share2"
+expect "gateway_conns_per_client: 2 (accepts deferred)" "open open closed" "$(cat "$tmp/share2")"
+printf 'gateway_defer_accept: maybe\n' >"$tmp/share3.yaml"
+timeout 20 "$bin" --config "$tmp/share3.yaml" --listen 127.0.0.1:0 --gateway 127.0.0.1:0 --socket "" \
+    --state "$tmp/share3.db" >"$tmp/out6c" 2>"$tmp/err6c" && bad "gateway_defer_accept: maybe was taken"
+expect "gateway_defer_accept: maybe refused" "1" \
+    "$(grep -c "key 'gateway_defer_accept' must be true or false" "$tmp/err6c")"
 
 # ---- a backend slower than the service's upstream_timeout_ms: 504 ----
 expect "submit tardy" 201 "$(submit "{\"id\":\"tardy\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"$B\"],\"upstream_timeout_ms\":300}")"

@@ -57,6 +57,7 @@ static void test_defaults(void **state)
     assert_false(c.metrics_per_service);
     assert_false(c.new_state);
     assert_false(c.allow_root_services);
+    assert_false(c.gateway_accept_at_once); /* the gateway's accepts deferred */
     /* the engine's settings are the engine's defaults */
     osub_pool_config_t e;
     osub_pool_config_default(&e);
