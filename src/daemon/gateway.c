@@ -112,17 +112,12 @@ bool osubd__gw_serving(const osub_service_info_t *si)
 
 /* Reads what the socket has (up to 64 KiB) into b: one read(), no FIONREAD as evbuffer_read
  * makes. Returns read()'s result. */
-int osubd__gw_read_into(struct evbuffer *b, int fd)
+int osubd__gw_read_into(struct osubd_gateway *g, struct evbuffer *b, int fd)
 {
-    struct evbuffer_iovec v;
-    if (evbuffer_reserve_space(b, 65536, &v, 1) < 1)
+    ssize_t n = read(fd, g->rbuf, sizeof(g->rbuf));
+    if (n > 0 && evbuffer_add(b, g->rbuf, (size_t)n) != 0) {
+        errno = ENOMEM;
         return -1;
-    ssize_t n = read(fd, v.iov_base, v.iov_len < 65536 ? v.iov_len : 65536);
-    if (n > 0) {
-        v.iov_len = (size_t)n;
-        evbuffer_commit_space(b, &v, 1);
-    } else {
-        evbuffer_commit_space(b, &v, 0);
     }
     return (int)n;
 }

@@ -267,7 +267,8 @@ struct osubd_gateway {
         const struct timeval *tv;
     } ct[32];
     int n_ct;
-    char rbuf[65536];           /* a backend's read lands here: a stream's bytes go on from it */
+    char
+        rbuf[65536]; /* a read lands here: a backend's bytes go on from it, a client's are copied */
     char hbuf[2 * H1_HEAD_MAX]; /* a head written for a backend or a client (gw_flat) */
 };
 
@@ -324,7 +325,7 @@ const struct osubd_route *osubd__gw_route_of(const struct osubd_gateway *d, cons
 
 bool osubd__gw_serving(const osub_service_info_t *si);
 
-int osubd__gw_read_into(struct evbuffer *b, int fd);
+int osubd__gw_read_into(struct osubd_gateway *g, struct evbuffer *b, int fd);
 
 void osubd__gw_set_nodelay(int fd);
 

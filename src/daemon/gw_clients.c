@@ -419,7 +419,7 @@ static void cl_on_read(evutil_socket_t fd, short what, void *arg)
 {
     (void)what;
     struct gw_client *c = arg;
-    int n = osubd__gw_read_into(c->in, fd);
+    int n = osubd__gw_read_into(c->g, c->in, fd);
     if (c->lingering) {
         evbuffer_drain(c->in, evbuffer_get_length(c->in));
         c->discard -= n > 0 ? n : 0;
