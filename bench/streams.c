@@ -4,7 +4,8 @@
  * Usage: bench_streams HOST PORT PATH[,PATH...] CONNS SECONDS   (connection i asks the i-th
  * path, round robin: several services behind one proxy)
  * Prints one JSON line: streams, events, errors, ttfb p50/p99 ms, stream p50/p99 ms, and
- * held_peak: the most streams open at once (their head in, their end not yet). */
+ * held_peak: the most streams open at once (their head in, their end not yet), and wave
+ * p50/p99/max ms: the first byte of each connection's first stream (the opening burst). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdbool.h>
 #include <stdint.h>
