@@ -172,6 +172,13 @@ static const struct engine_key *engine_key(const char *name, struct osubd_config
     return NULL;
 }
 
+/* The true/false keys. */
+static bool bool_key(const char *key)
+{
+    return strcmp(key, "metrics_per_service") == 0 || strcmp(key, "allow_root_services") == 0 ||
+           strcmp(key, "gateway_defer_accept") == 0;
+}
+
 /* The numeric and true/false keys: 0, -1 (said why), or 1 (not one of them). */
 static int config_number(struct osubd_config *c, const char *key, const char *sv, const char *where)
 {
@@ -187,8 +194,7 @@ static int config_number(struct osubd_config *c, const char *key, const char *sv
             c->events_keep = t;
         else
             c->events_days = t;
-    } else if (strcmp(key, "metrics_per_service") == 0 || strcmp(key, "allow_root_services") == 0 ||
-               strcmp(key, "gateway_defer_accept") == 0) {
+    } else if (bool_key(key)) {
         bool *b = key[0] == 'm'   ? &c->metrics_per_service
                   : key[0] == 'a' ? &c->allow_root_services
                                   : &c->gateway_accept_at_once;
@@ -409,7 +415,8 @@ static int read_config(const char *path, struct osubd_config *c, char *token_fil
             sv = joined;
         }
         if (sv == NULL) {
-            osubd_log(OSUBD_LOG_ERROR, "%s: key '%s' must be a string or a number", where, key);
+            osubd_log(OSUBD_LOG_ERROR, "%s: key '%s' must be %s", where, key,
+                      bool_key(key) ? "true or false" : "a string or a number");
             rc = -1;
             break;
         }

@@ -398,6 +398,11 @@ timeout 20 "$bin" --config "$tmp/share3.yaml" --listen 127.0.0.1:0 --gateway 127
     --state "$tmp/share3.db" >"$tmp/out6c" 2>"$tmp/err6c" && bad "gateway_defer_accept: maybe was taken"
 expect "gateway_defer_accept: maybe refused" "1" \
     "$(grep -c "key 'gateway_defer_accept' must be true or false" "$tmp/err6c")"
+printf 'metrics_per_service:\n' >"$tmp/share4.yaml"
+timeout 20 "$bin" --config "$tmp/share4.yaml" --listen 127.0.0.1:0 --gateway 127.0.0.1:0 --socket "" \
+    --state "$tmp/share4.db" >"$tmp/out6d" 2>"$tmp/err6d" && bad "metrics_per_service: (empty) was taken"
+expect "an empty true/false key refused as one" "1" \
+    "$(grep -c "key 'metrics_per_service' must be true or false" "$tmp/err6d")"
 
 # ---- a backend slower than the service's upstream_timeout_ms: 504 ----
 expect "submit tardy" 201 "$(submit "{\"id\":\"tardy\",\"class\":\"online\",\"vram\":\"1GiB\",\"backends\":[\"$B\"],\"upstream_timeout_ms\":300}")"
