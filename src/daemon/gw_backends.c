@@ -186,6 +186,10 @@ static void bc_done(struct gw_bconn *bc)
     struct gw_client *c = r->cl;
     if (!r->keepalive || !r->body_done)
         c->closing = true; /* the rest of its body would be read as a request: close */
+    if (!r->body_done) /* answered before its body was all in: the rest read and dropped, so
+                        * the client reads the answer, not a reset */
+        c->discard =
+            r->chunked_body || r->body_left > GW_DISCARD_MAX ? GW_DISCARD_MAX : r->body_left;
     osubd__gw_finish(r, true);
     osubd__gw_cl_after(c);
 }
@@ -271,6 +275,8 @@ static int bc_head_at(struct gw_bconn *bc, const char *h, size_t len, size_t *hl
         if (!h1_hop_by_hop(f->name, f->nlen, conn) || (te && bc->st == 2 && !r->http10))
             flat_field(&o, f->name, f->nlen, f->value, f->vlen);
     }
+    if (!r->body_done)
+        r->keepalive = false; /* answered before its body is all in: closed after the answer */
     if (!r->keepalive)
         flat_put(&o, "Connection: close\r\n", 19);
     else if (r->http10)

@@ -164,7 +164,7 @@ void osubd__gw_cl_after(struct gw_client *c)
 {
     if (c->closing) {
         if (evbuffer_get_length(c->out) == 0 && c->cur == NULL)
-            osubd__gw_cl_close(c);
+            cl_end(c); /* a body still coming: read and dropped for a while first */
         return;
     }
     cl_process(c);

@@ -7,6 +7,7 @@
   /stats           completions finished and abandoned (the client left), as JSON
   /upgrade         101 Switching Protocols (a WebSocket upgrade)
   POST .../chat/completions  an OpenAI-like answer (see completions())
+  POST /early      300,000 bytes answered at once, the body never read (held 2 s, then closed)
   /stream          a chunked body: "first", then (once the file named by FLAG exists, at
                    most 5 s later) "after-flag" or "timeout"
 """
@@ -41,6 +42,18 @@ class H(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(b)
     def do_POST(self):
+        if self.path.startswith("/early"):
+            # answers before reading the body (as a backend refusing an upload does), reads
+            # none of it, and holds the connection a while
+            b = b"B" * 300000
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(b)))
+            self.end_headers()
+            self.wfile.write(b)
+            self.wfile.flush()
+            time.sleep(2)
+            self.close_connection = True
+            return
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             body = b""
             while True:

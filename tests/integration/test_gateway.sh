@@ -257,6 +257,35 @@ expect "HEAD has no body" "head HTTP/1.1 200 OK 0" "$(grep ^head "$tmp/pipe")"
 head -c 3000000 /dev/urandom | base64 -w0 >"$tmp/big"
 expect "a 4 MB body intact" "$(wc -c <"$tmp/big")" "$(curl -s --data-binary @"$tmp/big" "$G/chat/gen" | json 'len(d["body"])')"
 
+# ---- answered before its body is in: the client reads the whole answer, then the end (not a
+# reset); the body's rest is read and dropped. The backend reads none of it, so the client's
+# bytes wait unread in the gateway's socket as the answer ends ----
+python3 - "$GW" >"$tmp/early" <<'PY'
+import socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"POST /chat/early HTTP/1.1\r\nHost: x\r\nContent-Length: 50000000\r\n\r\n")
+s.setblocking(False)
+sent, chunk = 0, b"b" * 65536
+try:
+    while sent < 16 << 20:
+        sent += s.send(chunk)
+except BlockingIOError:
+    pass
+time.sleep(1)  # the answer ends meanwhile, before this client reads any of it
+s.setblocking(True); s.settimeout(10)
+data, end = b"", "eof"
+try:
+    while True:
+        b = s.recv(65536)
+        if not b: break
+        data += b
+except ConnectionResetError: end = "reset"
+except socket.timeout: end = "timeout"
+head, _, body = data.partition(b"\r\n\r\n")
+print("early", len(body), b"Connection: close" in head, end)
+PY
+expect "an early answer read whole, then the end" "early 300000 True eof" "$(cat "$tmp/early")"
+
 # ---- 600 mutated requests: each answered with a status line or closed; the gateway lives ----
 python3 "$here/fuzz_http.py" "$GW" /chat 600 7 >"$tmp/fuzz" 2>&1
 echo "gateway fuzz: $(cat "$tmp/fuzz")"
