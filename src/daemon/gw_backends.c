@@ -186,8 +186,9 @@ static void bc_done(struct gw_bconn *bc)
     struct gw_client *c = r->cl;
     if (!r->keepalive || !r->body_done)
         c->closing = true; /* the rest of its body would be read as a request: close */
-    if (!r->body_done) /* answered before its body was all in: the rest read and dropped, so
-                        * the client reads the answer, not a reset */
+    /* answered before its body was all in: the rest read and dropped, so that the client
+     * reads the answer, not a reset */
+    if (!r->body_done)
         c->discard =
             r->chunked_body || r->body_left > GW_DISCARD_MAX ? GW_DISCARD_MAX : r->body_left;
     osubd__gw_finish(r, true);
