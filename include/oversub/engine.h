@@ -96,6 +96,10 @@ typedef struct {
     osub_suspend_method_t method;
     int64_t residual_mib; /* what is expected to stay on its GPUs once suspended (total; 0 =
                              nothing known: the last measured residual replaces it) */
+    /* method cuda, one GPU: its checkpoint may be restored onto another GPU of the same chip
+     * and size when its own has no room (the driver's GPU remap, 580+; the process sees every
+     * GPU: docs/actuation.md), a resume elsewhere with no reload */
+    bool relocate;
 } osub_suspend_spec_t;
 
 typedef enum {
@@ -206,7 +210,8 @@ typedef enum {
     XX(SUSPEND_TIMEOUT, "suspend_timeout")     /* a suspend was not done in time */                \
     XX(SUSPEND_FAILED, "suspend_failed")       /* its mechanism failed to suspend or resume it */  \
     XX(RESIDUAL, "residual")                   /* a suspended victim kept more than planned */     \
-    XX(MIGRATE, "migrate")                     /* suspended too long: restarted elsewhere */
+    XX(MIGRATE, "migrate")                     /* suspended too long: restarted elsewhere */       \
+    XX(RELOCATE, "relocate")                   /* resumed on another GPU from its checkpoint */
 
 typedef enum {
 #define OSUB__RS_ENUM(name, str) OSUB_R_##name,
@@ -340,6 +345,9 @@ typedef struct {
     int64_t host_mib;  /* what its suspend counts against the host budget (0: none) */
     int64_t resume_cost_ms;
     int64_t residual_mib; /* what planning expects to stay on its GPUs when suspended */
+    /* resuming onto another GPU (reason relocate): the GPU its checkpoint was taken on, for the
+     * mechanism's remap; -1 otherwise */
+    int32_t relocated_from;
 } osub_service_info_t;
 
 /* Fills the defaults of DESIGN.md (ratio 1.3, margin 0, ...). */

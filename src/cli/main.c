@@ -105,9 +105,14 @@ static void usage_simulate(FILE *f, const char *cmd)
         "  --suspend-host-mib M the host memory suspended services may fill (the pool's VRAM;\n"
         "                       0: no suspend)\n"
         "  --suspend-residual M what a suspended service keeps on each of its GPUs (1024)\n"
+        "  --relocate           a suspended service of one GPU (method cuda) whose GPU stays\n"
+        "                       full resumes on another GPU of the same chip that has room,\n"
+        "                       from its checkpoint (the driver's GPU remap, 580+): no reload\n"
         "Output\n"
         "  --json               JSON on stdout instead of the table\n"
         "  --plot FILE.svg      used utilisation and events over time, and the ratio sweep\n"
+        "  --events FILE        the engine's every decision and every OOM, a JSON object a line\n"
+        "                       (a fixed --gpus pool; '-' for stdout)\n"
         "  --quiet              no progress on stderr\n"
         "  -h, --help           this\n"
         "\n"
@@ -130,6 +135,8 @@ static void usage_simulate(FILE *f, const char *cmd)
 
 struct cli {
     const char *genai, *services, *usage, *plot;
+    const char *events_path; /* --events */
+    FILE *events;
     const char *genai_only; /* a --genai option given (refused with --services) */
     const char *gpus;
     bool policies[POL__COUNT];
@@ -137,6 +144,7 @@ struct cli {
     struct genai_opts g;
     struct sim_budget b;
     int32_t suspend_milli;        /* --suspend: thousandths of the preemptible services */
+    bool relocate;                /* --relocate */
     int64_t suspend_residual_mib; /* per GPU */
     bool json, quiet;
     /* advise */
@@ -440,6 +448,9 @@ static int parse_option(int ch, const char *arg, struct cli *c, bool advise)
         return opt_suspend_size("--suspend-host-mib", arg, &c->b.suspend_host_mib);
     case 'Z':
         return opt_suspend_size("--suspend-residual", arg, &c->suspend_residual_mib);
+    case 'R':
+        c->relocate = true;
+        break;
     case 'e':
         errno = 0;
         v = strtol(arg, &end, 10);
@@ -473,6 +484,9 @@ static int parse_option(int ch, const char *arg, struct cli *c, bool advise)
         break;
     case 'P':
         c->plot = arg;
+        break;
+    case 'E':
+        c->events_path = arg;
         break;
     case 'q':
         c->quiet = true;
@@ -552,11 +566,13 @@ static int parse_common(int argc, char **argv, struct cli *c, bool advise)
                                          {"suspend", required_argument, NULL, 'X'},
                                          {"suspend-host-mib", required_argument, NULL, 'Y'},
                                          {"suspend-residual", required_argument, NULL, 'Z'},
+                                         {"relocate", no_argument, NULL, 'R'},
                                          {"evict-budget", required_argument, NULL, 'e'},
                                          {"unmet-budget", required_argument, NULL, 'u'},
                                          {"max-wait", required_argument, NULL, 'w'},
                                          {"json", no_argument, NULL, 'j'},
                                          {"plot", required_argument, NULL, 'P'},
+                                         {"events", required_argument, NULL, 'E'},
                                          {"quiet", no_argument, NULL, 'q'},
                                          {"history", required_argument, NULL, 'H'},
                                          {"help", no_argument, NULL, 'h'},
@@ -581,10 +597,18 @@ static int load_trace(const struct cli *c, struct trace *tr)
     trace_set_progress(c->quiet ? NULL : stderr); /* long imports and replays say how they go */
     int rc = c->genai ? trace_import_genai(c->genai, &c->g, tr, err, sizeof(err))
                       : trace_import_files(c->services, c->usage, tr, err, sizeof(err));
-    if (rc != 0)
+    if (rc != 0) {
         fprintf(stderr, "oversub: %s\n", err);
-    else
-        sim_mark_suspend(tr, c->suspend_milli, c->suspend_residual_mib);
+        return rc;
+    }
+    size_t n = sim_mark_suspend(tr, c->suspend_milli, c->suspend_residual_mib);
+    if (c->relocate && n == 0) {
+        fprintf(stderr, "oversub: --relocate: no service is suspendable (give --suspend)\n");
+        trace_free(tr);
+        return -1;
+    }
+    if (c->relocate)
+        sim_mark_relocate(tr);
     return rc;
 }
 
@@ -704,7 +728,8 @@ int run_policies(const struct cli *c, const struct trace *tr, struct sim_result 
                                      .ratio_milli = ratio,
                                      .pool = pool,
                                      .n_pool = n_pool,
-                                     .timeline = timeline};
+                                     .timeline = timeline,
+                                     .events = c->events};
                 rc = sim_run(tr, &o, &c->b, r, err, sizeof(err));
             }
             if (rc != 0) {
@@ -737,16 +762,39 @@ static int cmd_simulate(int argc, char **argv)
     int rc = parse_common(argc, argv, &c, false);
     if (rc != 0)
         return rc > 0 ? EXIT_OK : EXIT_USAGE;
-    struct trace tr;
-    if (load_trace(&c, &tr) != 0)
+    if (c.events_path != NULL && strncmp(c.gpus, "min", 3) == 0) {
+        fprintf(stderr, "oversub: --events needs a fixed pool (--gpus 16x81920): --gpus min "
+                        "replays many pools\n");
         return EXIT_USAGE;
+    }
+    if (c.events_path != NULL) {
+        c.events = strcmp(c.events_path, "-") == 0 ? stdout : fopen(c.events_path, "w");
+        if (c.events == NULL) {
+            fprintf(stderr, "oversub: --events %s: %s\n", c.events_path, strerror(errno));
+            return EXIT_USAGE;
+        }
+    }
+    struct trace tr;
+    if (load_trace(&c, &tr) != 0) {
+        if (c.events != NULL && c.events != stdout)
+            fclose(c.events);
+        return EXIT_USAGE;
+    }
     if (!c.quiet)
         fprintf(stderr, "simulate: %zu services, %zu samples, %.1f hours in %lld s steps\n", tr.n,
                 trace_samples(&tr), (double)(tr.t1 - tr.t0 + tr.step_s) / 3600.0,
                 (long long)tr.step_s);
     struct sim_result *res;
     size_t n;
-    if (run_policies(&c, &tr, &res, &n, c.plot != NULL) != 0) {
+    int prc = run_policies(&c, &tr, &res, &n, c.plot != NULL);
+    if (c.events != NULL && c.events != stdout && fclose(c.events) != 0 && prc == 0) {
+        fprintf(stderr, "oversub: --events %s: %s\n", c.events_path, strerror(errno));
+        prc = -1;
+        for (size_t i = 0; i < n; i++)
+            sim_result_free(&res[i]);
+        free(res);
+    }
+    if (prc != 0) {
         trace_free(&tr);
         return EXIT_USAGE;
     }
@@ -785,6 +833,10 @@ static int cmd_advise(int argc, char **argv)
             return cli_advise_daemon(argc, argv);
     struct cli c;
     int rc = parse_common(argc, argv, &c, true);
+    if (rc == 0 && c.events_path != NULL) {
+        fprintf(stderr, "oversub: advise: --events is simulate's (oversub simulate --events)\n");
+        rc = -1;
+    }
     if (rc != 0)
         return rc > 0 ? EXIT_OK : EXIT_USAGE;
     struct trace tr;

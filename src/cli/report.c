@@ -124,6 +124,8 @@ json_t *report_json(const struct sim_result *x)
     json_object_set_new(o, "wakes", json_integer((json_int_t)x->wakes));
     if (x->suspend_on) /* only then: a run without suspend reads as it always did */
         json_object_set_new(o, "migrations", json_integer((json_int_t)x->migrations));
+    if (x->suspend_on)
+        json_object_set_new(o, "relocations", json_integer((json_int_t)x->relocations));
     json_object_set_new(o, "lost_service_minutes", json_real(x->lost_service_minutes));
     json_object_set_new(o, "suspend_lost_minutes", json_real(x->suspend_lost_minutes));
     json_object_set_new(o, "suspend_transit_minutes", json_real(x->suspend_transit_minutes));

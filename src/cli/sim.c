@@ -2,6 +2,7 @@
  * oversub policies; the brief's algorithm and a hindsight packing are in sim_ref.c) */
 #include "sim.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -457,6 +458,7 @@ static void suspend_event(struct erun *x, const osub_event_t *ev, int32_t svc, i
     s->gen++;
     if (ev->kind == OSUB_EV_WAKE) {
         x->r->wakes++;
+        x->r->relocations += ev->reason == OSUB_R_RELOCATE;
         s->wake_ms = ev->time_ms;
         timer_add(x, ev->deadline_ms, svc, true);
         return;
@@ -470,6 +472,32 @@ static void suspend_event(struct erun *x, const osub_event_t *ev, int32_t svc, i
     timer_add(x, ev->time_ms + s->used_mib * 1000 / x->suspend_mib_per_s, svc, false);
 }
 
+/* --events: the event as a JSON line (the replay's time in s from the trace's start). */
+static void event_line(struct erun *x, const osub_event_t *ev)
+{
+    json_t *o = json_pack("{s:f, s:s, s:s, s:s, s:i, s:s, s:i, s:I, s:s}", "t_s",
+                          (double)ev->time_ms / 1000.0, "kind", osub_event_name(ev->kind), "reason",
+                          osub_reason_name(ev->reason), "service", ev->service, "level",
+                          (int)ev->level, "cause", ev->cause, "gpu", (int)ev->gpu, "vram_mib",
+                          (json_int_t)ev->vram_mib, "msg", ev->msg);
+    if (o == NULL)
+        return;
+    json_dumpf(o, x->o->events, JSON_COMPACT);
+    fputc('\n', x->o->events);
+    json_decref(o);
+}
+
+/* --events: GPU g over its VRAM at step k (a service's report, or the step's end). */
+static void oom_line(struct erun *x, int32_t g, size_t k)
+{
+    if (x->o->events == NULL)
+        return;
+    fprintf(x->o->events,
+            "{\"t_s\":%lld,\"kind\":\"oom\",\"gpu\":%d,\"used_mib\":%lld,\"vram_mib\":%lld}\n",
+            (long long)((int64_t)k * x->tr->step_s), (int)g, (long long)x->gpu_used[g],
+            (long long)x->o->pool[g]);
+}
+
 /* Reads the last command's events: counts decisions, marks the services they name to be
  * read again, queues follow-ups (victims comply at once: a degraded service acknowledges, an
  * evicted one checkpoints and exits). */
@@ -477,6 +505,8 @@ static void read_events_of(struct erun *x, const osub_event_t *ev, size_t n)
 {
     struct sim_result *r = x->r;
     for (size_t i = 0; i < n; i++) {
+        if (x->o->events != NULL)
+            event_line(x, &ev[i]);
         int32_t svc = ev[i].service[0] != '\0' ? sim__idmap_get(&x->m, ev[i].service) : -1;
         view_touch(x, svc);
         if (ev[i].cause[0] != '\0')
@@ -759,6 +789,7 @@ static void count_ooms(struct erun *x, size_t i, size_t k)
         if (gpu_used(x, gix) > x->o->pool[gix] && x->oom_step[gix] != k + 1) {
             x->oom_step[gix] = k + 1;
             x->r->oom_events++;
+            oom_line(x, gix, k);
         }
     }
 }
@@ -920,6 +951,7 @@ static void end_step(struct erun *x, size_t k, int64_t t, int64_t now)
         if (gpu_used(x, (int32_t)g) > x->o->pool[g] && x->oom_step[g] != k + 1) {
             x->oom_step[g] = k + 1;
             r->oom_events++;
+            oom_line(x, (int32_t)g, k);
         }
     }
     osub_pool_info_t pi;
@@ -1091,6 +1123,18 @@ size_t sim_mark_suspend(struct trace *tr, int32_t milli, int64_t residual_mib)
             sp->resume_cost_ms = -1; /* DESIGN.md: its grant at suspend_mib_per_s, plus 1 s */
         }
         n += sp->suspend.method != OSUB_SUSPEND_NONE;
+    }
+    return n;
+}
+
+size_t sim_mark_relocate(struct trace *tr)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < tr->n; i++) {
+        osub_spec_t *sp = &tr->svcs[i].spec;
+        if (sp->suspend.method == OSUB_SUSPEND_CUDA && sp->gpus <= 1 && !sp->exclusive)
+            sp->suspend.relocate = true;
+        n += sp->suspend.relocate;
     }
     return n;
 }

@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "trace.h"
 
@@ -21,6 +22,9 @@ struct sim_opts {
     /* static, oversub: compare the replay's view of every service and GPU with the engine's
      * answer at each use, counting differences in sim_result.verify_mismatches (slow; tests) */
     bool verify;
+    /* static, oversub: every engine event and every OOM of the run, a JSON object a line
+     * (--events FILE); NULL: none */
+    FILE *events;
 };
 
 struct sim_budget {
@@ -52,7 +56,8 @@ struct sim_result {
      * until the service ran again, loaded); suspend_on: the run had suspendable services and a
      * host budget */
     uint64_t suspends[3], wakes;
-    uint64_t migrations; /* of the evictions: suspended services restarted elsewhere */
+    uint64_t migrations;  /* of the evictions: suspended services restarted elsewhere */
+    uint64_t relocations; /* of the wakes: onto another GPU from the checkpoint (no reload) */
     double suspends_per_week[3];
     double suspend_lost_minutes;
     double suspend_transit_minutes; /* of which moving: suspend decision to done, wake to back */
@@ -94,6 +99,10 @@ int32_t sim_min_gpus(const struct trace *tr, enum sim_policy p, int32_t ratio_mi
  * residual_mib per GPU once suspended (at most its request). Specs that declare suspend
  * already keep theirs. Returns how many services of the trace are suspendable. */
 size_t sim_mark_suspend(struct trace *tr, int32_t milli, int64_t residual_mib);
+/* Marks the trace's suspendable services of method cuda on one GPU (not exclusive) as
+ * relocatable (suspend.relocate: a checkpoint restored onto another GPU of the same chip).
+ * Returns how many services of the trace are relocatable. */
+size_t sim_mark_relocate(struct trace *tr);
 /* Whether service id is among the share milli (of 1000) marked: FNV-1a 64 of "suspend:" + id,
  * modulo 1000, below milli (the salt keeps it apart from the class and --pods hashes). */
 bool sim_suspend_picked(const char *id, int32_t milli);

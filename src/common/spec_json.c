@@ -90,10 +90,18 @@ static int get_suspend(const json_t *v, osub_suspend_spec_t *out, char *err, siz
             if (get_size(x, "suspend.residual", &r, err, len) != 0)
                 return -1;
             out->residual_mib = r;
+        } else if (strcmp(key, "relocate") == 0) {
+            if (!json_is_boolean(x))
+                return fail(err, len, "field 'suspend.relocate' must be true or false");
+            if (json_is_true(x) && out->method != OSUB_SUSPEND_CUDA)
+                return fail(err, len,
+                            "field 'suspend.relocate' is for method cuda only (restoring a "
+                            "checkpoint onto another GPU is the CUDA driver's remap)");
+            out->relocate = json_is_true(x);
         } else {
             return fail(err, len,
                         "field 'suspend.%.40s' is unknown (method, url, suspend, resume, "
-                        "residual)",
+                        "residual, relocate)",
                         key);
         }
     }
@@ -192,6 +200,10 @@ int osub_spec_from_json(const json_t *obj, osub_spec_t *spec, char *err, size_t 
     }
     if (spec->vram_mib <= 0)
         return fail(err, errlen, "field 'vram_mib' is required and must be positive");
+    if (spec->suspend.relocate && (spec->gpus > 1 || spec->exclusive))
+        return fail(err, errlen,
+                    "field 'suspend.relocate' is for a service of one GPU that is not exclusive "
+                    "(a multi-GPU service is NCCL across processes: it cannot be checkpointed)");
     if (spec->suspend.method != OSUB_SUSPEND_NONE && spec->suspend.residual_mib > spec->vram_mib)
         return fail(err, errlen,
                     "field 'suspend.residual' (%lld MiB) is more than the request (vram_mib "
@@ -217,6 +229,8 @@ json_t *osub_spec_to_json(const osub_spec_t *s)
         json_object_set_new(o, "suspend",
                             json_pack("{s:s, s:I}", "method", methods[s->suspend.method],
                                       "residual_mib", (json_int_t)s->suspend.residual_mib));
+        if (s->suspend.relocate)
+            json_object_set_new(json_object_get(o, "suspend"), "relocate", json_true());
         if (s->resume_cost_ms >= 0)
             json_object_set_new(o, "resume_cost_ms", json_integer(s->resume_cost_ms));
     }

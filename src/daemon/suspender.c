@@ -83,6 +83,7 @@ int osubd_sus_parse(const json_t *v, const struct osubd_destinations *dest,
     {
         bool known = strcmp(k, "method") == 0 || strcmp(k, "residual") == 0 ||
                      strcmp(k, "residual_mib") == 0 || /* the engine's (spec_json.c) */
+                     (out->method == OSUBD_SUS_CUDA && strcmp(k, "relocate") == 0) ||
                      (out->method != OSUBD_SUS_CUDA && strcmp(k, "url") == 0) ||
                      (out->method == OSUBD_SUS_HTTP &&
                       (strcmp(k, "suspend") == 0 || strcmp(k, "resume") == 0));

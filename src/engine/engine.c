@@ -551,6 +551,30 @@ void osub__svc_place(osub_engine_t *e, struct svc *s, const int32_t *gpus, const
     s->used_capped = false;
 }
 
+/* Moves slot j of s, with its grant and charge, to GPU gpu (the caller reserved its list and
+ * checked the room): what it measured on the old GPU is left there, it measures nothing on the
+ * new one yet. */
+void osub__svc_move(osub_engine_t *e, struct svc *s, int32_t j, int32_t gpu)
+{
+    struct slot *sl = &s->slots[j];
+    struct gpu *g = &e->gpus[sl->gpu], *ng = &e->gpus[gpu];
+    int64_t grant = sl->grant;
+    osub__slot_set_grant(e, s, sl, 0);
+    osub__slot_set_used(e, sl, 0);
+    osub__gpu_add_held(e, g, -sl->held);
+    sl->held = 0;
+    g->compute_all -= s->spec.compute_pct;
+    g->compute_measured -= s->compute_used;
+    gpu_list_remove(e, g, s);
+    osub__hist_reset(e, g);
+    sl->gpu = gpu;
+    osub__slot_set_grant(e, s, sl, grant);
+    ng->compute_all += s->spec.compute_pct;
+    ng->compute_measured += s->compute_used;
+    osub__gpu_list_add(e, ng, s);
+    e->dirty = true;
+}
+
 static void svc_unplace(osub_engine_t *e, struct svc *s)
 {
     if (s->state == OSUB_STATE_PENDING)
@@ -773,6 +797,8 @@ void osub__set_state(osub_engine_t *e, struct svc *s, osub_state_t st)
         osub__susp_list_remove(e, s);
     if (st == OSUB_STATE_SUSPENDED)
         osub__susp_list_add(e, s);
+    if (st != OSUB_STATE_RESUMING)
+        s->reloc_from1 = 0; /* a relocation is over when its resume is */
     s->state = st;
     s->since_ms = e->now;
     for (int32_t i = 0; i < s->n_slots; i++)

@@ -87,6 +87,8 @@ struct svc {
     uint32_t n_suspends;
     bool floor_now; /* evicted to migrate at its floor: its next start may be at its floor at once
                        (it waited in its suspend), not after floor_start_after_ms in the queue */
+    int32_t reloc_from1;       /* resuming onto another GPU (reason relocate): 1 + the GPU its
+                                  checkpoint was taken on; 0 otherwise (any other state) */
     struct svc *sprev, *snext; /* the engine's list of suspended services, while suspended */
 
     int32_t heap_pos[T__KINDS];
@@ -527,6 +529,7 @@ OSUB__HIDDEN void osub__svc_gone(osub_engine_t *e, struct svc *s, osub_reason_t 
 OSUB__HIDDEN void osub__svc_place(osub_engine_t *e, struct svc *s, const int32_t *gpus,
                                   const int64_t *shares, const int64_t *charges, int32_t k);
 OSUB__HIDDEN void osub__svc_start(osub_engine_t *e, struct svc *s, osub_reason_t reason);
+OSUB__HIDDEN void osub__svc_move(osub_engine_t *e, struct svc *s, int32_t j, int32_t gpu);
 OSUB__HIDDEN void osub__svc_sync(osub_engine_t *e, struct svc *s);
 OSUB__HIDDEN void osub__svc_to_queue(osub_engine_t *e, struct svc *s);
 OSUB__HIDDEN void osub__tab_insert_raw(struct svc **tab, size_t cap, struct svc *s);

@@ -172,6 +172,7 @@ int osub_engine_service_info(osub_engine_t *e, const char *id, osub_service_info
     out->host_mib = s->host_mib;
     out->resume_cost_ms = s->resume_cost_ms;
     out->residual_mib = s->residual_est;
+    out->relocated_from = s->reloc_from1 - 1;
     return 0;
 }
 
@@ -341,6 +342,11 @@ static int check_suspend(const osub_engine_t *e, char *why, size_t why_len)
         if (in && s->loading != (s->state == OSUB_STATE_RESUMING))
             return fail_why(why, why_len, "%s is %s with loading %d", s->spec.id,
                             osub_state_name(s->state), s->loading);
+        if (s->reloc_from1 != 0 &&
+            (s->state != OSUB_STATE_RESUMING || !s->spec.suspend.relocate || s->n_slots != 1 ||
+             s->reloc_from1 > e->n_gpus || s->slots[0].gpu == s->reloc_from1 - 1))
+            return fail_why(why, why_len, "%s is %s, relocating from GPU %d", s->spec.id,
+                            osub_state_name(s->state), (int)(s->reloc_from1 - 1));
         for (int32_t i = 0; i < s->n_slots && s->state == OSUB_STATE_SUSPENDED; i++)
             if (s->slots[i].held != s->slots[i].used)
                 return fail_why(why, why_len,

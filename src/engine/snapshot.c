@@ -43,8 +43,12 @@ static void save_susp(struct osub_sbuf *o, const struct svc *s)
                    (long long)x->residual_mib, (long long)s->spec.resume_cost_ms,
                    s->susp_hold + s->susp_idle, s->woke, (int)s->susp_from, (long long)s->host_mib,
                    (long long)s->residual_est, (long long)s->wake_ms, s->n_suspends);
-    /* migrated at its floor, not restarted yet: written only then (snapshots before have none) */
-    osub_sb_printf(o, "%s\n", s->floor_now ? " floor_now=1" : "");
+    /* migrated at its floor, not restarted yet; relocating (its spec may, and a resume onto
+     * another GPU under way): each written only then (snapshots before have none) */
+    osub_sb_printf(o, "%s%s", s->floor_now ? " floor_now=1" : "", x->relocate ? " relocate=1" : "");
+    if (s->reloc_from1 > 0)
+        osub_sb_printf(o, " reloc_from=%d", (int)(s->reloc_from1 - 1));
+    osub_sb_printf(o, "\n");
 }
 
 char *osub_engine_save(const osub_engine_t *e)
@@ -682,6 +686,17 @@ static int load_susp(struct loader *ld, const struct line *l)
     s->n_suspends = (uint32_t)n;
     s->floor_now = false;
     if (get(l, "floor_now") != NULL && !get_bool(l, "floor_now", &s->floor_now))
+        return OSUB_EBAD_SNAPSHOT;
+    x->relocate = false;
+    if (get(l, "relocate") != NULL && !get_bool(l, "relocate", &x->relocate))
+        return OSUB_EBAD_SNAPSHOT;
+    int32_t rf = -1;
+    if (get(l, "reloc_from") != NULL &&
+        (!get_i32(l, "reloc_from", &rf) || rf < 0 || rf >= ld->e->n_gpus ||
+         s->state != OSUB_STATE_RESUMING || s->n_slots != 1 || s->slots[0].gpu == rf))
+        return OSUB_EBAD_SNAPSHOT;
+    s->reloc_from1 = rf + 1;
+    if (x->relocate && (x->method != OSUB_SUSPEND_CUDA || s->spec.exclusive))
         return OSUB_EBAD_SNAPSHOT;
     if (s->suspendable)
         ld->e->n_suspendable++;

@@ -26,8 +26,13 @@ int osub__resolve_suspend(const osub_engine_t *e, const osub_spec_t *in, bool pr
         return OSUB_EBACKED_SUSPEND;
     if (x->residual_mib < 0 || x->residual_mib > in->vram_mib)
         return OSUB_EBAD_SUSPEND;
+    /* a remap restores one process's checkpoint onto other GPUs: the CUDA driver's alone, and
+     * one GPU only (a multi-GPU service is NCCL across processes, which cannot be checkpointed) */
+    if (x->relocate && (x->method != OSUB_SUSPEND_CUDA || in->gpus > 1 || in->exclusive))
+        return OSUB_EBAD_SUSPEND;
     y->method = x->method;
     y->residual_mib = x->residual_mib;
+    y->relocate = x->relocate;
     /* DESIGN.md: its grant at the pool's suspend_mib_per_s, plus 1 s */
     o->resume_cost_ms = in->resume_cost_ms >= 0
                             ? in->resume_cost_ms
@@ -171,14 +176,21 @@ static void svc_wake(osub_engine_t *e, struct svc *s, osub_reason_t reason)
     osub__svc_sync(e, s);
     char gb[96];
     osub__fmt_gpus(s, gb, sizeof(gb));
+    char moved[160] = "";
+    if (reason == OSUB_R_RELOCATE)
+        osub__fmt(moved, sizeof(moved),
+                  "GPU %d, where it was suspended, has no room while this one does: its checkpoint "
+                  "is restored here (a remap, no reload)",
+                  (int)(s->reloc_from1 - 1));
     osub_event_t *ev = osub__emit(
         e, OSUB_EV_WAKE, reason,
         "resuming %s (%s) on %s with its %lld MiB grant: %s; resumed within %lld ms, then not "
         "suspended again for %lld ms",
         s->spec.id, osub__class_of(e, s), gb, (long long)osub__grant_total(s),
-        reason == OSUB_R_USER   ? "an operator asked"
-        : reason == OSUB_R_IDLE ? "a request came for it, suspended for idleness"
-                                : "its GPUs have room again",
+        reason == OSUB_R_USER       ? "an operator asked"
+        : reason == OSUB_R_IDLE     ? "a request came for it, suspended for idleness"
+        : reason == OSUB_R_RELOCATE ? moved
+                                    : "its GPUs have room again",
         (long long)s->resume_cost_ms, (long long)e->cfg.suspend_min_runtime_ms);
     osub__ev_svc(ev, s);
     ev->vram_mib = osub__grant_total(s);
@@ -292,6 +304,60 @@ static bool try_migrate(osub_engine_t *e, struct svc *s)
     return true;
 }
 
+/* The GPU suspended s (one GPU, relocate) could be restored onto: another of the same size (the
+ * mechanism checks that it is the same chip, and fails the resume if not), in service, where its
+ * grant fits the logical capacity, its compute the compute limit and its wake (its grant, or what
+ * it measured if more) the high watermark; the tightest such fit. -1 when none. */
+static int32_t relocate_target(const osub_engine_t *e, const struct svc *s)
+{
+    const struct slot *sl = &s->slots[0];
+    const struct gpu *from = &e->gpus[sl->gpu];
+    int64_t need = osub__max64(sl->grant, s->host_mib);
+    int64_t climit = (int64_t)100 * e->cfg.compute_ratio_milli / 1000;
+    int32_t best = -1;
+    int64_t best_left = 0;
+    for (int32_t i = 0; i < e->n_gpus; i++) {
+        const struct gpu *g = &e->gpus[i];
+        if (i == sl->gpu || g->lost || g->cordoned || g->excl != NULL || g->vram != from->vram ||
+            g->granted + sl->grant > g->logical || g->held + need > g->hw_lim ||
+            (s->spec.compute_pct > 0 && g->compute_all + s->spec.compute_pct > climit))
+            continue;
+        int64_t left = g->hw_lim - g->held - need;
+        if (best < 0 || left < best_left) {
+            best = i;
+            best_left = left;
+        }
+    }
+    return best;
+}
+
+/* Relocate: suspended s (method cuda, relocate, one GPU) whose own GPU has no room to wake it is
+ * moved, grant and all, to another GPU that has (relocate_target) and woken there: the driver
+ * restores its checkpoint onto that GPU (the mechanism is told the GPU it was taken on), so it
+ * loses no more than a wake's time, and no eviction. Not while nobody may wake it (operator,
+ * idleness: the caller skips those), and not ahead of the queue head's room. Returns whether
+ * it was woken. */
+static bool try_relocate(osub_engine_t *e, struct svc *s)
+{
+    if (s->state != OSUB_STATE_SUSPENDED || !s->spec.suspend.relocate || s->n_slots != 1)
+        return false;
+    int32_t to = relocate_target(e, s);
+    if (to < 0)
+        return false;
+    struct plan p;
+    memset(&p, 0, sizeof(p));
+    p.k = 1;
+    p.gpus[0] = to;
+    if ((e->n_queue > 0 && s->level > e->queue[0]->level && !osub__backfill_ok(e, &p, s->level)) ||
+        osub__gpu_list_reserve(&e->gpus[to]) != 0 || osub__timer_reserve(e, 1) != 0)
+        return false;
+    int32_t from = s->slots[0].gpu;
+    osub__svc_move(e, s, 0, to);
+    s->reloc_from1 = from + 1;
+    svc_wake(e, s, OSUB_R_RELOCATE); /* to resuming: reloc_from1 stays until it is over */
+    return true;
+}
+
 void osub__process_wakes(osub_engine_t *e)
 {
     enum { BATCH = 64 };
@@ -318,7 +384,7 @@ void osub__process_wakes(osub_engine_t *e)
     for (int32_t i = 0; i < n; i++) {
         struct svc *s = c[i];
         if (!wake_room(e, s)) {
-            if (!migrated)
+            if (!try_relocate(e, s) && !migrated)
                 migrated = try_migrate(e, s);
             continue;
         }

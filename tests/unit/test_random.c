@@ -95,6 +95,9 @@ static void random_suspend(osub_spec_t *sp)
     sp->suspend.method = (osub_suspend_method_t)rr(1, rr(0, 20) == 0 ? 5 : 4); /* 5: refused */
     sp->suspend.residual_mib = rr(0, 3) == 0 ? rr(0, sp->vram_mib > 0 ? sp->vram_mib / 4 : 1) : 0;
     sp->resume_cost_ms = rr(0, 3) == 0 ? rr(-1, 60000) : -1;
+    /* relocatable: most cuda ones; now and then one the engine must refuse (another method,
+     * several GPUs) */
+    sp->suspend.relocate = sp->suspend.method == OSUB_SUSPEND_CUDA ? rr(0, 3) != 0 : rr(0, 30) == 0;
 }
 
 /* The suspend commands: the mechanisms' reports and the operator's suspend and resume. */

@@ -400,11 +400,12 @@ static void test_operator_suspend_and_resume(void **state)
 /* Two GPUs: exp (resumable, restart cost 5 s) on GPU 0 is suspended for web, which stays; fill,
  * which nobody may suspend, takes GPU 1 until it is released at 1000. Returns the engine with exp
  * suspended (done at 20) and GPU 1 free. */
-static osub_engine_t *suspended_beside_free_gpu(bool resumable, bool held)
+static osub_engine_t *suspended_beside_free_gpu_r(bool resumable, bool held, bool relocate)
 {
     osub_engine_t *e = mk_pool(2, 200000);
     osub_spec_t ex = susp_spec("exp", "experiment", 61440, 0, 0);
     ex.resumable = resumable;
+    ex.suspend.relocate = relocate;
     ex.restart_cost_ms = 5000;
     running(e, ex, 60000, 0);
     running(e, spec("fill", "batch", 70000, 1, 0), 70000, 1);
@@ -421,6 +422,11 @@ static osub_engine_t *suspended_beside_free_gpu(bool resumable, bool held)
     assert_int_equal(osub_engine_release(e, "fill", 1000), 0);
     check_ok(e);
     return e;
+}
+
+static osub_engine_t *suspended_beside_free_gpu(bool resumable, bool held)
+{
+    return suspended_beside_free_gpu_r(resumable, held, false);
 }
 
 /* Suspended longer than its restart cost, with no room on its own GPU (web holds 30000 of it)
@@ -626,6 +632,114 @@ static void test_migrate_at_floor_after_queue_aging(void **state)
     osub_engine_free(e);
 }
 
+/* Relocate: exp (cuda, relocate) suspended on GPU 0 beside web, which stays, and GPU 1 frees:
+ * it is woken on GPU 1 at once (reason relocate, no eviction, no restart cost waited), its grant
+ * moved with it, the GPU it left named for the mechanism's remap until it has resumed; a
+ * snapshot keeps that. */
+static void test_relocate_onto_a_free_gpu(void **state)
+{
+    (void)state;
+    osub_engine_t *e = suspended_beside_free_gpu_r(true, false, true);
+    const osub_event_t *ev = find_ev(e, OSUB_EV_WAKE, "exp");
+    assert_non_null(ev);
+    assert_int_equal(ev->reason, OSUB_R_RELOCATE);
+    assert_int_equal(ev->gpu, 1);
+    assert_non_null(strstr(ev->msg, "GPU 0, where it was suspended"));
+    assert_int_equal(ev->deadline_ms, 1000 + info(e, "exp").resume_cost_ms);
+    osub_service_info_t x = info(e, "exp");
+    assert_int_equal(x.state, OSUB_STATE_RESUMING);
+    assert_int_equal(x.n_slots, 1);
+    assert_int_equal(x.slots[0].gpu, 1);
+    assert_int_equal(x.relocated_from, 0);
+    assert_int_equal(x.grant_mib, 61440);
+    assert_int_equal(x.host_mib, 61440); /* its host copy until it is back */
+    assert_int_equal(ginfo(e, 0).granted_mib, 30000);
+    assert_int_equal(ginfo(e, 1).granted_mib, 61440);
+    assert_int_equal(ginfo(e, 0).used_mib, 30000 * 0 + info(e, "web").used_mib);
+    assert_true(ginfo(e, 1).held_mib >= 61440 - 1); /* held as a loading service's */
+    check_ok(e);
+    /* a snapshot while it resumes keeps where it came from */
+    osub_engine_t *e2 = round_trip(e);
+    assert_int_equal(info(e2, "exp").relocated_from, 0);
+    char *d1 = osub_engine_dump(e), *d2 = osub_engine_dump(e2);
+    assert_string_equal(d1, d2);
+    free(d1);
+    free(d2);
+    osub_engine_t *es[2] = {e, e2};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(osub_engine_resumed(es[i], "exp", 3000), 0);
+        x = info(es[i], "exp");
+        assert_int_equal(x.state, OSUB_STATE_RUNNING);
+        assert_int_equal(x.relocated_from, -1);
+        assert_int_equal(x.host_mib, 0);
+        assert_non_null(strstr(find_ev(es[i], OSUB_EV_RESUMED, "exp")->msg, "on GPU 1"));
+        /* past its restart cost: nothing migrates, nobody was evicted */
+        assert_int_equal(osub_engine_tick(es[i], 60000), 0);
+        osub_pool_info_t p;
+        osub_engine_pool_info(es[i], &p);
+        assert_int_equal(p.evictions, 0);
+        assert_int_equal(p.suspends, 1);
+        check_ok(es[i]);
+    }
+    osub_engine_free(e);
+    osub_engine_free(e2);
+}
+
+/* No relocation where it is not the answer: a spec that may not (another method, several GPUs,
+ * exclusive) is refused; one held by an operator stays; one with no other GPU that has room
+ * for its grant (logical and physical) stays suspended until one has. */
+static void test_relocate_only_where_it_fits(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_pool(2, 200000);
+    osub_submit_result_t r;
+    osub_spec_t v = susp_spec("v", "batch", 8192, 0, 0);
+    v.suspend.method = OSUB_SUSPEND_VLLM;
+    v.suspend.relocate = true;
+    assert_int_equal(osub_engine_submit(e, &v, 0, 0, &r), OSUB_EBAD_SUSPEND);
+    osub_spec_t two = susp_spec("two", "batch", 8192, 0, 0);
+    two.gpus = 2;
+    two.suspend.relocate = true;
+    assert_int_equal(osub_engine_submit(e, &two, 0, 0, &r), OSUB_EBAD_SUSPEND);
+    osub_spec_t ex = susp_spec("ex", "batch", 8192, 0, 0);
+    ex.exclusive = true;
+    ex.suspend.relocate = true;
+    /* an exclusive service is never preemptible: not suspendable at all */
+    assert_int_equal(osub_engine_submit(e, &ex, 0, 0, &r), OSUB_EBACKED_SUSPEND);
+    osub_engine_free(e);
+    /* held by an operator: it stays where it is */
+    e = suspended_beside_free_gpu_r(true, true, true);
+    assert_int_equal(osub_engine_tick(e, 60000), 0);
+    assert_int_equal(info(e, "exp").state, OSUB_STATE_SUSPENDED);
+    assert_int_equal(info(e, "exp").slots[0].gpu, 0);
+    check_ok(e);
+    osub_engine_free(e);
+    /* GPU 1 physically free but logically full (ratio 1.0: fill2's grant leaves 20480 MiB of
+     * logical room, its use little): no relocation; the logical room freed, it relocates */
+    osub_pool_config_t cfg;
+    osub_pool_config_default(&cfg);
+    cfg.ratio_milli = 1000;
+    cfg.suspend_host_mib = 200000;
+    int64_t vv[2] = {81920, 81920};
+    e = mk_engine_cfg(2, vv, &cfg);
+    osub_spec_t rs = susp_spec("exp", "experiment", 40000, 0, 0);
+    rs.suspend.relocate = true;
+    running(e, rs, 40000, 0);
+    running(e, spec("fill2", "batch", 61440, 1, 0), 1000, 1);
+    assert_int_equal(info(e, "fill2").slots[0].gpu, 1);
+    assert_int_equal(sub(e, spec("web", "online", 41000, 1, 0), 10), OSUB_SUBMIT_PENDING);
+    assert_int_equal(info(e, "web").slots[0].gpu, 0);
+    assert_int_equal(osub_engine_suspended(e, "exp", 1024, 20), 0);
+    assert_int_equal(osub_engine_tick(e, 60000), 0);
+    assert_int_equal(info(e, "exp").state, OSUB_STATE_SUSPENDED);
+    assert_int_equal(count_ev(e, OSUB_EV_WAKE, NULL), 0);
+    assert_int_equal(osub_engine_release(e, "fill2", 61000), 0);
+    assert_int_equal(find_ev(e, OSUB_EV_WAKE, "exp")->reason, OSUB_R_RELOCATE);
+    assert_int_equal(info(e, "exp").slots[0].gpu, 1);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
 static void test_snapshot_round_trip(void **state)
 {
     (void)state;
@@ -762,6 +876,8 @@ int main(void)
         cmocka_unit_test(test_migrate_only_when_it_helps),
         cmocka_unit_test(test_migrate_one_at_a_time),
         cmocka_unit_test(test_migrate_at_floor_after_queue_aging),
+        cmocka_unit_test(test_relocate_onto_a_free_gpu),
+        cmocka_unit_test(test_relocate_only_where_it_fits),
         cmocka_unit_test(test_snapshot_round_trip),
         cmocka_unit_test(test_old_snapshot_loads),
     };
