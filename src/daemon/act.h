@@ -94,8 +94,10 @@ struct osubd_act {
     json_t *execs;         /* service id -> how to run it: the submitted fields, as osubd_act_take
                             * validated them (an exec is the user's document, shown back as given) */
     struct osubd__idmap *pids; /* service id -> struct act_pid: NVML's memory of that process */
-    struct osubd__idmap *sus_falls; /* service id -> struct act_sus_fall: a suspend its mechanism
-                                     * says is done, until its memory is seen to fall */
+    struct osubd__idmap *sus_falls;  /* service id -> struct act_sus_fall: a suspend its mechanism
+                                      * says is done, until its memory is seen to fall */
+    struct osubd__idmap *wake_waits; /* service id -> struct act_wake_wait: a CUDA restore held
+                                      * until NVML shows its GPUs the room for it */
     json_t *saved_procs; /* the processes saved by the last run, until adopted at start */
     struct osubd__idmap *directives; /* service id -> struct act_ring (in memory) */
     bool dirty;                      /* execs, pids or processes changed since the last save */
@@ -146,6 +148,13 @@ struct act_sus_fall {
     bool said;          /* "still holds N MiB" logged once */
 };
 
+/* A restore waiting for NVML to show the room its checkpoint needs (a restore that runs out of
+ * memory cannot be undone: the driver leaves the process broken). */
+struct act_wake_wait {
+    int64_t until_ms; /* the engine's clock: past it, the wake fails */
+    bool said;        /* the wait said as an event once */
+};
+
 struct act_waiter {
     struct act_waiter *next;
     struct osubd_act *d;
@@ -193,6 +202,9 @@ void osubd__act_sus_falls(struct osubd_act *d);
 /* Whether the service is suspended by a CUDA checkpoint. */
 bool osubd__act_sus_cuda(struct osubd_act *d, const char *id);
 const char *osubd__act_cuda_unusable(const struct osubd_act *d, char *why, size_t whylen);
+const char *osubd__act_relocate_unusable(const struct osubd_act *d, char *why, size_t whylen);
+/* The monitor polled NVML: restores waiting for room are tried again. */
+void osubd__act_wake_waits(struct osubd_act *d);
 
 void osubd__act_apply_fail(struct osubd_act *d, struct osub_proc *p, const char *why);
 

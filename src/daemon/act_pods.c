@@ -375,15 +375,18 @@ void osubd_act_pods_close(struct osubd_act *d)
 int osubd_act_take(const struct osubd_act *d, json_t *spec, bool trusted, int64_t pod_cut_mib,
                    json_t **exec, char *err, size_t errlen)
 {
-    char why[400];
-    const char *m = json_string_value(json_object_get(json_object_get(spec, "suspend"), "method"));
-    struct osubd_take_rules r = {.kube_node = d->cfg->kube_node,
-                                 .allow_root_services = d->cfg->allow_root_services,
-                                 .dest = d->dest,
-                                 .cuda_unusable =
-                                     m != NULL && strcmp(m, "cuda") == 0
-                                         ? osubd__act_cuda_unusable(d, why, sizeof(why))
-                                         : NULL};
+    char why[400], rwhy[400];
+    const json_t *su = json_object_get(spec, "suspend");
+    const char *m = json_string_value(json_object_get(su, "method"));
+    bool cuda = m != NULL && strcmp(m, "cuda") == 0;
+    struct osubd_take_rules r = {
+        .kube_node = d->cfg->kube_node,
+        .allow_root_services = d->cfg->allow_root_services,
+        .dest = d->dest,
+        .cuda_unusable = cuda ? osubd__act_cuda_unusable(d, why, sizeof(why)) : NULL,
+        .relocate_unusable = cuda && json_is_true(json_object_get(su, "relocate"))
+                                 ? osubd__act_relocate_unusable(d, rwhy, sizeof(rwhy))
+                                 : NULL};
     int rc = osubd_exec_take(&r, spec, trusted, exec, err, errlen);
     if (rc != 0 || *exec == NULL || json_object_get(*exec, "kubernetes") == NULL)
         return rc;

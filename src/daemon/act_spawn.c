@@ -111,7 +111,7 @@ struct spawn {
     int logfd, nullfd, cgfd;
     char *argv[MAX_ARGS + 1];
     struct envb env;
-    char gpus[1024];
+    char gpus[3072]; /* CUDA_VISIBLE_DEVICES: up to 64 UUIDs */
     bool shim_on;
     const char *workdir;
 };
@@ -245,6 +245,16 @@ static void spawn_env(struct osubd_act *d, struct osub_proc *p, const osub_servi
             snprintf(sp->gpus + l, sizeof(sp->gpus) - l, "%s%s", i ? "," : "", d->gpus->uuid[g]);
         else
             snprintf(sp->gpus + l, sizeof(sp->gpus) - l, "%s%d", i ? "," : "", g);
+    }
+    /* relocatable: the driver remaps a checkpoint only for a process that sees every GPU
+     * (cuda-python#1983), so its own comes first (its device 0) and every other follows; the
+     * shim grants it its own only */
+    for (int32_t g = 0; si->spec != NULL && si->spec->suspend.relocate && si->n_slots == 1 &&
+                        g < d->gpus->n && d->gpus->uuid[g][0];
+         g++) {
+        size_t l = strlen(sp->gpus);
+        if (g != si->slots[0].gpu)
+            snprintf(sp->gpus + l, sizeof(sp->gpus) - l, ",%s", d->gpus->uuid[g]);
     }
     env_set(env, "CUDA_DEVICE_ORDER", "PCI_BUS_ID");
     env_set(env, "CUDA_VISIBLE_DEVICES", sp->gpus);

@@ -24,6 +24,56 @@ const char *osubd__act_cuda_unusable(const struct osubd_act *d, char *why, size_
     return osubd_sus_cuda_ok(d->sus, why, whylen) ? NULL : why;
 }
 
+const char *osubd__act_relocate_unusable(const struct osubd_act *d, char *why, size_t whylen)
+{
+    if (osubd__act_cuda_unusable(d, why, whylen) != NULL)
+        return why;
+    if (d->gpus == NULL || d->gpus->n == 0) {
+        snprintf(why, whylen,
+                 "suspend.relocate needs the GPUs' UUIDs for the driver's remap: this pool is "
+                 "simulated (run oversubd with --gpus nvml)");
+        return why;
+    }
+    return osubd_sus_cuda_remap_ok(d->sus, why, whylen) ? NULL : why;
+}
+
+/* The remap of a resume onto another GPU (the engine's relocate: si->relocated_from): every GPU
+ * of the machine named, as the driver wants when the process sees them all (act_spawn.c), the
+ * one it was checkpointed on and the one it goes to swapped. 0, or -1 with why. */
+static int relocate_remap(struct osubd_act *d, const osub_service_info_t *si,
+                          struct osubd_sus_spec *sp, char *why, size_t len)
+{
+    int32_t from = si->relocated_from, to = si->n_slots == 1 ? si->slots[0].gpu : -1;
+    if (osubd__act_relocate_unusable(d, why, len) != NULL)
+        return -1;
+    int32_t n = d->gpus->n;
+    if (to < 0 || from >= n || to >= n || n > OSUBD_SUS_REMAP_MAX) {
+        snprintf(why, len, "cannot restore it from GPU %d onto GPU %d: no UUID for one of them",
+                 (int)from, (int)to);
+        return -1;
+    }
+    osub_gpu_info_t a, b;
+    if (osub_engine_gpu_info(d->e, from, &a) != 0 || osub_engine_gpu_info(d->e, to, &b) != 0 ||
+        strcmp(a.name, b.name) != 0 || a.vram_mib != b.vram_mib) {
+        snprintf(why, len,
+                 "cannot restore it from GPU %d (%s) onto GPU %d (%s): the driver restores a "
+                 "checkpoint onto a GPU of the same chip only",
+                 (int)from, a.name, (int)to, b.name);
+        return -1;
+    }
+    for (int32_t g = 0; g < n; g++) {
+        int32_t ng = g == from ? to : g == to ? from : g;
+        if (osubd_sus_uuid_bytes(d->gpus->uuid[g], sp->remap[g][0]) != 0 ||
+            osubd_sus_uuid_bytes(d->gpus->uuid[ng], sp->remap[g][1]) != 0) {
+            snprintf(why, len, "GPU %d's UUID '%s' is not one the driver takes", (int)g,
+                     d->gpus->uuid[g]);
+            return -1;
+        }
+    }
+    sp->n_remap = (int)n;
+    return 0;
+}
+
 int osubd_act_service_pids(struct osubd_act *d, const char *id, pid_t *out, int max)
 {
     int n = 0;
@@ -66,6 +116,115 @@ static void fall_begin(struct osubd_act *d, const char *id, bool cuda)
         free(f);
 }
 
+/* What a CUDA restore of id brings back onto GPU slot k, MiB: the shim's count of its
+ * allocations (exact: the shim keeps counting what the driver holds in host memory), else its
+ * grant less what stays there (its residual; nothing stays on a GPU it moves to). */
+static int64_t restore_need_mib(struct osubd_act *d, const char *id, const osub_service_info_t *si,
+                                int32_t k)
+{
+    struct osub_proc *p = osubd__act_proc_find(d, id);
+    struct osub_seg_view v;
+    if (si->n_slots == 1 && p != NULL && p->seg.s != NULL && osubd__act_seg_look(d, p, NULL, &v) &&
+        v.live > 0) {
+        uint64_t b = 0;
+        for (uint32_t i = 0; i < v.n; i++)
+            b += v.held[i];
+        return (int64_t)osubd__act_to_mib(b);
+    }
+    int64_t stays = si->relocated_from >= 0 ? 0 : si->slots[k].used_mib;
+    return si->slots[k].grant_mib > stays ? si->slots[k].grant_mib - stays : 0;
+}
+
+/* Whether NVML shows the room a CUDA restore of id needs on each of its GPUs (a restore that
+ * runs out of memory cannot be undone: the driver leaves the process broken). Memory the engine
+ * no longer counts can still be there: a released service's process that has not exited yet.
+ * Without NVML (a simulated pool) there is nothing to look at: true. Else false, with why. */
+static bool restore_room(struct osubd_act *d, const char *id, const osub_service_info_t *si,
+                         char *why, size_t len)
+{
+    if (d->gpus == NULL || !d->gpus->polled)
+        return true;
+    for (int32_t k = 0; k < si->n_slots; k++) {
+        int32_t g = si->slots[k].gpu;
+        if (g < 0 || g >= d->gpus->n)
+            continue;
+        int64_t need = restore_need_mib(d, id, si, k);
+        if (d->gpus->free_mib[g] < need) {
+            snprintf(why, len,
+                     "GPU %d has %lld MiB free as NVML shows it, and its checkpoint needs %lld MiB "
+                     "there",
+                     (int)g, (long long)d->gpus->free_mib[g], (long long)need);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* A CUDA restore held for room (restore_room()): waits for the monitor's polls until the
+ * mechanism's timeout, then the wake fails. True: held (or failed), not started now. */
+static bool restore_held(struct osubd_act *d, const char *id, const osub_service_info_t *si,
+                         int64_t timeout_ms)
+{
+    char why[300];
+    if (restore_room(d, id, si, why, sizeof(why))) {
+        osubd__idmap_del(d->wake_waits, id);
+        return false;
+    }
+    int64_t now = osubd_engine_now(d->core);
+    struct act_wake_wait *w = osubd__idmap_get(d->wake_waits, id);
+    if (w == NULL) {
+        w = calloc(1, sizeof(*w));
+        if (w == NULL || osubd__idmap_put(d->wake_waits, id, w) != 0) {
+            free(w);
+            return false; /* no memory to wait: tried now, as before the wait existed */
+        }
+        w->until_ms = now + timeout_ms;
+    }
+    if (now >= w->until_ms) {
+        char what[500];
+        snprintf(what, sizeof(what),
+                 "not restored: %s, and the room did not come within its resume timeout", why);
+        osubd__idmap_del(d->wake_waits, id);
+        report_failed(d, id, what);
+        return true;
+    }
+    if (!w->said) {
+        w->said = true;
+        osubd_note(d->core, id, "suspend", "waiting",
+                   "%s: its restore waits for room: %s (a restore without it cannot be undone); "
+                   "it starts when NVML shows the room",
+                   id, why);
+    }
+    return true;
+}
+
+void osubd__act_wake_waits(struct osubd_act *d)
+{
+    if (osubd__idmap_count(d->wake_waits) == 0)
+        return;
+    size_t nk;
+    osubd__idmap_key_t *keys = osubd__idmap_keys(d->wake_waits, &nk);
+    for (size_t k = 0; k < nk; k++) {
+        osub_service_info_t si;
+        struct act_wake_wait *w = osubd__idmap_get(d->wake_waits, keys[k]);
+        if (w == NULL)
+            continue;
+        if (osub_engine_service_info(d->e, keys[k], &si) != 0 ||
+            si.state == OSUB_STATE_SUSPENDING || si.state == OSUB_STATE_SUSPENDED ||
+            si.state == OSUB_STATE_DRAINING || si.state == OSUB_STATE_OVERDUE) {
+            osubd__idmap_del(d->wake_waits, keys[k]); /* the engine moved on */
+            continue;
+        }
+        osubd__act_suspend_start(d, keys[k], true, w->until_ms - osubd_engine_now(d->core));
+    }
+    free(keys);
+}
+
+void osubd_act_gpus_polled(struct osubd_act *d)
+{
+    osubd__act_wake_waits(d);
+}
+
 void osubd__act_suspend_start(struct osubd_act *d, const char *id, bool resume, int64_t timeout_ms)
 {
     struct osubd_sus_spec sp;
@@ -87,6 +246,16 @@ void osubd__act_suspend_start(struct osubd_act *d, const char *id, bool resume, 
                        id);
         return;
     }
+    osub_service_info_t si;
+    bool cuda_wake =
+        resume && sp.method == OSUBD_SUS_CUDA && osub_engine_service_info(d->e, id, &si) == 0;
+    if (cuda_wake && si.relocated_from >= 0 && relocate_remap(d, &si, &sp, err, sizeof(err)) != 0) {
+        osubd__idmap_del(d->wake_waits, id);
+        report_failed(d, id, err);
+        return;
+    }
+    if (cuda_wake && restore_held(d, id, &si, timeout_ms))
+        return;
     pid_t pids[OSUBD_SUS_PIDS_MAX];
     int n =
         sp.method == OSUBD_SUS_CUDA ? osubd_act_service_pids(d, id, pids, OSUBD_SUS_PIDS_MAX) : 0;
@@ -102,12 +271,13 @@ void osubd__act_suspend_start(struct osubd_act *d, const char *id, bool resume, 
     }
     if (!resume)
         fall_begin(d, id, sp.method == OSUBD_SUS_CUDA);
-    osubd_note(d->core, id, "suspend", resume ? "wake" : "start", "%s: %s by %s%s%s", id,
+    osubd_note(d->core, id, "suspend", resume ? "wake" : "start", "%s: %s by %s%s%s%s", id,
                resume ? "resuming" : "suspending", osubd_sus_method_name(sp.method),
                n > 0       ? " on its processes"
                : sp.url[0] ? " at "
                            : "",
-               n > 0 ? "" : sp.url);
+               n > 0 ? "" : sp.url,
+               sp.n_remap > 0 ? ", its checkpoint restored onto another GPU (a remap)" : "");
 }
 
 /* What the service is measured to hold on its GPUs now, MiB: the shim's count of its live

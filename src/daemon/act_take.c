@@ -195,6 +195,12 @@ int osubd_exec_take(const struct osubd_take_rules *d, json_t *spec, bool trusted
             FAIL("%s", why);
         if (sp.method == OSUBD_SUS_CUDA && d->cuda_unusable != NULL)
             FAIL("field 'suspend': %s", d->cuda_unusable);
+        if (json_is_true(json_object_get(v, "relocate")) && d->relocate_unusable != NULL)
+            FAIL("field 'suspend.relocate': %s", d->relocate_unusable);
+        if (json_is_true(json_object_get(v, "relocate")) &&
+            json_object_get(spec, "kubernetes") != NULL)
+            FAIL("field 'suspend.relocate' is for services oversubd starts (a pod's GPUs are "
+                 "the kubelet's to choose)");
         json_object_set_new(x, "suspend", osubd_sus_spec_json(&sp));
     }
     if ((v = json_object_get(spec, "kubernetes")) != NULL) {

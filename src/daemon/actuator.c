@@ -403,6 +403,7 @@ static void on_act(evutil_socket_t fd, short what, void *arg)
             if (d->sus != NULL)
                 osubd_sus_cancel(d->sus, ev.service);
             osubd__idmap_del(d->sus_falls, ev.service);
+            osubd__idmap_del(d->wake_waits, ev.service);
             break;
         case OSUB_EV_WAKE: {
             osub_service_info_t si;
@@ -793,8 +794,9 @@ static int act_setup(struct osubd_act *a, char *err, size_t errlen)
     }
     a->pids = osubd__idmap_new(free);
     a->sus_falls = osubd__idmap_new(free);
+    a->wake_waits = osubd__idmap_new(free);
     a->directives = osubd__idmap_new(free);
-    if (a->pids == NULL || a->sus_falls == NULL || a->directives == NULL) {
+    if (a->pids == NULL || a->sus_falls == NULL || a->wake_waits == NULL || a->directives == NULL) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
@@ -1119,6 +1121,7 @@ void osubd_act_free(struct osubd_act *d)
     json_decref(d->saved_procs);
     osubd__idmap_free(d->pids);
     osubd__idmap_free(d->sus_falls);
+    osubd__idmap_free(d->wake_waits);
     free(d);
     d = NULL;
 }

@@ -42,7 +42,8 @@ struct osubd_take_rules {
     const char *kube_node;
     bool allow_root_services;
     const struct osubd_destinations *dest;
-    const char *cuda_unusable; /* why suspend method cuda cannot be used here; NULL: it can */
+    const char *cuda_unusable;     /* why suspend method cuda cannot be used here; NULL: it can */
+    const char *relocate_unusable; /* why suspend.relocate cannot; NULL: it can */
 };
 int osubd_exec_take(const struct osubd_take_rules *r, json_t *spec, bool trusted, json_t **exec,
                     char *err, size_t errlen);
@@ -104,6 +105,8 @@ int osubd_act_commit_exec(struct osubd_act *a, const char *id, json_t *exec);
 /* A service's processes (at most max): its managed process and every other process of its
  * cgroup, or the PID an external service reported (POST .../ready {"pid"}). */
 int osubd_act_service_pids(struct osubd_act *a, const char *id, pid_t *out, int max);
+/* The monitor has read NVML (gpus' free memory): CUDA restores waiting for room are tried. */
+void osubd_act_gpus_polled(struct osubd_act *a);
 /* Whether its spec suspends it by a CUDA checkpoint. */
 bool osubd_act_sus_is_cuda(struct osubd_act *a, const char *id);
 /* The process whose GPU memory is the service's usage (POST .../ready {"pid"}, or its managed

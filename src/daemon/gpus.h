@@ -4,6 +4,7 @@
 #ifndef OSUBD_GPUS_H
 #define OSUBD_GPUS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "config.h"
@@ -11,6 +12,10 @@
 struct osubd_gpus {
     int32_t n; /* GPUs with a UUID: 0 for a simulated pool */
     char uuid[OSUBD_NVML_GPUS_MAX][96];
+    /* NVML's last poll (the monitor): each GPU's free memory, MiB; polled false until one has
+     * been read (and always for a simulated pool) */
+    bool polled;
+    int64_t free_mib[OSUBD_NVML_GPUS_MAX];
 };
 
 /* GPU i's UUID, "" when it has none. */

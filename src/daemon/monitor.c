@@ -145,8 +145,13 @@ static void report_process_usage(struct osubd_monitor *d, const struct nvml_gpu 
         const char *id = keys[ki];
         osub_service_info_t si;
         json_int_t pid = osubd_act_pid(d->act, id);
-        if (pid <= 0 || osub_engine_service_info(d->e, id, &si) != 0 ||
-            osubd_act_shim_processes(d->act, id) > 0) /* the shim's figure is exact: it wins */
+        if (pid <= 0 || osub_engine_service_info(d->e, id, &si) != 0)
+            continue;
+        /* the shim's figure is exact: it wins, but for a CUDA checkpoint, whose allocations
+         * the shim still counts while their bytes are in host memory: NVML sees them leave */
+        bool ckpt = (si.state == OSUB_STATE_SUSPENDING || si.state == OSUB_STATE_SUSPENDED) &&
+                    si.spec != NULL && si.spec->suspend.method == OSUB_SUSPEND_CUDA;
+        if (osubd_act_shim_processes(d->act, id) > 0 && !ckpt)
             continue;
         /* every process of the service (vLLM's engine core is a child of its API server) */
         pid_t pids[64];
@@ -216,6 +221,14 @@ static void on_poll(evutil_socket_t fd, short what, void *arg)
     }
     report_process_usage(d, g, k);
     for (int32_t i = 0; i < d->gpus->n; i++) {
+        d->gpus->free_mib[i] = 0;
+        for (size_t j = 0; j < k; j++)
+            if (strcmp(g[j].uuid, d->gpus->uuid[i]) == 0)
+                d->gpus->free_mib[i] =
+                    g[j].total_mib > g[j].used_mib ? g[j].total_mib - g[j].used_mib : 0;
+    }
+    d->gpus->polled = true;
+    for (int32_t i = 0; i < d->gpus->n; i++) {
         osub_gpu_info_t gi;
         if (osub_engine_gpu_info(d->e, i, &gi) != 0 || gi.lost)
             continue;
@@ -242,6 +255,7 @@ static void on_poll(evutil_socket_t fd, short what, void *arg)
         osubd_apply(d->core, cmd, NULL, err, sizeof(err));
         json_decref(cmd);
     }
+    osubd_act_gpus_polled(d->act);
 }
 
 /* The writer committed (or failed): send the replies it covers, wake long-polls. */

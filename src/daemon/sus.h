@@ -67,6 +67,8 @@ void osubd__sus_finish(struct sus_job *j, bool ok, const char *why);
  * why). */
 struct osubd__sus_cuda *osubd__sus_cuda_load(const char *lib, char *why, size_t whylen);
 void osubd__sus_cuda_unload(struct osubd__sus_cuda *c);
+/* cuDriverGetVersion's answer (12080: CUDA 12.8), 0 when it has none */
+int osubd__sus_cuda_version(const struct osubd__sus_cuda *c);
 int osubd__sus_cuda_start(struct osubd_sus *s, struct sus_job *j, char *why, size_t whylen);
 
 #endif

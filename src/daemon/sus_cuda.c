@@ -20,6 +20,7 @@ struct osubd__sus_cuda {
     osub_cu_ckpt_restore_fn restore;
     osub_cu_ckpt_unlock_fn unlock;
     osub_cu_ckpt_state_fn state;
+    int version; /* cuDriverGetVersion, 0 if none */
 };
 
 struct osubd__sus_cuda *osubd__sus_cuda_load(const char *lib, char *why, size_t whylen)
@@ -60,7 +61,16 @@ struct osubd__sus_cuda *osubd__sus_cuda_load(const char *lib, char *why, size_t 
     *(void **)&init = dlsym(dl, "cuInit");
     if (init != NULL)
         (void)init(0);
+    CUresult (*version)(int *) = NULL;
+    *(void **)&version = dlsym(dl, "cuDriverGetVersion");
+    if (version == NULL || version(&c->version) != CUDA_SUCCESS)
+        c->version = 0;
     return c;
+}
+
+int osubd__sus_cuda_version(const struct osubd__sus_cuda *c)
+{
+    return c != NULL ? c->version : 0;
 }
 
 void osubd__sus_cuda_unload(struct osubd__sus_cuda *c)
@@ -161,16 +171,26 @@ static bool do_suspend(struct osubd__sus_cuda *c, struct sus_job *j, pid_t *pids
     return false;
 }
 
-/* restore, unlock (a restored process is left locked by the driver) */
+/* restore (with the job's remap: onto other GPUs), unlock (a restored process is left locked by
+ * the driver) */
 static bool do_resume(struct osubd__sus_cuda *c, struct sus_job *j, pid_t *pids, CUprocessState *st,
                       int n)
 {
     bool ok = true;
     CUresult rc;
+    CUcheckpointGpuPair pairs[OSUBD_SUS_REMAP_MAX];
+    CUcheckpointRestoreArgs ra;
+    memset(&ra, 0, sizeof(ra));
+    for (int k = 0; k < j->spec.n_remap && k < OSUBD_SUS_REMAP_MAX; k++) {
+        memcpy(pairs[k].oldUuid.bytes, j->spec.remap[k][0], 16);
+        memcpy(pairs[k].newUuid.bytes, j->spec.remap[k][1], 16);
+    }
+    ra.gpuPairs = j->spec.n_remap > 0 ? pairs : NULL;
+    ra.gpuPairsCount = j->spec.n_remap > 0 ? (unsigned int)j->spec.n_remap : 0;
     for (int i = 0; i < n; i++) {
         if (st[i] != CU_PROCESS_STATE_CHECKPOINTED)
             continue;
-        if ((rc = c->restore((int)pids[i], NULL)) != CUDA_SUCCESS) {
+        if ((rc = c->restore((int)pids[i], j->spec.n_remap > 0 ? &ra : NULL)) != CUDA_SUCCESS) {
             if (ok)
                 fail(j, pids[i], "cuCheckpointProcessRestore", rc);
             ok = false;

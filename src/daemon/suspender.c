@@ -390,6 +390,43 @@ bool osubd_sus_cuda_ok(struct osubd_sus *s, char *why, size_t whylen)
     return s->cuda != NULL;
 }
 
+bool osubd_sus_cuda_remap_ok(struct osubd_sus *s, char *why, size_t whylen)
+{
+    if (!osubd_sus_cuda_ok(s, why, whylen))
+        return false;
+    int v = osubd__sus_cuda_version(s->cuda);
+    if (v >= 13000)
+        return true;
+    snprintf(why, whylen,
+             "suspend.relocate cannot be used here: restoring a checkpoint onto another GPU needs "
+             "CUDA 13.0 (driver 580) or later, and this driver is CUDA %d.%d",
+             v / 1000, v % 1000 / 10);
+    return false;
+}
+
+int osubd_sus_uuid_bytes(const char *uuid, unsigned char out[16])
+{
+    if (uuid == NULL)
+        return -1;
+    if (strncmp(uuid, "GPU-", 4) == 0)
+        uuid += 4;
+    int nib = 0;
+    memset(out, 0, 16);
+    for (const char *c = uuid; *c; c++) {
+        if (*c == '-')
+            continue;
+        int x = *c >= '0' && *c <= '9'   ? *c - '0'
+                : *c >= 'a' && *c <= 'f' ? *c - 'a' + 10
+                : *c >= 'A' && *c <= 'F' ? *c - 'A' + 10
+                                         : -1;
+        if (x < 0 || nib >= 32)
+            return -1;
+        out[nib / 2] = (unsigned char)(out[nib / 2] | (x << (nib % 2 ? 0 : 4)));
+        nib++;
+    }
+    return nib == 32 ? 0 : -1;
+}
+
 void osubd_sus_cancel(struct osubd_sus *s, const char *id)
 {
     for (struct sus_job *j = s->jobs, *next; j != NULL; j = next) {

@@ -25,6 +25,7 @@
 #define OSUBD_SUS_URL_MAX 255
 #define OSUBD_SUS_PATH_MAX 127
 #define OSUBD_SUS_PIDS_MAX 64
+#define OSUBD_SUS_REMAP_MAX 64 /* GPUs a remapping restore names (a machine's, as NVML's) */
 
 enum osubd_sus_method {
     OSUBD_SUS_NONE = 0,
@@ -38,6 +39,11 @@ struct osubd_sus_spec {
     enum osubd_sus_method method;
     char url[OSUBD_SUS_URL_MAX + 1]; /* vllm, sglang, http: http://HOST:PORT[/PREFIX] */
     char suspend_path[OSUBD_SUS_PATH_MAX + 1], resume_path[OSUBD_SUS_PATH_MAX + 1]; /* http */
+    /* cuda, a resume onto other GPUs (the engine's relocate): the driver's remap, each pair the
+     * 16 bytes of an old GPU's UUID and of the new one, every GPU the process sees named; 0:
+     * restored where it was taken. Not part of the spec's JSON: set for one resume */
+    int n_remap;
+    unsigned char remap[OSUBD_SUS_REMAP_MAX][2][16];
 };
 
 const char *osubd_sus_method_name(enum osubd_sus_method m);
@@ -68,6 +74,12 @@ void osubd_sus_free(struct osubd_sus *s);
 /* Whether the cuda method can be used: the driver loads and has the checkpoint API (driver
  * 550+); false with a sentence. */
 bool osubd_sus_cuda_ok(struct osubd_sus *s, char *why, size_t whylen);
+/* Whether a cuda restore can remap GPUs (suspend.relocate): the method usable and the driver
+ * CUDA 13.0 (580) or later; false with a sentence. */
+bool osubd_sus_cuda_remap_ok(struct osubd_sus *s, char *why, size_t whylen);
+/* An NVML UUID ("GPU-8f4022ba-e0cb-1298-286e-225c953a7feb") as the driver's 16 bytes; -1 when it
+ * is not one. */
+int osubd_sus_uuid_bytes(const char *uuid, unsigned char out[16]);
 
 /* Starts suspending (resume false) or resuming service id (copied) by spec; pids: its
  * processes (the cuda method; copied). The operation fails past timeout_ms. 0, or -1 with a

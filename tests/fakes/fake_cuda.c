@@ -6,7 +6,12 @@
  * memory mapped on first use (cuMemcpy*, cuMemsetD8), so a test can check its bytes.
  * The process checkpoint API (fake_cuda_ckpt.h) works across the processes of one state file:
  * see "process checkpoints" below. Built with -DFAKE_CUDA_NO_CKPT it is an older driver
- * (12.4) without that API. */
+ * (12.4) without that API; FAKE_CUDA_DRIVER_VERSION=N makes it report N (13000: CUDA 13.0,
+ * driver 580, the first whose restore remaps GPUs).
+ * FAKE_CUDA_UUIDS=GPU-...,GPU-... names the devices (as NVML prints them; by default device d is
+ * GPU-fa6e0000-0000-0000-0000-0000000000dd) and then CUDA_VISIBLE_DEVICES is honoured as the
+ * driver does: a list of indices or UUIDs, the process's ordinals in that order, a list stopping
+ * at its first unknown entry. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -70,6 +75,11 @@ struct shared {
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int n_dev = 1;
+/* the process's view: ordinal -> device (CUDA_VISIBLE_DEVICES, with FAKE_CUDA_UUIDS), moved by a
+ * remapping restore */
+static int vis[MAX_DEV], n_vis = 1;
+static CUuuid dev_uuid[MAX_DEV];
+static int driver_version = FAKE_DRIVER_VERSION;
 static uint64_t dev_bytes = 81920ull << 20;
 static struct shared *sh;
 static int my_proc = -1;
@@ -100,6 +110,77 @@ struct CUctx_st {
 static struct CUctx_st ctxs[MAX_DEV];
 static __thread struct CUctx_st *cur;
 
+/* "GPU-8f4022ba-e0cb-1298-286e-225c953a7feb" (or without "GPU-") into 16 bytes; false if not */
+static bool parse_uuid(const char *t, size_t len, CUuuid *u)
+{
+    if (len >= 4 && strncmp(t, "GPU-", 4) == 0) {
+        t += 4;
+        len -= 4;
+    }
+    int nib = 0;
+    memset(u, 0, sizeof(*u));
+    for (size_t i = 0; i < len; i++) {
+        char ch = t[i];
+        int x = ch >= '0' && ch <= '9'   ? ch - '0'
+                : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+                : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
+                                         : -1;
+        if (ch == '-')
+            continue;
+        if (x < 0 || nib >= 32)
+            return false;
+        u->bytes[nib / 2] = (char)(u->bytes[nib / 2] | (x << (nib % 2 ? 0 : 4)));
+        nib++;
+    }
+    return nib == 32;
+}
+
+/* the devices' UUIDs, and the visible ones in the process's order */
+static void setup_devices(void)
+{
+    for (int d = 0; d < MAX_DEV; d++) {
+        char def[64];
+        snprintf(def, sizeof(def), "GPU-fa6e0000-0000-0000-0000-0000000000%02x", (unsigned)d);
+        parse_uuid(def, strlen(def), &dev_uuid[d]);
+        vis[d] = d;
+    }
+    n_vis = n_dev;
+    const char *u = getenv("FAKE_CUDA_UUIDS");
+    if (u == NULL || *u == '\0')
+        return;
+    for (int d = 0; d < n_dev && *u; d++) {
+        size_t l = strcspn(u, ",");
+        parse_uuid(u, l, &dev_uuid[d]);
+        u += l + (u[l] == ',');
+    }
+    const char *cv = getenv("CUDA_VISIBLE_DEVICES");
+    if (cv == NULL)
+        return;
+    n_vis = 0;
+    while (*cv && n_vis < n_dev) {
+        size_t l = strcspn(cv, ",");
+        int found = -1;
+        CUuuid x;
+        if (l > 0 && strspn(cv, "0123456789") == l) {
+            found = atoi(cv) < n_dev ? atoi(cv) : -1;
+        } else if (parse_uuid(cv, l, &x)) {
+            for (int d = 0; d < n_dev && found < 0; d++)
+                if (memcmp(&x, &dev_uuid[d], sizeof(x)) == 0)
+                    found = d;
+        }
+        if (found < 0)
+            break; /* as the driver: the list ends at an entry it does not know */
+        vis[n_vis++] = found;
+        cv += l + (cv[l] == ',');
+    }
+}
+
+/* the device behind the process's ordinal d */
+static inline int phys(int d)
+{
+    return d >= 0 && d < n_vis ? vis[d] : -1;
+}
+
 static CUresult gate_enter(void);
 static void gate_leave(void);
 static void ckpt_attach(int dev);
@@ -114,6 +195,10 @@ static void setup(void)
         dev_bytes = strtoull(v, NULL, 10) << 20;
     for (int i = 0; i < MAX_DEV; i++)
         ctxs[i].dev = i;
+    v = getenv("FAKE_CUDA_DRIVER_VERSION");
+    if (v && atoi(v) > 0)
+        driver_version = atoi(v);
+    setup_devices();
     const char *path = getenv("FAKE_CUDA_STATE");
     int fd = -1;
     if (path && *path) {
@@ -242,10 +327,11 @@ static CUresult take(int dev, uint64_t bytes, enum kind kind, unsigned long long
 {
     if (!inited)
         return CUDA_ERROR_NOT_INITIALIZED;
-    ckpt_attach(dev);
     CUresult rc = gate_enter();
     if (rc != CUDA_SUCCESS)
         return rc;
+    dev = phys(dev); /* read after the gate: a remapping restore moves it */
+    ckpt_attach(dev);
     rc = take_locked(dev, bytes, kind, handle);
     gate_leave();
     return rc;
@@ -335,7 +421,7 @@ API CUresult cuDriverGetVersion(int *v)
 {
     if (v == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    *v = FAKE_DRIVER_VERSION;
+    *v = driver_version;
     return CUDA_SUCCESS;
 }
 
@@ -343,7 +429,7 @@ API CUresult cuDeviceGetCount(int *n)
 {
     if (!inited)
         return CUDA_ERROR_NOT_INITIALIZED;
-    *n = n_dev;
+    *n = n_vis;
     return CUDA_SUCCESS;
 }
 
@@ -351,7 +437,7 @@ API CUresult cuDeviceGet(CUdevice *d, int ordinal)
 {
     if (!inited)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (ordinal < 0 || ordinal >= n_dev)
+    if (ordinal < 0 || ordinal >= n_vis)
         return CUDA_ERROR_INVALID_DEVICE;
     *d = ordinal;
     return CUDA_SUCCESS;
@@ -361,7 +447,7 @@ API CUresult cuDeviceGetName(char *name, int len, CUdevice d)
 {
     if (!inited)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (d < 0 || d >= n_dev || name == NULL || len <= 0)
+    if (d < 0 || d >= n_vis || name == NULL || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
     snprintf(name, (size_t)len, "Fake GPU %llu MiB", (unsigned long long)(dev_bytes >> 20));
     return CUDA_SUCCESS;
@@ -371,7 +457,7 @@ API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d)
 {
     if (!inited)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (d < 0 || d >= n_dev || bytes == NULL)
+    if (d < 0 || d >= n_vis || bytes == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     *bytes = (size_t)dev_bytes;
     return CUDA_SUCCESS;
@@ -381,16 +467,26 @@ API CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice d)
 {
     if (!inited)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (d < 0 || d >= n_dev || ctx == NULL)
+    if (d < 0 || d >= n_vis || ctx == NULL)
         return CUDA_ERROR_INVALID_DEVICE;
-    ckpt_attach(d);
+    ckpt_attach(phys(d));
     *ctx = &ctxs[d];
     return CUDA_SUCCESS;
 }
 
 API CUresult cuDevicePrimaryCtxRelease(CUdevice d)
 {
-    return d >= 0 && d < n_dev ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+    return d >= 0 && d < n_vis ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+API CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d)
+{
+    if (!inited)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (d < 0 || d >= n_vis || u == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *u = dev_uuid[phys(d)];
+    return CUDA_SUCCESS;
 }
 
 API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
@@ -478,7 +574,7 @@ API CUresult cuGetErrorString(CUresult rc, const char **s)
 API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 {
     NEED_CTX();
-    uint64_t used = atomic_load(&sh->used[cur->dev]);
+    uint64_t used = atomic_load(&sh->used[phys(cur->dev)]);
     *free_bytes = (size_t)(used < dev_bytes ? dev_bytes - used : 0);
     *total = (size_t)dev_bytes;
     return CUDA_SUCCESS;
@@ -951,28 +1047,88 @@ static CUresult do_checkpoint(struct ctl *c)
     return CUDA_SUCCESS;
 }
 
+static int uuid_dev(const CUuuid *u)
+{
+    for (int d = 0; d < n_dev; d++)
+        if (memcmp(u, &dev_uuid[d], sizeof(*u)) == 0)
+            return d;
+    return -1;
+}
+
+/* A restore's remap (gpuPairs) as the driver checks it: every pair's GPUs known, no GPU twice
+ * on either side, and every GPU the process was checkpointed on named; a remap that moves
+ * anything needs driver 580 (CUDA 13.0) and a process that sees every GPU (with a
+ * CUDA_VISIBLE_DEVICES subset the driver answers invalid value, cuda-python#1983). to[d]: where
+ * device d's memory goes (d where not moved). */
+static CUresult remap_of(const struct ctl *c, const uint64_t per_dev[MAX_DEV], int to[MAX_DEV])
+{
+    bool named[MAX_DEV] = {false}, taken[MAX_DEV] = {false}, moves = false;
+    for (int d = 0; d < MAX_DEV; d++)
+        to[d] = d;
+    if (c->n_pairs == 0)
+        return CUDA_SUCCESS;
+    for (uint32_t i = 0; i < c->n_pairs; i++) {
+        int o = uuid_dev(&c->pairs[i].oldUuid), n = uuid_dev(&c->pairs[i].newUuid);
+        if (o < 0 || n < 0 || named[o] || taken[n])
+            return CUDA_ERROR_INVALID_VALUE;
+        named[o] = taken[n] = true;
+        to[o] = n;
+        moves = moves || o != n;
+    }
+    uint32_t ctx = atomic_load(&c->ctx_devs);
+    for (int d = 0; d < n_dev; d++)
+        if ((per_dev[d] || (ctx & (1u << d))) && !named[d])
+            return CUDA_ERROR_INVALID_VALUE;
+    if (moves && driver_version < 13000)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (moves && n_vis < n_dev)
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+/* After a remapping restore: the allocations, the contexts and the ordinals follow. */
+static void remap_apply(struct ctl *c, const int to[MAX_DEV])
+{
+    pthread_mutex_lock(&mu);
+    for (size_t i = 0; i < n_held; i++)
+        if (held[i].used)
+            held[i].dev = to[held[i].dev];
+    pthread_mutex_unlock(&mu);
+    for (int k = 0; k < n_vis; k++)
+        vis[k] = to[vis[k]];
+    uint32_t ctx = atomic_load(&c->ctx_devs), moved = 0;
+    for (int d = 0; d < MAX_DEV; d++)
+        if (ctx & (1u << d))
+            moved |= 1u << to[d];
+    atomic_store(&c->ctx_devs, moved);
+}
+
 static CUresult do_restore(struct ctl *c)
 {
     if (restore_stuck)
         return CUDA_ERROR_OPERATING_SYSTEM;
-    for (uint32_t i = 0; i < c->n_pairs; i++)
-        if (memcmp(&c->pairs[i].oldUuid, &c->pairs[i].newUuid, sizeof(CUuuid)) != 0)
-            return CUDA_ERROR_NOT_SUPPORTED; /* the fake restores only where it was taken */
-    uint64_t per_dev[MAX_DEV], total;
+    uint64_t per_dev[MAX_DEV], total, per_new[MAX_DEV] = {0};
     held_per_dev(per_dev, &total);
+    int to[MAX_DEV];
+    CUresult rc = remap_of(c, per_dev, to);
+    if (rc != CUDA_SUCCESS)
+        return rc; /* still checkpointed: it may be tried again */
+    for (int d = 0; d < MAX_DEV; d++)
+        per_new[to[d]] += per_dev[d];
     if (knob.transient)
         atomic_store(&c->state, CU_PROCESS_STATE_RESTORING);
     transfer_time(total);
     for (int d = 0; d < MAX_DEV; d++) {
-        if (per_dev[d] == 0 || phys_take(d, per_dev[d]))
+        if (per_new[d] == 0 || phys_take(d, per_new[d]))
             continue;
         while (--d >= 0)
-            if (per_dev[d])
-                phys_give(d, per_dev[d]);
+            if (per_new[d])
+                phys_give(d, per_new[d]);
         restore_stuck = !knob.restore_retry;
         atomic_store(&c->state, CU_PROCESS_STATE_CHECKPOINTED);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    remap_apply(c, to);
     if (knob.fail_op == OP_RESTORE)
         return fail(c);
     atomic_store(&c->state, CU_PROCESS_STATE_LOCKED);
@@ -1269,6 +1425,7 @@ static const struct {
     P("cuDeviceGet", 0, cuDeviceGet, NULL),
     P("cuDeviceGetCount", 0, cuDeviceGetCount, NULL),
     P("cuDeviceGetName", 0, cuDeviceGetName, NULL),
+    P("cuDeviceGetUuid", 0, cuDeviceGetUuid, NULL),
     P("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2, NULL),
     P("cuDevicePrimaryCtxRetain", 0, cuDevicePrimaryCtxRetain, NULL),
     P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2, NULL),

@@ -455,21 +455,26 @@ static void test_illegal_state(void **state)
     assert_int_equal(cuCheckpointProcessUnlock(t.pid, NULL), CUDA_ERROR_ILLEGAL_STATE);
     assert_int_equal(state_of(t.pid), CU_PROCESS_STATE_CHECKPOINTED);
 
-    /* a remap to another GPU is not done by the fake; reserved fields must be zero */
+    /* a remap naming a GPU the driver does not have is refused (the process stays
+     * checkpointed); reserved fields must be zero. Device 0 is GPU-fa6e0000-...-000000000000
+     * (the fake's default name) */
     CUcheckpointGpuPair pair;
     memset(&pair, 0, sizeof(pair));
+    pair.oldUuid.bytes[0] = (char)0xfa;
+    pair.oldUuid.bytes[1] = 0x6e;
     pair.newUuid.bytes[0] = 1;
     CUcheckpointRestoreArgs ra;
     memset(&ra, 0, sizeof(ra));
     ra.gpuPairs = &pair;
     ra.gpuPairsCount = 1;
-    assert_int_equal(cuCheckpointProcessRestore(t.pid, &ra), CUDA_ERROR_NOT_SUPPORTED);
+    assert_int_equal(cuCheckpointProcessRestore(t.pid, &ra), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(state_of(t.pid), CU_PROCESS_STATE_CHECKPOINTED);
     ra.gpuPairs = NULL;
     assert_int_equal(cuCheckpointProcessRestore(t.pid, &ra), CUDA_ERROR_INVALID_VALUE);
     ra.gpuPairsCount = 0;
     ra.reserved1 = 1;
     assert_int_equal(cuCheckpointProcessRestore(t.pid, &ra), CUDA_ERROR_INVALID_VALUE);
-    pair.newUuid.bytes[0] = 0; /* the same GPU: a remap that is no remap */
+    pair.newUuid = pair.oldUuid; /* the same GPU: a remap that is no remap */
     memset(&ra, 0, sizeof(ra));
     ra.gpuPairs = &pair;
     ra.gpuPairsCount = 1;

@@ -236,6 +236,15 @@ expect "a suspended service's resize is refused" 409 "$(code PATCH /v1/services/
 grep -q "slowv is suspended: a suspended service keeps the grant it left with" "$tmp/body" && ok || bad "the refusal names the state: $(cat "$tmp/body")"
 expect "a residual over the request" 422 "$(code POST /v1/services '{"id":"bigres","class":"batch","vram":"1GiB","suspend":{"method":"vllm","url":"http://127.0.0.1:'$SP'","residual":"2GiB"}}')"
 grep -q "field 'suspend.residual' (2048 MiB) is more than the request" "$tmp/body" && ok || bad "the refusal names the field: $(cat "$tmp/body")"
+# relocate: the driver's remap needs the GPUs' UUIDs (an NVML pool), one GPU, method cuda
+expect "relocate on a simulated pool" 422 "$(code POST /v1/services '{"id":"rel","class":"batch","vram":"1GiB","suspend":{"method":"cuda","relocate":true}}')"
+grep -q "suspend.relocate needs the GPUs' UUIDs for the driver's remap: this pool is simulated" "$tmp/body" && ok || bad "the refusal says why: $(cat "$tmp/body")"
+expect "relocate of two GPUs" 422 "$(code POST /v1/services '{"id":"rel","class":"batch","vram":"1GiB","gpus":2,"suspend":{"method":"cuda","relocate":true}}')"
+grep -q "suspend.relocate needs the GPUs' UUIDs" "$tmp/body" && ok || bad "the refusal says why: $(cat "$tmp/body")"
+expect "relocate by vLLM" 422 "$(code POST /v1/services '{"id":"rel","class":"batch","vram":"1GiB","suspend":{"method":"vllm","url":"http://127.0.0.1:'$SP'","relocate":true}}')"
+grep -q "field 'suspend.relocate' is not a field of method vllm" "$tmp/body" && ok || bad "the refusal names the method: $(cat "$tmp/body")"
+expect "relocate not a boolean" 422 "$(code POST /v1/services '{"id":"rel","class":"batch","vram":"1GiB","suspend":{"method":"cuda","relocate":"yes"}}')"
+grep -q "field 'suspend.relocate' must be true or false" "$tmp/body" && ok || bad "the refusal says the type: $(cat "$tmp/body")"
 api DELETE /v1/services/slowv >/dev/null
 sgone() { ! kill -0 "$spid" 2>/dev/null; }
 wait_for 30 sgone || bad "the slow vLLM's process did not end with its release"

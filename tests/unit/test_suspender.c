@@ -28,6 +28,7 @@
 #include <event2/keyvalq_struct.h>
 
 #include "cuda_ckpt_abi.h"
+#include "spec_json.h"
 #include "netpolicy.h"
 #include "suspender.h"
 
@@ -91,6 +92,9 @@ static void test_parse(void **state)
          "{\"method\": \"http\", \"url\": \"http://[::1]:9\", \"suspend\": \"/s\", \"resume\": "
          "\"/r?x=1\"}",
          NULL},
+        {"{\"method\":\"cuda\",\"relocate\":true}", "{\"method\": \"cuda\"}", NULL},
+        {"{\"method\":\"vllm\",\"url\":\"http://127.0.0.1:1\",\"relocate\":true}", NULL,
+         "'suspend.relocate' is not a field of method vllm"},
         {"\"cuda\"", NULL, "field 'suspend' must be an object"},
         {"{}", NULL, "'suspend.method' must be cuda, vllm, sglang or http"},
         {"{\"method\":\"criu\"}", NULL, "'suspend.method' must be"},
@@ -250,17 +254,22 @@ static char verify(struct target *t)
     return (char)read_byte(t->ans);
 }
 
-/* the fake's device 0 in use (its test helper, in this process's copy of the fake) */
-static unsigned long long dev_used(void)
+/* the fake's device dev in use (its test helper, in this process's copy of the fake) */
+static unsigned long long dev_used_on(int dev)
 {
     void *dl = dlopen(fake_lib, RTLD_NOW | RTLD_LOCAL);
     int (*stats)(int, unsigned long long *, unsigned long long *) = NULL;
     *(void **)&stats = dlsym(dl, "fakecuda_stats");
     unsigned long long used = 0, peak = 0;
     assert_non_null(stats);
-    assert_int_equal(stats(0, &used, &peak), 0);
+    assert_int_equal(stats(dev, &used, &peak), 0);
     dlclose(dl);
     return used;
+}
+
+static unsigned long long dev_used(void)
+{
+    return dev_used_on(0);
 }
 
 static int proc_state(pid_t pid)
@@ -350,6 +359,106 @@ static void test_cuda_suspend_resume(void **state)
     kill(plain, SIGKILL);
     waitpid(plain, NULL, 0);
     target_stop(&t);
+}
+
+/* the fake's two devices, as NVML would name them (main() gives the fake these UUIDs) */
+#define UUID0 "GPU-8f4022ba-e0cb-1298-286e-225c953a7feb"
+#define UUID1 "GPU-5449fdd5-fb83-f4ed-37a3-ea1057d82160"
+
+/* Relocate: a checkpoint restored onto the other GPU by the driver's remap (CUDA 13.0): its
+ * memory leaves device 0 and lands on device 1, the same bytes at the same address, and it
+ * runs on. A process that sees only some GPUs (CUDA_VISIBLE_DEVICES a subset) cannot be
+ * remapped (the driver answers invalid value, cuda-python#1983): the resume fails, it stays
+ * checkpointed, and a plain restore still brings it back where it was. */
+static void test_cuda_resume_onto_another_gpu(void **state)
+{
+    struct fixture *f = *state;
+    char why[300];
+    assert_true(osubd_sus_cuda_remap_ok(f->s, why, sizeof(why)));
+    struct osubd_sus_spec sp = cuda_spec;
+    const char *u[2] = {UUID0, UUID1};
+    for (int g = 0; g < 2; g++) {
+        assert_int_equal(osubd_sus_uuid_bytes(u[g], sp.remap[g][0]), 0);
+        assert_int_equal(osubd_sus_uuid_bytes(u[1 - g], sp.remap[g][1]), 0);
+    }
+    sp.n_remap = 2;
+    unsigned char junk[16];
+    assert_int_equal(osubd_sus_uuid_bytes("GPU-8f4022ba", junk), -1);
+    assert_int_equal(osubd_sus_uuid_bytes("GPU-8f4022ba-e0cb-1298-286e-225c953a7feg", junk), -1);
+
+    struct target t = target_start(NULL);
+    assert_int_equal(dev_used_on(0), TARGET_MIB * MIB);
+    assert_int_equal(dev_used_on(1), 0);
+    run_op(f, "job", false, &t.pid, 1, 10000);
+    assert_true(f->seen.ok);
+    assert_int_equal(dev_used_on(0), 0);
+    char err[300];
+    int before = f->seen.n;
+    assert_int_equal(osubd_sus_start(f->s, "job", true, &sp, &t.pid, 1, 10000, err, sizeof(err)),
+                     0);
+    wait_report(f->b, &f->seen, before + 1);
+    if (!f->seen.ok)
+        fail_msg("the remapping resume failed: %s", f->seen.why);
+    assert_int_equal(proc_state(t.pid), CU_PROCESS_STATE_RUNNING);
+    assert_int_equal(dev_used_on(0), 0);
+    assert_int_equal(dev_used_on(1), TARGET_MIB * MIB);
+    assert_int_equal(verify(&t), 'o');
+    target_stop(&t);
+
+    struct target sub = target_start("CUDA_VISIBLE_DEVICES=" UUID0);
+    run_op(f, "sub", false, &sub.pid, 1, 10000);
+    assert_true(f->seen.ok);
+    before = f->seen.n;
+    assert_int_equal(osubd_sus_start(f->s, "sub", true, &sp, &sub.pid, 1, 10000, err, sizeof(err)),
+                     0);
+    wait_report(f->b, &f->seen, before + 1);
+    assert_false(f->seen.ok);
+    if (strstr(f->seen.why, "cuCheckpointProcessRestore: CUDA error 1 (invalid value)") == NULL)
+        fail_msg("'%s'", f->seen.why);
+    assert_int_equal(proc_state(sub.pid), CU_PROCESS_STATE_CHECKPOINTED);
+    run_op(f, "sub", true, &sub.pid, 1, 10000);
+    assert_true(f->seen.ok);
+    assert_int_equal(dev_used_on(0), TARGET_MIB * MIB);
+    assert_int_equal(verify(&sub), 'o');
+    target_stop(&sub);
+}
+
+/* The engine's side of the spec (spec_json.c): relocate is for one GPU and method cuda, a
+ * boolean, and kept when the spec is written back */
+static void test_relocate_spec(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *in, *err; /* err NULL: taken */
+    } cases[] = {
+        {"{\"id\":\"a\",\"vram_mib\":100,\"suspend\":{\"method\":\"cuda\",\"relocate\":true}}",
+         NULL},
+        {"{\"id\":\"a\",\"vram_mib\":100,\"gpus\":2,\"suspend\":{\"method\":\"cuda\",\"relocate\":"
+         "true}}",
+         "field 'suspend.relocate' is for a service of one GPU that is not exclusive"},
+        {"{\"id\":\"a\",\"vram_mib\":100,\"suspend\":{\"method\":\"http\",\"relocate\":true}}",
+         "field 'suspend.relocate' is for method cuda only"},
+        {"{\"id\":\"a\",\"vram_mib\":100,\"suspend\":{\"method\":\"cuda\",\"relocate\":1}}",
+         "field 'suspend.relocate' must be true or false"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        json_t *v = json_loads(cases[i].in, 0, NULL);
+        assert_non_null(v);
+        osub_spec_t sp;
+        char err[300] = "";
+        int rc = osub_spec_from_json(v, &sp, err, sizeof(err));
+        if (cases[i].err != NULL && (rc == 0 || strstr(err, cases[i].err) == NULL))
+            fail_msg("case %zu: rc %d, '%s'", i, rc, err);
+        if (cases[i].err == NULL) {
+            if (rc != 0)
+                fail_msg("case %zu: %s", i, err);
+            assert_true(sp.suspend.relocate);
+            json_t *o = osub_spec_to_json(&sp);
+            assert_true(json_is_true(json_object_get(json_object_get(o, "suspend"), "relocate")));
+            json_decref(o);
+        }
+        json_decref(v);
+    }
 }
 
 static void test_cuda_failures(void **state)
@@ -636,9 +745,16 @@ int main(int argc, char **argv)
     close(fd);
     setenv("FAKE_CUDA_STATE", statefile, 1);
     setenv("FAKE_CUDA_MEM_MIB", "1024", 1);
+    /* two named devices of a CUDA 13.0 driver (a restore may remap), every one visible */
+    setenv("FAKE_CUDA_DEVICES", "2", 1);
+    setenv("FAKE_CUDA_UUIDS", UUID0 "," UUID1, 1);
+    setenv("FAKE_CUDA_DRIVER_VERSION", "13000", 1);
+    unsetenv("CUDA_VISIBLE_DEVICES");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse),
+        cmocka_unit_test(test_relocate_spec),
         cmocka_unit_test_setup_teardown(test_cuda_suspend_resume, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cuda_resume_onto_another_gpu, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cuda_failures, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cuda_hang, setup, teardown),
         cmocka_unit_test(test_cuda_old_driver),
