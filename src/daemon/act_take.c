@@ -106,6 +106,30 @@ static json_t *kube_record(const json_t *v, char *why, size_t whylen)
     return json_deep_copy(v);
 }
 
+/* The spec's suspend (v): the mechanism's own fields, checked here (where it may connect); the
+ * spec keeps the field for the engine (the method and the residual). Returned owned, or NULL
+ * with err. */
+static json_t *take_suspend(const struct osubd_take_rules *d, const json_t *spec, const json_t *v,
+                            char *err, size_t errlen)
+{
+    struct osubd_sus_spec sp;
+    char why[500];
+    bool relocate = json_is_true(json_object_get(v, "relocate"));
+    if (osubd_sus_parse(v, d->dest, &sp, why, sizeof(why)) != 0)
+        snprintf(err, errlen, "%s", why);
+    else if (sp.method == OSUBD_SUS_CUDA && d->cuda_unusable != NULL)
+        snprintf(err, errlen, "field 'suspend': %s", d->cuda_unusable);
+    else if (relocate && d->relocate_unusable != NULL)
+        snprintf(err, errlen, "field 'suspend.relocate': %s", d->relocate_unusable);
+    else if (relocate && json_object_get(spec, "kubernetes") != NULL)
+        snprintf(err, errlen,
+                 "field 'suspend.relocate' is for services oversubd starts (a pod's "
+                 "GPUs are the kubelet's to choose)");
+    else
+        return osubd_sus_spec_json(&sp);
+    return NULL;
+}
+
 int osubd_exec_take(const struct osubd_take_rules *d, json_t *spec, bool trusted, json_t **exec,
                     char *err, size_t errlen)
 {
@@ -187,21 +211,12 @@ int osubd_exec_take(const struct osubd_take_rules *d, json_t *spec, bool trusted
         json_object_set(x, "max_restarts", v);
     }
     if ((v = json_object_get(spec, "suspend")) != NULL) {
-        /* the mechanism's own fields, checked here (where it may connect); the spec keeps the
-         * field for the engine (the method and the residual) */
-        struct osubd_sus_spec sp;
-        char why[500];
-        if (osubd_sus_parse(v, d->dest, &sp, why, sizeof(why)) != 0)
-            FAIL("%s", why);
-        if (sp.method == OSUBD_SUS_CUDA && d->cuda_unusable != NULL)
-            FAIL("field 'suspend': %s", d->cuda_unusable);
-        if (json_is_true(json_object_get(v, "relocate")) && d->relocate_unusable != NULL)
-            FAIL("field 'suspend.relocate': %s", d->relocate_unusable);
-        if (json_is_true(json_object_get(v, "relocate")) &&
-            json_object_get(spec, "kubernetes") != NULL)
-            FAIL("field 'suspend.relocate' is for services oversubd starts (a pod's GPUs are "
-                 "the kubelet's to choose)");
-        json_object_set_new(x, "suspend", osubd_sus_spec_json(&sp));
+        json_t *sus = take_suspend(d, spec, v, err, errlen);
+        if (sus == NULL) {
+            json_decref(x);
+            return -1;
+        }
+        json_object_set_new(x, "suspend", sus);
     }
     if ((v = json_object_get(spec, "kubernetes")) != NULL) {
         char why[300];
