@@ -24,7 +24,7 @@ ROOT = os.path.dirname(HERE)
 def run(cli, args):
     cmd = [cli, "simulate", "--gpus", args.pop("gpus", "min"), "--json", "--quiet"]
     for k, v in args.items():
-        cmd += [k, v]
+        cmd += [k] if v is None else [k, v]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit("failed: %s\n%s" % (" ".join(cmd), p.stderr))
@@ -98,7 +98,8 @@ def main():
         "mix": [("classes %s" % m, {"--classes": m}) for m in ("20:40:40", "40:30:30", "10:45:45")],
         "size": [("GPU %s MiB" % g, {"gpus": "min:%s" % g}) for g in ("81920", "98304", "143360")],
         "buffer": [("buffer %s" % b, {"--buffer": b}) for b in ("0", "0.1", "0.3")],
-        "suspend": [("evictions only", {}), ("--suspend all", {"--suspend": "all"})],
+        "suspend": [("evictions only", {}), ("--suspend all", {"--suspend": "all"}),
+                    ("--suspend all --relocate", {"--suspend": "all", "--relocate": None})],
     }
     if args.tune_only:
         halves = halves[:1]
