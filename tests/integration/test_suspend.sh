@@ -117,7 +117,7 @@ expect "the vLLM service still suspended after kill -9" suspended "$(field chat-
 expect "the torch job still suspended after kill -9" suspended "$(field train 'd["state"]')"
 expect "not duplicated: the same vLLM process" "$vpid" "$(field chat-exp 'd["process"]["pid"]')"
 expect "not duplicated: one vLLM process" 1 "$(pgrep -fc "fake_vllm.py --port $VP")"
-expect "not duplicated: one torch process" 1 "$(pgrep -fc "fake_torch.py --mib 15000")"
+expect "not duplicated: one torch process" 1 "$(pgrep -fc "fake_torch.py --mib 15000 --status $tmp/torch.status")"
 expect "the P0 still there" 1 "$(api GET /v1/services | json 'sum(1 for s in d["services"] if s["id"] == "online-a")')"
 
 # ---- the P0 released: both back on their GPU (room frees), same processes ----
@@ -139,7 +139,7 @@ wait "$DPID" 2>/dev/null
 start_d
 expect "still suspended after kill -9" suspended "$(field train 'd["state"]')"
 expect "not duplicated: the same process" "$tpid" "$(field train 'd["process"]["pid"]')"
-expect "one torch process" 1 "$(pgrep -fc "fake_torch.py --mib 15000")"
+expect "one torch process" 1 "$(pgrep -fc "fake_torch.py --mib 15000 --status $tmp/torch.status")"
 expect "operator resume" 200 "$(code POST /v1/services/train/resume)"
 wait_for 30 state_is train running || bad "the resume after a restart: $(field train 'd["state"]'); $(tail -5 "$D/err")"
 grep -q "intact=1" "$tmp/torch.status" && ok || bad "bytes after the restart: $(cat "$tmp/torch.status")"
