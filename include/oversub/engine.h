@@ -386,6 +386,11 @@ OSUB_API void osub_engine_free(osub_engine_t *e);
 OSUB_API int osub_engine_submit(osub_engine_t *e, const osub_spec_t *spec, int64_t now_ms,
                                 unsigned flags, osub_submit_result_t *res);
 OSUB_API int osub_engine_release(osub_engine_t *e, const char *id, int64_t now_ms);
+/* As osub_engine_release(), but what the service measured on each of its GPUs stays counted
+ * there as system memory: its process has not exited yet and still holds it (the next
+ * osub_engine_system_usage() of that GPU, from a measurement, says what is left). Nothing is
+ * woken or started into memory that is still in use. */
+OSUB_API int osub_engine_release_measured(osub_engine_t *e, const char *id, int64_t now_ms);
 /* Resize: new totals (vram_mib, min_vram_mib; 0 keeps) and batch size (0 keeps). Growth passes
  * the checks a submit of the new size would make on the service's own GPUs, without victims: a
  * share above a GPU's usable VRAM is OSUB_ETOO_BIG; the logical, backed, physical (the GPU's

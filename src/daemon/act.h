@@ -151,8 +151,9 @@ struct act_sus_fall {
 /* A restore waiting for NVML to show the room its checkpoint needs (a restore that runs out of
  * memory cannot be undone: the driver leaves the process broken). */
 struct act_wake_wait {
-    int64_t until_ms; /* the engine's clock: past it, the wake fails */
-    bool said;        /* the wait said as an event once */
+    int64_t until_ms;   /* the engine's clock: past it, the wake fails */
+    int32_t reloc_from; /* relocated: the GPU it was checkpointed on (-1: none) */
+    bool said;          /* the wait said as an event once */
 };
 
 struct act_waiter {

@@ -142,8 +142,12 @@ static int64_t restore_need_mib(struct osubd_act *d, const char *id, const osub_
 static bool restore_room(struct osubd_act *d, const char *id, const osub_service_info_t *si,
                          char *why, size_t len)
 {
-    if (d->gpus == NULL || !d->gpus->polled)
+    if (d->gpus == NULL || d->gpus->n == 0)
         return true;
+    if (!d->gpus->polled) {
+        snprintf(why, len, "NVML has not been read since oversubd started");
+        return false;
+    }
     for (int32_t k = 0; k < si->n_slots; k++) {
         int32_t g = si->slots[k].gpu;
         if (g < 0 || g >= d->gpus->n)
@@ -179,6 +183,7 @@ static bool restore_held(struct osubd_act *d, const char *id, const osub_service
             return false; /* no memory to wait: tried now, as before the wait existed */
         }
         w->until_ms = now + timeout_ms;
+        w->reloc_from = si->relocated_from;
     }
     if (now >= w->until_ms) {
         char what[500];
@@ -249,6 +254,11 @@ void osubd__act_suspend_start(struct osubd_act *d, const char *id, bool resume, 
     osub_service_info_t si;
     bool cuda_wake =
         resume && sp.method == OSUBD_SUS_CUDA && osub_engine_service_info(d->e, id, &si) == 0;
+    /* a relocation held for room outlives the engine's relocated_from, which ends with the
+     * resume cost (taken as resumed): the wait keeps the GPU it left */
+    const struct act_wake_wait *held = osubd__idmap_get(d->wake_waits, id);
+    if (cuda_wake && si.relocated_from < 0 && held != NULL)
+        si.relocated_from = held->reloc_from;
     if (cuda_wake && si.relocated_from >= 0 && relocate_remap(d, &si, &sp, err, sizeof(err)) != 0) {
         osubd__idmap_del(d->wake_waits, id);
         report_failed(d, id, err);

@@ -125,8 +125,16 @@ static json_t *take_suspend(const struct osubd_take_rules *d, const json_t *spec
         snprintf(err, errlen,
                  "field 'suspend.relocate' is for services oversubd starts (a pod's "
                  "GPUs are the kubelet's to choose)");
-    else
-        return osubd_sus_spec_json(&sp);
+    else if (relocate && json_object_get(spec, "command") == NULL)
+        snprintf(err, errlen,
+                 "field 'suspend.relocate' is for services oversubd starts (give 'command'): the "
+                 "driver remaps only a process started seeing every GPU, as oversubd starts it");
+    else {
+        json_t *o = osubd_sus_spec_json(&sp);
+        if (o != NULL && relocate)
+            json_object_set_new(o, "relocate", json_true());
+        return o;
+    }
     return NULL;
 }
 

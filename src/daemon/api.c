@@ -403,6 +403,8 @@ json_t *osubd__api_service_json(struct osubd_api *d, const struct osubd_caller *
         json_object_set_new(o, "residual_mib", json_integer(si.residual_mib));
         if (si.host_mib > 0)
             json_object_set_new(o, "host_mib", json_integer(si.host_mib));
+        if (si.relocated_from >= 0)
+            json_object_set_new(o, "relocated_from", json_integer(si.relocated_from));
     }
     return o;
 }

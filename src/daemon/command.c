@@ -75,7 +75,9 @@ int osubd__cmd_apply(osub_engine_t *e, const json_t *cmd, int64_t now_ms, osub_s
     if (id == NULL)
         return bad(err, errlen, "\"id\" must be a string", op);
     if (strcmp(op, "release") == 0)
-        return osub_engine_release(e, id, now_ms);
+        return json_is_true(json_object_get(cmd, "measured"))
+                   ? osub_engine_release_measured(e, id, now_ms)
+                   : osub_engine_release(e, id, now_ms);
     if (strcmp(op, "ready") == 0)
         return osub_engine_ready(e, id, now_ms);
     if (strcmp(op, "ack") == 0)

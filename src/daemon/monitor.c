@@ -148,8 +148,10 @@ static void report_process_usage(struct osubd_monitor *d, const struct nvml_gpu 
         if (pid <= 0 || osub_engine_service_info(d->e, id, &si) != 0)
             continue;
         /* the shim's figure is exact: it wins, but for a CUDA checkpoint, whose allocations
-         * the shim still counts while their bytes are in host memory: NVML sees them leave */
-        bool ckpt = (si.state == OSUB_STATE_SUSPENDING || si.state == OSUB_STATE_SUSPENDED) &&
+         * the shim still counts while their bytes are in host memory (until its restore has
+         * put them back): NVML sees them leave and come back */
+        bool ckpt = (si.state == OSUB_STATE_SUSPENDING || si.state == OSUB_STATE_SUSPENDED ||
+                     si.state == OSUB_STATE_RESUMING) &&
                     si.spec != NULL && si.spec->suspend.method == OSUB_SUSPEND_CUDA;
         if (osubd_act_shim_processes(d->act, id) > 0 && !ckpt)
             continue;
@@ -191,7 +193,7 @@ static void report_process_usage(struct osubd_monitor *d, const struct nvml_gpu 
         }
         /* a process not (yet) on any GPU: nothing to say, unless it is being suspended (a
          * checkpointed process leaves NVML's list: its memory fell to nothing) */
-        bool off = si.state == OSUB_STATE_SUSPENDING || si.state == OSUB_STATE_SUSPENDED;
+        bool off = si.state == OSUB_STATE_SUSPENDING || si.state == OSUB_STATE_SUSPENDED || ckpt;
         if ((seen || off) && changed) {
             json_t *cmd = json_pack("{s:s, s:s, s:o}", "op", "usage", "id", id, "gpus", per);
             char err[256];

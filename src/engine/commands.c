@@ -266,7 +266,7 @@ int osub__get_svc(osub_engine_t *e, const char *id, struct svc **out)
     return *out ? 0 : OSUB_EUNKNOWN_SERVICE;
 }
 
-int osub_engine_release(osub_engine_t *e, const char *id, int64_t now_ms)
+static int release(osub_engine_t *e, const char *id, int64_t now_ms, bool measured)
 {
     osub__clear_events(e);
     struct svc *s;
@@ -276,15 +276,36 @@ int osub_engine_release(osub_engine_t *e, const char *id, int64_t now_ms)
     if (rc != 0)
         return rc;
     osub__advance(e, now_ms);
+    for (int32_t i = 0; measured && i < s->n_slots; i++) {
+        struct gpu *g = &e->gpus[s->slots[i].gpu];
+        int64_t add = osub__min64(s->slots[i].used, g->vram - g->system);
+        if (g->lost || add <= 0)
+            continue;
+        g->system += add;
+        osub__gpu_add_held(e, g, add);
+    }
     char gb[96];
     osub__fmt_gpus(s, gb, sizeof(gb));
     osub_event_t *ev = osub__emit(
-        e, OSUB_EV_RELEASE, OSUB_R_USER, "released %s (%s, %lld MiB held) from %s", s->spec.id,
-        osub__class_of(e, s), (long long)osub__held_total(s), s->n_slots ? gb : "the queue");
+        e, OSUB_EV_RELEASE, OSUB_R_USER, "released %s (%s, %lld MiB held) from %s%s", s->spec.id,
+        osub__class_of(e, s), (long long)osub__held_total(s), s->n_slots ? gb : "the queue",
+        measured && osub__used_total(s) > 0
+            ? "; what it used stays counted as system memory until its process is seen to leave it"
+            : "");
     osub__ev_svc(ev, s);
     osub__svc_destroy(e, s);
     osub__finish(e);
     return 0;
+}
+
+int osub_engine_release(osub_engine_t *e, const char *id, int64_t now_ms)
+{
+    return release(e, id, now_ms, false);
+}
+
+int osub_engine_release_measured(osub_engine_t *e, const char *id, int64_t now_ms)
+{
+    return release(e, id, now_ms, true);
 }
 
 static int usage_apply(osub_engine_t *e, struct svc *s, const int64_t *per, int32_t compute)

@@ -827,6 +827,29 @@ static void test_compute_contention_cuts_batch_only(void **state)
     osub_engine_free(e);
 }
 
+/* A release whose process still holds its memory (osub_engine_release_measured): what it used
+ * stays counted as system memory on its GPU, so a queued service is not started into it; the
+ * next measurement of the GPU frees it. */
+static void test_release_measured_keeps_memory(void **state)
+{
+    (void)state;
+    osub_engine_t *e = mk_engine(1, 81920, 1000);
+    running(e, spec("old", "batch", 60000, 1, 0), 50000, 0);
+    assert_int_equal(sub(e, spec("new", "batch", 60000, 1, 0), 10), OSUB_SUBMIT_QUEUED);
+    assert_int_equal(osub_engine_release_measured(e, "old", 20), 0);
+    osub_gpu_info_t g;
+    assert_int_equal(osub_engine_gpu_info(e, 0, &g), 0);
+    assert_int_equal(g.system_mib, 50000);
+    assert_int_equal(info(e, "new").state, OSUB_STATE_QUEUED);
+    check_ok(e);
+    /* the process is seen gone: the room is there, and the queued one starts */
+    assert_int_equal(osub_engine_system_usage(e, 0, 0, 30), 0);
+    assert_int_equal(info(e, "new").state, OSUB_STATE_LOADING);
+    check_ok(e);
+    assert_int_equal(osub_engine_release_measured(e, "nobody", 40), OSUB_EUNKNOWN_SERVICE);
+    osub_engine_free(e);
+}
+
 static void test_snapshot_round_trip_and_corruption(void **state)
 {
     (void)state;
@@ -1256,6 +1279,7 @@ int main(void)
         cmocka_unit_test(test_cordon_and_drain),
         cmocka_unit_test(test_compute_claims),
         cmocka_unit_test(test_compute_contention_cuts_batch_only),
+        cmocka_unit_test(test_release_measured_keeps_memory),
         cmocka_unit_test(test_snapshot_round_trip_and_corruption),
         cmocka_unit_test(test_loading_reservation_is_not_pressure),
         cmocka_unit_test(test_victim_evicted_while_loading_counts_until_exit),
