@@ -208,6 +208,13 @@ void osubd__act_shim_adopt(struct osubd_act *d, struct osub_proc *p)
         osubd_log(OSUBD_LOG_WARN, "%s: its CUDA shim segment cannot be used: %s", p->id, err);
 }
 
+void osubd_act_shim_sync(struct osubd_act *d)
+{
+    for (struct osub_proc *p = d->proc_list; p; p = p->next)
+        if (p->seg.s != NULL)
+            shim_sync(d, p);
+}
+
 void osubd__act_on_watch(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;

@@ -125,6 +125,10 @@ json_t *osubd_act_pod_ids(const struct osubd_act *a);
 bool osubd_act_managed(const struct osubd_act *a, const char *id);
 /* Processes of the service using the CUDA shim now (its usage then comes from the shim). */
 int osubd_act_shim_processes(struct osubd_act *a, const char *id);
+/* The shim's counts read now into the services' usage (as the watch does every 200 ms): the
+ * monitor reads them beside NVML's, so that memory NVML already shows is not taken for system
+ * memory because the count had not been read yet. */
+void osubd_act_shim_sync(struct osubd_act *a);
 /* The service is gone from the engine: its PID and directives are forgotten (its process, if
  * oversubd runs one, is stopped and forgotten by the reconcile). */
 void osubd_act_forget(struct osubd_act *a, const char *id);

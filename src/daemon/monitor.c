@@ -221,6 +221,10 @@ static void on_poll(evutil_socket_t fd, short what, void *arg)
         osubd_log(OSUBD_LOG_INFO, "NVML: %s", err);
         return;
     }
+    /* the shim's counts of the same moment: what NVML shows of a service that the shim counts is
+     * the service's, not system memory (a count read up to 200 ms late made a starting
+     * service's memory system memory for a poll, and that pressure could evict it) */
+    osubd_act_shim_sync(d->act);
     report_process_usage(d, g, k);
     for (int32_t i = 0; i < d->gpus->n; i++) {
         d->gpus->free_mib[i] = 0;

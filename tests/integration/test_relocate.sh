@@ -100,12 +100,11 @@ wait_for 30 fill_up || bad "the filler did not run: $(cat "$D"/st/logs/fill* 2>/
 api POST /v1/services/fill/ready '{}' >/dev/null
 fpid=$(field fill 'd["process"]["pid"]')
 expect "the filler's memory on the driver's device 1" 29000 "$(dev_mib 1)"
-# its use seen (the shim's count) before NVML shows its memory: a poll that sees the memory
-# before the count counts it as system memory for that poll (monitor.c), and that pressure
-# could evict the filler
+# NVML shows its memory at once: the monitor reads the shim's count beside it, so the memory is
+# the filler's, not system memory (read late, it made a pressure that could evict the filler)
+nvml_file "$U0 $tpid 15000" "$U1 $fpid 29000"
 fill_seen() { [ "$(field fill 'd["used_mib"]')" = 29000 ]; }
 wait_for 30 fill_seen || bad "the filler's use not seen: $(field fill 'd["used_mib"]')"
-nvml_file "$U0 $tpid 15000" "$U1 $fpid 29000"
 
 # ---- a P0 on GPU 0: the job suspended, not killed ----
 expect "the P0 arrives" 202 "$(code POST /v1/services '{"id":"web","class":"online","vram":"30000MiB"}')"
