@@ -579,12 +579,19 @@ static void serve(struct osubd_api *d, struct evhttp_request *req, bool trusted)
     } else if (strcmp(path, "/healthz") == 0) {
         /* healthy means the engine's books balance (DESIGN.md's invariants) */
         char why[300];
-        if (osub_engine_check(d->e, why, sizeof(why)) == 0)
-            osubd__api_reply_json(
-                d, req, 200,
+        if (osub_engine_check(d->e, why, sizeof(why)) == 0) {
+            json_t *h =
                 json_pack("{s:s, s:s, s:s}", "status", "ok", "invariants", "ok", "state",
-                          osubd_core_full(d->core) ? "disk full: changes refused (507)" : "ok"));
-        else
+                          osubd_core_full(d->core) ? "disk full: changes refused (507)" : "ok");
+            if (h != NULL && d->gpus != NULL && d->gpus->n > 0) {
+                char nv[300] = "ok";
+                if (d->gpus->unreadable_since_ms != 0)
+                    snprintf(nv, sizeof(nv), "unreadable since %lld (Unix ms): %s",
+                             (long long)d->gpus->unreadable_since_ms, d->gpus->unreadable_why);
+                json_object_set_new(h, "nvml", json_string(nv));
+            }
+            osubd__api_reply_json(d, req, 200, h);
+        } else
             osubd__api_reply_json(d, req, 500,
                                   json_pack("{s:s, s:s}", "status", "broken", "invariants", why));
     } else if (strcmp(path, "/metrics") == 0)

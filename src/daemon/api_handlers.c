@@ -503,10 +503,10 @@ static void h_service_cmd(struct osubd_api *d, const struct osubd_caller *who,
     }
     json_object_set_new(j, "op", json_string(op));
     json_object_set_new(j, "id", json_string(id));
-    /* under NVML, a released service's process still holds its memory until it exits: counted
-     * as system memory until a poll sees it gone, so nothing is started or restored into it */
-    if (strcmp(op, "release") == 0 && strcmp(osubd_core_pool(d->core), "nvml") == 0 &&
-        osubd_act_service_pids(d->act, id, some, 1) > 0)
+    /* under NVML, a released service's process may still hold its memory (draining, or an
+     * external one oversubd cannot watch): counted as system memory until the next poll says
+     * what is left, so nothing is started or restored into it */
+    if (strcmp(op, "release") == 0 && strcmp(osubd_core_pool(d->core), "nvml") == 0)
         json_object_set_new(j, "measured", json_true());
     char err[256];
     struct pid_stage st = {.d = d, .id = id, .pid = pid, .stored = true};

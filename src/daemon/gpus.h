@@ -16,6 +16,9 @@ struct osubd_gpus {
      * been read (and always for a simulated pool) */
     bool polled;
     int64_t free_mib[OSUBD_NVML_GPUS_MAX];
+    /* NVML failing to answer the poll: since when (Unix ms; 0: it answers), and why */
+    int64_t unreadable_since_ms;
+    char unreadable_why[256];
 };
 
 /* GPU i's UUID, "" when it has none. */

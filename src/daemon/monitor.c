@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "actuator.h"
 #include "log.h"
@@ -217,9 +218,25 @@ static void on_poll(evutil_socket_t fd, short what, void *arg)
     struct nvml_gpu g[OSUBD_NVML_GPUS_MAX];
     size_t k = 0;
     char err[256];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t now_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
     if (osubd__nvml_read(d->nvml, g, OSUBD_NVML_GPUS_MAX, &k, err, sizeof(err)) != 0) {
-        osubd_log(OSUBD_LOG_INFO, "NVML: %s", err);
+        if (d->gpus->unreadable_since_ms == 0) {
+            d->gpus->unreadable_since_ms = now_ms;
+            osubd_log(OSUBD_LOG_WARN,
+                      "NVML cannot be read (%s): the GPUs' system memory and the usage NVML "
+                      "measures stay as last read (a released service's memory stays counted, "
+                      "CUDA restores wait for room) until it answers; /healthz says so",
+                      err);
+        }
+        snprintf(d->gpus->unreadable_why, sizeof(d->gpus->unreadable_why), "%.200s", err);
         return;
+    }
+    if (d->gpus->unreadable_since_ms != 0) {
+        osubd_log(OSUBD_LOG_WARN, "NVML answers again, after %lld ms",
+                  (long long)(now_ms - d->gpus->unreadable_since_ms));
+        d->gpus->unreadable_since_ms = 0;
     }
     /* the shim's counts of the same moment: what NVML shows of a service that the shim counts is
      * the service's, not system memory (a count read up to 200 ms late made a starting

@@ -276,13 +276,13 @@ static int release(osub_engine_t *e, const char *id, int64_t now_ms, bool measur
     if (rc != 0)
         return rc;
     osub__advance(e, now_ms);
-    for (int32_t i = 0; measured && i < s->n_slots; i++) {
-        struct gpu *g = &e->gpus[s->slots[i].gpu];
-        int64_t add = osub__min64(s->slots[i].used, g->vram - g->system);
-        if (g->lost || add <= 0)
-            continue;
-        g->system += add;
-        osub__gpu_add_held(e, g, add);
+    /* measured: what it used, per GPU, counted as system memory once it is gone (after its
+     * place is undone, so the GPU's peak history does not keep it as a peak) */
+    int32_t n = measured ? s->n_slots : 0, gpus[OSUB_SERVICE_GPUS_MAX];
+    int64_t used[OSUB_SERVICE_GPUS_MAX];
+    for (int32_t i = 0; i < n; i++) {
+        gpus[i] = s->slots[i].gpu;
+        used[i] = s->slots[i].used;
     }
     char gb[96];
     osub__fmt_gpus(s, gb, sizeof(gb));
@@ -294,6 +294,14 @@ static int release(osub_engine_t *e, const char *id, int64_t now_ms, bool measur
             : "");
     osub__ev_svc(ev, s);
     osub__svc_destroy(e, s);
+    for (int32_t i = 0; i < n; i++) {
+        struct gpu *g = &e->gpus[gpus[i]];
+        int64_t add = osub__min64(used[i], g->vram - g->system);
+        if (g->lost || add <= 0)
+            continue;
+        g->system += add;
+        osub__gpu_add_held(e, g, add);
+    }
     osub__finish(e);
     return 0;
 }

@@ -97,6 +97,25 @@ for _ in $(seq 1 50); do
 done
 expect "the PID survives a restart" 16000 "$(curl -s "$(U /v1/services/p1)" | json 'd["used_mib"]')"
 
+# ---- a release while its process still holds memory: counted as system memory until NVML
+# shows it gone ("measured"), so nothing is started into it ----
+sysp=$(pool | json "d['gpus'][$gp]['system_mib']")
+usedp=$(pool | json "d['gpus'][$gp]['used_mib']")
+expect "p1 released" 200 "$(curl -s -o /dev/null -w '%{http_code}' -X DELETE "$(U /v1/services/p1)")"
+expect "its memory stays counted (system)" $((sysp + 16000)) "$(pool | json "d['gpus'][$gp]['system_mib']")"
+curl -s "$(U '/v1/events?since=0')" | grep -q "released p1 (online, [0-9]* MiB held) from GPU $gp; what it used stays counted as system memory until its process is seen to leave it" && ok || bad "the release event does not say so"
+sed -i "/^proc \S* 4242 16000/d" "$FAKE_NVML_FILE"
+setused "${uuids[$gp]}" $((usedp - 16000))
+wait_for "d['gpus'][$gp]['system_mib'] == $sysp" && ok || bad "the memory was not freed once NVML showed it gone: $(pool | json "d['gpus'][$gp]")"
+# ---- NVML unreadable: /healthz says since when and why; then it answers again ----
+mv "$FAKE_NVML_FILE" "$FAKE_NVML_FILE.away"
+hz() { curl -s "$(U /healthz)" | json 'd.get("nvml", "")'; }
+for _ in $(seq 1 100); do case "$(hz)" in unreadable*) break ;; esac; sleep 0.1; done
+case "$(hz)" in unreadable\ since\ *) ok ;; *) bad "healthz does not say NVML is unreadable: $(curl -s "$(U /healthz)")" ;; esac
+mv "$FAKE_NVML_FILE.away" "$FAKE_NVML_FILE"
+for _ in $(seq 1 100); do [ "$(hz)" = ok ] && break; sleep 0.1; done
+expect "healthz: NVML answers again" ok "$(hz)"
+
 # ---- an external service evicted: exited once NVML shows its process's memory gone ----
 expect "e1" 201 "$(curl -s -o /dev/null -w '%{http_code}' -X POST "$(U /v1/services)" -d '{"id":"e1","class":"batch","vram":"5GiB"}')"
 ge=$(gpu_of e1)
