@@ -64,7 +64,8 @@ struct osub_proc {
     unsigned long long starttime; /* /proc/PID/stat's starttime: a reused PID is not ours */
     bool child;                   /* ours to wait for; false when adopted after a restart */
     bool term_sent;
-    bool failed; /* gave up on it: no more starts until it is submitted again */
+    bool failed;      /* gave up on it: no more starts until it is submitted again */
+    int64_t grace_ms; /* its grace (spec, class or pool), kept for its release; 0: not known */
     int64_t spawned_unix_ms;
     int64_t kill_at_unix_ms; /* the grace end */
     int restarts;

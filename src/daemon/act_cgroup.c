@@ -313,8 +313,10 @@ void osubd__act_terminate(struct osubd_act *d, struct osub_proc *p, int64_t dead
     if (!p->term_sent) {
         osubd__act_signal_service(d, p->id, p->pid, SIGTERM);
         p->term_sent = true;
-        osubd_note(d->core, p->id, "process", "term", "sent SIGTERM to %s's process group %d (%s)",
-                   p->id, (int)p->pid, why);
+        int64_t grace = deadline_unix_ms - osubd_now(d->core);
+        osubd_note(d->core, p->id, "process", "term",
+                   "sent SIGTERM to %s's process group %d (%s); SIGKILL in %lld ms", p->id,
+                   (int)p->pid, why, (long long)(grace > 0 ? grace : 0));
     }
     if (p->kill_ev == NULL)
         p->kill_ev = evtimer_new(d->base, on_kill, p);

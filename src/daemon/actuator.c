@@ -298,6 +298,22 @@ bool osubd__act_draining_state(osub_state_t s)
 
 /* ---- reconciling processes with the engine's states -------------------------------------- */
 
+/* The grace period of service si: its spec's, else its class's, else the pool's. */
+static int64_t grace_of(const struct osubd_act *d, const osub_service_info_t *si,
+                        const osub_pool_config_t *cfg)
+{
+    if (si->spec == NULL)
+        return cfg->grace_ms;
+    if (si->spec->grace_ms >= 0)
+        return si->spec->grace_ms;
+    size_t n;
+    const osub_class_t *c = osub_engine_classes(d->e, &n);
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(c[i].name, si->spec->class_name) == 0 && c[i].grace_ms >= 0)
+            return c[i].grace_ms;
+    return cfg->grace_ms;
+}
+
 void osubd__act_reconcile(struct osubd_act *d)
 {
     const char *id;
@@ -311,6 +327,8 @@ void osubd__act_reconcile(struct osubd_act *d)
         bool known = osub_engine_service_info(d->e, id, &si) == 0;
         struct osub_proc *p = osubd__act_proc_find(d, id);
         bool alive = p != NULL && p->pid > 0;
+        if (known && p != NULL)
+            p->grace_ms = grace_of(d, &si, &cfg); /* the spec is gone once it is released */
         if (json_object_get(x, "command") == NULL) {
             if (!known) {
                 char gone[OSUB_ID_MAX + 1];
@@ -340,8 +358,9 @@ void osubd__act_reconcile(struct osubd_act *d)
             evtimer_del(p->restart_ev);
         if (alive) {
             if (!p->term_sent)
-                osubd__act_terminate(d, p, osubd_now(d->core) + cfg.grace_ms,
-                                     known ? "it is no longer running" : "it was released");
+                osubd__act_terminate(
+                    d, p, osubd_now(d->core) + (p->grace_ms > 0 ? p->grace_ms : cfg.grace_ms),
+                    known ? "it is no longer running" : "it was released");
             continue;
         }
         if (!known) {

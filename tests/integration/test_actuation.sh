@@ -436,6 +436,13 @@ alive "$WPID" || bad "who's process died"
 expect "healthy books" ok "$(api GET /healthz | json 'd["invariants"]')"
 api DELETE /v1/services/who >/dev/null
 wait_for 5 sh -c "! kill -0 $WPID 2>/dev/null" || bad "a released service's process was not stopped"
+# a released service's process gets its own grace (the spec is gone from the engine by then)
+expect "a service with a grace of its own" 201 "$(code POST /v1/services '{"id":"gr","class":"batch","vram":"1GiB","grace_ms":3000,"cuda_shim":false,"command":["/bin/sh","-c","trap \"\" TERM; sleep 600"]}')"
+wait_state gr running 20 || bad "gr did not run: $(state gr)"
+GPID=$(field gr '["process"]["pid"]')
+api DELETE /v1/services/gr >/dev/null
+wait_for 30 sh -c "! kill -0 $GPID 2>/dev/null" || bad "gr's process was not killed after its grace"
+evs gr term | grep -Eq "\(it was released\); SIGKILL in (2[0-9]{3}|3000) ms" && ok || bad "gr's grace was not its own: $(evs gr term)"
 kill "$DPID"; wait "$DPID" 2>/dev/null
 
 echo "== 8. the admin token may run commands over TCP"
