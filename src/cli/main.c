@@ -603,7 +603,10 @@ static int load_trace(const struct cli *c, struct trace *tr)
     }
     size_t n = sim_mark_suspend(tr, c->suspend_milli, c->suspend_residual_mib);
     if (c->relocate && n == 0) {
-        fprintf(stderr, "oversub: --relocate: no service is suspendable (give --suspend)\n");
+        fprintf(stderr, "oversub: --relocate: no service is suspendable: %s\n",
+                c->suspend_milli == 0
+                    ? "--suspend is none (the default); give --suspend all or a fraction above 0"
+                    : "the --suspend fraction marked none of the batch and experiment services");
         trace_free(tr);
         return -1;
     }

@@ -185,7 +185,7 @@ static void svc_wake(osub_engine_t *e, struct svc *s, osub_reason_t reason)
     osub_event_t *ev = osub__emit(
         e, OSUB_EV_WAKE, reason,
         "resuming %s (%s) on %s with its %lld MiB grant: %s; resumed within %lld ms, then not "
-        "suspended again for %lld ms",
+        "suspended again for %lld ms save under pressure",
         s->spec.id, osub__class_of(e, s), gb, (long long)osub__grant_total(s),
         reason == OSUB_R_USER       ? "an operator asked"
         : reason == OSUB_R_IDLE     ? "a request came for it, suspended for idleness"

@@ -131,6 +131,10 @@ check "--suspend none" 0 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/
     --ratio 1.0:2.0:0.5 --quiet --suspend none
 if cmp -s "$tmp/out" "$tmp/nosus"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: --suspend none differs from no flag"; diff "$tmp/nosus" "$tmp/out" | head -5; fi
 if grep -q "suspends/wk" "$tmp/nosus"; then fail=$((fail + 1)); echo "FAIL: suspend columns without --suspend"; else pass=$((pass + 1)); fi
+# --relocate needs suspendable services: the message says what to give
+check "--relocate without --suspend" 2 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" \
+    --gpus 1x81920 --ratio 1.3 --quiet --relocate
+contains "--relocate says what to give" "$tmp/err" "--suspend is none (the default); give --suspend all or a fraction above 0"
 check "--suspend all" 0 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" --gpus 1x81920 \
     --ratio 1.3 --quiet --suspend all --suspend-host-mib 100GiB --suspend-residual 0.5GiB
 contains "--suspend all shows suspends" "$tmp/out" "suspends/wk"
