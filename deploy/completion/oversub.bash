@@ -14,7 +14,7 @@ ratio simulate advise demo help"
 _oversub_flags() {
     local trace="--genai= --services= --usage= --buffer= --floor= --classes= --pods= --window=
         --gpus= --policy= --ratio= --evict-budget= --unmet-budget= --max-wait= --predict-trust=
-        --floor-start= --suspend= --suspend-host-mib= --suspend-residual= --relocate --json --plot= --events= --quiet
+        --floor-start= --degrade= --suspend= --suspend-host-mib= --suspend-residual= --relocate --json --plot= --events= --quiet
         --history="
     case $1 in
     list) echo "--ids" ;;

@@ -96,8 +96,13 @@ static void usage_simulate(FILE *f, const char *cmd)
         "Engine (oversub policy)\n"
         "  --predict-trust H    a usage history of H hours weighs as much as the request in a\n"
         "                       service's predicted peak (1)\n"
-        "  --floor-start S      a degradable service waiting S seconds may start at its floor\n"
-        "                       (120; 'never')\n"
+        "  --floor-start S      a degradable service with no room starts at its floor once\n"
+        "                       every service has reported, at the latest after S seconds\n"
+        "                       (120; 'never': no degraded starts)\n"
+        "  --degrade WHO        which batch and experiment services answer a degrade (written\n"
+        "                       for oversub): all, none, or a fraction picked by a hash of the\n"
+        "                       id; the others keep no floor, as vLLM, SGLang or a PyTorch\n"
+        "                       job would be declared (all)\n"
         "Suspend (oversub policy; docs/simulate.md)\n"
         "  --suspend WHO        which batch and experiment services may be suspended (their\n"
         "                       memory moved to the host, no reload): all, none, or a fraction\n"
@@ -144,6 +149,7 @@ struct cli {
     struct genai_opts g;
     struct sim_budget b;
     int32_t suspend_milli;        /* --suspend: thousandths of the preemptible services */
+    int32_t degrade_milli;        /* --degrade: thousandths that answer a degrade */
     bool relocate;                /* --relocate */
     int64_t suspend_residual_mib; /* per GPU */
     bool json, quiet;
@@ -343,8 +349,8 @@ static int opt_floor_start(const char *arg, struct cli *c)
     return 0;
 }
 
-/* --suspend all|none|FRACTION */
-static int opt_suspend(const char *arg, struct cli *c)
+/* --suspend and --degrade: all|none|FRACTION of the batch and experiment services */
+static int opt_share(const char *opt, const char *arg, int32_t *out)
 {
     int32_t m = -1;
     if (strcmp(arg, "all") == 0)
@@ -355,12 +361,12 @@ static int opt_suspend(const char *arg, struct cli *c)
         m = -1;
     if (m < 0 || m > 1000) {
         fprintf(stderr,
-                "oversub: --suspend: '%s' is not all, none or a fraction from 0 to 1 (at most "
+                "oversub: %s: '%s' is not all, none or a fraction from 0 to 1 (at most "
                 "three decimals, such as 0.5) of the batch and experiment services\n",
-                arg);
+                opt, arg);
         return -1;
     }
-    c->suspend_milli = m;
+    *out = m;
     return 0;
 }
 
@@ -443,7 +449,9 @@ static int parse_option(int ch, const char *arg, struct cli *c, bool advise)
     case 'L':
         return opt_floor_start(arg, c);
     case 'X':
-        return opt_suspend(arg, c);
+        return opt_share("--suspend", arg, &c->suspend_milli);
+    case 'D':
+        return opt_share("--degrade", arg, &c->degrade_milli);
     case 'Y':
         return opt_suspend_size("--suspend-host-mib", arg, &c->b.suspend_host_mib);
     case 'Z':
@@ -519,6 +527,7 @@ static void cli_defaults(struct cli *c, bool advise)
     c->b.max_wait_s = 300;
     c->b.suspend_host_mib = -1; /* the pool's VRAM, when a service is suspendable */
     c->suspend_residual_mib = 1024;
+    c->degrade_milli = 1000;
     if (advise) {
         c->r_from = 1000;
         c->r_to = 2000;
@@ -564,6 +573,7 @@ static int parse_common(int argc, char **argv, struct cli *c, bool advise)
                                          {"predict-trust", required_argument, NULL, 'T'},
                                          {"floor-start", required_argument, NULL, 'L'},
                                          {"suspend", required_argument, NULL, 'X'},
+                                         {"degrade", required_argument, NULL, 'D'},
                                          {"suspend-host-mib", required_argument, NULL, 'Y'},
                                          {"suspend-residual", required_argument, NULL, 'Z'},
                                          {"relocate", no_argument, NULL, 'R'},
@@ -601,6 +611,7 @@ static int load_trace(const struct cli *c, struct trace *tr)
         fprintf(stderr, "oversub: %s\n", err);
         return rc;
     }
+    sim_mark_degrade(tr, c->degrade_milli);
     size_t n = sim_mark_suspend(tr, c->suspend_milli, c->suspend_residual_mib);
     if (c->relocate && n == 0) {
         fprintf(stderr, "oversub: --relocate: no service is suspendable: %s\n",

@@ -339,14 +339,28 @@ static void suspend_ended(struct erun *x, size_t i, int64_t now_ms)
 }
 
 /* Service i, evicted, runs again loaded (or is gone) at now_ms: the time since the eviction is
- * what the eviction cost it (the figure suspends are compared with; lost_min has it per step). */
+ * what the eviction cost it (the figure suspends are compared with; part of lost_min). */
 static void evict_ended(struct erun *x, size_t i, int64_t now_ms)
 {
     struct susp *s = &x->sus[i];
     if (s->evict_since_ms < 0)
         return;
     x->r->evict_lost_minutes += (double)(now_ms - s->evict_since_ms) / 60000.0;
+    x->a.lost_min += (double)(now_ms - s->evict_since_ms) / 60000.0;
     s->evict_since_ms = -1;
+}
+
+/* Service i stops waiting to start at t (s): placed and started, or gone. The wait is lost
+ * time, unless it is a restart's after an eviction (evict_ended counts that, to the end of its
+ * reload). */
+static void wait_ended(struct erun *x, size_t i, int64_t t)
+{
+    struct run_svc *rs = &x->rs[i];
+    if (rs->wait_since < 0)
+        return;
+    if (x->sus[i].evict_since_ms < 0)
+        x->a.lost_min += (double)(t - rs->wait_since) / 60.0;
+    sim__note_wait(&x->a, rs, t);
 }
 
 /* Reads service i again from the engine. */
@@ -743,7 +757,6 @@ static bool submit_waiting(struct erun *x, size_t i, size_t k, int64_t t, int64_
     struct sim_result *r = x->r;
     if (rs->never_fits) { /* as its refusal would have it */
         rs->st = RS_WAITING;
-        x->a.lost_min += (double)x->tr->step_s / 60.0;
         return false;
     }
     if (rs->st == RS_FUTURE)
@@ -772,7 +785,6 @@ static bool submit_waiting(struct erun *x, size_t i, size_t k, int64_t t, int64_
             rs->refused_p0 = true;
         }
         rs->st = RS_WAITING;
-        x->a.lost_min += (double)x->tr->step_s / 60.0;
         return false;
     }
     rs->st = RS_PLACED;
@@ -816,7 +828,7 @@ static void events_and_starts(struct erun *x, int64_t t, int64_t now)
             continue;
         const struct view *v = view_of(x, i);
         if (v->live && v->state != OSUB_STATE_QUEUED && v->state != OSUB_STATE_PENDING) {
-            sim__note_wait(&x->a, &x->rs[i], t);
+            wait_ended(x, i, t);
             x->rs[i].started_once = true;
         }
     }
@@ -893,7 +905,7 @@ static void step_service(struct erun *x, size_t i, size_t k, int64_t t, int64_t 
             erun_events(x, now);
             evict_ended(x, i, now); /* its trace ends before it was back */
             if (rs->st == RS_WAITING && rs->wait_since >= 0)
-                sim__note_wait(a, rs, t);
+                wait_ended(x, i, t);
             rs->st = RS_GONE;
         }
         return;
@@ -907,24 +919,20 @@ static void step_service(struct erun *x, size_t i, size_t k, int64_t t, int64_t 
         rs->st = RS_WAITING; /* released (evicted, not resumable): retried */
         if (rs->wait_since < 0)
             rs->wait_since = t;
-        a->lost_min += (double)tr->step_s / 60.0;
         return;
     }
     if (v->state == OSUB_STATE_QUEUED || v->state == OSUB_STATE_PENDING) {
         if (rs->wait_since < 0)
             rs->wait_since = t;
-        a->lost_min += (double)tr->step_s / 60.0;
         return;
     }
     if (rs->wait_since >= 0)
-        sim__note_wait(a, rs, t);
+        wait_ended(x, i, t);
     rs->started_once = true;
     if (in_suspend(v->state)) {
         step_suspended(x, i, k, d, now);
         return;
     }
-    if (v->loading && v->resumed)
-        a->lost_min += (double)tr->step_s / 60.0; /* restarting after an eviction */
     int64_t report = d;
     if (v->state == OSUB_STATE_DEGRADED && d > v->grant_mib) {
         report = v->grant_mib; /* it complies: the rest is demand left unmet */
@@ -987,8 +995,9 @@ static int sim_engine(const struct trace *tr, const struct sim_opts *o, const st
             step_service(&x, x.order[oi], k, t, now);
         end_step(&x, k, t, now);
     }
-    for (size_t i = 0; i < tr->n; i++) { /* suspended, or not back from an eviction, at the end */
+    for (size_t i = 0; i < tr->n; i++) { /* suspended, waiting or not back from an eviction */
         suspend_ended(&x, i, (tr->t1 - tr->t0 + tr->step_s) * 1000);
+        wait_ended(&x, i, tr->t1 + tr->step_s);
         evict_ended(&x, i, (tr->t1 - tr->t0 + tr->step_s) * 1000);
     }
     sim__end_run(tr, b, &x.a, x.rs, r, o->timeline);
@@ -1106,6 +1115,26 @@ bool sim_suspend_picked(const char *id, int32_t milli)
     char key[96];
     snprintf(key, sizeof(key), "suspend:%s", id);
     return fnv1a64(key) % 1000 < (uint64_t)milli;
+}
+
+size_t sim_mark_degrade(struct trace *tr, int32_t milli)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < tr->n; i++) {
+        osub_spec_t *sp = &tr->svcs[i].spec;
+        if (sim__level_of(sp->class_name) == 0 || sp->min_vram_mib <= 0 ||
+            sp->min_vram_mib >= sp->vram_mib)
+            continue;
+        char key[96];
+        snprintf(key, sizeof(key), "degrade:%s", sp->id);
+        if (milli >= 1000 || (milli > 0 && fnv1a64(key) % 1000 < (uint64_t)milli)) {
+            n++;
+            continue;
+        }
+        sp->min_vram_mib = 0; /* no floor: a degrade would go unanswered */
+        sp->min_batch_size = 0;
+    }
+    return n;
 }
 
 size_t sim_mark_suspend(struct trace *tr, int32_t milli, int64_t residual_mib)

@@ -93,6 +93,11 @@ int32_t sim_min_gpus(const struct trace *tr, enum sim_policy p, int32_t ratio_mi
                      int64_t gpu_mib, int32_t lo, int32_t hi, const struct sim_budget *b,
                      bool timeline, struct sim_result *res, char *err, size_t errlen);
 
+/* Keeps the floor (min_vram_mib, min_batch_size) of the trace's batch and experiment services
+ * that answer a degrade, milli of 1000 of them (1000: all, 0: none, else picked by FNV-1a 64
+ * of "degrade:" + id, modulo 1000, below milli), and drops the others' (what a spec for vLLM,
+ * SGLang or a PyTorch job declares: they never answer one). Returns how many keep a floor. */
+size_t sim_mark_degrade(struct trace *tr, int32_t milli);
 /* Marks the trace's preemptible services (batch and experiment, not exclusive) suspendable
  * (method cuda, resume cost by DESIGN.md's default) when sim_suspend_picked(): milli 1000 is
  * all, 0 none, else that share of them picked by a hash of the id; each is expected to keep

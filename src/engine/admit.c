@@ -165,6 +165,30 @@ void osub__fill_req(const osub_engine_t *e, const struct svc *s, struct req *r)
 
 /* ---- admission ------------------------------------------------------------------------ */
 
+/* Whether every placed service of the pool is measured: started, past its loading, with a usage
+ * report, and not moving memory (pending, draining, suspending, resuming). What one that is not
+ * holds may still fall to what it uses, and room for a queued service's whole request may be
+ * coming, on its GPU or another. A scan of the placed services, made only for a degraded start
+ * that waiting could still spare (osub__plan_for). */
+static bool pool_measured(osub_engine_t *e)
+{
+    if (e->measured_memo >= 0)
+        return e->measured_memo == 1;
+    e->measured_memo = 0;
+    for (int32_t i = 0; i < e->n_gpus; i++) {
+        const struct gpu *g = &e->gpus[i];
+        for (int32_t j = 0; j < g->nsvc; j++) {
+            const struct svc *v = g->svcs[j];
+            if (v->loading || v->pred.n == 0 ||
+                (v->state != OSUB_STATE_RUNNING && v->state != OSUB_STATE_DEGRADED &&
+                 v->state != OSUB_STATE_SUSPENDED))
+                return false;
+        }
+    }
+    e->measured_memo = 1;
+    return true;
+}
+
 /* The admission plan for s (DESIGN.md steps 2-5), with one more way in for a degradable
  * oversold service: when its request has no room without evicting anyone, it may start at
  * its floor where that fits without victims (a degraded start), and is restored once its
@@ -177,12 +201,19 @@ void osub__plan_for(osub_engine_t *e, const struct svc *s, const struct req *r, 
         return;
     if (p->ok && p->n_evict == 0)
         return;
+    if (e->cfg.floor_start_after_ms < 0)
+        return;
     /* waited in the queue that long (since_ms: when it entered its state, the queue), or a
      * migration at its floor brought it there (it waited in its suspend) */
-    if (e->cfg.floor_start_after_ms < 0 ||
-        (e->now - s->since_ms < e->cfg.floor_start_after_ms && !s->floor_now))
+    if (e->now - s->since_ms >= e->cfg.floor_start_after_ms || s->floor_now) {
+        osub__plan_floor_start(e, s, r, p);
         return;
-    osub__plan_floor_start(e, s, r, p);
+    }
+    /* before that, at once where waiting shows nothing more: every service measured, so no
+     * room for its whole request is still to come from one settling */
+    struct plan p2 = *p;
+    if (pool_measured(e) && osub__plan_floor_start(e, s, r, &p2))
+        *p = p2;
 }
 
 bool osub__plan_floor_start(osub_engine_t *e, const struct svc *s, const struct req *r,
@@ -203,13 +234,13 @@ bool osub__plan_floor_start(osub_engine_t *e, const struct svc *s, const struct 
 }
 
 /* The smallest share a request of s could be placed with (degraded starts included). */
-int64_t osub__min_share(const osub_engine_t *e, const struct svc *s, const struct req *r)
+int64_t osub__min_share(osub_engine_t *e, const struct svc *s, const struct req *r)
 {
     if (r->exclusive)
         return 1;
     int64_t t = r->charge < r->total ? r->charge : r->total;
     if (s->degradable && !s->backed && s->floor_total < t && e->cfg.floor_start_after_ms >= 0 &&
-        (e->now - s->since_ms >= e->cfg.floor_start_after_ms || s->floor_now))
+        (e->now - s->since_ms >= e->cfg.floor_start_after_ms || s->floor_now || pool_measured(e)))
         t = s->floor_total; /* it may start at its floor by now */
     return t / r->k;
 }

@@ -25,8 +25,10 @@
  * refused before it reaches the engine's state must not show the previous command's. */
 void osub__clear_events(osub_engine_t *e)
 {
-    if (e != NULL)
+    if (e != NULL) {
         e->n_events = 0;
+        e->measured_memo = -1;
+    }
 }
 
 int osub__check_time(const osub_engine_t *e, int64_t now_ms)
@@ -320,6 +322,12 @@ static int usage_apply(osub_engine_t *e, struct svc *s, const int64_t *per, int3
 {
     for (int32_t i = 0; i < s->n_slots; i++)
         osub__slot_set_used(e, &s->slots[i], per[i]);
+    /* its first report measures its GPUs: a queued degradable service may start at its floor
+     * there now (osub__plan_for) */
+    if (s->pred.n == 0) {
+        e->measured_memo = -1;
+        e->dirty = e->dirty || e->n_queue > 0;
+    }
     osub__pred_observe(&s->pred, osub__used_total(s), e->now);
     if (compute >= 0) {
         for (int32_t i = 0; i < s->n_slots; i++)

@@ -783,6 +783,7 @@ void osub__set_state(osub_engine_t *e, struct svc *s, osub_state_t st)
 {
     if (s->state == st)
         return;
+    e->measured_memo = -1;
     if (s->state == OSUB_STATE_PENDING) {
         osub__vec_remove(e->pending, &e->n_pending, s);
         for (int32_t i = 0; i < s->n_slots; i++)
@@ -821,6 +822,7 @@ void osub__svc_to_queue(osub_engine_t *e, struct svc *s)
 void osub__end_loading(osub_engine_t *e, struct svc *s)
 {
     s->loading = false;
+    e->measured_memo = -1;
     if (s->state == OSUB_STATE_LOADING)
         osub__set_state(e, s, OSUB_STATE_RUNNING);
     if (s->state == OSUB_STATE_RESUMING) {

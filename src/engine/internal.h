@@ -259,6 +259,10 @@ struct osub_engine {
     osub_event_t *events;
     size_t n_events, cap_events;
     bool dirty; /* something freed: look at pending and queue */
+    /* whether every placed service is measured (admit.c, degraded starts): 1 or 0 as last
+     * scanned, -1 to scan again (each command, and whenever a service changes state, ends its
+     * loading or first reports) */
+    int8_t measured_memo;
     bool in_tick;
     bool pending_check; /* held dropped where a pending service waits */
 
@@ -551,8 +555,7 @@ OSUB__HIDDEN int osub__empty_pool_fit(const osub_engine_t *e, const osub_spec_t 
 OSUB__HIDDEN void osub__fill_req(const osub_engine_t *e, const struct svc *s, struct req *r);
 OSUB__HIDDEN void osub__fill_victims(const osub_engine_t *e, const struct plan *p,
                                      osub_submit_result_t *res);
-OSUB__HIDDEN int64_t osub__min_share(const osub_engine_t *e, const struct svc *s,
-                                     const struct req *r);
+OSUB__HIDDEN int64_t osub__min_share(osub_engine_t *e, const struct svc *s, const struct req *r);
 OSUB__HIDDEN bool osub__pending_can_start(const osub_engine_t *e, const struct svc *s);
 OSUB__HIDDEN void osub__plan_for(osub_engine_t *e, const struct svc *s, const struct req *r,
                                  struct plan *p);

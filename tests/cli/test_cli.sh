@@ -131,6 +131,24 @@ check "--suspend none" 0 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/
     --ratio 1.0:2.0:0.5 --quiet --suspend none
 if cmp -s "$tmp/out" "$tmp/nosus"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: --suspend none differs from no flag"; diff "$tmp/nosus" "$tmp/out" | head -5; fi
 if grep -q "suspends/wk" "$tmp/nosus"; then fail=$((fail + 1)); echo "FAIL: suspend columns without --suspend"; else pass=$((pass + 1)); fi
+# --degrade: which batch and experiment services answer a degrade; all is no flag
+for bad in "--degrade 1.5" "--degrade some" "--degrade -1" "--degrade="; do
+    # shellcheck disable=SC2086
+    check "bad --degrade ($bad)" 2 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" $bad
+    contains "says which option ($bad)" "$tmp/err" "--degrade"
+done
+contains "--degrade message" "$tmp/err" "is not all, none or a fraction from 0 to 1"
+check "--degrade all" 0 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" --gpus 1x81920 \
+    --ratio 1.0:2.0:0.5 --quiet --degrade all
+if cmp -s "$tmp/out" "$tmp/nosus"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: --degrade all differs from no flag"; diff "$tmp/nosus" "$tmp/out" | head -5; fi
+check "--degrade none" 0 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" --gpus 1x81920 \
+    --ratio 1.3 --quiet --degrade none --json
+if python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+r = [x for x in d['results'] if x['policy'] == 'oversub'][0]
+assert sum(r['degrades_per_week'].values()) == 0, r['degrades_per_week']
+" "$tmp/out" 2>"$tmp/py"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: --degrade none still degrades"; cat "$tmp/py"; fi
 # --relocate needs suspendable services: the message says what to give
 check "--relocate without --suspend" 2 "$bin" simulate --services "$tmp/s.json" --usage "$tmp/u.csv" \
     --gpus 1x81920 --ratio 1.3 --quiet --relocate

@@ -67,15 +67,17 @@ static void test_degraded_start_restored_by_prediction(void **state)
 {
     (void)state;
     osub_engine_t *e = mk_engine(1, 81920, 2000);
-    running(e, spec("bat", "batch", 40960, 1, 40960), 40000, 0);
+    /* bat: loading, its held its request until it reports what it uses */
+    assert_int_equal(sub(e, spec("bat", "batch", 40960, 1, 40960), 0), OSUB_SUBMIT_STARTED);
     osub_submit_result_t r;
     osub_spec_t ex = spec("exp", "experiment", 50000, 1, 20000);
     assert_int_equal(osub_engine_submit(e, &ex, 10, 0, &r), 0);
-    /* it waits for room first: floor_start_after_ms (2 min by default) */
+    /* room for its request may be coming (bat is not measured yet): it waits in the queue */
     assert_int_equal(r.outcome, OSUB_SUBMIT_QUEUED);
-    assert_int_equal(osub_engine_tick(e, 60000), 0);
-    assert_int_equal(info(e, "exp").state, OSUB_STATE_QUEUED);
-    assert_int_equal(osub_engine_tick(e, 120010), 0);
+    assert_int_equal(osub_engine_usage(e, "bat", 40000, -1, 20), 0);
+    /* bat ready, measured at 40000: no room for 50000 under the high watermark, and none to
+     * come; it starts at its floor at once, not after floor_start_after_ms (2 min) */
+    assert_int_equal(osub_engine_ready(e, "bat", 30), 0);
     osub_service_info_t x = info(e, "exp");
     assert_int_equal(x.state, OSUB_STATE_DEGRADED);
     assert_int_equal(x.grant_mib, 20000);
@@ -185,6 +187,51 @@ static void test_backed_start_never_causes_pressure(void **state)
     osub_engine_free(e);
 }
 
+/* A degradable newcomer with no room for its request starts at its floor at once, without a
+ * victim, where every service of the pool is measured (no room for its request is still to come
+ * from one settling); while one is still loading it waits, up to floor_start_after_ms
+ * (docs/engine.md, "Degraded starts"). One that is not degradable waits for its whole request. */
+static void test_degraded_start_at_once_where_measured(void **state)
+{
+    (void)state;
+    int64_t v[2] = {81920, 81920};
+    osub_pool_config_t cfg;
+    osub_pool_config_default(&cfg);
+    cfg.ratio_milli = 2000;
+    osub_engine_t *e = mk_engine_cfg(2, v, &cfg);
+    running(e, spec("bat", "batch", 40960, 1, 40960), 40000, 0);
+    /* GPU 1: an online service still loading */
+    assert_int_equal(sub(e, spec("web", "online", 40960, 1, 0), 0), OSUB_SUBMIT_STARTED);
+    assert_int_equal(info(e, "web").slots[0].gpu, 1);
+    osub_submit_result_t r;
+    osub_spec_t ex = spec("exp", "experiment", 50000, 1, 20000);
+    assert_int_equal(osub_engine_submit(e, &ex, 10, 0, &r), 0);
+    assert_int_equal(r.outcome, OSUB_SUBMIT_QUEUED); /* web may yet leave room for 50000 */
+    /* web measured at 40000: no room for 50000 on either GPU, none to come */
+    assert_int_equal(osub_engine_usage(e, "web", 40000, -1, 20), 0);
+    assert_int_equal(osub_engine_ready(e, "web", 30), 0);
+    osub_service_info_t x = info(e, "exp");
+    assert_int_equal(x.state, OSUB_STATE_DEGRADED);
+    assert_int_equal(x.grant_mib, 20000);
+    const osub_event_t *ev = find_ev(e, OSUB_EV_DEGRADE, "exp");
+    assert_non_null(ev);
+    assert_int_equal(ev->reason, OSUB_R_START_FLOOR);
+    assert_int_equal(count_ev(e, OSUB_EV_EVICT, NULL), 0);
+    /* the next one finds exp not yet measured: it waits, then starts at its floor once exp
+     * has reported */
+    osub_spec_t ex2 = spec("exp2", "experiment", 50000, 1, 20000);
+    assert_int_equal(osub_engine_submit(e, &ex2, 40, 0, &r), 0);
+    assert_int_equal(r.outcome, OSUB_SUBMIT_QUEUED);
+    assert_int_equal(osub_engine_usage(e, "exp", 15000, -1, 50), 0);
+    assert_int_equal(osub_engine_ready(e, "exp", 60), 0);
+    assert_int_equal(info(e, "exp2").state, OSUB_STATE_DEGRADED);
+    assert_int_not_equal(info(e, "exp2").slots[0].gpu, x.slots[0].gpu);
+    /* not degradable (no floor): it waits for its whole request */
+    assert_int_equal(sub(e, spec("exp3", "experiment", 50000, 1, 0), 70), OSUB_SUBMIT_QUEUED);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
 /* Two degraded services on one GPU with room for one: only one is restored (they used to
  * be restored together against the same free memory, and pressure took one back). */
 static void test_restores_share_one_room(void **state)
@@ -194,9 +241,10 @@ static void test_restores_share_one_room(void **state)
     running(e, spec("web", "online", 50000, 1, 0), 50000, 0);
     osub_spec_t a = spec("a", "experiment", 40000, 1, 10000);
     osub_spec_t b = spec("b", "experiment", 40000, 1, 10000);
-    assert_int_equal(sub(e, a, 10), OSUB_SUBMIT_QUEUED);
+    /* web is measured: a starts at its floor at once; b finds a loading there and waits */
+    assert_int_equal(sub(e, a, 10), OSUB_SUBMIT_STARTED);
     assert_int_equal(sub(e, b, 20), OSUB_SUBMIT_QUEUED);
-    assert_int_equal(osub_engine_tick(e, 120020), 0); /* both waited long enough */
+    assert_int_equal(osub_engine_tick(e, 120020), 0); /* b waited long enough */
     assert_int_equal(info(e, "a").state, OSUB_STATE_DEGRADED);
     assert_int_equal(info(e, "b").state, OSUB_STATE_DEGRADED);
     assert_int_equal(osub_engine_release(e, "web", 120030), 0);
@@ -1290,6 +1338,7 @@ int main(void)
         cmocka_unit_test(test_resize_growth_checks_like_a_submit),
         cmocka_unit_test(test_pending_starts_under_the_high_watermark),
         cmocka_unit_test(test_floor_start_only_where_restorable),
+        cmocka_unit_test(test_degraded_start_at_once_where_measured),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -118,7 +118,11 @@ static void test_golden_brief_oom(void **state)
 }
 
 /* Four services whose peaks never coincide: static needs 4 GPUs, the engine 2 at 1.3 (the
- * logical capacity holds two requests of 52000), hindsight 1. */
+ * logical capacity holds two requests of 52000) without degraded starts, hindsight 1. With
+ * them (the default: at its floor at once when every service has reported), s4 starts at its
+ * floor at t = 0 while s1 peaks at 40000, stays degraded (a restore needs room for the
+ * predicted peaks, its request this young) and leaves its peaks unmet: 3 GPUs. Waiting, it
+ * starts whole a step later. The tradeoff docs/engine.md, "Degraded starts", measures. */
 static void test_golden_min_gpus(void **state)
 {
     (void)state;
@@ -147,10 +151,15 @@ static void test_golden_min_gpus(void **state)
     assert_int_equal(sim_lower_bound(&tr, 81920), 1);
     assert_int_equal(sim_min_gpus(&tr, POL_STATIC, 1000, 81920, 1, 4, &b, false, &r, err, 512), 4);
     sim_result_free(&r);
+    assert_int_equal(sim_min_gpus(&tr, POL_OVERSUB, 1300, 81920, 1, 4, &b, false, &r, err, 512), 3);
+    assert_int_equal(r.oom_events, 0);
+    sim_result_free(&r);
+    b.floor_start_ms = -1; /* never */
     assert_int_equal(sim_min_gpus(&tr, POL_OVERSUB, 1300, 81920, 1, 4, &b, false, &r, err, 512), 2);
     assert_int_equal(r.oom_events, 0);
     assert_int_equal(r.evictions[1], 0);
     sim_result_free(&r);
+    b.floor_start_ms = 0;
     int64_t one = 81920;
     struct sim_opts o = {.policy = POL_HINDSIGHT, .ratio_milli = 1000, .pool = &one, .n_pool = 1};
     assert_int_equal(sim_run(&tr, &o, &b, &r, err, sizeof(err)), 0);
@@ -746,8 +755,9 @@ static bool near(double a, double b)
  * done at 120 s + 50000 MiB / 4096 MiB/s = 132.207 s (the job, pending, starts then: a 12 s
  * wait), keeps its 1024 MiB residual, wakes when the job is released at 420 s (its last sample
  * 360 s) and is back after its resume cost, 60000 / 4096 s + 1 s = 15.648 s: 315.648 s lost,
- * 5.2608 min, plus the job's step pending (1 min). Without suspend it is evicted at 120 s,
- * restarts at 420 s and is loaded at 480 s (the pool's 60 s restart cost): 6 min. */
+ * 5.2608 min, plus the job's 12 s pending (waits count to the second, not by the step).
+ * Without suspend it is evicted at 120 s, restarts at 420 s and is loaded at 480 s (the pool's
+ * 60 s restart cost): 6 min, from the eviction to the end of its reload. */
 static void test_golden_suspend(void **state)
 {
     (void)state;
@@ -779,7 +789,7 @@ static void test_golden_suspend(void **state)
     assert_int_equal(r.evictions[2], 1);
     assert_int_equal(r.suspends[2], 0);
     assert_true(near(r.evict_lost_minutes, 6.0));
-    assert_true(near(r.lost_service_minutes, 6.0)); /* 5 steps queued, 1 reloading */
+    assert_true(near(r.lost_service_minutes, 6.0)); /* 5 min queued, 1 reloading */
     assert_int_equal(r.max_wait_s, 300);
     sim_result_free(&r);
     /* both are preemptible: both marked, each to keep 1024 MiB */
@@ -794,7 +804,7 @@ static void test_golden_suspend(void **state)
     assert_int_equal(r.wakes, 1);
     assert_true(near(r.suspend_lost_minutes, 315.648 / 60.0));
     assert_true(near(r.suspend_transit_minutes, (12.207 + 15.648) / 60.0)); /* moving, both ways */
-    assert_true(near(r.lost_service_minutes, 1.0 + 315.648 / 60.0));
+    assert_true(near(r.lost_service_minutes, (12.0 + 315.648) / 60.0));
     assert_true(near(r.evict_lost_minutes, 0));
     assert_int_equal(r.max_suspended_s, 315);
     assert_int_equal(r.max_wait_s, 12);
@@ -866,10 +876,50 @@ static void test_suspend_marking(void **state)
     trace_free(&tr);
 }
 
-/* The tuning half of the shared trace on 14 GPUs at 1.5x: without suspend two experiments are
- * evicted; with --suspend all none is, the engine suspends instead, and what preemption costs
- * falls; --suspend none is the run without it, figure for figure; the view follows the engine
- * through suspends and wakes. */
+/* --degrade: all keeps every floor; none clears the floors of batch and experiment services
+ * (online ones have none); a fraction keeps a stable share, a larger one keeping what a
+ * smaller one kept. */
+static void test_degrade_marking(void **state)
+{
+    (void)state;
+    if (traces_missing())
+        skip();
+    struct genai_opts g;
+    genai_opts_default(&g);
+    struct trace all, half, more, none;
+    char err[512];
+    assert_int_equal(trace_import_genai(SHARED_TRACES, &g, &all, err, sizeof(err)), 0);
+    assert_int_equal(trace_import_genai(SHARED_TRACES, &g, &half, err, sizeof(err)), 0);
+    assert_int_equal(trace_import_genai(SHARED_TRACES, &g, &more, err, sizeof(err)), 0);
+    assert_int_equal(trace_import_genai(SHARED_TRACES, &g, &none, err, sizeof(err)), 0);
+    size_t floors = 0;
+    for (size_t i = 0; i < all.n; i++)
+        floors += all.svcs[i].spec.min_vram_mib > 0 &&
+                  all.svcs[i].spec.min_vram_mib < all.svcs[i].spec.vram_mib;
+    assert_true(floors > 10);
+    assert_int_equal(sim_mark_degrade(&all, 1000), floors);
+    assert_int_equal(sim_mark_degrade(&none, 0), 0);
+    size_t h = sim_mark_degrade(&half, 500), m = sim_mark_degrade(&more, 700);
+    assert_true(h > floors / 4 && h < floors * 3 / 4);
+    assert_true(m >= h);
+    for (size_t i = 0; i < all.n; i++) {
+        assert_int_equal(none.svcs[i].spec.min_vram_mib, 0);
+        if (half.svcs[i].spec.min_vram_mib > 0)
+            assert_int_equal(more.svcs[i].spec.min_vram_mib, all.svcs[i].spec.min_vram_mib);
+        /* nothing else changes */
+        assert_int_equal(none.svcs[i].spec.vram_mib, all.svcs[i].spec.vram_mib);
+    }
+    trace_free(&all);
+    trace_free(&half);
+    trace_free(&more);
+    trace_free(&none);
+}
+
+/* The tuning half of the shared trace on 14 GPUs at 1.5x: without suspend an experiment is
+ * evicted (416 min from its eviction until it runs again); with --suspend all the engine
+ * suspends instead, the one eviction left is a migration (a suspended service restarted where
+ * there is room), and what preemption costs falls; --suspend none is the run without it, figure for
+ * figure; the view follows the engine through suspends and wakes. */
 static void test_genai_suspend(void **state)
 {
     (void)state;
@@ -891,12 +941,13 @@ static void test_genai_suspend(void **state)
     assert_string_equal(a, n);
     free(a);
     free(n);
-    assert_int_equal(off.evictions[1] + off.evictions[2], 2);
+    assert_int_equal(off.evictions[1] + off.evictions[2], 1);
     assert_true(sim_mark_suspend(&tr, 1000, 1024) > 0);
     run_one(&tr, 1500, 14, &b, &on);
     assert_true(on.suspend_on);
     assert_true(on.suspends[1] + on.suspends[2] > 0);
-    assert_true(on.evictions[1] + on.evictions[2] < off.evictions[1] + off.evictions[2]);
+    assert_true(on.evictions[1] + on.evictions[2] - on.migrations <
+                off.evictions[1] + off.evictions[2]);
     assert_true(on.wakes > 0);
     assert_int_equal(on.p0_disruptions, 0);
     assert_int_equal(on.oom_events, 0);
@@ -962,6 +1013,7 @@ int main(void)
         cmocka_unit_test(test_view_matches_engine),
         cmocka_unit_test(test_golden_suspend),
         cmocka_unit_test(test_suspend_marking),
+        cmocka_unit_test(test_degrade_marking),
         cmocka_unit_test(test_genai_suspend),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
