@@ -255,6 +255,7 @@ struct susp {
     int64_t evict_since_ms; /* an eviction decision, until it runs again loaded; -1: none */
     int64_t used_mib;       /* what it used then */
     int64_t wake_ms;        /* its wake decision; -1: not resuming */
+    bool wait_covered;      /* its open wait to restart was inside an eviction now counted */
     uint32_t gen;           /* a report to come is for this suspend or wake only */
 };
 
@@ -348,6 +349,7 @@ static void evict_ended(struct erun *x, size_t i, int64_t now_ms)
     x->r->evict_lost_minutes += (double)(now_ms - s->evict_since_ms) / 60000.0;
     x->a.lost_min += (double)(now_ms - s->evict_since_ms) / 60000.0;
     s->evict_since_ms = -1;
+    s->wait_covered = x->rs[i].wait_since >= 0; /* a wait to restart it is not lost twice */
 }
 
 /* Service i stops waiting to start at t (s): placed and started, or gone. The wait is lost
@@ -358,8 +360,9 @@ static void wait_ended(struct erun *x, size_t i, int64_t t)
     struct run_svc *rs = &x->rs[i];
     if (rs->wait_since < 0)
         return;
-    if (x->sus[i].evict_since_ms < 0)
+    if (x->sus[i].evict_since_ms < 0 && !x->sus[i].wait_covered)
         x->a.lost_min += (double)(t - rs->wait_since) / 60.0;
+    x->sus[i].wait_covered = false;
     sim__note_wait(&x->a, rs, t);
 }
 
@@ -537,6 +540,8 @@ static void read_events_of(struct erun *x, const osub_event_t *ev, size_t n)
             r->migrations += ev[i].reason == OSUB_R_MIGRATE;
             if (svc >= 0 && x->sus[svc].evict_since_ms < 0)
                 x->sus[svc].evict_since_ms = ev[i].time_ms;
+            if (svc >= 0 && x->rs[svc].wait_since < 0) /* it waits to restart from now */
+                x->rs[svc].wait_since = x->tr->t0 + ev[i].time_ms / 1000;
             if (lvl == 0)
                 r->p0_disruptions++;
             if (x->nf < x->fcap)
@@ -546,6 +551,10 @@ static void read_events_of(struct erun *x, const osub_event_t *ev, size_t n)
             r->p0_disruptions++;
         } else if (ev[i].kind == OSUB_EV_SUSPEND || ev[i].kind == OSUB_EV_WAKE) {
             suspend_event(x, &ev[i], svc, lvl);
+        } else if ((ev[i].kind == OSUB_EV_START || ev[i].kind == OSUB_EV_RESUME) && svc >= 0) {
+            /* it starts (whichever command started it): its wait ends now, not at its step */
+            wait_ended(x, (size_t)svc, x->tr->t0 + ev[i].time_ms / 1000);
+            x->rs[svc].started_once = true;
         }
     }
     if (n > 0)
@@ -903,9 +912,10 @@ static void step_service(struct erun *x, size_t i, size_t k, int64_t t, int64_t 
             osub_engine_release(x->e, s->spec.id, now);
             view_touch(x, (int32_t)i);
             erun_events(x, now);
-            evict_ended(x, i, now); /* its trace ends before it was back */
-            if (rs->st == RS_WAITING && rs->wait_since >= 0)
-                wait_ended(x, i, t);
+            /* its trace ends while it waits (refused, queued or pending) or before it was back
+             * from an eviction: the wait first, which an eviction under way covers */
+            wait_ended(x, i, t);
+            evict_ended(x, i, now);
             rs->st = RS_GONE;
         }
         return;
@@ -926,7 +936,9 @@ static void step_service(struct erun *x, size_t i, size_t k, int64_t t, int64_t 
             rs->wait_since = t;
         return;
     }
-    if (rs->wait_since >= 0)
+    /* started (its start event ended the wait; this is a fallback), unless it is still leaving
+     * after an eviction (draining, overdue): its wait to restart goes on */
+    if (rs->wait_since >= 0 && v->state != OSUB_STATE_DRAINING && v->state != OSUB_STATE_OVERDUE)
         wait_ended(x, i, t);
     rs->started_once = true;
     if (in_suspend(v->state)) {
@@ -1122,8 +1134,8 @@ size_t sim_mark_degrade(struct trace *tr, int32_t milli)
     size_t n = 0;
     for (size_t i = 0; i < tr->n; i++) {
         osub_spec_t *sp = &tr->svcs[i].spec;
-        if (sim__level_of(sp->class_name) == 0 || sp->min_vram_mib <= 0 ||
-            sp->min_vram_mib >= sp->vram_mib)
+        bool vram_floor = sp->min_vram_mib > 0 && sp->min_vram_mib < sp->vram_mib;
+        if (sim__level_of(sp->class_name) == 0 || (!vram_floor && sp->min_batch_size <= 0))
             continue;
         char key[96];
         snprintf(key, sizeof(key), "degrade:%s", sp->id);

@@ -166,7 +166,8 @@ void osub__fill_req(const osub_engine_t *e, const struct svc *s, struct req *r)
 /* ---- admission ------------------------------------------------------------------------ */
 
 /* Whether every placed service of the pool is measured: started, past its loading, with a usage
- * report, and not moving memory (pending, draining, suspending, resuming). What one that is not
+ * report, and not moving memory (pending, draining, suspending, resuming, a degrade not yet
+ * acknowledged). What one that is not
  * holds may still fall to what it uses, and room for a queued service's whole request may be
  * coming, on its GPU or another. A scan of the placed services, made only for a degraded start
  * that waiting could still spare (osub__plan_for). */
@@ -179,7 +180,7 @@ static bool pool_measured(osub_engine_t *e)
         const struct gpu *g = &e->gpus[i];
         for (int32_t j = 0; j < g->nsvc; j++) {
             const struct svc *v = g->svcs[j];
-            if (v->loading || v->pred.n == 0 ||
+            if (v->loading || v->pred.n == 0 || v->ack_pending ||
                 (v->state != OSUB_STATE_RUNNING && v->state != OSUB_STATE_DEGRADED &&
                  v->state != OSUB_STATE_SUSPENDED))
                 return false;

@@ -232,6 +232,41 @@ static void test_degraded_start_at_once_where_measured(void **state)
     osub_engine_free(e);
 }
 
+/* A degraded service whose acknowledgement is still due is not measured: its memory is about to
+ * fall to its floor, which may leave room for a queued service's whole request (found by an
+ * attack: q started at its floor on the other GPU, and stayed degraded there). */
+static void test_no_degraded_start_while_a_degrade_is_due(void **state)
+{
+    (void)state;
+    int64_t v[2] = {100000, 100000};
+    osub_pool_config_t cfg;
+    osub_pool_config_default(&cfg);
+    cfg.ratio_milli = 2000;
+    osub_engine_t *e = mk_engine_cfg(2, v, &cfg);
+    osub_submit_result_t r;
+    osub_spec_t a = spec("a", "online", 30000, 1, 0), b = spec("b", "online", 80000, 1, 0),
+                d = spec("d", "batch", 60000, 1, 20000);
+    assert_int_equal(osub_engine_submit(e, &a, 0, OSUB_SUBMIT_RUNNING, &r), 0);
+    assert_int_equal(osub_engine_submit(e, &b, 0, OSUB_SUBMIT_RUNNING, &r), 0);
+    assert_int_equal(osub_engine_submit(e, &d, 0, OSUB_SUBMIT_RUNNING, &r), 0);
+    assert_int_equal(info(e, "d").slots[0].gpu, info(e, "a").slots[0].gpu);
+    assert_int_equal(osub_engine_usage(e, "a", 30000, -1, 1000), 0);
+    assert_int_equal(osub_engine_usage(e, "b", 80000, -1, 1000), 0);
+    assert_int_equal(osub_engine_usage(e, "d", 66000, -1, 2000), 0); /* pressure: degraded */
+    assert_true(info(e, "d").ack_pending);
+    osub_spec_t q = spec("q", "experiment", 40000, 1, 10000);
+    assert_int_equal(osub_engine_submit(e, &q, 3000, 0, &r), 0);
+    assert_int_equal(r.outcome, OSUB_SUBMIT_QUEUED);
+    /* d complies: 50000 held on its GPU, room for all of q there */
+    assert_int_equal(osub_engine_usage(e, "d", 20000, -1, 5000), 0);
+    assert_int_equal(osub_engine_tick(e, 6000), 0);
+    osub_service_info_t x = info(e, "q");
+    assert_int_equal(x.state, OSUB_STATE_LOADING);
+    assert_int_equal(x.grant_mib, 40000);
+    check_ok(e);
+    osub_engine_free(e);
+}
+
 /* Two degraded services on one GPU with room for one: only one is restored (they used to
  * be restored together against the same free memory, and pressure took one back). */
 static void test_restores_share_one_room(void **state)
@@ -1339,6 +1374,7 @@ int main(void)
         cmocka_unit_test(test_pending_starts_under_the_high_watermark),
         cmocka_unit_test(test_floor_start_only_where_restorable),
         cmocka_unit_test(test_degraded_start_at_once_where_measured),
+        cmocka_unit_test(test_no_degraded_start_while_a_degrade_is_due),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -876,6 +876,85 @@ static void test_suspend_marking(void **state)
     trace_free(&tr);
 }
 
+/* One service's usage in a hand-made trace: vram_mib every 60 s from t0 to t1 (s). */
+struct span {
+    const char *id;
+    int t0, t1;
+    int64_t mib;
+};
+
+/* The engine at 1.3 on one GPU of vram_mib over services (JSON) and spans. */
+static void lost_run(const char *services, const struct span *sp, size_t n, int64_t vram_mib,
+                     struct sim_result *r)
+{
+    write_file("lost.json", services);
+    char csv[16384] = "timestamp_s,service,vram_mib\n";
+    for (size_t i = 0; i < n; i++)
+        for (int t = sp[i].t0; t <= sp[i].t1; t += 60) {
+            char line[96];
+            snprintf(line, sizeof(line), "%d,%s,%lld\n", t, sp[i].id, (long long)sp[i].mib);
+            strcat(csv, line);
+        }
+    write_file("lost.csv", csv);
+    struct trace tr;
+    char err[512];
+    assert_int_equal(load("lost.json", "lost.csv", &tr, err), 0);
+    struct sim_budget b = budget();
+    struct sim_opts o = {
+        .policy = POL_OVERSUB, .ratio_milli = 1300, .pool = &vram_mib, .n_pool = 1};
+    assert_int_equal(sim_run(&tr, &o, &b, r, err, sizeof(err)), 0);
+    trace_free(&tr);
+}
+
+/* Lost minutes from start to end (docs/simulate.md), each case found by an attack on the first
+ * version: a service still queued when its trace ends loses its wait to then, not to the end
+ * of the trace; an eviction's wait to restart is not counted again as a wait, whether its trace
+ * ends while it is requeued or it is back loaded within a step; a wait ended by another
+ * service's release ends then, not at its own next step. */
+static void test_lost_minutes_start_to_end(void **state)
+{
+    (void)state;
+    struct sim_result r;
+    /* q queued at 60 s behind a P0 holding the GPU; its trace ends at 600 s, released from the
+     * queue at 660 s: 10 minutes */
+    const struct span b[] = {{"big", 0, 3600, 60000}, {"q", 60, 600, 30000}};
+    lost_run("{\"services\": [{\"id\": \"big\", \"class\": \"online\", \"vram_mib\": 60000},"
+             " {\"id\": \"q\", \"class\": \"batch\", \"vram_mib\": 40000, \"resumable\": true}]}",
+             b, 2, 80000, &r);
+    assert_true(near(r.lost_service_minutes, 10.0));
+    assert_int_equal(r.max_wait_s, 600);
+    sim_result_free(&r);
+    /* b evicted by web at 300 s, requeued; its trace ends at 900 s, released at 960 s: 11
+     * minutes, all of them the eviction's */
+    const struct span c[] = {{"b", 0, 900, 45000}, {"web", 300, 3600, 45000}};
+    lost_run("{\"services\": [{\"id\": \"web\", \"class\": \"online\", \"vram_mib\": 50000},"
+             " {\"id\": \"b\", \"class\": \"batch\", \"vram_mib\": 50000, \"resumable\": true}]}",
+             c, 2, 80000, &r);
+    assert_true(near(r.evict_lost_minutes, 11.0));
+    assert_true(near(r.lost_service_minutes, 11.0));
+    sim_result_free(&r);
+    /* b evicted by w at 300 s, back when w leaves, loaded 20 s later inside the step: the
+     * eviction's minutes only */
+    const struct span d[] = {{"c", 0, 1800, 55000}, {"b", 0, 1800, 28000}, {"w", 300, 900, 24000}};
+    lost_run("{\"services\": [{\"id\": \"c\", \"class\": \"online\", \"vram_mib\": 60000},"
+             " {\"id\": \"b\", \"class\": \"batch\", \"vram_mib\": 30000, \"resumable\": true,"
+             " \"restart_cost_ms\": 20000}, {\"id\": \"w\", \"class\": \"online\", \"vram_mib\": "
+             "25000}]}",
+             d, 3, 100000, &r);
+    assert_true(r.evict_lost_minutes > 10.0);
+    assert_true(near(r.lost_service_minutes, r.evict_lost_minutes));
+    sim_result_free(&r);
+    /* q waits from 120 s until r's release at 660 s starts it: 9 minutes */
+    const struct span f[] = {{"c", 0, 1800, 55000}, {"r", 0, 600, 25000}, {"q", 120, 1800, 35000}};
+    lost_run("{\"services\": [{\"id\": \"c\", \"class\": \"online\", \"vram_mib\": 55000},"
+             " {\"id\": \"q\", \"class\": \"batch\", \"vram_mib\": 40000},"
+             " {\"id\": \"r\", \"class\": \"batch\", \"vram_mib\": 30000}]}",
+             f, 3, 100000, &r);
+    assert_true(near(r.lost_service_minutes, 9.0));
+    assert_int_equal(r.max_wait_s, 540);
+    sim_result_free(&r);
+}
+
 /* --degrade: all keeps every floor; none clears the floors of batch and experiment services
  * (online ones have none); a fraction keeps a stable share, a larger one keeping what a
  * smaller one kept. */
@@ -1014,6 +1093,7 @@ int main(void)
         cmocka_unit_test(test_golden_suspend),
         cmocka_unit_test(test_suspend_marking),
         cmocka_unit_test(test_degrade_marking),
+        cmocka_unit_test(test_lost_minutes_start_to_end),
         cmocka_unit_test(test_genai_suspend),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
