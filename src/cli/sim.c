@@ -822,27 +822,6 @@ static int64_t residual_of(const struct erun *x, size_t i)
     return r < x->sus[i].used_mib ? r : x->sus[i].used_mib;
 }
 
-/* The last command's events, and the services it started (from the queue, or a pending one
- * whose victims are done) stop waiting at t (s), not at the next step. */
-static void events_and_starts(struct erun *x, int64_t t, int64_t now)
-{
-    size_t n_ev;
-    const osub_event_t *ev = osub_engine_events(x->e, &n_ev);
-    bool started = false;
-    for (size_t j = 0; j < n_ev && !started; j++)
-        started = ev[j].kind == OSUB_EV_START || ev[j].kind == OSUB_EV_RESUME;
-    erun_events(x, now);
-    for (size_t i = 0; i < x->tr->n && started; i++) {
-        if (x->rs[i].st != RS_PLACED || x->rs[i].wait_since < 0)
-            continue;
-        const struct view *v = view_of(x, i);
-        if (v->live && v->state != OSUB_STATE_QUEUED && v->state != OSUB_STATE_PENDING) {
-            wait_ended(x, i, t);
-            x->rs[i].started_once = true;
-        }
-    }
-}
-
 /* The mechanisms' reports due by until_ms, in time order, each at its time (the engine acts on
  * each: a pending service whose victim is suspended starts then). */
 static void run_timers(struct erun *x, int64_t until_ms)
@@ -874,7 +853,7 @@ static void run_timers(struct erun *x, int64_t until_ms)
             x->r->suspend_transit_minutes +=
                 (double)(tm.due_ms - x->sus[tm.svc].since_ms) / 60000.0;
         view_touch(x, tm.svc);
-        events_and_starts(x, x->tr->t0 + tm.due_ms / 1000, tm.due_ms);
+        erun_events(x, tm.due_ms); /* a start it allows ends a wait then (read_events_of) */
     }
 }
 
@@ -960,12 +939,12 @@ static void step_service(struct erun *x, size_t i, size_t k, int64_t t, int64_t 
 }
 
 /* The end of step k: the engine's tick, who it started, the OOMs, the utilisation. */
-static void end_step(struct erun *x, size_t k, int64_t t, int64_t now)
+static void end_step(struct erun *x, size_t k, int64_t now)
 {
     struct sim_result *r = x->r;
     struct acc *a = &x->a;
     osub_engine_tick(x->e, now);
-    events_and_starts(x, t, now);
+    erun_events(x, now);
     /* what the GPUs really hold now */
     for (size_t g = 0; g < x->o->n_pool; g++) {
         if (gpu_used(x, (int32_t)g) > x->o->pool[g] && x->oom_step[g] != k + 1) {
@@ -1005,7 +984,7 @@ static int sim_engine(const struct trace *tr, const struct sim_opts *o, const st
             report_downs(&x, k, t, now);
         for (size_t oi = 0; oi < tr->n; oi++)
             step_service(&x, x.order[oi], k, t, now);
-        end_step(&x, k, t, now);
+        end_step(&x, k, now);
     }
     for (size_t i = 0; i < tr->n; i++) { /* suspended, waiting or not back from an eviction */
         suspend_ended(&x, i, (tr->t1 - tr->t0 + tr->step_s) * 1000);
@@ -1120,13 +1099,20 @@ int32_t sim_min_gpus(const struct trace *tr, enum sim_policy p, int32_t ratio_mi
 
 /* ---- who may be suspended ------------------------------------------------------------ */
 
-bool sim_suspend_picked(const char *id, int32_t milli)
+/* Whether id is among the share milli (of 1000) picked under salt: FNV-1a 64 of salt + id,
+ * modulo 1000, below milli. */
+static bool picked(const char *salt, const char *id, int32_t milli)
 {
     if (milli >= 1000 || milli <= 0)
         return milli >= 1000;
     char key[96];
-    snprintf(key, sizeof(key), "suspend:%s", id);
+    snprintf(key, sizeof(key), "%s%s", salt, id);
     return fnv1a64(key) % 1000 < (uint64_t)milli;
+}
+
+bool sim_suspend_picked(const char *id, int32_t milli)
+{
+    return picked("suspend:", id, milli);
 }
 
 size_t sim_mark_degrade(struct trace *tr, int32_t milli)
@@ -1137,9 +1123,7 @@ size_t sim_mark_degrade(struct trace *tr, int32_t milli)
         bool vram_floor = sp->min_vram_mib > 0 && sp->min_vram_mib < sp->vram_mib;
         if (sim__level_of(sp->class_name) == 0 || (!vram_floor && sp->min_batch_size <= 0))
             continue;
-        char key[96];
-        snprintf(key, sizeof(key), "degrade:%s", sp->id);
-        if (milli >= 1000 || (milli > 0 && fnv1a64(key) % 1000 < (uint64_t)milli)) {
+        if (picked("degrade:", sp->id, milli)) {
             n++;
             continue;
         }
